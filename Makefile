@@ -1,0 +1,42 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Both create the virtual environment, install the package with its extras, and resolve the
+# Kafka broker's jars with Maven into ~/.cache/outbox-relay (once; later runs reuse them).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+EVENTS ?= 300
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast bench dev-up dev-down clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+	$(PY) -m relay dev fetch
+
+demo: setup
+	$(PY) -m relay demo --events $(EVENTS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench.run
+
+dev-up: setup
+	$(PY) -m relay dev up
+
+dev-down: setup
+	$(PY) -m relay dev down
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,164 @@
+"""The change stream source: where to start, and batches of events with the token after them.
+
+Token rule (change streams spec, prose tests 11-14): after the driver returns a change, its
+`resume_token` is that change's `_id`, or the batch's `postBatchResumeToken` when the change
+was the last of the server's batch; after an empty getMore it is the post-batch token. Either
+way the token covers exactly the changes returned so far. So a `Batch` carries the token read
+right after its last change, and storing that token once every change of the batch is
+delivered never skips an undelivered event.
+
+Start point with no checkpoint (blog post, "Bootstrapping the change listener"): the oldest
+oplog entry (`oplog-start`), an operator-given time, or `now` (then the relay stores the
+opening token at once, so a crash cannot skip the events written meanwhile).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bson import Timestamp
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.change_stream import ChangeStream
+from pymongo.collection import Collection
+from pymongo.errors import PyMongoError
+
+from relay.errors import StreamInvalidatedError, translate_mongo
+
+# Inserts are the events; the other types end the stream and must not pass unseen.
+WATCHED_OPERATIONS = ["insert", "drop", "rename", "dropDatabase", "invalidate"]
+PIPELINE: list[dict[str, Any]] = [{"$match": {"operationType": {"$in": WATCHED_OPERATIONS}}}]
+
+RAW_CODEC = CodecOptions(document_class=RawBSONDocument, tz_aware=True, tzinfo=dt.timezone.utc)
+DECODE_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc)
+
+
+def pipeline_fingerprint(namespace: str, pipeline: list[dict[str, Any]] = PIPELINE) -> str:
+    """A short hash of what the stored token depends on: the namespace and the pipeline."""
+    text = json.dumps({"ns": namespace, "pipeline": pipeline}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def token_cluster_time(token: Mapping[str, Any] | None) -> Timestamp | None:
+    """The cluster time a resume token points at (its KeyString starts with a Timestamp)."""
+    if not token:
+        return None
+    data = token.get("_data")
+    if not isinstance(data, str) or len(data) < 18 or not data.startswith("82"):
+        return None
+    return Timestamp(int(data[2:10], 16), int(data[10:18], 16))
+
+
+def short_token(token: Mapping[str, Any] | None) -> str:
+    """A token prefix for logs: the cluster time part plus a few characters."""
+    if not token:
+        return "-"
+    data = str(token.get("_data", ""))
+    return data[2:18] + "…" if len(data) > 18 else data
+
+
+def oplog_start(client: MongoClient[Any]) -> Timestamp:
+    """The time of the oldest entry in the oplog: the earliest a change stream can start."""
+    oldest = client.local["oplog.rs"].find_one({}, projection={"ts": 1}, sort=[("$natural", 1)])
+    if oldest is None:
+        raise StreamInvalidatedError("the oplog is empty or unreadable: is this a replica set?")
+    return oldest["ts"]
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where to open the stream: after a stored token, at a time, or now."""
+
+    resume_after: Mapping[str, Any] | None = None
+    at_time: Timestamp | None = None
+
+    @property
+    def description(self) -> str:
+        if self.resume_after is not None:
+            return f"after checkpoint {short_token(self.resume_after)}"
+        if self.at_time is not None:
+            return f"at cluster time {self.at_time.time}.{self.at_time.inc}"
+        return "now"
+
+
+@dataclass
+class Batch:
+    """Changes in stream order, and the token that covers exactly them and all before."""
+
+    changes: list[RawBSONDocument] = field(default_factory=list)
+    token: Mapping[str, Any] | None = None
+    size_bytes: int = 0
+
+
+def _ends_server_batch(stream: ChangeStream[Any]) -> bool:
+    # The driver buffers one server batch; when it is empty the next try_next() runs a
+    # getMore that may wait max_await_ms. pymongo exposes no public accessor for this.
+    return not stream._cursor._has_next()  # noqa: SLF001
+
+
+class ChangeSource:
+    """Reads the outbox collection's change stream in batches."""
+
+    def __init__(self, collection: Collection[Any], max_await_ms: int, server_batch_size: int) -> None:
+        self._collection = collection.with_options(codec_options=RAW_CODEC)
+        self._max_await_ms = max_await_ms
+        self._server_batch_size = server_batch_size
+        self._stream: ChangeStream[Any] | None = None
+
+    def open(self, start: StartPoint) -> None:
+        try:
+            self._stream = self._collection.watch(
+                PIPELINE, resume_after=start.resume_after, start_at_operation_time=start.at_time,
+                max_await_time_ms=self._max_await_ms, batch_size=self._server_batch_size,
+            )
+        except PyMongoError as exc:
+            raise translate_mongo(exc) from exc
+
+    @property
+    def token(self) -> Mapping[str, Any] | None:
+        """The stream's current token (the opening post-batch token right after `open`)."""
+        return self._stream.resume_token if self._stream is not None else None
+
+    def next_batch(self, max_events: int, max_bytes: int) -> Batch:
+        """Return the changes available now, up to the limits, with the token after them.
+
+        Blocks at most about `max_await_ms` when nothing is buffered. An empty batch still
+        carries the newest post-batch token, so an idle outbox's checkpoint can advance.
+        Raises StreamInvalidatedError on drop / rename / invalidate, and the translated
+        server error when the driver's single resume attempt fails.
+        """
+        assert self._stream is not None, "open() first"
+        stream = self._stream
+        batch = Batch()
+        try:
+            while len(batch.changes) < max_events and batch.size_bytes < max_bytes:
+                change = stream.try_next()
+                if change is None:
+                    break
+                operation = change["operationType"]
+                if operation != "insert":
+                    raise StreamInvalidatedError(
+                        f"the outbox collection saw '{operation}' (dropped or renamed?): the change "
+                        "stream ended; recreate the outbox and reset the checkpoint to continue")
+                batch.changes.append(change)
+                batch.size_bytes += len(change.raw)
+                if _ends_server_batch(stream):
+                    break
+        except PyMongoError as exc:
+            raise translate_mongo(exc) from exc
+        batch.token = stream.resume_token
+        return batch
+
+    def close(self) -> None:
+        if self._stream is not None:
+            try:
+                self._stream.close()
+            except PyMongoError:
+                pass  # closing a cursor on a dead connection: nothing left to release
+            self._stream = None

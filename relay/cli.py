@@ -1,0 +1,168 @@
+"""`outbox-relay` (also `python -m relay`): parse, configure logging, call the command.
+
+Exit codes: 0 done, 1 unexpected failure, 2 bad configuration or usage, 3 a server cannot
+be reached, 4 the relay stopped on data an operator must look at (poison event, history
+lost, invalidated stream, changed pipeline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from relay import config as cfg
+from relay.errors import EXIT_CONFIG, EXIT_FATAL, ConfigError, RelayError
+
+log = logging.getLogger("relay")
+
+
+def _settings_parser() -> argparse.ArgumentParser:
+    """Flags for every setting (same names as RELAY_* variables), shared by the commands."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("settings (each also RELAY_<NAME>)")
+    for f in dataclasses.fields(cfg.Settings):
+        if f.metadata.get("internal"):
+            continue
+        group.add_argument(cfg.flag_name(f.name), dest=f.name, default=None, metavar="V",
+                           help=f"{f.metadata['help']} [{cfg.env_name(f.name)}]")
+    group.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                       help="a Kafka producer property, e.g. compression.type=zstd [RELAY_KAFKA_*]")
+    group.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                       help="TOML file with settings [RELAY_CONFIG_FILE]")
+    return parent
+
+
+def _parser() -> argparse.ArgumentParser:
+    settings = _settings_parser()
+    p = argparse.ArgumentParser(prog="outbox-relay", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
+    sub.add_parser("status", parents=[settings], help="print the lease and checkpoint as JSON")
+    demo = sub.add_parser("demo", parents=[settings],
+                          help="local stack + demo service + relay + consumer, end to end")
+    demo.add_argument("--events", type=int, default=None, help="stop after this many events arrive")
+    demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
+    dev = sub.add_parser("dev", help="the local MongoDB replica set and Kafka broker")
+    dev.add_argument("action", choices=["up", "down", "status", "fetch"])
+    outbox = sub.add_parser("outbox", parents=[settings], help="outbox collection tasks")
+    outbox.add_argument("action", choices=["init"])
+    outbox.add_argument("--ttl-seconds", type=int, default=None,
+                        help="expire outbox documents after this long (only if the relay keeps up)")
+    checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
+    checkpoint.add_argument("action", choices=["reset"])
+    return p
+
+
+def load_settings(args: argparse.Namespace) -> cfg.Settings:
+    names = {f.name for f in dataclasses.fields(cfg.Settings)}
+    flags = {k: v for k, v in vars(args).items() if k in names}
+    kafka: dict[str, str] = {}
+    for item in args.kafka_property:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--kafka-property", f"expected KEY=VALUE, got {item!r}")
+        kafka[key.strip()] = value
+    return cfg.Settings.load(flags=flags, kafka_flags=kafka, config_file=args.config_file)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except RelayError as exc:
+        print(f"outbox-relay: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from relay.observe import setup_logging
+
+    if args.command == "dev":
+        return _dev(args.action)
+    settings = load_settings(args)
+    setup_logging(settings.log_level)
+    if args.command == "run":
+        return _run(settings)
+    if args.command == "status":
+        from relay.status import status
+
+        print(json.dumps(status(settings), indent=2, default=str))
+        return 0
+    if args.command == "demo":
+        from relay.demo import run_demo
+
+        def interrupt(signum: int, _frame: Any) -> None:
+            raise KeyboardInterrupt  # the demo's finally stops everything it started
+
+        signal.signal(signal.SIGTERM, interrupt)
+        return run_demo(settings, events=args.events, rate=args.rate)
+    if args.command == "outbox":
+        from relay.outbox import FieldNames, Outbox
+        from relay.relay import check_mongodb, mongo_client
+
+        with mongo_client(settings) as client:
+            check_mongodb(client, settings)
+            coll = client[settings.database][settings.outbox_collection]
+            for line in Outbox(coll, FieldNames.from_settings(settings)).init(args.ttl_seconds):
+                print(line)
+        return 0
+    if args.command == "checkpoint":
+        from relay.status import reset_checkpoint
+
+        print(reset_checkpoint(settings))
+        return 0
+    return EXIT_FATAL
+
+
+def _run(settings: cfg.Settings) -> int:
+    from relay.observe import Observer
+    from relay.relay import Relay
+
+    observer = Observer(settings)
+    relay = Relay(settings, observer)
+    server = observer.serve()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: finishing the batch in flight, then stopping", signum)
+        relay.stop()
+        signal.signal(signum, signal.SIG_DFL)  # a second signal stops at once
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        relay.run()
+    finally:
+        if server is not None:
+            server.shutdown()
+    log.info("stopped")
+    return 0
+
+
+def _dev(action: str) -> int:
+    from relay import devstack
+
+    if action == "fetch":
+        print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
+        print(f"mongod at {devstack.mongod_binary()}")
+        return 0
+    result = {"up": devstack.dev_up, "down": devstack.dev_down, "status": devstack.dev_status}[action]()
+    print(json.dumps(result, indent=2))
+    if action == "up":
+        print(f"\nexport RELAY_MONGODB_URI='{result['mongodb']['uri']}'\n"
+              f"export RELAY_KAFKA_BOOTSTRAP_SERVERS='{result['kafka']['bootstrap_servers']}'")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "load_settings", "EXIT_CONFIG"]

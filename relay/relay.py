@@ -1,0 +1,270 @@
+"""The relay loop: the only place that knows the order of steps.
+
+One step (`_step`):
+  1. read a batch of changes and the token that covers exactly them (changes.ChangeSource);
+  2. build each Kafka message (encoding.MessageBuilder); a bad event stops the relay naming it;
+  3. publish them and wait until Kafka acknowledged every one (publisher.Publisher);
+  4. store the token with a fenced, majority write (lease.LeaseStore.commit).
+The token is stored only after step 3 succeeded for every event before it (guarantee 1).
+An idle step stores the post-batch token at most every heartbeat interval (guarantee 7).
+
+Around the steps: take the lease (standby until it is free), open the stream at the
+checkpoint, and on a transient error drop the producer and the stream and start again from
+the checkpoint, with exponential backoff (tenacity) while no progress is made.
+
+Shutdown order, on `stop()`: finish the batch in flight (delivery reports, checkpoint); stop
+reading; close the change stream; drop the producer (it holds nothing undelivered); release
+the lease so a standby takes over at once; close the MongoDB client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from bson import Timestamp
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+from pymongo.server_api import ServerApi
+from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
+
+from relay.changes import ChangeSource, StartPoint, oplog_start, pipeline_fingerprint, short_token
+from relay.config import Settings
+from relay.encoding import MessageBuilder, SchemaRegistry
+from relay.errors import (
+    Action, PipelineMismatchError, ReopenableStreamError, RepeatedStreamError,
+    ServerUnreachableError, classify,
+)
+from relay.lease import Checkpoint, Grant, LeaseStore
+from relay.observe import Observer
+from relay.publisher import Publisher
+
+log = logging.getLogger("relay")
+
+
+def mongo_client(settings: Settings, **kw: Any) -> MongoClient[Any]:
+    """The relay's MongoDB client: Stable API v1, bounded server selection."""
+    return MongoClient(settings.mongodb_uri, server_api=ServerApi("1"), appname="outbox-relay",
+                       serverSelectionTimeoutMS=int(settings.connect_timeout_s * 1000),
+                       tz_aware=True, **kw)
+
+
+def check_mongodb(client: MongoClient[Any], settings: Settings) -> None:
+    """Raise ServerUnreachableError unless MongoDB answers and is a replica set."""
+    try:
+        hello = client.admin.command("hello")
+    except PyMongoError as exc:
+        raise ServerUnreachableError(
+            f"cannot reach MongoDB at {settings.mongodb_uri} within "
+            f"{settings.connect_timeout_s:g}s (RELAY_MONGODB_URI): {str(exc).split(',')[0]}") from None
+    if "setName" not in hello:
+        raise ServerUnreachableError(
+            f"MongoDB at {settings.mongodb_uri} is not a replica set member; change streams need one")
+
+
+def check_kafka(settings: Settings) -> None:
+    """Raise ServerUnreachableError unless a Kafka broker answers a metadata request."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                         "log_level": 0, "logger": logging.getLogger("kafka.admin")})
+    try:
+        if admin.list_topics(timeout=settings.connect_timeout_s).brokers:
+            return
+    except KafkaException:
+        pass
+    raise ServerUnreachableError(
+        f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within "
+        f"{settings.connect_timeout_s:g}s (RELAY_KAFKA_BOOTSTRAP_SERVERS)")
+
+
+class Relay:
+    """Publishes one outbox collection to Kafka while it holds the lease."""
+
+    def __init__(self, settings: Settings, observer: Observer | None = None,
+                 registry: SchemaRegistry | None = None) -> None:
+        self.settings = settings
+        self.observer = observer or Observer(settings)
+        self._stopping = threading.Event()
+        self._client = mongo_client(settings)
+        db = self._client[settings.database]
+        self._outbox = db[settings.outbox_collection]
+        self._lease = LeaseStore(db[settings.lease_collection], settings.namespace,
+                                 settings.instance_id, settings.lease_ttl_s)
+        self._builder = MessageBuilder(settings, registry or SchemaRegistry.bundled())
+        self._fingerprint = pipeline_fingerprint(settings.namespace)
+        self._grant: Grant | None = None
+        self._last_write = 0.0
+        self._last_token: Any = None
+        self._repeat_code: int | None = None
+
+    # ---- public -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish the batch in flight and shut down (thread- and signal-safe)."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(self) -> None:
+        """Run until `stop()`; raises the error that made the relay stop (see errors.classify)."""
+        check_mongodb(self._client, self.settings)
+        check_kafka(self.settings)
+        log.info("relay %s watching %s, publishing to %s", self.settings.instance_id,
+                 self.settings.namespace, self.settings.kafka_bootstrap_servers)
+        try:
+            while not self.stopping:
+                try:
+                    self._retrying()(self._cycle)
+                except Exception as exc:
+                    if classify(exc) is not Action.STANDBY:
+                        raise
+                    log.warning("%s; back to standby", exc)
+                    self._grant = None
+                    self.observer.role("standby", None)
+        finally:
+            self._shutdown()
+
+    # ---- around the steps ---------------------------------------------------------------------
+
+    def _retrying(self) -> Retrying:
+        return Retrying(
+            retry=retry_if_exception(lambda e: classify(e) is Action.RESTART),
+            wait=wait_exponential_jitter(initial=0.2, max=self.settings.restart_backoff_max_s),
+            sleep=self._stopping.wait, before_sleep=self._log_restart, reraise=True,
+        )
+
+    def _log_restart(self, state: Any) -> None:
+        exc = state.outcome.exception()
+        self.observer.restart(exc)
+        log.warning("restarting from the checkpoint in %.1fs after: %s", state.upcoming_sleep, exc)
+
+    def _cycle(self) -> None:
+        """Take the lease (waiting as a standby), then lead until stopped or an error."""
+        grant = self._await_lease()
+        if grant is not None:
+            self._lead(grant)
+
+    def _await_lease(self) -> Grant | None:
+        announced = False
+        while not self.stopping:
+            grant = self._lease.try_acquire()
+            if grant is not None:
+                self._grant = grant
+                self.observer.role("leader", grant.fencing_token)
+                log.info("holding the lease, fencing token %d", grant.fencing_token)
+                return grant
+            if not announced:
+                log.info("standby: another replica holds the lease on %s", self.settings.namespace)
+                self.observer.role("standby", None)
+                announced = True
+            self._stopping.wait(self.settings.standby_poll_s)
+        return None
+
+    def _start_point(self, checkpoint: Checkpoint) -> StartPoint:
+        if checkpoint.token is not None:
+            if checkpoint.fingerprint not in (None, self._fingerprint):
+                raise PipelineMismatchError(
+                    f"the stored checkpoint was made by a different change stream pipeline "
+                    f"(fingerprint {checkpoint.fingerprint}, now {self._fingerprint}); resuming "
+                    "could skip or repeat events. Reset the checkpoint (`outbox-relay checkpoint "
+                    "reset`) and set RELAY_START_AT to continue")
+            return StartPoint(resume_after=checkpoint.token)
+        if self.settings.start_at == "now":
+            return StartPoint()
+        moment = self.settings.start_at_time()
+        if moment is not None:
+            return StartPoint(at_time=Timestamp(int(moment.timestamp()), 0))
+        return StartPoint(at_time=oplog_start(self._client))
+
+    def _lead(self, grant: Grant) -> None:
+        """Publish batches while holding the lease; returns when stopping.
+
+        A transient error after progress returns too (the next cycle restarts at once from
+        the new checkpoint); before any progress it propagates to the backoff.
+        """
+        s = self.settings
+        start = self._start_point(grant.checkpoint)
+        source = ChangeSource(self._outbox, s.max_await_ms, s.batch_max_events)
+        publisher = Publisher(s)
+        progressed = False
+        try:
+            source.open(start)
+            log.info("change stream opened %s", start.description)
+            if grant.checkpoint.token is None and source.token is not None:
+                # No checkpoint yet: store the opening position at once, so a crash before the
+                # first batch cannot move the start to a later "now" (blog post, Fig. 4b).
+                self._commit(source.token)
+            while not self.stopping:
+                progressed |= self._step(source, publisher, grant)
+                if progressed:
+                    self._repeat_code = None
+        except Exception as exc:
+            if isinstance(exc, ReopenableStreamError) and not progressed:
+                if self._repeat_code == exc.code:
+                    raise RepeatedStreamError(f"{exc}; it repeated after reopening from the "
+                                              "checkpoint, so the relay stops") from exc
+                self._repeat_code = exc.code
+            if progressed and classify(exc) is Action.RESTART:
+                self.observer.restart(exc)
+                log.warning("restarting from the checkpoint after: %s", exc)
+                return
+            raise
+        finally:
+            source.close()
+            publisher.close()
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def _step(self, source: ChangeSource, publisher: Publisher, grant: Grant) -> bool:
+        """Read, encode, publish, checkpoint one batch; True when events were published."""
+        s = self.settings
+        self.observer.tick()
+        batch = source.next_batch(s.batch_max_events, s.batch_max_bytes)
+        if batch.changes:
+            started = time.monotonic()
+            messages = [self._builder.build(change, grant.fencing_token) for change in batch.changes]
+            publisher.publish(messages, while_waiting=self._heartbeat)
+            self._commit(batch.token)
+            self.observer.published(batch, messages, time.monotonic() - started, batch.token)
+            return True
+        if time.monotonic() - self._last_write >= s.heartbeat_interval_s:
+            if batch.token is not None and batch.token != self._last_token:
+                self._commit(batch.token)  # idle: the post-batch token still advances
+            else:
+                self._renew()
+        return False
+
+    def _commit(self, token: Any) -> None:
+        assert self._grant is not None
+        self._lease.commit(self._grant, token, self._fingerprint)
+        self._last_write = time.monotonic()
+        self._last_token = token
+        self.observer.committed(token)
+        log.debug("checkpoint %s fencing=%d", short_token(token), self._grant.fencing_token)
+
+    def _renew(self) -> None:
+        assert self._grant is not None
+        self._lease.renew(self._grant)
+        self._last_write = time.monotonic()
+
+    def _heartbeat(self) -> None:
+        """Runs while waiting on Kafka: keep the lease alive so a slow broker is not a takeover."""
+        self.observer.tick()
+        if time.monotonic() - self._last_write >= self.settings.heartbeat_interval_s:
+            self._renew()
+
+    def _shutdown(self) -> None:
+        if self._grant is not None:
+            try:
+                self._lease.release(self._grant)
+                log.info("lease released (fencing token %d)", self._grant.fencing_token)
+            except PyMongoError as exc:
+                log.warning("could not release the lease (it will expire): %s", exc)
+            self._grant = None
+        self._client.close()

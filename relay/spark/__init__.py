@@ -1,0 +1,1 @@
+"""PySpark jobs over the relay's topics (materialize, audit)."""

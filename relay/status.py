@@ -1,0 +1,55 @@
+"""`outbox-relay status` and `checkpoint reset`: read (or reset) the lease document."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from relay.changes import short_token, token_cluster_time
+from relay.config import Settings
+from relay.lease import LeaseStore
+from relay.relay import check_mongodb, mongo_client
+
+
+def _lease_store(settings: Settings, client: Any) -> LeaseStore:
+    db = client[settings.database]
+    return LeaseStore(db[settings.lease_collection], settings.namespace, settings.instance_id,
+                      settings.lease_ttl_s)
+
+
+def status(settings: Settings) -> dict[str, Any]:
+    """The lease holder, fencing token, expiry, and the checkpoint with its lag."""
+    with mongo_client(settings) as client:
+        check_mongodb(client, settings)
+        doc = _lease_store(settings, client).read()
+    out: dict[str, Any] = {"outbox": settings.namespace, "lease": None, "checkpoint": None}
+    if doc is None:
+        return out
+    now: dt.datetime = doc["serverTime"]
+    expires = doc.get("expiresAt")
+    out["lease"] = {
+        "owner": doc.get("owner"),
+        "fencingToken": doc.get("fencingToken"),
+        "expiresAt": expires,
+        "expired": expires is None or expires <= now,
+    }
+    token = doc.get("resumeToken")
+    if token is not None:
+        ts = token_cluster_time(token)
+        at = dt.datetime.fromtimestamp(ts.time, dt.timezone.utc) if ts else None
+        out["checkpoint"] = {
+            "token": short_token(token),
+            "clusterTime": at.isoformat() if at else None,
+            "lagSeconds": round((now - at).total_seconds(), 3) if at else None,
+            "storedAt": doc.get("checkpointAt"),
+            "pipelineFingerprint": doc.get("pipelineFingerprint"),
+        }
+    return out
+
+
+def reset_checkpoint(settings: Settings) -> str:
+    with mongo_client(settings) as client:
+        check_mongodb(client, settings)
+        _lease_store(settings, client).reset_checkpoint()
+    return (f"checkpoint for {settings.namespace} removed; the next start begins at "
+            f"RELAY_START_AT={settings.start_at}")

@@ -1,0 +1,1 @@
+"""The Avro schemas of every message the relay writes (installed as the `relay_schemas` package)."""
