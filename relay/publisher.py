@@ -10,6 +10,7 @@ replays from the checkpoint (FAULTS.md, "Delivery errors").
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,8 +99,22 @@ class Publisher:
         self._producer.flush(0)
 
 
+# librdkafka names an aliased property by its canonical name; errors name what the user set.
+_ALIASES = {"queue.buffering.max.ms": "linger.ms", "compression.codec": "compression.type",
+            "message.send.max.retries": "retries", "request.required.acks": "acks",
+            "metadata.broker.list": "bootstrap.servers"}
+
+
+def check_config(settings: Settings) -> None:
+    """Raise ConfigError naming the property if librdkafka refuses the producer configuration."""
+    Publisher(settings).close()
+
+
 def _config_error(exc: KafkaException) -> ConfigError:
-    text = str(exc.args[0]) if exc.args else str(exc)
+    err = exc.args[0] if exc.args else exc
+    text = err.str() if isinstance(err, KafkaError) else str(err)
     # librdkafka says e.g.: No such configuration property: "foo.bar"
-    prop = text.split('"')[1] if text.count('"') >= 2 else "kafka"
-    return ConfigError(kafka_env_name(prop) if prop != "kafka" else "RELAY_KAFKA_*", text)
+    names = re.findall(r'"([a-z0-9_.]+)"', text)
+    prop = _ALIASES.get(names[-1], names[-1]) if names else None
+    setting = kafka_env_name(prop) if prop else "RELAY_KAFKA_*"
+    return ConfigError(setting, f"Kafka client refused the configuration: {text}")

@@ -39,7 +39,7 @@ from relay.errors import (
 )
 from relay.lease import Checkpoint, Grant, LeaseStore
 from relay.observe import Observer
-from relay.publisher import Publisher
+from relay.publisher import Publisher, check_config
 
 log = logging.getLogger("relay")
 
@@ -113,6 +113,7 @@ class Relay:
 
     def run(self) -> None:
         """Run until `stop()`; raises the error that made the relay stop (see errors.classify)."""
+        check_config(self.settings)
         check_mongodb(self._client, self.settings)
         check_kafka(self.settings)
         log.info("relay %s watching %s, publishing to %s", self.settings.instance_id,
@@ -135,7 +136,7 @@ class Relay:
     def _retrying(self) -> Retrying:
         return Retrying(
             retry=retry_if_exception(lambda e: classify(e) is Action.RESTART),
-            wait=wait_exponential_jitter(initial=0.2, max=self.settings.restart_backoff_max_s),
+            wait=wait_exponential_jitter(multiplier=0.2, max=self.settings.restart_backoff_max_s, jitter=0.2),
             sleep=self._stopping.wait, before_sleep=self._log_restart, reraise=True,
         )
 

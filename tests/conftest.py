@@ -1,0 +1,94 @@
+"""Fixtures: real servers for the session, a fresh database and topic prefix per test.
+
+Servers: by default a local stack (mongod replica set + Kafka broker) started for the session
+in a temporary folder and stopped by process id at the end. With RELAY_TEST_MONGODB_URI and
+RELAY_TEST_KAFKA_BOOTSTRAP set, those servers are used instead. With RELAY_TEST_DOCKER=1 (and a
+Docker engine), testcontainers start them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pymongo
+import pytest
+
+from relay.config import Settings
+from tests.support import Servers
+
+
+def _docker_servers() -> Iterator[Servers]:
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.mongodb import MongoDbContainer
+
+    mongo = MongoDbContainer("mongo:7.0").with_command("--replSet rs0 --bind_ip_all")
+    kafka = KafkaContainer("confluentinc/cp-kafka:7.6.0").with_kraft()
+    with mongo, kafka:
+        port = mongo.get_exposed_port(27017)
+        direct = pymongo.MongoClient(f"mongodb://localhost:{port}/?directConnection=true")
+        direct.admin.command("replSetInitiate", {"_id": "rs0", "members": [{"_id": 0, "host": f"localhost:{port}"}]})
+        yield Servers(f"mongodb://localhost:{port}/?directConnection=true", kafka.get_bootstrap_server(), None)
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[Servers]:
+    uri, bootstrap = os.environ.get("RELAY_TEST_MONGODB_URI"), os.environ.get("RELAY_TEST_KAFKA_BOOTSTRAP")
+    if uri and bootstrap:
+        yield Servers(uri, bootstrap, None)
+        return
+    if os.environ.get("RELAY_TEST_DOCKER") == "1":
+        yield from _docker_servers()
+        return
+    from relay.devstack import LocalStack
+
+    stack = LocalStack.in_temp_dir()
+    stack.start()
+    try:
+        yield Servers(stack.mongo.uri, stack.kafka.bootstrap_servers, stack)
+    finally:
+        stack.stop()
+        shutil.rmtree(stack.base_dir, ignore_errors=True)
+
+
+@dataclass
+class Env:
+    """One test's world: its own database and topic prefix on the shared servers."""
+
+    servers: Servers
+    settings: Settings
+    client: pymongo.MongoClient[Any]
+
+    @property
+    def db(self) -> Any:
+        return self.client[self.settings.database]
+
+    @property
+    def outbox(self) -> Any:
+        return self.db[self.settings.outbox_collection]
+
+    def topic(self, aggregate_type: str = "order") -> str:
+        return self.settings.topic_template.format(aggregateType=aggregate_type, eventType="")
+
+
+@pytest.fixture
+def env(servers: Servers) -> Iterator[Env]:
+    tag = uuid.uuid4().hex[:8]
+    settings = Settings().replace(
+        mongodb_uri=servers.mongodb_uri, kafka_bootstrap_servers=servers.kafka_bootstrap,
+        database=f"t_{tag}", topic_template=f"t{tag}.{{aggregateType}}", http_port=0,
+        instance_id=f"test-{tag}", lease_ttl_s=4.0, heartbeat_interval_s=1.0, standby_poll_s=0.3,
+        max_await_ms=200, connect_timeout_s=15.0, restart_backoff_max_s=2.0,
+        kafka={"message.timeout.ms": "30000"},
+    )
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.mongodb_uri, tz_aware=True)
+    client[settings.database].create_collection(settings.outbox_collection)
+    try:
+        yield Env(servers, settings, client)
+    finally:
+        client.drop_database(settings.database)
+        client.close()

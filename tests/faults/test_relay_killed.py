@@ -1,0 +1,69 @@
+"""The relay process is SIGKILLed at random points and restarted (FAULTS.md rows 1 and 2)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from tests.support import (
+    RelayProcess, Written, assert_complete_and_ordered, lease_doc, read_topic, wait_until,
+    write_events,
+)
+
+
+def test_relay_killed_five_times_during_a_20000_event_run_loses_nothing_and_only_replays_after_checkpoint(
+        env, tmp_path):
+    total, kills = 20_000, 5
+    rng = random.Random(20_000)
+    written = Written()
+    # About 1,000 events/s for ~20 s, in transactions of up to 5 events, from 4 writers.
+    writer = threading.Thread(target=write_events, kwargs=dict(
+        db=env.db, collection=env.settings.outbox_collection, total=total, writers=4, max_per_txn=5,
+        written=written, pause=lambda: time.sleep(0.01)))
+    writer.start()
+    checkpoint_at_start: dict[int, str] = {}  # fencing token of a run -> token it resumed after
+    runs: list[RelayProcess] = []
+    try:
+        for i in range(kills):
+            settings = env.settings.replace(instance_id=f"run-{i}")
+            before = (lease_doc(env.db, env.settings) or {}).get("resumeToken")
+            proc = RelayProcess(settings, tmp_path, f"run-{i}").start()
+            runs.append(proc)
+            lease = wait_until(lambda: (d := lease_doc(env.db, env.settings)) and d.get("owner") == settings.instance_id
+                               and d, 60, f"run {i} to take the lease")
+            checkpoint_at_start[lease["fencingToken"]] = before["_data"] if before else ""
+            time.sleep(rng.uniform(0.3, 3.0))
+            proc.kill()
+        final_settings = env.settings.replace(instance_id="final")
+        before = lease_doc(env.db, env.settings)["resumeToken"]
+        final = RelayProcess(final_settings, tmp_path, "final").start()
+        runs.append(final)
+        lease = wait_until(lambda: (d := lease_doc(env.db, env.settings)) and d.get("owner") == "final" and d,
+                           60, "the final run to take the lease")
+        checkpoint_at_start[lease["fencingToken"]] = before["_data"]
+        writer.join()
+
+        def all_published():
+            records = read_topic(env.servers.kafka_bootstrap, env.topic())
+            return records if {r.id for r in records} >= written.ids else None
+        records = wait_until(all_published, 180, "every event in the topic", interval=2)
+        assert final.terminate() == 0, final.log()
+    finally:
+        writer.join()
+        for proc in runs:
+            proc.stop()
+
+    verdict = assert_complete_and_ordered(records, written)
+    assert len(written.ids) == total
+    # A duplicate is published by a later run than the first copy, and only if it lies after
+    # the checkpoint that run resumed from.
+    for dup in verdict.duplicates:
+        original = verdict.first[dup.id]
+        assert dup.fencing > original.fencing, (dup, original)
+        assert dup.position > checkpoint_at_start[dup.fencing], (
+            f"event {dup.id} replayed by fencing token {dup.fencing} although it is before the "
+            f"checkpoint that run resumed from")
+    fencing_tokens = sorted({r.fencing for r in records})
+    print(f"\n{total} events, {kills} kills, {len(verdict.duplicates)} duplicates, runs {fencing_tokens}")
+    assert len(fencing_tokens) >= 3, "the kills should have hit runs that were publishing"

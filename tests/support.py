@@ -1,0 +1,293 @@
+"""Test helpers: run the relay (thread or process), write events, read topics, check guarantees.
+
+The oracle (FAULTS.md): consume the topic and compare with the outbox. Every committed
+outbox event is present; first occurrences per key follow commit order; duplicates appear only
+in the replay window after the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from pymongo.database import Database
+
+from relay.config import Settings, env_name, kafka_env_name
+from relay.encoding import SchemaRegistry
+from relay.outbox import Outbox, OutboxEvent
+from relay.relay import Relay
+
+REGISTRY = SchemaRegistry.bundled()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Servers:
+    mongodb_uri: str
+    kafka_bootstrap: str
+    stack: Any  # relay.devstack.LocalStack when the tests started the servers themselves
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+# ---- running the relay -------------------------------------------------------------------------
+
+class RelayThread:
+    """The relay in this process, for tests that do not kill it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.relay = Relay(settings)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.relay.run()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+
+    def __enter__(self) -> RelayThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.relay.stop()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "relay did not stop"
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The RELAY_* environment that reproduces `settings` in a child process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    for f in dataclasses.fields(Settings):
+        if f.name == "kafka":
+            continue
+        env[env_name(f.name)] = str(getattr(settings, f.name))
+    for key, value in settings.kafka.items():
+        env[kafka_env_name(key)] = value
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+class RelayProcess:
+    """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid)."""
+
+    def __init__(self, settings: Settings, log_dir: Path, name: str) -> None:
+        self.settings = settings
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RelayProcess:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=settings_env(self.settings),
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        assert self.proc is not None
+        self.proc.terminate()
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.terminate()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+# ---- writing events ----------------------------------------------------------------------------
+
+@dataclass
+class Written:
+    """What the writers committed: event ids in commit order per aggregate."""
+
+    per_aggregate: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    ids: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, events: Iterable[OutboxEvent]) -> None:
+        with self.lock:
+            for e in events:
+                self.per_aggregate[e.aggregate_id].append(e.id_str)
+                self.ids.add(e.id_str)
+
+
+def write_events(db: Database[Any], collection: str, total: int, writers: int = 4, max_per_txn: int = 4,
+                 aggregates_per_writer: int = 40, seed: int = 1, aggregate_type: str = "order",
+                 written: Written | None = None, pause: Callable[[], None] | None = None) -> Written:
+    """`writers` threads commit `total` events in transactions of 1..max_per_txn events.
+
+    Each writer owns its aggregates, so per-aggregate commit order is the writer's order; the
+    payload carries a per-aggregate sequence number `seq` starting at 1.
+    """
+    written = written or Written()
+    outbox = Outbox(db[collection])
+    per_writer = [total // writers + (1 if i < total % writers else 0) for i in range(writers)]
+
+    def writer(index: int, count: int) -> None:
+        rng = random.Random(seed * 1000 + index)
+        seq: dict[str, int] = defaultdict(int)
+        done = 0
+        with db.client.start_session() as session:
+            while done < count:
+                n = min(rng.randint(1, max_per_txn), count - done)
+                events = []
+                for _ in range(n):
+                    agg = f"w{index}-a{rng.randrange(aggregates_per_writer)}"
+                    seq[agg] += 1
+                    events.append(OutboxEvent.new(aggregate_type, agg, "Changed",
+                                                  {"seq": seq[agg], "writer": index, "note": "x" * rng.randint(0, 64)}))
+                session.with_transaction(lambda s: outbox.add_many(events, session=s))
+                written.add(events)
+                done += n
+                if pause is not None:
+                    pause()
+
+    threads = [threading.Thread(target=writer, args=(i, c)) for i, c in enumerate(per_writer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return written
+
+
+# ---- reading topics ----------------------------------------------------------------------------
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    key: str
+    event: dict[str, Any]
+    headers: dict[str, str]
+
+    @property
+    def id(self) -> str:
+        return str(self.event["id"])
+
+    @property
+    def position(self) -> str:
+        return str(self.event["source"]["position"])
+
+    @property
+    def fencing(self) -> int:
+        return int(self.headers["relay_fencing_token"])
+
+
+def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
+    """Every message in `topic` up to its current end, decoded, in (partition, offset) order."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oracle-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return []
+        parts = sorted(meta.partitions)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        pending = {p for p in parts if ends[p] > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+        records: list[Record] = []
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                continue  # partition EOF markers
+            if msg.offset() >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+                continue
+            headers = {k: v.decode() for k, v in (msg.headers() or [])}
+            records.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key().decode(),
+                                  REGISTRY.decode(msg.value()), headers))
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+        assert not pending, f"could not read partitions {pending} of {topic} to their end"
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def topic_size(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "size"})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return 0
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                   for p in meta.partitions)
+    finally:
+        consumer.close()
+
+
+# ---- the oracle --------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    missing: set[str]
+    unexpected: set[str]
+    order_violations: list[str]
+    duplicates: list[Record]
+    first: dict[str, Record]
+
+
+def check(records: list[Record], written: Written) -> Verdict:
+    """Compare the topic with what was committed: loss, per-key commit order, duplicates."""
+    first: dict[str, Record] = {}
+    duplicates: list[Record] = []
+    partition_of: dict[str, int] = {}
+    for r in records:
+        if r.id in first:
+            duplicates.append(r)
+        else:
+            first[r.id] = r
+        if partition_of.setdefault(r.key, r.partition) != r.partition:
+            raise AssertionError(f"key {r.key} spread over partitions {partition_of[r.key]} and {r.partition}")
+    violations = []
+    for agg, ids in written.per_aggregate.items():
+        seen = [first[i] for i in ids if i in first]
+        offsets = [r.offset for r in seen]
+        if offsets != sorted(offsets):
+            violations.append(f"{agg}: first occurrences out of commit order (offsets {offsets[:10]}...)")
+    return Verdict(missing=written.ids - set(first), unexpected=set(first) - written.ids,
+                   order_violations=violations, duplicates=duplicates, first=first)
+
+
+def assert_complete_and_ordered(records: list[Record], written: Written) -> Verdict:
+    verdict = check(records, written)
+    assert not verdict.missing, f"{len(verdict.missing)} events lost, e.g. {sorted(verdict.missing)[:5]}"
+    assert not verdict.unexpected, f"unexpected events {sorted(verdict.unexpected)[:5]}"
+    assert not verdict.order_violations, verdict.order_violations[:5]
+    return verdict
+
+
+def lease_doc(db: Database[Any], settings: Settings) -> dict[str, Any] | None:
+    return db[settings.lease_collection].find_one({"_id": settings.namespace})

@@ -1,0 +1,79 @@
+"""Configuration parsing and validation (pure logic)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from relay.config import Settings, markdown_table
+from relay.errors import ConfigError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_defaults_are_the_documented_contract():
+    s = Settings.load(env={})
+    assert s.mongodb_uri == "mongodb://localhost:27017/?replicaSet=rs0"
+    assert (s.database, s.outbox_collection) == ("app", "outbox")
+    assert s.kafka_bootstrap_servers == "localhost:9092"
+    assert s.topic_template == "outbox.event.{aggregateType}"
+    assert s.start_at == "oplog-start"
+    assert s.http_port == 8080
+    assert s.kafka_config()["enable.idempotence"] == "true" and s.kafka_config()["acks"] == "all"
+
+
+def test_environment_sets_fields_and_passes_kafka_properties_through():
+    s = Settings.load(env={"RELAY_DATABASE": "shop", "RELAY_BATCH_MAX_EVENTS": "50",
+                           "RELAY_KAFKA_COMPRESSION_TYPE": "zstd", "RELAY_KAFKA_LINGER_MS": "20"})
+    assert s.database == "shop" and s.batch_max_events == 50
+    assert s.kafka_config()["compression.type"] == "zstd"
+    assert s.kafka_config()["linger.ms"] == "20"
+
+
+def test_flags_win_over_environment_which_wins_over_the_file(tmp_path):
+    path = tmp_path / "relay.toml"
+    path.write_text('database = "from_file"\noutbox_collection = "events"\n[kafka]\n"linger.ms" = 7\n')
+    s = Settings.load(env={"RELAY_CONFIG_FILE": str(path), "RELAY_DATABASE": "from_env"},
+                      flags={"database": "from_flag"})
+    assert s.database == "from_flag" and s.outbox_collection == "events"
+    assert s.kafka_config()["linger.ms"] == "7"
+
+
+@pytest.mark.parametrize("env, setting", [
+    ({"RELAY_BATCH_MAX_EVENTS": "many"}, "RELAY_BATCH_MAX_EVENTS"),
+    ({"RELAY_BATCH_MAX_EVENTS": "0"}, "RELAY_BATCH_MAX_EVENTS"),
+    ({"RELAY_HTTP_PORT": "70000"}, "RELAY_HTTP_PORT"),
+    ({"RELAY_START_AT": "yesterday"}, "RELAY_START_AT"),
+    ({"RELAY_TOPIC_TEMPLATE": "events.{aggregate}"}, "RELAY_TOPIC_TEMPLATE"),
+    ({"RELAY_MONGODB_URI": "localhost:27017"}, "RELAY_MONGODB_URI"),
+    ({"RELAY_KAFKA_ACKS": "1"}, "RELAY_KAFKA_ACKS"),
+    ({"RELAY_KAFKA_ENABLE_IDEMPOTENCE": "false"}, "RELAY_KAFKA_ENABLE_IDEMPOTENCE"),
+    ({"RELAY_LEASE_TTL_S": "4", "RELAY_HEARTBEAT_INTERVAL_S": "3"}, "RELAY_HEARTBEAT_INTERVAL_S"),
+    ({"RELAY_DATABSE": "typo"}, "RELAY_DATABSE"),
+    ({"RELAY_LOG_LEVEL": "loud"}, "RELAY_LOG_LEVEL"),
+])
+def test_invalid_configuration_names_the_setting(env, setting):
+    with pytest.raises(ConfigError) as err:
+        Settings.load(env=env)
+    assert err.value.setting == setting
+    assert str(err.value).startswith(setting)
+
+
+def test_acks_minus_one_is_accepted_as_all():
+    assert Settings.load(env={"RELAY_KAFKA_ACKS": "-1"}).kafka_config()["acks"] == "all"
+
+
+def test_start_at_accepts_an_iso_time():
+    s = Settings.load(env={"RELAY_START_AT": "2026-01-02T03:04:05Z"})
+    assert s.start_at_time().isoformat() == "2026-01-02T03:04:05+00:00"
+
+
+def test_readme_configuration_table_matches_the_settings_object():
+    text = README.read_text()
+    block = re.search(r"<!-- settings-table -->\n(.*?)\n<!-- /settings-table -->", text, re.S)
+    assert block, "README.md lacks the generated settings table markers"
+    assert block.group(1).strip() == markdown_table().strip(), (
+        "README configuration table is stale: paste `python -c 'from relay.config import "
+        "markdown_table; print(markdown_table())'` between the markers")

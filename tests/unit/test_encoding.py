@@ -1,0 +1,83 @@
+"""Avro single-object encoding and message building (pure logic)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import bson
+import pytest
+from bson import ObjectId
+from bson.raw_bson import RawBSONDocument
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from relay.config import Settings
+from relay.encoding import ENVELOPE, HEADER_FENCING, MessageBuilder, SchemaRegistry
+from relay.errors import PoisonEventError
+from relay.outbox import OutboxEvent
+
+REGISTRY = SchemaRegistry.bundled()
+TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
+
+
+def change_for(doc: dict) -> RawBSONDocument:
+    return RawBSONDocument(bson.encode({"_id": TOKEN, "operationType": "insert", "fullDocument": doc}))
+
+
+def test_single_object_header_is_c301_and_the_little_endian_crc64_fingerprint():
+    schema = REGISTRY.schema(ENVELOPE)
+    expected = bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+    value = MessageBuilder(Settings(), REGISTRY).build(change_for(
+        OutboxEvent.new("order", "o1", "Created", {"a": 1}).to_document()), 3).value
+    assert value[:2] == b"\xc3\x01" and value[2:10] == expected
+
+
+def test_message_round_trips_and_carries_cloudevents_headers():
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
+    event = OutboxEvent.new("order", "o-9", "OrderPaid", {"amount": 12.5, "id": ObjectId("6b0220000000000000000001")},
+                            occurred_at=when, headers={"traceparent": "00-abc"})
+    msg = MessageBuilder(Settings(), REGISTRY).build(change_for(event.to_document()), 7)
+    assert msg.topic == "outbox.event.order" and msg.key == b"o-9"
+    decoded = REGISTRY.decode(msg.value)
+    assert decoded["id"] == event.id_str and decoded["occurredAt"] == when
+    assert decoded["payload"] == '{"amount": 12.5, "id": {"$oid": "6b0220000000000000000001"}}'
+    assert decoded["source"]["position"] == TOKEN["_data"]
+    assert decoded["source"]["clusterTime"] == (0x6B02209A << 32) | 1
+    headers = dict(msg.headers)
+    assert headers["ce_id"] == event.id_str.encode() and headers["ce_type"] == b"OrderPaid"
+    assert headers["ce_time"] == b"2026-01-02T03:04:05.678Z" and headers["ce_subject"] == b"o-9"
+    assert headers["ce_source"] == b"/outbox-relay/app/outbox" and headers["ce_specversion"] == b"1.0"
+    assert headers[HEADER_FENCING] == b"7" and headers["traceparent"] == b"00-abc"
+
+
+def test_topic_field_overrides_the_template():
+    doc = OutboxEvent.new("order", "o1", "Created", {}, topic="custom.topic").to_document()
+    assert MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1).topic == "custom.topic"
+
+
+@pytest.mark.parametrize("mutate, fragment", [
+    (lambda d: d.pop("eventType"), "field 'eventType' is missing"),
+    (lambda d: d.update(aggregateId=42), "field 'aggregateId' must be a non-empty string"),
+    (lambda d: d.update(headers={"ce_id": "x"}), "reserves"),
+    (lambda d: d.update(headers={"n": 1}), "field 'headers.n' must be a string"),
+    (lambda d: d.update(aggregateType="has space"), "invalid Kafka topic name"),
+])
+def test_malformed_documents_are_poison_naming_event_and_field(mutate, fragment):
+    doc = OutboxEvent.new("order", "o1", "Created", {}).to_document()
+    mutate(doc)
+    with pytest.raises(PoisonEventError) as err:
+        MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1)
+    assert err.value.event_id == str(doc["_id"]) and fragment in str(err.value)
+
+
+def test_event_larger_than_message_max_bytes_is_poison():
+    settings = Settings.load(env={"RELAY_KAFKA_MESSAGE_MAX_BYTES": "5000"})
+    doc = OutboxEvent.new("order", "o1", "Created", {"blob": "x" * 6000}).to_document()
+    with pytest.raises(PoisonEventError, match="exceeds message.max.bytes"):
+        MessageBuilder(settings, REGISTRY).build(change_for(doc), 1)
+
+
+def test_decode_rejects_unknown_fingerprints_and_foreign_bytes():
+    with pytest.raises(ValueError, match="single-object"):
+        REGISTRY.decode(b"{}")
+    with pytest.raises(ValueError, match="unknown writer schema"):
+        REGISTRY.decode(b"\xc3\x01" + b"\x00" * 8 + b"\x00")
