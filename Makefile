@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 EVENTS ?= 300
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench dev-up dev-down clean
+.PHONY: setup demo test test-fast bench dev-up dev-down docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ dev-up: setup
 
 dev-down: setup
 	$(PY) -m relay dev down
+
+docs: $(STAMP)
+	$(PY) tools/readme_table.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -94,6 +94,7 @@ class Batch:
     changes: list[RawBSONDocument] = field(default_factory=list)
     token: Mapping[str, Any] | None = None
     size_bytes: int = 0
+    resumed: bool = False  # the driver resumed the stream (a resumable error) while reading it
 
 
 def _ends_server_batch(stream: ChangeStream[Any]) -> bool:
@@ -136,6 +137,7 @@ class ChangeSource:
         assert self._stream is not None, "open() first"
         stream = self._stream
         batch = Batch()
+        cursor = stream._cursor  # noqa: SLF001 - the driver swaps it when it resumes
         try:
             while len(batch.changes) < max_events and batch.size_bytes < max_bytes:
                 change = stream.try_next()
@@ -153,6 +155,7 @@ class ChangeSource:
         except PyMongoError as exc:
             raise translate_mongo(exc) from exc
         batch.token = stream.resume_token
+        batch.resumed = stream._cursor is not cursor  # noqa: SLF001
         return batch
 
     def close(self) -> None:

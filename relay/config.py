@@ -38,6 +38,7 @@ DEFAULT_KAFKA: dict[str, str] = {
     "message.max.bytes": "1000000",
 }
 _TOPIC_FIELDS = ("aggregateType", "eventType")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
 def _default_instance_id() -> str:
@@ -76,7 +77,21 @@ class Settings:
     max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
     connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
     restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
+    on_poison: str = _setting("stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter")
+    dead_letter_topic: str = _setting("outbox.deadletter",
+                                      "topic for poison events when RELAY_ON_POISON=dead-letter")
+    on_history_lost: str = _setting("stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)")
+    on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
     ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
+    schema_registry_url: str = _setting(
+        "", "Confluent Schema Registry URL(s), comma-separated; set: values use the Confluent wire format "
+            "(magic byte 0, 4-byte schema id); empty: Avro single-object encoding, schemas/ is the registry")
+    schema_registry_subject_strategy: str = _setting(
+        "topic-record", "subject a writer schema is registered under: topic (<topic>-value), record "
+                        "(<record full name>) or topic-record (<topic>-<record full name>)")
+    schema_registry_auto_register: str = _setting(
+        "true", "true: register writer schemas on first use; false: only use schemas registered beforehand")
+    schema_registry_basic_auth: str = _setting("", "USER:PASSWORD for the Schema Registry (HTTP basic auth)")
     field_aggregate_type: str = _setting("aggregateType", "outbox field naming the aggregate type")
     field_aggregate_id: str = _setting("aggregateId", "outbox field holding the aggregate id (the Kafka key)")
     field_event_type: str = _setting("eventType", "outbox field holding the event type")
@@ -178,6 +193,24 @@ class Settings:
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(env_name("topic_template"),
                               f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}") from None
+        for name, allowed in (("on_poison", ("stop", "dead-letter")), ("on_history_lost", ("stop", "rescan")),
+                              ("on_lease_lost", ("standby", "exit"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(env_name(name), f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        if not _TOPIC_RE.match(self.dead_letter_topic):
+            raise ConfigError(env_name("dead_letter_topic"), f"not a valid Kafka topic name: {self.dead_letter_topic!r}")
+        for url in filter(None, (u.strip() for u in self.schema_registry_url.split(","))):
+            if not url.startswith(("http://", "https://", "mock://")):
+                raise ConfigError(env_name("schema_registry_url"),
+                                  f"must be http://, https:// (or mock:// in tests) URLs, got {url!r}")
+        if self.schema_registry_subject_strategy not in ("topic", "record", "topic-record"):
+            raise ConfigError(env_name("schema_registry_subject_strategy"),
+                              f"must be topic, record or topic-record, got {self.schema_registry_subject_strategy!r}")
+        if self.schema_registry_auto_register.lower() not in ("true", "false"):
+            raise ConfigError(env_name("schema_registry_auto_register"),
+                              f"must be true or false, got {self.schema_registry_auto_register!r}")
+        if self.schema_registry_basic_auth and ":" not in self.schema_registry_basic_auth:
+            raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(env_name("log_level"), f"unknown level {self.log_level!r}")
         for key, forced in FORCED_KAFKA.items():

@@ -290,6 +290,14 @@ class MongoReplicaSet:
             host, port = client.primary  # type: ignore[misc]
         return self.ports.index(port)
 
+    def restart_member(self, i: int) -> None:
+        """Start member `i` again (same port and data) after it was stopped or killed."""
+        proc = ManagedProcess(f"mongod{i}", self._argv(i), self.base_dir / f"mongod{i}.log")
+        proc.start()
+        self.processes[i] = proc
+        _wait_until(f"mongod on port {self.ports[i]}", lambda: _port_open(self.ports[i]),
+                    _START_TIMEOUT_S, proc)
+
     def stop(self) -> None:
         for proc in self.processes:
             proc.stop()

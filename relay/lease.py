@@ -23,6 +23,7 @@ from typing import Any
 from bson import Timestamp
 from pymongo import ReturnDocument
 from pymongo.collection import Collection
+from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from relay.changes import token_cluster_time
@@ -59,6 +60,7 @@ class LeaseStore:
         self.owner = owner
         self._ttl_ms = int(ttl_s * 1000)
         self._ensured = False
+        self._replicas = collection.database[f"{collection.name}_replicas"]
 
     def _expires(self) -> dict[str, Any]:
         return {"$add": ["$$NOW", self._ttl_ms]}
@@ -136,6 +138,24 @@ class LeaseStore:
             raise LeaseLostError(
                 f"lease on {self.lease_id} lost: fencing token {grant.fencing_token} of "
                 f"{grant.owner} is no longer current")
+
+    def announce(self, role: str) -> None:
+        """Record this replica's role and the server time it was seen (for `status`).
+
+        Best effort: it is bookkeeping for operators, so a failure never stops publishing.
+        """
+        try:
+            self._replicas.update_one(
+                {"_id": f"{self.lease_id}/{self.owner}"},
+                [{"$set": {"outbox": self.lease_id, "instance": self.owner, "role": role, "seenAt": "$$NOW"}}],
+                upsert=True,
+            )
+        except PyMongoError:
+            pass
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """Every replica that announced itself for this outbox, newest first."""
+        return list(self._replicas.find({"outbox": self.lease_id}, sort=[("seenAt", -1)]))
 
     def read(self) -> dict[str, Any] | None:
         """The lease document as stored, with the server's current time (for `status`)."""

@@ -25,6 +25,8 @@ from relay.config import Settings
 prometheus_client.disable_created_metrics()
 log = logging.getLogger("relay.summary")
 _SUMMARY_EVERY_S = 60.0
+# The loop ticks at least every getMore (max_await_ms) or delivery wait slice when healthy.
+_READY_STALL_S = 10.0
 
 
 class Observer:
@@ -43,6 +45,10 @@ class Observer:
         self.checkpoint_time = Gauge("relay_checkpoint_cluster_time_seconds",
                                      "Cluster time of the stored token (Unix seconds)", registry=r)
         self.lease_held = Gauge("relay_lease_held", "1 while this replica holds the lease", registry=r)
+        self.dead_letters = Counter("relay_dead_letters", "Poison events sent to the dead-letter topic",
+                                    registry=r)
+        self.resumes = Counter("relay_stream_resumes", "Change stream resumes by the driver after resumable errors",
+                               registry=r)
         self.fencing = Gauge("relay_fencing_token", "Fencing token of the held lease", registry=r)
         self._last_tick = time.monotonic()
         self._ready = False
@@ -87,6 +93,12 @@ class Observer:
         if ts is not None:
             self.checkpoint_time.set(ts.time)
 
+    def resumed(self) -> None:
+        self.resumes.inc()
+
+    def dead_lettered(self, exc: BaseException) -> None:
+        self.dead_letters.inc()
+
     def restart(self, exc: BaseException | None) -> None:
         self.restarts.labels(type(exc).__name__ if exc else "unknown").inc()
         self._restarts += 1
@@ -99,7 +111,8 @@ class Observer:
         return time.monotonic() - self._last_tick < max(30.0, 2 * self.settings.lease_ttl_s)
 
     def ready(self) -> bool:
-        return self._ready and self.live()
+        """Connected and turning: leader publishing or standby polling, not restarting or stalled."""
+        return self._ready and time.monotonic() - self._last_tick < _READY_STALL_S
 
     def _summary(self) -> None:
         self._last_summary = time.monotonic()

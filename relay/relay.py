@@ -32,11 +32,13 @@ from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
 from relay.changes import ChangeSource, StartPoint, oplog_start, pipeline_fingerprint, short_token
 from relay.config import Settings
-from relay.encoding import MessageBuilder, SchemaRegistry
+from relay.deadletter import dead_letter_message
+from relay.encoding import MessageBuilder, OutgoingMessage, SchemaRegistry
 from relay.errors import (
-    Action, PipelineMismatchError, ReopenableStreamError, RepeatedStreamError,
-    ServerUnreachableError, classify,
+    Action, HistoryLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError,
+    RepeatedStreamError, ServerUnreachableError, TransientError, classify,
 )
+from relay.rescan import rescan_batches
 from relay.lease import Checkpoint, Grant, LeaseStore
 from relay.observe import Observer
 from relay.publisher import Publisher, check_config
@@ -46,8 +48,11 @@ log = logging.getLogger("relay")
 
 def mongo_client(settings: Settings, **kw: Any) -> MongoClient[Any]:
     """The relay's MongoDB client: Stable API v1, bounded server selection."""
+    # A socket timeout bounds every operation, so a frozen server turns into a restart (and
+    # an unready relay) instead of a loop stuck forever in one getMore.
     return MongoClient(settings.mongodb_uri, server_api=ServerApi("1"), appname="outbox-relay",
                        serverSelectionTimeoutMS=int(settings.connect_timeout_s * 1000),
+                       socketTimeoutMS=int(max(settings.connect_timeout_s, 10.0) * 1000),
                        tz_aware=True, **kw)
 
 
@@ -100,6 +105,10 @@ class Relay:
         self._last_write = 0.0
         self._last_token: Any = None
         self._repeat_code: int | None = None
+        self._last_announce = 0.0
+        # Events the broker refused for good (dead-letter policy): on replay they go to the
+        # dead-letter topic instead. Event id -> reason.
+        self._refused: dict[str, str] = {}
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -123,7 +132,7 @@ class Relay:
                 try:
                     self._retrying()(self._cycle)
                 except Exception as exc:
-                    if classify(exc) is not Action.STANDBY:
+                    if classify(exc) is not Action.STANDBY or self.settings.on_lease_lost == "exit":
                         raise
                     log.warning("%s; back to standby", exc)
                     self._grant = None
@@ -157,13 +166,17 @@ class Relay:
             grant = self._lease.try_acquire()
             if grant is not None:
                 self._grant = grant
+                self._last_write = time.monotonic()  # acquiring renewed the lease
                 self.observer.role("leader", grant.fencing_token)
+                self._lease.announce("leader")
                 log.info("holding the lease, fencing token %d", grant.fencing_token)
                 return grant
             if not announced:
                 log.info("standby: another replica holds the lease on %s", self.settings.namespace)
                 self.observer.role("standby", None)
                 announced = True
+            self._lease.announce("standby")
+            self.observer.tick()
             self._stopping.wait(self.settings.standby_poll_s)
         return None
 
@@ -195,7 +208,15 @@ class Relay:
         publisher = Publisher(s)
         progressed = False
         try:
-            source.open(start)
+            try:
+                source.open(start)
+            except HistoryLostError:
+                if grant.checkpoint.token is None and self.settings.start_at == "oplog-start":
+                    # The oldest oplog entry was truncated between reading and opening: retry.
+                    raise TransientError("the oplog rolled over while opening at its start") from None
+                if self.settings.on_history_lost != "rescan":
+                    raise
+                self._rescan(source, publisher, grant)
             log.info("change stream opened %s", start.description)
             if grant.checkpoint.token is None and source.token is not None:
                 # No checkpoint yet: store the opening position at once, so a crash before the
@@ -206,6 +227,14 @@ class Relay:
                 if progressed:
                     self._repeat_code = None
         except Exception as exc:
+            if isinstance(exc, PoisonEventError) and self.settings.on_poison == "dead-letter" \
+                    and exc.event_id not in self._refused:
+                # The broker refused the event for good: replay the batch from the checkpoint,
+                # this time with the event on the dead-letter topic.
+                self._refused[exc.event_id] = exc.reason
+                log.error("event %s refused by the broker (%s): dead-lettering it on replay",
+                          exc.event_id, exc.reason)
+                return
             if isinstance(exc, ReopenableStreamError) and not progressed:
                 if self._repeat_code == exc.code:
                     raise RepeatedStreamError(f"{exc}; it repeated after reopening from the "
@@ -227,9 +256,13 @@ class Relay:
         s = self.settings
         self.observer.tick()
         batch = source.next_batch(s.batch_max_events, s.batch_max_bytes)
+        if batch.resumed:
+            self.observer.resumed()
         if batch.changes:
             started = time.monotonic()
-            messages = [self._builder.build(change, grant.fencing_token) for change in batch.changes]
+            # A replica that was paused learns here that it lost the lease, before publishing.
+            self._heartbeat()
+            messages = self._messages(batch.changes, grant)
             publisher.publish(messages, while_waiting=self._heartbeat)
             self._commit(batch.token)
             self.observer.published(batch, messages, time.monotonic() - started, batch.token)
@@ -240,6 +273,43 @@ class Relay:
             else:
                 self._renew()
         return False
+
+    def _messages(self, changes: list[Any], grant: Grant) -> list[OutgoingMessage]:
+        """The batch's Kafka messages; poison events stop the relay or become dead letters."""
+        messages = []
+        for change in changes:
+            try:
+                if self._refused:
+                    event_id = str(change["documentKey"].get("_id")) if "documentKey" in change else None
+                    if event_id in self._refused:
+                        raise PoisonEventError(event_id, self._refused[event_id])
+                messages.append(self._builder.build(change, grant.fencing_token))
+            except PoisonEventError as exc:
+                if self.settings.on_poison != "dead-letter":
+                    raise
+                log.error("dead-lettering event %s to %s: %s fencing=%d", exc.event_id,
+                          self.settings.dead_letter_topic, exc.reason, grant.fencing_token)
+                self.observer.dead_lettered(exc)
+                messages.append(dead_letter_message(change, exc.reason, grant.fencing_token, self.settings))
+        return messages
+
+    def _rescan(self, source: ChangeSource, publisher: Publisher, grant: Grant) -> None:
+        """History lost, operator chose rescan (see relay.rescan): publish every outbox document,
+        then store the token of a stream opened before the scan."""
+        log.error("the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
+                  "every document in %s (expect duplicates)", self.settings.namespace)
+        source.close()
+        source.open(StartPoint())
+        opening = source.token
+        if opening is None:
+            raise TransientError("no opening token for the stream after the rescan; retrying")
+        count = 0
+        for changes in rescan_batches(self._outbox, self.settings.field_occurred_at,
+                                      self.settings.batch_max_events):
+            publisher.publish(self._messages(changes, grant), while_waiting=self._heartbeat)
+            count += len(changes)
+        self._commit(opening)
+        log.warning("rescan published %d outbox documents; continuing from the change stream", count)
 
     def _commit(self, token: Any) -> None:
         assert self._grant is not None
@@ -253,6 +323,7 @@ class Relay:
         assert self._grant is not None
         self._lease.renew(self._grant)
         self._last_write = time.monotonic()
+        self._lease.announce("leader")
 
     def _heartbeat(self) -> None:
         """Runs while waiting on Kafka: keep the lease alive so a slow broker is not a takeover."""

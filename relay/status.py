@@ -21,11 +21,20 @@ def status(settings: Settings) -> dict[str, Any]:
     """The lease holder, fencing token, expiry, and the checkpoint with its lag."""
     with mongo_client(settings) as client:
         check_mongodb(client, settings)
-        doc = _lease_store(settings, client).read()
-    out: dict[str, Any] = {"outbox": settings.namespace, "lease": None, "checkpoint": None}
+        store = _lease_store(settings, client)
+        doc = store.read()
+        replicas = store.replicas()
+    out: dict[str, Any] = {"outbox": settings.namespace, "lease": None, "checkpoint": None, "replicas": []}
     if doc is None:
         return out
     now: dt.datetime = doc["serverTime"]
+    stale_after = 3 * max(settings.heartbeat_interval_s, settings.standby_poll_s)
+    for r in replicas:
+        age = (now - r["seenAt"]).total_seconds()
+        holds = r["instance"] == doc.get("owner") and doc.get("expiresAt") is not None and doc["expiresAt"] > now
+        out["replicas"].append({"instance": r["instance"], "role": "leader" if holds else
+                                ("gone" if age > stale_after else "standby"),
+                                "lastSeenSecondsAgo": round(age, 1)})
     expires = doc.get("expiresAt")
     out["lease"] = {
         "owner": doc.get("owner"),

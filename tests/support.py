@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from pymongo.database import Database
 
 from relay.config import Settings, env_name, kafka_env_name
@@ -93,14 +94,16 @@ def settings_env(settings: Settings) -> dict[str, str]:
 class RelayProcess:
     """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid)."""
 
-    def __init__(self, settings: Settings, log_dir: Path, name: str) -> None:
+    def __init__(self, settings: Settings, log_dir: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
         self.settings = settings
+        self.extra_env = extra_env or {}
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=settings_env(self.settings),
+            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"],
+                                         env=settings_env(self.settings) | self.extra_env,
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self
 
@@ -109,6 +112,18 @@ class RelayProcess:
         self.proc.kill()
         self.proc.wait(timeout=30)
 
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def terminate(self, timeout: float = 60) -> int:
         assert self.proc is not None
         self.proc.terminate()
@@ -116,7 +131,11 @@ class RelayProcess:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.terminate()
+            self.proc.send_signal(signal.SIGCONT)
+            try:
+                self.terminate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -211,7 +230,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
         if meta is None or meta.error is not None or not meta.partitions:
             return []
         parts = sorted(meta.partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        ends = {p: _high_watermark(consumer, topic, p) for p in parts}
         pending = {p for p in parts if ends[p] > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
         records: list[Record] = []
@@ -236,14 +255,25 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
         consumer.close()
 
 
+def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
+    """The partition's end offset; retries while a new topic's leadership settles."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1])
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def topic_size(bootstrap: str, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "size"})
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None:
             return 0
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                   for p in meta.partitions)
+        return sum(_high_watermark(consumer, topic, p) for p in meta.partitions)
     finally:
         consumer.close()
 
@@ -291,3 +321,59 @@ def assert_complete_and_ordered(records: list[Record], written: Written) -> Verd
 
 def lease_doc(db: Database[Any], settings: Settings) -> dict[str, Any] | None:
     return db[settings.lease_collection].find_one({"_id": settings.namespace})
+
+
+# ---- fault injection ---------------------------------------------------------------------------
+
+class failpoint:
+    """`configureFailPoint failCommand` for the relay's connections only (appName outbox-relay)."""
+
+    def __init__(self, client: Any, mode: Any, **data: Any) -> None:
+        self.client, self.mode, self.data = client, mode, {"appName": "outbox-relay", **data}
+
+    def __enter__(self) -> failpoint:
+        self.client.admin.command("configureFailPoint", "failCommand", mode=self.mode, data=self.data)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.admin.command("configureFailPoint", "failCommand", mode="off")
+
+
+class CheckpointWatcher:
+    """Polls the stored token in the background; records every value it sees, in order."""
+
+    def __init__(self, db: Database[Any], settings: Settings, interval: float = 0.05) -> None:
+        self.db, self.settings, self.interval = db, settings, interval
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                token = (lease_doc(self.db, self.settings) or {}).get("resumeToken")
+            except Exception:  # noqa: BLE001 - the server may be paused or electing
+                token = None
+            if token and (not self.seen or self.seen[-1] != token["_data"]):
+                self.seen.append(token["_data"])
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> CheckpointWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def assert_never_went_backwards(self) -> None:
+        for a, b in zip(self.seen, self.seen[1:]):
+            assert b > a, f"checkpoint went backwards: {a} -> {b}"
+
+
+def needs_local_stack(servers: Servers) -> Any:
+    import pytest
+
+    if servers.stack is None:
+        pytest.skip("kills or pauses servers: needs the servers started by the tests themselves")
+    return servers.stack

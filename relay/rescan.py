@@ -1,0 +1,43 @@
+"""Recovery from history loss by re-scanning the outbox (RELAY_ON_HISTORY_LOST=rescan).
+
+When the stored token has fallen off the oplog, the changes between it and the oldest oplog
+entry cannot be read any more. With the rescan policy the relay opens a new change stream at
+"now" first, then publishes every outbox document still in the collection, then continues from
+the stream's opening token. Consequences, documented in the README runbook:
+- events published before the loss are published again (duplicates, same event ids);
+- events inserted while the scan runs arrive twice (from the scan and from the stream);
+- events already deleted from the outbox (e.g. by a TTL index) cannot be recovered;
+- the commit order of scanned events is unknown: they are published by (occurredAt, _id), and
+  their `source.position` is synthetic, "00" + scan time + index, so it sorts before every real
+  change stream position (real tokens start with "82") and a scanned event never wins over a
+  live one in "latest position wins" views.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import bson
+from bson.raw_bson import RawBSONDocument
+from pymongo.collection import Collection
+
+from relay.changes import RAW_CODEC
+
+
+def rescan_batches(outbox: Collection[Any], occurred_at_field: str,
+                   batch_size: int) -> Iterator[list[RawBSONDocument]]:
+    """Every outbox document as a synthetic insert change, in (occurredAt, _id) order, in batches."""
+    scan = f"00{int(time.time()):08x}"
+    cursor = outbox.with_options(codec_options=RAW_CODEC).find(
+        {}, sort=[(occurred_at_field, 1), ("_id", 1)], batch_size=batch_size)
+    batch: list[RawBSONDocument] = []
+    for index, doc in enumerate(cursor):
+        change = {"_id": {"_data": f"{scan}{index:012x}"}, "operationType": "insert", "fullDocument": doc}
+        batch.append(RawBSONDocument(bson.encode(change), RAW_CODEC))
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,114 @@
+"""MongoDB-side faults (FAULTS.md rows 4, 5, 13, 14), injected with failCommand or SIGSTOP."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from relay.errors import RepeatedStreamError
+from tests.support import (
+    CheckpointWatcher, RelayThread, assert_complete_and_ordered, failpoint, lease_doc, needs_local_stack,
+    read_topic, topic_size, wait_until, write_events,
+)
+
+
+def _published(env, n: int, timeout: float = 90) -> None:
+    wait_until(lambda: len({r.id for r in read_topic(env.servers.kafka_bootstrap, env.topic())}) >= n,
+               timeout, f"{n} distinct events in the topic", interval=1)
+
+
+@pytest.mark.parametrize("fault", [
+    {"errorCode": 6, "errorLabels": ["ResumableChangeStreamError"]},
+    {"closeConnection": True},
+], ids=["resumable-label", "close-connection"])
+def test_resumable_getmore_errors_are_invisible_except_in_metrics(env, fault):
+    with RelayThread(env.settings) as relay:
+        written = write_events(env.db, env.settings.outbox_collection, total=300, writers=2)
+        _published(env, 300)
+        for _ in range(3):
+            with failpoint(env.client, {"times": 1}, failCommands=["getMore"], **fault):
+                more = write_events(env.db, env.settings.outbox_collection, total=100, writers=1,
+                                    seed=len(written.ids), written=written)
+                _published(env, len(more.ids))
+    assert relay.error is None, relay.error
+    verdict = assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
+    assert not verdict.duplicates, "a driver-level resume continues after the last change: no replay"
+    observer = relay.relay.observer
+    assert observer.resumes._value.get() >= 1, "the resumes show in relay_stream_resumes_total"
+    assert sum(s.value for m in observer.restarts.collect() for s in m.samples) == 0, "no relay restart"
+
+
+@pytest.mark.parametrize("code", [280, 136], ids=["ChangeStreamFatalError", "CappedPositionLost"])
+def test_non_resumable_getmore_error_reopens_from_the_checkpoint(env, code):
+    with RelayThread(env.settings) as relay:
+        written = write_events(env.db, env.settings.outbox_collection, total=200, writers=2)
+        _published(env, 200)
+        with failpoint(env.client, {"times": 1}, failCommands=["getMore"], errorCode=code):
+            write_events(env.db, env.settings.outbox_collection, total=200, writers=2, seed=9, written=written)
+            _published(env, 400)
+    assert relay.error is None, relay.error
+    assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
+    restarts = {s.labels["kind"] for m in relay.relay.observer.restarts.collect() for s in m.samples if s.value}
+    assert "ReopenableStreamError" in restarts
+
+
+def test_non_resumable_getmore_error_that_repeats_stops_the_relay_with_the_code(env):
+    write_events(env.db, env.settings.outbox_collection, total=50, writers=1)
+    with failpoint(env.client, "alwaysOn", failCommands=["getMore"], errorCode=280):
+        with RelayThread(env.settings) as relay:
+            relay.thread.join(timeout=60)
+    assert isinstance(relay.error, RepeatedStreamError)
+    assert "280" in str(relay.error) and "ChangeStreamFatalError" in str(relay.error)
+
+
+@pytest.mark.parametrize("fault, write_applied", [
+    # failCommand applies the write, then reports the write concern error: stored, not acknowledged.
+    ({"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}, True),
+    ({"closeConnection": True}, False),
+], ids=["write-concern-error", "close-connection"])
+def test_failing_checkpoint_write_advances_nothing_until_acknowledged(env, fault, write_applied):
+    with RelayThread(env.settings) as relay:
+        observer = relay.relay.observer
+        written = write_events(env.db, env.settings.outbox_collection, total=200, writers=2)
+        _published(env, 200)
+        wait_until(lambda: (lease_doc(env.db, env.settings) or {}).get("resumeToken"), 30, "a checkpoint")
+        time.sleep(1.5)  # let the idle pass store the newest token
+        stored = lease_doc(env.db, env.settings)["resumeToken"]
+        acknowledged = observer._token
+        with failpoint(env.client, "alwaysOn", failCommands=["update"], **fault):
+            write_events(env.db, env.settings.outbox_collection, total=200, writers=2, seed=5, written=written)
+            _published(env, 400)  # published, but the checkpoint write is never acknowledged
+            time.sleep(2)
+            assert observer._token == acknowledged, "the relay moved on without an acknowledged checkpoint"
+            if not write_applied:
+                assert lease_doc(env.db, env.settings)["resumeToken"] == stored
+            restarts = sum(s.value for m in observer.restarts.collect() for s in m.samples)
+            assert restarts >= 1, "each unacknowledged checkpoint restarts from the stored one"
+        wait_until(lambda: observer._token != acknowledged, 60,
+                   "the checkpoint to advance once writes are acknowledged again")
+    assert relay.error is None, relay.error
+    verdict = assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
+    for dup in verdict.duplicates:
+        assert dup.position > stored["_data"], "replayed only after the last stored checkpoint"
+
+
+def test_mongodb_paused_makes_the_relay_unready_then_it_recovers_without_loss(env):
+    stack = needs_local_stack(env.servers)
+    mongod = stack.mongo.processes[0]
+    with RelayThread(env.settings) as relay, CheckpointWatcher(env.db, env.settings) as watcher:
+        written = write_events(env.db, env.settings.outbox_collection, total=300, writers=2)
+        _published(env, 300)
+        wait_until(relay.relay.observer.ready, 30, "the relay to be ready")
+        mongod.pause()
+        try:
+            wait_until(lambda: not relay.relay.observer.ready(), 30, "readiness to report MongoDB unreachable")
+        finally:
+            mongod.resume()
+        write_events(env.db, env.settings.outbox_collection, total=300, writers=2, seed=3, written=written)
+        _published(env, 600)
+        wait_until(relay.relay.observer.ready, 60, "the relay to be ready again")
+    assert relay.error is None, relay.error
+    assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
+    watcher.assert_never_went_backwards()
