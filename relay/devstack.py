@@ -217,6 +217,9 @@ class MongoReplicaSet:
     members: int = 1
     name: str = "rs0"
     oplog_size_mb: int | None = None
+    # Seconds between storage checkpoints; the oplog is truncated only up to the last one, so
+    # a small oplog rolls over promptly only with a short delay (default: mongod's 60 s).
+    sync_delay_s: int | None = None
     ports: list[int] = field(default_factory=list)
     processes: list[ManagedProcess] = field(default_factory=list)
 
@@ -233,6 +236,8 @@ class MongoReplicaSet:
         ]
         if self.oplog_size_mb is not None:
             argv += ["--oplogSize", str(self.oplog_size_mb)]
+        if self.sync_delay_s is not None:
+            argv += ["--syncdelay", str(self.sync_delay_s)]
         return argv
 
     def start(self) -> None:

@@ -82,6 +82,11 @@ class DeliveryError(TransientError):
         self.error = error
 
 
+class BatchRefusedError(TransientError):
+    """Raised when the broker refused a record batch for good (e.g. too large for the topic):
+    the batch is replayed one message per request to find the event responsible."""
+
+
 class ProducerFatalError(TransientError):
     """Raised when the producer instance is unusable (librdkafka fatal error)."""
 

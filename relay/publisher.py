@@ -18,7 +18,9 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from relay.config import Settings, kafka_env_name
 from relay.encoding import OutgoingMessage
-from relay.errors import ConfigError, DeliveryError, PoisonEventError, ProducerFatalError
+from relay.errors import (
+    BatchRefusedError, ConfigError, DeliveryError, PoisonEventError, ProducerFatalError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,7 @@ class Publisher:
             self._producer = Producer(config)
         except KafkaException as exc:
             raise _config_error(exc) from None
-        self._failure: tuple[str, KafkaError] | None = None
+        self._failure: tuple[bytes, KafkaError] | None = None
 
     def _on_error(self, err: KafkaError) -> None:
         # Client-level errors (broker down, all brokers down) are logged; librdkafka keeps
@@ -50,16 +52,26 @@ class Publisher:
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None and self._failure is None:
-            headers = dict(msg.headers() or [])
-            self._failure = (headers.get("ce_id", b"?").decode(), err)
+            self._failure = (msg.value() or b"", err)  # failed reports carry no headers
 
-    def publish(self, messages: Sequence[OutgoingMessage], while_waiting: Callable[[], None]) -> None:
+    def publish(self, messages: Sequence[OutgoingMessage], while_waiting: Callable[[], None],
+                one_by_one: bool = False) -> None:
         """Send every message and return only once the broker acknowledged all of them.
 
         `while_waiting` runs between short waits (lease renewal, stop checks). Raises
-        DeliveryError (restart and replay), PoisonEventError (a permanent per-message error)
-        or ProducerFatalError (the instance is unusable).
+        DeliveryError (restart and replay), ProducerFatalError (the instance is unusable),
+        BatchRefusedError (the broker refused a record batch for good; which event caused it is
+        unknown, since the broker judges whole batches) or, with `one_by_one` (each message
+        its own request), PoisonEventError naming the refused event.
         """
+        if one_by_one:
+            for m in messages:
+                self._publish([m], while_waiting, isolated=True)
+        else:
+            self._publish(messages, while_waiting, isolated=False)
+
+    def _publish(self, messages: Sequence[OutgoingMessage], while_waiting: Callable[[], None],
+                 isolated: bool) -> None:
         self._failure = None
         produce, on_delivery = self._producer.produce, self._on_delivery
         current = "?"
@@ -84,9 +96,13 @@ class Publisher:
                 raise PoisonEventError(current, _PERMANENT[err.code()]) from exc
             raise DeliveryError(current, err) from exc
         if self._failure is not None:
-            event_id, err = self._failure
+            value, err = self._failure
+            event_id = next((m.event_id for m in messages if m.value == value), "?")
             if err.code() in _PERMANENT:
-                raise PoisonEventError(event_id, f"{_PERMANENT[err.code()]} ({err.name()})")
+                if isolated:
+                    raise PoisonEventError(event_id, f"{_PERMANENT[err.code()]} ({err.name()})")
+                raise BatchRefusedError(f"the broker refused a record batch ({err.name()}: "
+                                        f"{_PERMANENT[err.code()]}); replaying it one message at a time")
             raise DeliveryError(event_id, err)
 
     @property

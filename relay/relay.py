@@ -35,7 +35,7 @@ from relay.config import Settings
 from relay.deadletter import dead_letter_message
 from relay.encoding import MessageBuilder, OutgoingMessage, SchemaRegistry
 from relay.errors import (
-    Action, HistoryLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError,
+    Action, BatchRefusedError, HistoryLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError,
     RepeatedStreamError, ServerUnreachableError, TransientError, classify,
 )
 from relay.rescan import rescan_batches
@@ -109,6 +109,8 @@ class Relay:
         # Events the broker refused for good (dead-letter policy): on replay they go to the
         # dead-letter topic instead. Event id -> reason.
         self._refused: dict[str, str] = {}
+        # After a refused record batch, the next batch goes one message per request.
+        self._isolate = False
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -235,6 +237,8 @@ class Relay:
                 log.error("event %s refused by the broker (%s): dead-lettering it on replay",
                           exc.event_id, exc.reason)
                 return
+            if isinstance(exc, BatchRefusedError):
+                self._isolate = True
             if isinstance(exc, ReopenableStreamError) and not progressed:
                 if self._repeat_code == exc.code:
                     raise RepeatedStreamError(f"{exc}; it repeated after reopening from the "
@@ -263,7 +267,8 @@ class Relay:
             # A replica that was paused learns here that it lost the lease, before publishing.
             self._heartbeat()
             messages = self._messages(batch.changes, grant)
-            publisher.publish(messages, while_waiting=self._heartbeat)
+            publisher.publish(messages, while_waiting=self._heartbeat, one_by_one=self._isolate)
+            self._isolate = False
             self._commit(batch.token)
             self.observer.published(batch, messages, time.monotonic() - started, batch.token)
             return True
