@@ -1,0 +1,148 @@
+"""A three-member replica set: elections (FAULTS.md row 3) and the chaos run."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pymongo
+import pytest
+from pymongo.errors import PyMongoError
+
+from tests.conftest import Env
+from tests.support import (
+    CheckpointWatcher, RelayProcess, RelayThread, Written, assert_complete_and_ordered, lease_doc,
+    needs_local_stack,
+    read_topic, wait_until, write_events,
+)
+
+
+@pytest.fixture(scope="module")
+def rs3(servers):
+    from relay.devstack import MongoReplicaSet
+
+    rs = MongoReplicaSet(Path(tempfile.mkdtemp(prefix="outbox-relay-rs3-")), members=3)
+    rs.start()
+    try:
+        yield rs
+    finally:
+        rs.stop()
+        shutil.rmtree(rs.base_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def env3(env, rs3):
+    """The test's settings, on the three-member replica set."""
+    settings = env.settings.replace(mongodb_uri=rs3.uri)
+    client = pymongo.MongoClient(rs3.uri, tz_aware=True)
+    client[settings.database].create_collection(settings.outbox_collection)
+    try:
+        yield Env(env.servers, settings, client)
+    finally:
+        client.drop_database(settings.database)
+        client.close()
+
+
+def _step_down(rs) -> None:
+    with pymongo.MongoClient(rs.uri) as client:
+        try:
+            client.admin.command("replSetStepDown", 10, secondaryCatchUpPeriodSecs=5)
+        except PyMongoError:
+            pass  # the primary closes connections as it steps down
+
+
+def _kill_primary_and_restart(rs) -> None:
+    index = rs.primary_index()
+    rs.processes[index].kill()
+    rs.wait_for_primary()
+    rs.restart_member(index)
+
+
+def _all_published(env, written: Written, timeout: float = 240) -> list:
+    def done():
+        records = read_topic(env.servers.kafka_bootstrap, env.topic())
+        return records if {r.id for r in records} >= written.ids else None
+    return wait_until(done, timeout, "every event in the topic", interval=2)
+
+
+def _writer(env, written: Written, total: int, pause: float) -> threading.Thread:
+    thread = threading.Thread(target=write_events, kwargs=dict(
+        db=env.db, collection=env.settings.outbox_collection, total=total, writers=4, max_per_txn=5,
+        written=written, pause=lambda: time.sleep(pause)))
+    thread.start()
+    return thread
+
+
+def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3):
+    written = Written()
+    with RelayThread(env3.settings) as relay, CheckpointWatcher(env3.db, env3.settings) as watcher:
+        writer = _writer(env3, written, 4000, 0.01)
+        wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
+        _step_down(rs3)
+        wait_until(lambda: len(written.ids) > 2500, 90, "writes after the step-down")
+        _kill_primary_and_restart(rs3)
+        writer.join()
+        records = _all_published(env3, written)
+    assert relay.error is None, relay.error
+    verdict = assert_complete_and_ordered(records, written)
+    watcher.assert_never_went_backwards()
+    print(f"\nstep-down + primary SIGKILL: {len(written.ids)} events, {len(verdict.duplicates)} duplicates")
+
+
+@pytest.mark.slow
+def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3, tmp_path):
+    broker = needs_local_stack(env3.servers).kafka
+    rng = random.Random(50_000)
+    written = Written()
+    relays: dict[str, RelayProcess] = {}
+    started: list[RelayProcess] = []
+
+    def launch(slot: str) -> None:
+        name = f"{slot}-{uuid.uuid4().hex[:4]}"
+        proc = RelayProcess(env3.settings.replace(instance_id=name), tmp_path, name).start()
+        relays[slot] = proc
+        started.append(proc)
+
+    launch("r1")
+    launch("r2")
+    faults: list[str] = []
+    try:
+        with CheckpointWatcher(env3.db, env3.settings) as watcher:
+            writer = _writer(env3, written, 50_000, 0.004)
+            actions = ["kill", "kill", "kill", "pause", "pause", "broker", "step-down"]
+            rng.shuffle(actions)
+            for action in actions:
+                time.sleep(rng.uniform(2.0, 5.0))
+                owner = str((lease_doc(env3.db, env3.settings) or {}).get("owner") or "")
+                leader = owner.split("-")[0] if owner.startswith(("r1-", "r2-")) else "r1"
+                # Mostly hit the replica that holds the lease: that is where faults hurt.
+                slot = leader if rng.random() < 0.75 else ("r2" if leader == "r1" else "r1")
+                if action == "kill":
+                    relays[slot].kill()
+                    launch(slot)
+                elif action == "pause":
+                    relays[slot].pause()
+                    time.sleep(env3.settings.lease_ttl_s + 1)
+                    relays[slot].resume()
+                elif action == "broker":
+                    broker.process.kill()
+                    time.sleep(2)
+                    broker.start()
+                else:
+                    _step_down(rs3)
+                faults.append(f"{action}:{slot}" if action in ("kill", "pause") else action)
+            writer.join()
+            records = _all_published(env3, written, timeout=300)
+    finally:
+        for proc in started:
+            proc.stop()
+    verdict = assert_complete_and_ordered(records, written)
+    watcher.assert_never_went_backwards()
+    assert len(written.ids) == 50_000
+    print(f"\nchaos: {len(written.ids)} events, faults {faults}, {len(verdict.duplicates)} duplicates, "
+          f"fencing tokens {sorted({r.fencing for r in records})}")

@@ -1,0 +1,150 @@
+"""Several relay replicas on one outbox (FAULTS.md rows 2, 12, 15): lease, fencing, handover."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+from relay.outbox import Outbox, OutboxEvent
+from tests.support import (
+    ROOT, CheckpointWatcher, RelayProcess, Written, assert_complete_and_ordered, lease_doc, read_topic,
+    settings_env, topic_size, wait_until, write_events,
+)
+
+
+def _owner(env) -> str | None:
+    doc = lease_doc(env.db, env.settings)
+    return doc.get("owner") if doc else None
+
+
+def _leader(env, instance: str, timeout: float = 60) -> dict:
+    return wait_until(lambda: (d := lease_doc(env.db, env.settings)) and d.get("owner") == instance and d,
+                      timeout, f"{instance} to hold the lease")
+
+
+def _background_writes(env, written: Written, total: int, pause: float = 0.01) -> threading.Thread:
+    thread = threading.Thread(target=write_events, kwargs=dict(
+        db=env.db, collection=env.settings.outbox_collection, total=total, writers=2, max_per_txn=4,
+        written=written, pause=lambda: time.sleep(pause)))
+    thread.start()
+    return thread
+
+
+def _all_published(env, written: Written, timeout: float = 120) -> list:
+    def done():
+        records = read_topic(env.servers.kafka_bootstrap, env.topic())
+        return records if {r.id for r in records} >= written.ids else None
+    return wait_until(done, timeout, "every event in the topic", interval=1)
+
+
+def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(env, tmp_path):
+    """Replica A is paused past its lease; B takes over; A resumes (FAULTS row 12)."""
+    batch = 100
+    settings = env.settings.replace(batch_max_events=batch)
+    # A lingers 1.5 s before sending, so a pause most likely catches it with messages queued:
+    # on SIGCONT those go out late, with A's old fencing token.
+    a = RelayProcess(settings.replace(instance_id="A"), tmp_path, "A",
+                     extra_env={"RELAY_KAFKA_LINGER_MS": "1500"}).start()
+    b = RelayProcess(settings.replace(instance_id="B"), tmp_path, "B")
+    written = Written()
+    try:
+        with CheckpointWatcher(env.db, settings) as watcher:
+            a_token = _leader(env, "A")["fencingToken"]
+            b.start()
+            writer = _background_writes(env, written, 3000)
+            wait_until(lambda: len(written.ids) > 500, 60, "writes under way")
+            a.pause()
+            b_token = _leader(env, "B", timeout=60)["fencingToken"]
+            wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) > len(written.ids) // 2,
+                       60, "B publishing")
+            a.resume()
+            writer.join()
+            records = _all_published(env, written)
+            time.sleep(2 * settings.heartbeat_interval_s)
+        assert a.alive, "A goes back to standby, it does not crash"
+        assert "back to standby" in a.log()
+    finally:
+        a.stop()
+        b.stop()
+    assert b_token > a_token
+    watcher.assert_never_went_backwards()
+    verdict = assert_complete_and_ordered(records, written)
+    # A's messages written after B's first message, per partition: the zombie's late batch.
+    late = []
+    for partition in {r.partition for r in records}:
+        in_partition = [r for r in records if r.partition == partition]
+        first_b = next((r.offset for r in in_partition if r.fencing == b_token), None)
+        if first_b is not None:
+            late += [r for r in in_partition if r.offset > first_b and r.fencing != b_token]
+    assert all(r.fencing == a_token for r in late), "late messages carry the zombie's old fencing token"
+    assert len(late) <= batch, f"A published {len(late)} messages after losing the lease (> one batch)"
+    print(f"\nzombie: fencing A={a_token} B={b_token}; A's late messages: {len(late)}; "
+          f"duplicates: {len(verdict.duplicates)}")
+
+
+def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp_path):
+    """Graceful stop stores the final checkpoint and releases the lease (FAULTS row 15)."""
+    written = Written()
+    a = RelayProcess(env.settings.replace(instance_id="A"), tmp_path, "A").start()
+    b = RelayProcess(env.settings.replace(instance_id="B"), tmp_path, "B")
+    c = None
+    try:
+        _leader(env, "A")
+        b.start()
+        writer = _background_writes(env, written, 3000)
+        wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
+        sent = time.monotonic()
+        assert a.terminate() == 0, a.log()
+        stopped = time.monotonic()
+        doc = lease_doc(env.db, env.settings)
+        assert doc.get("releasedAt") is not None, "A released the lease on SIGTERM"
+        _leader(env, "B")
+        graceful = time.monotonic() - sent
+        c = RelayProcess(env.settings.replace(instance_id="C"), tmp_path, "C").start()
+        wait_until(lambda: "standby" in c.log(), 30, "C in standby")
+        status = subprocess.run([sys.executable, "-m", "relay", "status"], env=settings_env(env.settings),
+                                capture_output=True, text=True, cwd=ROOT, timeout=60)
+        roles = {r["instance"]: r["role"] for r in json.loads(status.stdout)["replicas"]}
+        assert roles["B"] == "leader" and roles["C"] == "standby", roles
+        killed = time.monotonic()
+        b.kill()
+        _leader(env, "C", timeout=60)
+        hard = time.monotonic() - killed
+        writer.join()
+        records = _all_published(env, written)
+    finally:
+        for proc in (a, b, c):
+            if proc is not None:
+                proc.stop()
+    verdict = assert_complete_and_ordered(records, written)
+    print(f"\nhandover, SIGTERM to B leading: {graceful:.2f} s (A took {stopped - sent:.2f} s to stop); "
+          f"after SIGKILL: {hard:.2f} s (lease TTL {env.settings.lease_ttl_s:g} s); "
+          f"duplicates {len(verdict.duplicates)}")
+    assert graceful < env.settings.lease_ttl_s, "a graceful stop does not wait for the lease to expire"
+
+
+def test_relay_killed_inside_a_large_transaction_publishes_all_of_it_in_order(env, tmp_path):
+    """N events of one transaction; the relay is killed while publishing them (FAULTS row 2)."""
+    n = 3000
+    settings = env.settings.replace(batch_max_events=50)
+    events = [OutboxEvent.new("order", f"tx-{i % 7}", "Line", {"seq": i}) for i in range(n)]
+    with env.client.start_session() as session, session.start_transaction():
+        Outbox(env.outbox).add_many(events, session=session)
+    written = Written()
+    written.add(events)
+    first = RelayProcess(settings.replace(instance_id="first"), tmp_path, "first").start()
+    try:
+        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 200, 60, "part of the transaction")
+        first.kill()
+        part = topic_size(env.servers.kafka_bootstrap, env.topic())
+        second = RelayProcess(settings.replace(instance_id="second"), tmp_path, "second").start()
+        records = _all_published(env, written)
+        second.stop()
+    finally:
+        first.stop()
+    assert part < n, "the kill landed inside the transaction's events"
+    verdict = assert_complete_and_ordered(records, written)
+    print(f"\ntransaction of {n}: killed after {part} published; duplicates {len(verdict.duplicates)}")
