@@ -160,3 +160,5 @@ def setup_logging(level: str = "INFO") -> None:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     logging.getLogger("kafka.admin").setLevel(logging.CRITICAL)
+    # librdkafka's own log lines (connection attempts) only at DEBUG level of the relay.
+    logging.getLogger("kafka.producer").setLevel(logging.ERROR if level.upper() != "DEBUG" else logging.DEBUG)

@@ -46,9 +46,10 @@ class Publisher:
         self._failure: tuple[bytes, KafkaError] | None = None
 
     def _on_error(self, err: KafkaError) -> None:
-        # Client-level errors (broker down, all brokers down) are logged; librdkafka keeps
-        # retrying and reports per-message failures through delivery reports.
-        log.warning("kafka client: %s", err)
+        # Client-level errors: librdkafka keeps retrying and reports per-message failures
+        # through delivery reports, so only "all brokers down" and fatal ones are warnings.
+        important = err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN
+        log.log(logging.WARNING if important else logging.DEBUG, "kafka client: %s", err)
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None and self._failure is None:
