@@ -101,8 +101,13 @@ class OutboxEvent:
         return doc
 
 
+_ID_TYPES = (ObjectId, str)
+
+
 def _required_str(doc: Mapping[str, Any], name: str) -> str:
     value = doc.get(name)
+    if value.__class__ is str and value:  # the common case, checked first and cheaply
+        return value  # type: ignore[no-any-return]
     if value is None:
         raise MalformedEventError(name, "is missing")
     if not isinstance(value, str) or not value:
@@ -118,7 +123,7 @@ def event_id_of(doc: Mapping[str, Any]) -> str:
 def parse(doc: Mapping[str, Any], fields: FieldNames = DEFAULT_FIELDS) -> OutboxEvent:
     """Check an outbox document and return the event; raises MalformedEventError."""
     event_id = doc.get("_id")
-    if not isinstance(event_id, ObjectId | str) or event_id == "":
+    if not isinstance(event_id, _ID_TYPES) or event_id == "":
         raise MalformedEventError("_id", "must be an ObjectId or a non-empty string")
     payload = doc.get(fields.payload)
     if payload is None:

@@ -3,10 +3,14 @@
 One step (`_step`):
   1. read a batch of changes and the token that covers exactly them (changes.ChangeSource);
   2. build each Kafka message (encoding.MessageBuilder); a bad event stops the relay naming it;
-  3. publish them and wait until Kafka acknowledged every one (publisher.Publisher);
-  4. store the token with a fenced, majority write (lease.LeaseStore.commit).
-The token is stored only after step 3 succeeded for every event before it (guarantee 1).
-An idle step stores the post-batch token at most every heartbeat interval (guarantee 7).
+  3. hand them to the producer (publisher.Publisher.send); up to RELAY_PIPELINE_DEPTH batches
+     are in flight at once, so reading and encoding overlap with delivery;
+  4. `_settle`: store, with a fenced majority write (lease.LeaseStore.commit), the token of the
+     newest batch that Kafka acknowledged completely, along with every batch before it.
+A token is stored only once every event before it was acknowledged (guarantee 1); a failed
+report discards everything in flight and restarts from the stored token. An idle step first
+settles everything in flight, then stores the post-batch token at most every heartbeat
+interval (guarantee 7).
 
 Around the steps: take the lease (standby until it is free), open the stream at the
 checkpoint, and on a transient error drop the producer and the stream and start again from
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 import time
 from typing import Any
 
@@ -30,7 +35,7 @@ from pymongo.errors import PyMongoError
 from pymongo.server_api import ServerApi
 from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
 
-from relay.changes import ChangeSource, StartPoint, oplog_start, pipeline_fingerprint, short_token
+from relay.changes import Batch, ChangeSource, StartPoint, oplog_start, pipeline_fingerprint, short_token
 from relay.config import Settings
 from relay.deadletter import dead_letter_message
 from relay.encoding import MessageBuilder, OutgoingMessage, SchemaRegistry
@@ -41,7 +46,7 @@ from relay.errors import (
 from relay.rescan import rescan_batches
 from relay.lease import Checkpoint, Grant, LeaseStore
 from relay.observe import Observer
-from relay.publisher import Publisher, check_config
+from relay.publisher import InFlight, Publisher, check_config
 
 log = logging.getLogger("relay")
 
@@ -111,6 +116,8 @@ class Relay:
         self._refused: dict[str, str] = {}
         # After a refused record batch, the next batch goes one message per request.
         self._isolate = False
+        # Batches handed to the producer, oldest first, not yet acknowledged and stored.
+        self._in_flight: deque[tuple[InFlight, Batch]] = deque()
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -134,6 +141,7 @@ class Relay:
                 try:
                     self._retrying()(self._cycle)
                 except Exception as exc:
+                    self.observer.error(exc)
                     if classify(exc) is not Action.STANDBY or self.settings.on_lease_lost == "exit":
                         raise
                     log.warning("%s; back to standby", exc)
@@ -208,7 +216,9 @@ class Relay:
         start = self._start_point(grant.checkpoint)
         source = ChangeSource(self._outbox, s.max_await_ms, s.batch_max_events)
         publisher = Publisher(s)
+        self.observer.watch_publisher(publisher)
         progressed = False
+        self._in_flight.clear()
         try:
             try:
                 source.open(start)
@@ -228,6 +238,7 @@ class Relay:
                 progressed |= self._step(source, publisher, grant)
                 if progressed:
                     self._repeat_code = None
+            self._settle(publisher, keep=0)  # stopping: deliver and store what is in flight
         except Exception as exc:
             if isinstance(exc, PoisonEventError) and self.settings.on_poison == "dead-letter" \
                     and exc.event_id not in self._refused:
@@ -256,28 +267,58 @@ class Relay:
     # ---- one step ---------------------------------------------------------------------------
 
     def _step(self, source: ChangeSource, publisher: Publisher, grant: Grant) -> bool:
-        """Read, encode, publish, checkpoint one batch; True when events were published."""
+        """Read and send one batch, then store what is acknowledged; True when a checkpoint
+        covering new events was stored."""
         s = self.settings
         self.observer.tick()
         batch = source.next_batch(s.batch_max_events, s.batch_max_bytes)
         if batch.resumed:
             self.observer.resumed()
         if batch.changes:
-            started = time.monotonic()
             # A replica that was paused learns here that it lost the lease, before publishing.
             self._heartbeat()
             messages = self._messages(batch.changes, grant)
-            publisher.publish(messages, while_waiting=self._heartbeat, one_by_one=self._isolate)
-            self._isolate = False
-            self._commit(batch.token)
-            self.observer.published(batch, messages, time.monotonic() - started, batch.token)
-            return True
+            if self._isolate:  # after a refused record batch: one message per request
+                self._settle(publisher, keep=0)
+                started = time.monotonic()
+                publisher.publish(messages, while_waiting=self._heartbeat, one_by_one=True)
+                self._isolate = False
+                self._commit(batch.token)
+                self.observer.published(batch, messages, time.monotonic() - started, batch.token)
+                return True
+            sent = publisher.send(messages, batch.token, time.monotonic(), self._heartbeat)
+            self._in_flight.append((sent, batch))
+            return self._settle(publisher, keep=s.pipeline_depth - 1)
+        # Idle: everything sent is acknowledged and stored first, then the post-batch token.
+        progressed = self._settle(publisher, keep=0)
         if time.monotonic() - self._last_write >= s.heartbeat_interval_s:
             if batch.token is not None and batch.token != self._last_token:
                 self._commit(batch.token)  # idle: the post-batch token still advances
             else:
                 self._renew()
-        return False
+        return progressed
+
+    def _settle(self, publisher: Publisher, keep: int) -> bool:
+        """Store the token of the newest batch that is acknowledged along with every batch
+        before it; first wait until at most `keep` batches remain in flight.
+
+        This is where guarantee 1 holds: a token is stored only once every delivery report
+        up to it succeeded. A failed report raises (the caller restarts from the checkpoint).
+        """
+        publisher.serve(0)
+        newest = None
+        while self._in_flight:
+            sent, batch = self._in_flight[0]
+            if not sent.done and len(self._in_flight) <= keep:
+                break
+            publisher.wait(sent, self._heartbeat)  # returns at once when done; raises a failure
+            self._in_flight.popleft()
+            self.observer.published(batch, sent.messages, time.monotonic() - sent.sent_at, sent.token)
+            newest = sent
+        if newest is None:
+            return False
+        self._commit(newest.token)
+        return True
 
     def _messages(self, changes: list[Any], grant: Grant) -> list[OutgoingMessage]:
         """The batch's Kafka messages; poison events stop the relay or become dead letters."""

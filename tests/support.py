@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import contextlib
 import random
+import shutil
+import tempfile
 import signal
 import subprocess
 import sys
@@ -17,7 +20,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -377,3 +380,37 @@ def needs_local_stack(servers: Servers) -> Any:
     if servers.stack is None:
         pytest.skip("kills or pauses servers: needs the servers started by the tests themselves")
     return servers.stack
+
+
+# ---- shared scenario steps -------------------------------------------------------------------
+
+def background_writes(env: Any, written: Written, total: int, writers: int = 2, pause: float = 0.01,
+                      max_per_txn: int = 4) -> threading.Thread:
+    """Start writers committing `total` events in transactions, paced by `pause` per transaction."""
+    thread = threading.Thread(target=write_events, kwargs=dict(
+        db=env.db, collection=env.settings.outbox_collection, total=total, writers=writers,
+        max_per_txn=max_per_txn, written=written, pause=lambda: time.sleep(pause)))
+    thread.start()
+    return thread
+
+
+def all_published(env: Any, written: Written, timeout: float = 180) -> list[Record]:
+    """Wait until every written event is in the topic; return the whole topic."""
+    def done() -> list[Record] | None:
+        records = read_topic(env.servers.kafka_bootstrap, env.topic())
+        return records if {r.id for r in records} >= written.ids else None
+    return wait_until(done, timeout, "every event in the topic", interval=1)
+
+
+@contextlib.contextmanager
+def replica_set(prefix: str, **kwargs: Any) -> Iterator[Any]:
+    """A mongod replica set of its own in a fresh folder, stopped by pid and removed after."""
+    from relay.devstack import MongoReplicaSet
+
+    rs = MongoReplicaSet(Path(tempfile.mkdtemp(prefix=prefix)), **kwargs)
+    rs.start()
+    try:
+        yield rs
+    finally:
+        rs.stop()
+        shutil.rmtree(rs.base_dir, ignore_errors=True)

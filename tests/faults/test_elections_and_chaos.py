@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import random
-import shutil
-import tempfile
-import threading
 import time
 import uuid
-from pathlib import Path
 
 import pymongo
 import pytest
@@ -16,23 +12,15 @@ from pymongo.errors import PyMongoError
 
 from tests.conftest import Env
 from tests.support import (
-    CheckpointWatcher, RelayProcess, RelayThread, Written, assert_complete_and_ordered, lease_doc,
-    needs_local_stack,
-    read_topic, wait_until, write_events,
+    CheckpointWatcher, RelayProcess, RelayThread, Written, all_published, assert_complete_and_ordered,
+    background_writes, lease_doc, needs_local_stack, replica_set, wait_until,
 )
 
 
 @pytest.fixture(scope="module")
 def rs3(servers):
-    from relay.devstack import MongoReplicaSet
-
-    rs = MongoReplicaSet(Path(tempfile.mkdtemp(prefix="outbox-relay-rs3-")), members=3)
-    rs.start()
-    try:
+    with replica_set("outbox-relay-rs3-", members=3) as rs:
         yield rs
-    finally:
-        rs.stop()
-        shutil.rmtree(rs.base_dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -63,31 +51,18 @@ def _kill_primary_and_restart(rs) -> None:
     rs.restart_member(index)
 
 
-def _all_published(env, written: Written, timeout: float = 240) -> list:
-    def done():
-        records = read_topic(env.servers.kafka_bootstrap, env.topic())
-        return records if {r.id for r in records} >= written.ids else None
-    return wait_until(done, timeout, "every event in the topic", interval=2)
-
-
-def _writer(env, written: Written, total: int, pause: float) -> threading.Thread:
-    thread = threading.Thread(target=write_events, kwargs=dict(
-        db=env.db, collection=env.settings.outbox_collection, total=total, writers=4, max_per_txn=5,
-        written=written, pause=lambda: time.sleep(pause)))
-    thread.start()
-    return thread
 
 
 def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3):
     written = Written()
     with RelayThread(env3.settings) as relay, CheckpointWatcher(env3.db, env3.settings) as watcher:
-        writer = _writer(env3, written, 4000, 0.01)
+        writer = background_writes(env3, written, 4000, writers=4, pause=0.01, max_per_txn=5)
         wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
         _step_down(rs3)
         wait_until(lambda: len(written.ids) > 2500, 90, "writes after the step-down")
         _kill_primary_and_restart(rs3)
         writer.join()
-        records = _all_published(env3, written)
+        records = all_published(env3, written)
     assert relay.error is None, relay.error
     verdict = assert_complete_and_ordered(records, written)
     watcher.assert_never_went_backwards()
@@ -113,7 +88,7 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
     faults: list[str] = []
     try:
         with CheckpointWatcher(env3.db, env3.settings) as watcher:
-            writer = _writer(env3, written, 50_000, 0.004)
+            writer = background_writes(env3, written, 50_000, writers=4, pause=0.004, max_per_txn=5)
             actions = ["kill", "kill", "kill", "pause", "pause", "broker", "step-down"]
             rng.shuffle(actions)
             for action in actions:
@@ -137,7 +112,7 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
                     _step_down(rs3)
                 faults.append(f"{action}:{slot}" if action in ("kill", "pause") else action)
             writer.join()
-            records = _all_published(env3, written, timeout=300)
+            records = all_published(env3, written, timeout=300)
     finally:
         for proc in started:
             proc.stop()

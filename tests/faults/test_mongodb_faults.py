@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from relay.errors import RepeatedStreamError
 from tests.support import (
     CheckpointWatcher, RelayThread, assert_complete_and_ordered, failpoint, lease_doc, needs_local_stack,
-    read_topic, topic_size, wait_until, write_events,
+    read_topic, wait_until, write_events,
 )
 
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import pymongo
 import pytest
@@ -17,8 +14,8 @@ from relay.changes import oplog_start, token_cluster_time
 from relay.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    RelayThread, Written, assert_complete_and_ordered, lease_doc, read_topic, topic_size, wait_until,
-    write_events,
+    RelayThread, Written, assert_complete_and_ordered, lease_doc, read_topic, replica_set, topic_size,
+    wait_until, write_events,
 )
 
 
@@ -121,16 +118,8 @@ def test_dropped_or_renamed_outbox_stops_the_relay_with_a_clear_error(env, actio
 @pytest.fixture
 def small_oplog(servers):
     """A single-member replica set with a 1 MB oplog, so history loss is real and quick."""
-    from relay.devstack import MongoReplicaSet
-
-    rs = MongoReplicaSet(Path(tempfile.mkdtemp(prefix="outbox-relay-oplog-")), members=1, oplog_size_mb=1,
-                         sync_delay_s=1)
-    rs.start()
-    try:
+    with replica_set("outbox-relay-oplog-", members=1, oplog_size_mb=1, sync_delay_s=1) as rs:
         yield rs
-    finally:
-        rs.stop()
-        shutil.rmtree(rs.base_dir, ignore_errors=True)
 
 
 def _lose_history(client: pymongo.MongoClient, db_name: str, token: dict) -> None:

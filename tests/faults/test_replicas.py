@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    ROOT, CheckpointWatcher, RelayProcess, Written, assert_complete_and_ordered, lease_doc, read_topic,
-    settings_env, topic_size, wait_until, write_events,
+    ROOT, CheckpointWatcher, RelayProcess, Written, all_published, assert_complete_and_ordered,
+    background_writes, lease_doc, settings_env, topic_size, wait_until,
 )
 
 
@@ -25,19 +24,6 @@ def _leader(env, instance: str, timeout: float = 60) -> dict:
                       timeout, f"{instance} to hold the lease")
 
 
-def _background_writes(env, written: Written, total: int, pause: float = 0.01) -> threading.Thread:
-    thread = threading.Thread(target=write_events, kwargs=dict(
-        db=env.db, collection=env.settings.outbox_collection, total=total, writers=2, max_per_txn=4,
-        written=written, pause=lambda: time.sleep(pause)))
-    thread.start()
-    return thread
-
-
-def _all_published(env, written: Written, timeout: float = 120) -> list:
-    def done():
-        records = read_topic(env.servers.kafka_bootstrap, env.topic())
-        return records if {r.id for r in records} >= written.ids else None
-    return wait_until(done, timeout, "every event in the topic", interval=1)
 
 
 def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(env, tmp_path):
@@ -54,7 +40,7 @@ def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(en
         with CheckpointWatcher(env.db, settings) as watcher:
             a_token = _leader(env, "A")["fencingToken"]
             b.start()
-            writer = _background_writes(env, written, 3000)
+            writer = background_writes(env, written, 3000)
             wait_until(lambda: len(written.ids) > 500, 60, "writes under way")
             a.pause()
             b_token = _leader(env, "B", timeout=60)["fencingToken"]
@@ -62,7 +48,7 @@ def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(en
                        60, "B publishing")
             a.resume()
             writer.join()
-            records = _all_published(env, written)
+            records = all_published(env, written)
             time.sleep(2 * settings.heartbeat_interval_s)
         assert a.alive, "A goes back to standby, it does not crash"
         assert "back to standby" in a.log()
@@ -94,7 +80,7 @@ def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp
     try:
         _leader(env, "A")
         b.start()
-        writer = _background_writes(env, written, 3000)
+        writer = background_writes(env, written, 3000)
         wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
         sent = time.monotonic()
         assert a.terminate() == 0, a.log()
@@ -114,7 +100,7 @@ def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp
         _leader(env, "C", timeout=60)
         hard = time.monotonic() - killed
         writer.join()
-        records = _all_published(env, written)
+        records = all_published(env, written)
     finally:
         for proc in (a, b, c):
             if proc is not None:
@@ -141,7 +127,7 @@ def test_relay_killed_inside_a_large_transaction_publishes_all_of_it_in_order(en
         first.kill()
         part = topic_size(env.servers.kafka_bootstrap, env.topic())
         second = RelayProcess(settings.replace(instance_id="second"), tmp_path, "second").start()
-        records = _all_published(env, written)
+        records = all_published(env, written)
         second.stop()
     finally:
         first.stop()
