@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
@@ -56,6 +57,26 @@ def _parser() -> argparse.ArgumentParser:
                         help="expire outbox documents after this long (only if the relay keeps up)")
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
+    pipeline = sub.add_parser("pipeline", help="Spark jobs over the topics: materialize, audit (spark extra)",
+                              add_help=False)
+    pipeline.add_argument("job", choices=["materialize", "audit"])
+    pipeline.add_argument("job_args", nargs=argparse.REMAINDER, help="the job's options (see --help after the job)")
+    schemas = sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility")
+    schemas.add_argument("action", choices=["check"])
+    schemas.add_argument("--dir", type=Path, default=None, help="schema folder (default: the installed schemas/)")
+    baseline = schemas.add_mutually_exclusive_group()
+    baseline.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                          help="compare with the schemas in DIR (default: each file's previous version in git)")
+    baseline.add_argument("--git-ref", default=None, metavar="REF",
+                          help="compare with the schema folder at git REF, e.g. origin/main")
+    schemas.add_argument("--keep-history", action="store_true",
+                         help="copy the previous version of each changed schema into history/")
+    tail = sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines")
+    tail.add_argument("topic")
+    tail.add_argument("-n", "--last", type=int, default=10, help="start this many messages before each partition's end")
+    tail.add_argument("--from-beginning", action="store_true", help="start at each partition's first message")
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing new messages until Ctrl-C")
+    tail.add_argument("--max-messages", type=int, default=None, help="stop after printing this many")
     return p
 
 
@@ -87,8 +108,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if args.command == "dev":
         return _dev(args.action)
+    if args.command == "pipeline":
+        from relay.spark.options import main as pipeline
+
+        return pipeline(args.job, args.job_args)
+    if args.command == "schemas":
+        from relay.schemas_check import run as check_schemas
+
+        return check_schemas(args.dir, args.baseline, args.git_ref, args.keep_history)
     settings = load_settings(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     if args.command == "run":
         return _run(settings)
     if args.command == "status":
@@ -114,6 +143,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             for line in Outbox(coll, FieldNames.from_settings(settings)).init(args.ttl_seconds):
                 print(line)
         return 0
+    if args.command == "tail":
+        from relay.tail import tail
+
+        return tail(settings, args.topic, from_beginning=args.from_beginning, last=args.last,
+                    follow=args.follow, max_messages=args.max_messages)
     if args.command == "checkpoint":
         from relay.status import reset_checkpoint
 

