@@ -246,7 +246,7 @@ class Relay:
                 # this time with the event on the dead-letter topic.
                 self._refused[exc.event_id] = exc.reason
                 log.error("event %s refused by the broker (%s): dead-lettering it on replay",
-                          exc.event_id, exc.reason)
+                          exc.event_id, exc.reason, extra={"event_id": exc.event_id})
                 return
             if isinstance(exc, BatchRefusedError):
                 self._isolate = True
@@ -333,8 +333,8 @@ class Relay:
             except PoisonEventError as exc:
                 if self.settings.on_poison != "dead-letter":
                     raise
-                log.error("dead-lettering event %s to %s: %s fencing=%d", exc.event_id,
-                          self.settings.dead_letter_topic, exc.reason, grant.fencing_token)
+                log.error("dead-lettering event %s to %s: %s", exc.event_id,
+                          self.settings.dead_letter_topic, exc.reason, extra={"event_id": exc.event_id})
                 self.observer.dead_lettered(exc)
                 messages.append(dead_letter_message(change, exc.reason, grant.fencing_token, self.settings))
         return messages
