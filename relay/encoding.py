@@ -1,8 +1,12 @@
-"""Avro encoding of outbox events: the schema folder, single-object framing, Kafka headers.
+"""Avro encoding of outbox events: the schema folder, the envelope record, Kafka headers.
 
-Every value identifies its writer schema with Avro single-object encoding: the two bytes
-C3 01, the schema's 8-byte little-endian CRC-64-AVRO fingerprint, then the Avro binary body.
-`schemas/` is the registry: a reader finds the writer schema by fingerprint.
+Every event is written with one of the folder's writer schemas (see `relay.contract`): the
+typed envelope for its event type when `schemas/events/` has one (the payload converted by the
+BSON -> Avro mapping of `relay.avro_types`, checked at publish time), else the generic
+envelope `io.outboxrelay.v1.OutboxEvent` with the payload as relaxed Extended JSON text.
+Every value identifies its writer schema (`relay.framing`): Avro single-object encoding by
+default (`schemas/` is the registry: readers find the writer schema by fingerprint), the
+Confluent wire format when a Schema Registry URL is configured.
 
 Headers follow CloudEvents' Kafka binary mode (ce_id, ce_type, ce_source, ce_specversion,
 ce_time, ce_subject, content-type), then the fencing token (`relay_fencing_token`), then the
@@ -25,71 +29,137 @@ from typing import Any
 import bson
 import fastavro
 from bson import json_util
+from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.json_util import RELAXED_JSON_OPTIONS
 from bson.raw_bson import RawBSONDocument
-from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from relay.changes import DECODE_CODEC, token_cluster_time
+from relay.avro_types import PayloadMapper, UnmappableValueError
+from relay.changes import token_cluster_time
 from relay.config import Settings
+from relay.contract import ENVELOPE, PAYLOAD_FIELD, SchemaError, SchemaFile, contract_of, load_folder, parse_file
 from relay.errors import PoisonEventError
+from relay.framing import SINGLE_OBJECT_MAGIC, Framing, framing_for
 from relay.outbox import FieldNames, MalformedEventError, event_id_of, parse
 
-SINGLE_OBJECT_MAGIC = b"\xc3\x01"
-ENVELOPE = "io.outboxrelay.v1.OutboxEvent"
 HEADER_FENCING = "relay_fencing_token"
 CONTENT_TYPE = b"application/avro"
 _RESERVED_HEADERS = ("ce_", "content-type", "relay_")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # Bytes Kafka adds around key, value and headers in a record batch; kept generous.
 _RECORD_OVERHEAD = 512
+# Dates outside years 1-9999 decode as DatetimeMS instead of failing the whole document: the
+# generic envelope carries them as {"$date": {"$numberLong": ...}}, a typed one refuses them.
+PAYLOAD_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
+                             datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+
+__all__ = ["ENVELOPE", "HEADER_FENCING", "SINGLE_OBJECT_MAGIC", "MessageBuilder", "OutgoingMessage",
+           "SchemaRegistry"]
+
+
+@dataclass(frozen=True)
+class WriterSchema:
+    """The schema an event type is written with; `mapper` converts a typed payload (None: generic)."""
+
+    name: str
+    path: str
+    mapper: PayloadMapper | None
 
 
 class SchemaRegistry:
-    """The writer schemas in a folder of `.avsc` files, by full name and by fingerprint."""
+    """The writer schemas of a schema folder, by full name, by fingerprint and by event type.
+
+    Construction checks the folder against the contract (`relay.contract`) and raises
+    SchemaError naming the file that breaks it, so a bad schema stops the relay at start.
+    Historical schemas (`history/`) are used for decoding only.
+    """
 
     def __init__(self, folder: Traversable | Path) -> None:
-        self._by_name: dict[str, Any] = {}
-        self._by_fingerprint: dict[bytes, Any] = {}
-        self._fingerprint_of: dict[str, bytes] = {}
-        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-            if entry.name.endswith(".avsc"):
-                self.add(json.loads(entry.read_text()))
+        self._files: list[SchemaFile] = []
+        self._by_name: dict[str, SchemaFile] = {}
+        self._by_fingerprint: dict[bytes, SchemaFile] = {}
+        self._writers: dict[str, WriterSchema] = {}
+        self._generic: WriterSchema
+        self._rebuild(load_folder(folder))
 
     @classmethod
     def bundled(cls) -> SchemaRegistry:
         """The schemas shipped with the package (the repository's `schemas/` folder)."""
         return cls(resources.files("relay_schemas"))
 
-    def add(self, schema: Mapping[str, Any]) -> None:
-        parsed = fastavro.parse_schema(dict(schema))
-        name = parsed["name"]
-        fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
-        self._by_name[name] = parsed
-        self._by_fingerprint[fp] = parsed
-        self._fingerprint_of[name] = fp
+    def add(self, schema: Mapping[str, Any], path: str | None = None) -> None:
+        """Add one schema (a typed envelope needs its top-level "eventType"), re-checking the
+        contract; `path` is where it would live in the folder (default from its event type)."""
+        event_type = schema.get("eventType")
+        path = path or (f"events/{event_type}.avsc" if event_type else f"{schema.get('name')}.avsc")
+        added = parse_file(path, json.dumps(schema))
+        self._rebuild([f for f in self._files if f.path != path] + [added])
+
+    def _rebuild(self, files: list[SchemaFile]) -> None:
+        contract = contract_of(files)
+        self._files = files
+        self._by_fingerprint = {f.fingerprint: f for f in files}
+        self._by_name = {f.name: f for f in files if f.historical}
+        self._by_name.update({f.name: f for f in files if not f.historical})
+        self._generic = WriterSchema(contract.generic.name, contract.generic.path, None)
+        writers = {}
+        for event_type, f in contract.typed.items():
+            payload = next(x for x in f.parsed["fields"] if x["name"] == PAYLOAD_FIELD)
+            try:
+                mapper = PayloadMapper(payload["type"], f.parsed["__named_schemas"])
+            except ValueError as exc:
+                raise SchemaError(f.path, str(exc)) from None
+            writers[event_type] = WriterSchema(f.name, f.path, mapper)
+        self._writers = writers
+
+    # ---- lookups ------------------------------------------------------------------------------
+
+    def writer_for(self, event_type: str) -> WriterSchema:
+        """The typed envelope for `event_type` if the folder has one, else the generic envelope."""
+        return self._writers.get(event_type, self._generic)
+
+    @property
+    def event_types(self) -> list[str]:
+        return sorted(self._writers)
+
+    @property
+    def files(self) -> list[SchemaFile]:
+        return list(self._files)
 
     def schema(self, name: str) -> Any:
-        return self._by_name[name]
+        """The parsed (fastavro) current schema with this full name."""
+        return self._by_name[name].parsed
+
+    def raw(self, name: str) -> Mapping[str, Any]:
+        """The schema's JSON as written in its file."""
+        return self._by_name[name].raw
 
     def fingerprint(self, name: str) -> bytes:
-        return self._fingerprint_of[name]
+        return self._by_name[name].fingerprint
+
+    # ---- single-object encoding ---------------------------------------------------------------
 
     def encode(self, name: str, record: Mapping[str, Any]) -> bytes:
         """Single-object encoding of `record` with the named schema."""
+        schema = self._by_name[name]
         buf = io.BytesIO()
         buf.write(SINGLE_OBJECT_MAGIC)
-        buf.write(self._fingerprint_of[name])
-        fastavro.schemaless_writer(buf, self._by_name[name], dict(record))
+        buf.write(schema.fingerprint)
+        fastavro.schemaless_writer(buf, schema.parsed, dict(record))
         return buf.getvalue()
 
     def decode(self, value: bytes) -> dict[str, Any]:
         """Decode a single-object encoded value with the writer schema its fingerprint names."""
+        return self.decode_named(value)[1]
+
+    def decode_named(self, value: bytes) -> tuple[str, dict[str, Any]]:
+        """(writer schema full name, record) of a single-object encoded value."""
         if value[:2] != SINGLE_OBJECT_MAGIC or len(value) < 10:
             raise ValueError("not Avro single-object encoding (no C3 01 marker)")
         schema = self._by_fingerprint.get(value[2:10])
         if schema is None:
             raise ValueError(f"unknown writer schema fingerprint {value[2:10].hex()}")
-        return fastavro.schemaless_reader(io.BytesIO(value[10:]), schema, None)  # type: ignore[no-any-return]
+        record = fastavro.schemaless_reader(io.BytesIO(value[10:]), schema.parsed, None)
+        return schema.name, record  # type: ignore[return-value]
 
 
 @dataclass(slots=True)
@@ -108,11 +178,15 @@ def _rfc3339(moment: dt.datetime) -> str:
 
 
 class MessageBuilder:
-    """Turns an insert change into the Kafka message; bad events raise PoisonEventError."""
+    """Turns an insert change into the Kafka message; bad events raise PoisonEventError.
 
-    def __init__(self, settings: Settings, registry: SchemaRegistry) -> None:
+    `framing` defaults to the one the settings select (`relay.framing.framing_for`).
+    """
+
+    def __init__(self, settings: Settings, registry: SchemaRegistry, framing: Framing | None = None) -> None:
         self._fields = FieldNames.from_settings(settings)
         self._registry = registry
+        self._framing = framing or framing_for(settings, registry)
         self._template = settings.topic_template
         self._source = settings.cloudevents_source.encode()
         self._database = settings.database
@@ -121,7 +195,7 @@ class MessageBuilder:
 
     def build(self, change: RawBSONDocument, fencing_token: int) -> OutgoingMessage:
         """The message for one insert change; raises PoisonEventError naming the event."""
-        doc = bson.decode(change["fullDocument"].raw, DECODE_CODEC)
+        doc = bson.decode(change["fullDocument"].raw, PAYLOAD_CODEC)
         event_id = event_id_of(doc)
         try:
             event = parse(doc, self._fields)
@@ -133,6 +207,15 @@ class MessageBuilder:
             headers = self._headers(event, fencing_token)
         except MalformedEventError as exc:
             raise PoisonEventError(event_id, f"malformed outbox document: {exc}") from None
+        writer = self._registry.writer_for(event.event_type)
+        if writer.mapper is None:
+            payload: Any = json_util.dumps(event.payload, json_options=RELAXED_JSON_OPTIONS)
+        else:
+            try:
+                payload = writer.mapper.convert(event.payload)
+            except UnmappableValueError as exc:
+                raise PoisonEventError(event_id, f"payload does not match schema {writer.name} "
+                                                 f"(schemas/{writer.path}): {exc}") from None
         token = change["_id"]
         cluster_time = token_cluster_time(token)
         record = {
@@ -141,7 +224,7 @@ class MessageBuilder:
             "aggregateId": event.aggregate_id,
             "eventType": event.event_type,
             "occurredAt": event.occurred_at,
-            "payload": json_util.dumps(event.payload, json_options=RELAXED_JSON_OPTIONS),
+            "payload": payload,
             "source": {
                 "database": self._database,
                 "collection": self._collection,
@@ -150,9 +233,9 @@ class MessageBuilder:
             },
         }
         try:
-            value = self._registry.encode(ENVELOPE, record)
+            value = self._framing.encode(writer.name, record, topic)
         except (ValueError, TypeError, OverflowError) as exc:
-            raise PoisonEventError(event_id, f"cannot be Avro-encoded: {exc}") from None
+            raise PoisonEventError(event_id, f"cannot be Avro-encoded with {writer.name}: {exc}") from None
         key = event.aggregate_id.encode()
         size = len(key) + len(value) + sum(len(k) + len(v) for k, v in headers) + _RECORD_OVERHEAD
         if size > self._max_bytes:

@@ -1,8 +1,9 @@
-"""Avro single-object encoding and message building (pure logic)."""
+"""Avro single-object encoding, typed and generic envelopes, message building (pure logic)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import bson
 import pytest
@@ -16,6 +17,7 @@ from relay.errors import PoisonEventError
 from relay.outbox import OutboxEvent
 
 REGISTRY = SchemaRegistry.bundled()
+REGISTRY_DIR = Path(__file__).resolve().parents[2] / "schemas"
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 
 
@@ -81,3 +83,62 @@ def test_decode_rejects_unknown_fingerprints_and_foreign_bytes():
         REGISTRY.decode(b"{}")
     with pytest.raises(ValueError, match="unknown writer schema"):
         REGISTRY.decode(b"\xc3\x01" + b"\x00" * 8 + b"\x00")
+
+
+# ---- typed envelopes ----------------------------------------------------------------------------
+
+def test_event_types_with_a_schema_use_their_typed_envelope_and_others_the_generic_one():
+    typed = MessageBuilder(Settings(), REGISTRY).build(change_for(OutboxEvent.new(
+        "order", "o1", "OrderCreated", {"orderId": "o1", "amount": 12.5, "step": 1}).to_document()), 1)
+    name, record = REGISTRY.decode_named(typed.value)
+    assert name == "io.outboxrelay.v1.events.OrderCreated"
+    assert record["payload"] == {"orderId": "o1", "amount": 12.5, "step": 1}
+    assert typed.value[2:10] == REGISTRY.fingerprint(name)
+    plain = MessageBuilder(Settings(), REGISTRY).build(change_for(OutboxEvent.new(
+        "order", "o1", "OrderShipped", {"n": 1}).to_document()), 1)
+    assert REGISTRY.decode_named(plain.value) == (ENVELOPE, REGISTRY.decode(plain.value))
+    assert REGISTRY.decode(plain.value)["payload"] == '{"n": 1}'
+
+
+def test_typed_and_generic_envelopes_share_every_top_level_field_but_payload():
+    generic = REGISTRY.schema(ENVELOPE)["fields"]
+    typed = REGISTRY.schema("io.outboxrelay.v1.events.OrderCreated")["fields"]
+    assert [f["name"] for f in typed] == [f["name"] for f in generic]
+    for g, t in zip(generic, typed):
+        if g["name"] != "payload":
+            assert to_parsing_canonical_form(g["type"]) == to_parsing_canonical_form(t["type"])
+
+
+def test_a_typed_payload_that_does_not_fit_its_schema_is_poison_naming_the_field_path():
+    doc = OutboxEvent.new("order", "o1", "OrderCreated", {"orderId": "o1", "amount": "12.50", "step": 1}).to_document()
+    with pytest.raises(PoisonEventError) as err:
+        MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1)
+    assert err.value.event_id == str(doc["_id"])
+    assert "field 'payload.amount' holds string, which does not map to Avro double" in str(err.value)
+    assert "schemas/events/OrderCreated.avsc" in str(err.value)
+
+
+def test_dates_outside_years_1_to_9999_stay_in_the_generic_payload_as_extended_json():
+    from bson.datetime_ms import DatetimeMS
+
+    doc = OutboxEvent.new("order", "o1", "Created", {"far": DatetimeMS(2**50), "pre": dt.datetime(
+        1969, 7, 20, 20, 17, 40, tzinfo=dt.timezone.utc)}).to_document()
+    payload = REGISTRY.decode(MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1).value)["payload"]
+    assert payload == '{"far": {"$date": {"$numberLong": "1125899906842624"}}, ' \
+                      '"pre": {"$date": {"$numberLong": "-14182940000"}}}'
+
+
+def test_a_schema_folder_breaking_the_envelope_rules_is_refused_naming_the_file(tmp_path):
+    import json
+    import shutil
+
+    from relay.contract import SchemaError
+
+    shutil.copy(Path(REGISTRY_DIR, "outbox_event.avsc"), tmp_path)
+    (tmp_path / "events").mkdir()
+    typed = json.loads(Path(REGISTRY_DIR, "events", "OrderCreated.avsc").read_text())
+    typed["fields"] = [f for f in typed["fields"] if f["name"] != "source"]
+    (tmp_path / "events" / "OrderCreated.avsc").write_text(json.dumps(typed))
+    with pytest.raises(SchemaError) as err:
+        SchemaRegistry(tmp_path)
+    assert err.value.file == "events/OrderCreated.avsc" and "fields must be those of" in str(err.value)

@@ -1,0 +1,146 @@
+"""`outbox-relay tail TOPIC`: print a topic's messages as JSON lines, decoded, for operators.
+
+Like `tail(1)`: the last `--last N` messages of each partition (or all, `--from-beginning`),
+then exit once the ends seen at start are reached, or keep printing new messages (`--follow`)
+until Ctrl-C. It reads with its own consumer group and commits nothing.
+
+Each line holds the Kafka coordinates, the key, the headers, the framing (`single-object` or
+`confluent`), the writer schema's full name and fingerprint or registry id, and the decoded
+value as JSON: timestamps as RFC 3339 text, decimals as text (exact), bytes as base64. The
+generic envelope's payload (Extended JSON text) is printed as the JSON it holds. A value that
+cannot be decoded is printed with an `error` and its bytes in base64; tail goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import sys
+import uuid
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, TextIO
+
+from relay.config import Settings
+from relay.contract import ENVELOPE
+from relay.encoding import SchemaRegistry
+from relay.framing import MessageDecoder
+
+# Producer-only properties the relay's settings may carry; a consumer would warn about them.
+_PRODUCER_ONLY = frozenset({
+    "acks", "request.required.acks", "enable.idempotence", "linger.ms", "queue.buffering.max.ms",
+    "compression.type", "compression.codec", "message.timeout.ms", "delivery.timeout.ms", "batch.size",
+    "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "retries",
+    "message.send.max.retries", "retry.backoff.ms", "max.in.flight.requests.per.connection",
+    "max.in.flight", "transactional.id", "partitioner", "sticky.partitioning.linger.ms",
+    "enable.gapless.guarantee",
+})
+
+
+def to_json(value: Any) -> Any:
+    """A decoded Avro value as JSON-ready data (exact: decimals and big numbers stay exact)."""
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dt.datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return moment.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    return value
+
+
+def _payload_json(schema: str, record: dict[str, Any]) -> dict[str, Any]:
+    if schema == ENVELOPE and isinstance(record.get("payload"), str):
+        try:
+            record = {**record, "payload": json.loads(record["payload"])}
+        except ValueError:
+            pass
+    return record
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", errors="backslashreplace")
+
+
+def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
+    """One consumed message as the JSON object tail prints."""
+    _kind, millis = msg.timestamp()
+    line: dict[str, Any] = {
+        "topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset(),
+        "timestamp": to_json(dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)) if millis > 0 else None,
+        "key": _text(msg.key()),
+        "headers": {k: _text(v) for k, v in (msg.headers() or [])},
+    }
+    value = msg.value()
+    if value is None:
+        line["value"] = None
+        return line
+    try:
+        decoded = decoder.decode(value, msg.topic())
+    except ValueError as exc:
+        line["error"] = str(exc)
+        line["valueBase64"] = base64.b64encode(value).decode()
+        return line
+    line.update(framing=decoded.framing, schema=decoded.schema, schemaRef=decoded.schema_ref,
+                value=to_json(_payload_json(decoded.schema, decoded.record)))
+    return line
+
+
+def consumer_config(settings: Settings) -> dict[str, Any]:
+    """A consumer configuration for `settings`' cluster: the relay's client properties minus
+    producer-only ones, a throw-away group, no commits."""
+    conf = {k: v for k, v in settings.kafka.items() if k not in _PRODUCER_ONLY}
+    conf.update({"bootstrap.servers": settings.kafka_bootstrap_servers,
+                 "group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
+                 "enable.auto.commit": False, "enable.partition.eof": True})
+    return conf
+
+
+def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: int = 10, follow: bool = False,
+         max_messages: int | None = None, out: TextIO | None = None, decoder: MessageDecoder | None = None,
+         registry: SchemaRegistry | None = None) -> int:
+    """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    out = out or sys.stdout
+    decoder = decoder or MessageDecoder.from_settings(settings, registry or SchemaRegistry.bundled())
+    consumer = Consumer(consumer_config(settings))
+    try:
+        meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            print(f"outbox-relay tail: no topic {topic!r} at {settings.kafka_bootstrap_servers}", file=sys.stderr)
+            return 2
+        assignment, pending = [], set()
+        for p in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout_s)
+            start = low if from_beginning else max(low, high - last)
+            assignment.append(TopicPartition(topic, p, start))
+            if start < high:
+                pending.add((p, high))
+        consumer.assign(assignment)
+        printed = 0
+        while (follow or pending) and (max_messages is None or printed < max_messages):
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                continue  # partition EOF markers and transient errors (librdkafka retries)
+            print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
+            printed += 1
+            pending = {(p, end) for p, end in pending if not (p == msg.partition() and msg.offset() + 1 >= end)}
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        consumer.close()
