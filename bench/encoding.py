@@ -30,8 +30,8 @@ import fastavro
 from bson import Binary, Decimal128, ObjectId, json_util
 from bson.int64 import Int64
 from bson.json_util import RELAXED_JSON_OPTIONS
-from bson.raw_bson import RawBSONDocument
 
+from relay.changes import insert_change
 from relay.config import Settings
 from relay.contract import ENVELOPE
 from relay.encoding import PAYLOAD_CODEC, MessageBuilder, SchemaRegistry
@@ -91,9 +91,9 @@ def _registry() -> SchemaRegistry:
     return registry
 
 
-def _changes(event_type: str, payload: Callable[[int], dict[str, Any]], n: int) -> list[RawBSONDocument]:
-    return [RawBSONDocument(bson.encode({"_id": TOKEN, "operationType": "insert", "fullDocument":
-                                         OutboxEvent.new("order", f"o-{i}", event_type, payload(i)).to_document()}))
+def _changes(event_type: str, payload: Callable[[int], dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    return [insert_change(OutboxEvent.new("order", f"o-{i}", event_type, payload(i)).to_document(), TOKEN,
+                          delivered=True)
             for i in range(n)]
 
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, list[float]] = {label: [] for label, *_ in prepared}
     for _ in range(repeat):  # round by round, so machine drift affects every case alike
         for label, builder, changes, _size in prepared:
-            def run(builder: MessageBuilder = builder, changes: list[RawBSONDocument] = changes) -> None:
+            def run(builder: MessageBuilder = builder, changes: list[dict[str, Any]] = changes) -> None:
                 for change in changes:
                     builder.build(change, 1)
             runs[label].append(_best(run, n, 1)[0])

@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import bson
 from bson import Timestamp
-from bson.codec_options import CodecOptions
-from bson.raw_bson import RawBSONDocument
+from bson.codec_options import CodecOptions, DatetimeConversion
 from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.collection import Collection
@@ -31,12 +31,27 @@ from pymongo.errors import PyMongoError
 
 from relay.errors import StreamInvalidatedError, translate_mongo
 
-# Inserts are the events; the other types end the stream and must not pass unseen.
+# Inserts are the events; the other types end the stream and must not pass unseen. The
+# projection keeps only what the relay reads (the resume token `_id` always stays), which
+# makes each change cheaper to transfer and decode.
 WATCHED_OPERATIONS = ["insert", "drop", "rename", "dropDatabase", "invalidate"]
-PIPELINE: list[dict[str, Any]] = [{"$match": {"operationType": {"$in": WATCHED_OPERATIONS}}}]
+PIPELINE: list[dict[str, Any]] = [
+    {"$match": {"operationType": {"$in": WATCHED_OPERATIONS}}},
+    {"$project": {"operationType": 1, "clusterTime": 1, "wallTime": 1, "fullDocument": 1}},
+]
 
-RAW_CODEC = CodecOptions(document_class=RawBSONDocument, tz_aware=True, tzinfo=dt.timezone.utc)
-DECODE_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc)
+# Changes are decoded once, by the driver's C decoder, into dicts. Dates outside years 1-9999
+# decode as DatetimeMS instead of failing the whole batch (see relay.encoding).
+CHANGE_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
+                            datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+DECODE_CODEC = CHANGE_CODEC
+
+
+def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], delivered: bool = False) -> dict[str, Any]:
+    """An insert change event for `document` at `token` (rescans, tests, benchmarks). With
+    `delivered`, it goes through the BSON round trip the driver does (CHANGE_CODEC)."""
+    change = {"_id": dict(token), "operationType": "insert", "fullDocument": document}
+    return bson.decode(bson.encode(change), CHANGE_CODEC) if delivered else change
 
 
 def pipeline_fingerprint(namespace: str, pipeline: list[dict[str, Any]] = PIPELINE) -> str:
@@ -91,9 +106,8 @@ class StartPoint:
 class Batch:
     """Changes in stream order, and the token that covers exactly them and all before."""
 
-    changes: list[RawBSONDocument] = field(default_factory=list)
+    changes: list[dict[str, Any]] = field(default_factory=list)
     token: Mapping[str, Any] | None = None
-    size_bytes: int = 0
     resumed: bool = False  # the driver resumed the stream (a resumable error) while reading it
 
 
@@ -107,10 +121,11 @@ class ChangeSource:
     """Reads the outbox collection's change stream in batches."""
 
     def __init__(self, collection: Collection[Any], max_await_ms: int, server_batch_size: int) -> None:
-        self._collection = collection.with_options(codec_options=RAW_CODEC)
+        self._collection = collection.with_options(codec_options=CHANGE_CODEC)
         self._max_await_ms = max_await_ms
         self._server_batch_size = server_batch_size
         self._stream: ChangeStream[Any] | None = None
+        self._unread: Batch | None = None
 
     def open(self, start: StartPoint) -> None:
         try:
@@ -126,8 +141,12 @@ class ChangeSource:
         """The stream's current token (the opening post-batch token right after `open`)."""
         return self._stream.resume_token if self._stream is not None else None
 
-    def next_batch(self, max_events: int, max_bytes: int) -> Batch:
-        """Return the changes available now, up to the limits, with the token after them.
+    def unread(self, changes: list[dict[str, Any]], token: Mapping[str, Any] | None) -> None:
+        """Give back the tail of a batch (`token` is the batch's): the next call returns it first."""
+        self._unread = Batch(changes, token)
+
+    def next_batch(self, max_events: int) -> Batch:
+        """Return the changes available now, up to `max_events`, with the token after them.
 
         Blocks at most about `max_await_ms` when nothing is buffered. An empty batch still
         carries the newest post-batch token, so an idle outbox's checkpoint can advance.
@@ -135,11 +154,17 @@ class ChangeSource:
         server error when the driver's single resume attempt fails.
         """
         assert self._stream is not None, "open() first"
+        if self._unread is not None:
+            given, self._unread = self._unread, None
+            if len(given.changes) > max_events:
+                self.unread(given.changes[max_events:], given.token)
+                return Batch(given.changes[:max_events], given.changes[max_events - 1]["_id"])
+            return given
         stream = self._stream
         batch = Batch()
         cursor = stream._cursor  # noqa: SLF001 - the driver swaps it when it resumes
         try:
-            while len(batch.changes) < max_events and batch.size_bytes < max_bytes:
+            while len(batch.changes) < max_events:
                 change = stream.try_next()
                 if change is None:
                     break
@@ -149,7 +174,6 @@ class ChangeSource:
                         f"the outbox collection saw '{operation}' (dropped or renamed?): the change "
                         "stream ended; recreate the outbox and reset the checkpoint to continue")
                 batch.changes.append(change)
-                batch.size_bytes += len(change.raw)
                 if _ends_server_batch(stream):
                     break
         except PyMongoError as exc:
@@ -159,6 +183,7 @@ class ChangeSource:
         return batch
 
     def close(self) -> None:
+        self._unread = None
         if self._stream is not None:
             try:
                 self._stream.close()

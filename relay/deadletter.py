@@ -11,12 +11,12 @@ under the id the message names.
 
 from __future__ import annotations
 
-import bson
+from collections.abc import Mapping
+from typing import Any
+
 from bson import json_util
 from bson.json_util import CANONICAL_JSON_OPTIONS
-from bson.raw_bson import RawBSONDocument
 
-from relay.changes import DECODE_CODEC
 from relay.config import Settings
 from relay.encoding import OutgoingMessage
 from relay.outbox import event_id_of
@@ -26,10 +26,10 @@ HEADER_TRUNCATED = "relay_dead_letter_truncated"
 _ROOM = 4096  # left for key, headers and record overhead
 
 
-def dead_letter_message(change: RawBSONDocument, reason: str, fencing_token: int,
+def dead_letter_message(change: Mapping[str, Any], reason: str, fencing_token: int,
                         settings: Settings) -> OutgoingMessage:
     """The dead-letter record standing in for a poison event."""
-    doc = bson.decode(change["fullDocument"].raw, DECODE_CODEC)
+    doc = dict(change["fullDocument"])
     event_id = event_id_of(doc)
     aggregate_id = doc.get(settings.field_aggregate_id)
     key = (aggregate_id if isinstance(aggregate_id, str) and aggregate_id else event_id).encode()

@@ -16,6 +16,7 @@ outbox document's own headers.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import io
 import json
 import re
@@ -26,12 +27,10 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-import bson
 import fastavro
-from bson import json_util
+from bson import Code, json_util
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.json_util import RELAXED_JSON_OPTIONS
-from bson.raw_bson import RawBSONDocument
 
 from relay.avro_types import PayloadMapper, UnmappableValueError
 from relay.changes import token_cluster_time
@@ -173,6 +172,41 @@ class OutgoingMessage:
     headers: list[tuple[str, bytes]]
 
 
+_JSON_DEFAULT = functools.partial(json_util.default, json_options=RELAXED_JSON_OPTIONS)
+
+
+def _holds_code(payload: Mapping[str, Any]) -> bool:
+    """Whether a decoded document holds JavaScript code anywhere (a `str` subclass)."""
+    stack: list[Any] = [payload]
+    while stack:
+        value = stack.pop()
+        kind = value.__class__
+        if kind is dict:
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif kind is Code:
+            return True
+    return False
+
+
+def relaxed_json(payload: Mapping[str, Any]) -> str:
+    """The payload as relaxed Extended JSON v2, exactly as `json_util.dumps` writes it.
+
+    Fast path: the standard library's C encoder handles plain values and calls
+    `json_util.default` only for BSON types (ObjectId, dates, Decimal128, binary, ...). Two
+    cases take json_util's own, slower path: NaN and infinities (relaxed mode writes
+    {"$numberDouble": ...}) and JavaScript code, a `str` subclass the C encoder would write as
+    a plain string.
+    """
+    if not _holds_code(payload):
+        try:
+            return json.dumps(payload, default=_JSON_DEFAULT, allow_nan=False)
+        except ValueError:
+            pass
+    return json_util.dumps(payload, json_options=RELAXED_JSON_OPTIONS)
+
+
 def _rfc3339(moment: dt.datetime) -> str:
     return moment.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -193,9 +227,10 @@ class MessageBuilder:
         self._collection = settings.outbox_collection
         self._max_bytes = settings.max_message_bytes
 
-    def build(self, change: RawBSONDocument, fencing_token: int) -> OutgoingMessage:
-        """The message for one insert change; raises PoisonEventError naming the event."""
-        doc = bson.decode(change["fullDocument"].raw, PAYLOAD_CODEC)
+    def build(self, change: Mapping[str, Any], fencing_token: int) -> OutgoingMessage:
+        """The message for one insert change (decoded with changes.CHANGE_CODEC); raises
+        PoisonEventError naming the event."""
+        doc = change["fullDocument"]
         event_id = event_id_of(doc)
         try:
             event = parse(doc, self._fields)
@@ -209,7 +244,7 @@ class MessageBuilder:
             raise PoisonEventError(event_id, f"malformed outbox document: {exc}") from None
         writer = self._registry.writer_for(event.event_type)
         if writer.mapper is None:
-            payload: Any = json_util.dumps(event.payload, json_options=RELAXED_JSON_OPTIONS)
+            payload: Any = relaxed_json(event.payload)
         else:
             try:
                 payload = writer.mapper.convert(event.payload)
@@ -217,7 +252,7 @@ class MessageBuilder:
                 raise PoisonEventError(event_id, f"payload does not match schema {writer.name} "
                                                  f"(schemas/{writer.path}): {exc}") from None
         token = change["_id"]
-        cluster_time = token_cluster_time(token)
+        cluster_time = change.get("clusterTime") or token_cluster_time(token)
         record = {
             "id": event_id,
             "aggregateType": event.aggregate_type,
@@ -237,7 +272,9 @@ class MessageBuilder:
         except (ValueError, TypeError, OverflowError) as exc:
             raise PoisonEventError(event_id, f"cannot be Avro-encoded with {writer.name}: {exc}") from None
         key = event.aggregate_id.encode()
-        size = len(key) + len(value) + sum(len(k) + len(v) for k, v in headers) + _RECORD_OVERHEAD
+        size = len(key) + len(value) + _RECORD_OVERHEAD
+        for k, v in headers:
+            size += len(k) + len(v)
         if size > self._max_bytes:
             raise PoisonEventError(
                 event_id, f"message of about {size} bytes exceeds message.max.bytes "

@@ -24,7 +24,6 @@ import datetime as dt
 import importlib.metadata
 import json
 import logging
-import struct
 import sys
 import threading
 import time
@@ -64,60 +63,14 @@ class _Queued(Protocol):
 
 # ---- reading the commit time of a change event -------------------------------------------------
 
-_I32 = struct.Struct("<i").unpack_from
-_I64 = struct.Struct("<q").unpack_from
-# BSON element types that may precede `wallTime`, by the size of their value.
-_FIXED_SIZE = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}
-_LENGTH_PREFIXED = {0x02: 4, 0x03: 0, 0x04: 0, 0x05: 5}  # extra bytes beyond the int32 length
-
-
-_WALL_TIME = b"\x09wallTime\x00"  # a BSON UTC datetime element named wallTime
-_FULL_DOCUMENT = b"\x03fullDocument\x00"
-_UNKNOWN = -1
-
-
-def wall_time_ms(change: Any) -> int | None:
-    """The change event's `wallTime` (its commit time on the primary) in Unix milliseconds.
-
-    Reads a RawBSONDocument's bytes without decoding the document. Fast path, one scan in C:
-    MongoDB writes `wallTime` before `fullDocument`, and what precedes it (the resume token's
-    hex string, the operation type, the 8-byte cluster time) cannot hold the ten bytes of its
-    element header; a match after `fullDocument` may be the document's own field, so then the
-    top-level elements are walked instead. Other documents are read as mappings. None when the
-    event has no `wallTime`.
-    """
-    raw = getattr(change, "raw", None)
-    if isinstance(raw, bytes):
-        i = raw.find(_WALL_TIME)
-        if i > 4 and raw.find(_FULL_DOCUMENT, 4, i) < 0:
-            return int(_I64(raw, i + len(_WALL_TIME))[0])
-        found = _walk_to_wall_time(raw)
-        if found != _UNKNOWN:
-            return found
-    value = change.get("wallTime") if isinstance(change, Mapping) else None
+def wall_time_ms(change: Mapping[str, Any]) -> int | None:
+    """The change event's `wallTime` (its commit time on the primary) in Unix milliseconds;
+    None when the event has none (e.g. the synthetic changes of a rescan)."""
+    value = change.get("wallTime")
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.timezone.utc)
         return int(value.timestamp() * 1000)
-    return None
-
-
-def _walk_to_wall_time(raw: bytes) -> int | None:
-    """The top-level `wallTime` of a BSON document, None if absent, _UNKNOWN on an element
-    type this walker does not size."""
-    i, end = 4, len(raw) - 1
-    while i < end:
-        kind = raw[i]
-        name_end = raw.index(0, i + 1)
-        if kind == 0x09 and raw[i + 1:name_end] == b"wallTime":
-            return int(_I64(raw, name_end + 1)[0])
-        size = _FIXED_SIZE.get(kind)
-        if size is None:
-            extra = _LENGTH_PREFIXED.get(kind)
-            if extra is None:
-                return _UNKNOWN
-            size = extra + _I32(raw, name_end + 1)[0]
-        i = name_end + 1 + size
     return None
 
 

@@ -271,13 +271,18 @@ class Relay:
         covering new events was stored."""
         s = self.settings
         self.observer.tick()
-        batch = source.next_batch(s.batch_max_events, s.batch_max_bytes)
+        batch = source.next_batch(s.batch_max_events)
         if batch.resumed:
             self.observer.resumed()
         if batch.changes:
             # A replica that was paused learns here that it lost the lease, before publishing.
             self._heartbeat()
-            messages = self._messages(batch.changes, grant)
+            messages = self._messages(batch.changes, grant, s.batch_max_bytes)
+            if len(messages) < len(batch.changes):
+                # Over the byte limit: send the head; its last change's own token covers it.
+                source.unread(batch.changes[len(messages):], batch.token)
+                batch = Batch(batch.changes[:len(messages)], batch.changes[len(messages) - 1]["_id"],
+                              batch.resumed)
             if self._isolate:  # after a refused record batch: one message per request
                 self._settle(publisher, keep=0)
                 started = time.monotonic()
@@ -320,16 +325,21 @@ class Relay:
         self._commit(newest.token)
         return True
 
-    def _messages(self, changes: list[Any], grant: Grant) -> list[OutgoingMessage]:
-        """The batch's Kafka messages; poison events stop the relay or become dead letters."""
-        messages = []
+    def _messages(self, changes: list[Any], grant: Grant, max_bytes: int | None = None) -> list[OutgoingMessage]:
+        """The Kafka messages for `changes`, in order, stopping once they hold `max_bytes` (at
+        least one message); poison events stop the relay or become dead letters."""
+        messages: list[OutgoingMessage] = []
+        size = 0
         for change in changes:
+            if max_bytes is not None and size >= max_bytes:
+                break
             try:
                 if self._refused:
-                    event_id = str(change["documentKey"].get("_id")) if "documentKey" in change else None
+                    event_id = str(change["fullDocument"].get("_id"))
                     if event_id in self._refused:
                         raise PoisonEventError(event_id, self._refused[event_id])
                 messages.append(self._builder.build(change, grant.fencing_token))
+                size += len(messages[-1].value)
             except PoisonEventError as exc:
                 if self.settings.on_poison != "dead-letter":
                     raise

@@ -19,23 +19,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import bson
-from bson.raw_bson import RawBSONDocument
 from pymongo.collection import Collection
 
-from relay.changes import RAW_CODEC
+from relay.changes import CHANGE_CODEC, insert_change
 
 
 def rescan_batches(outbox: Collection[Any], occurred_at_field: str,
-                   batch_size: int) -> Iterator[list[RawBSONDocument]]:
+                   batch_size: int) -> Iterator[list[dict[str, Any]]]:
     """Every outbox document as a synthetic insert change, in (occurredAt, _id) order, in batches."""
     scan = f"00{int(time.time()):08x}"
-    cursor = outbox.with_options(codec_options=RAW_CODEC).find(
+    cursor = outbox.with_options(codec_options=CHANGE_CODEC).find(
         {}, sort=[(occurred_at_field, 1), ("_id", 1)], batch_size=batch_size)
-    batch: list[RawBSONDocument] = []
+    batch: list[dict[str, Any]] = []
     for index, doc in enumerate(cursor):
-        change = {"_id": {"_data": f"{scan}{index:012x}"}, "operationType": "insert", "fullDocument": doc}
-        batch.append(RawBSONDocument(bson.encode(change), RAW_CODEC))
+        batch.append(insert_change(doc, {"_data": f"{scan}{index:012x}"}))
         if len(batch) >= batch_size:
             yield batch
             batch = []

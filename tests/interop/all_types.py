@@ -10,11 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import bson
 from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
-from bson.raw_bson import RawBSONDocument
 
+from relay.changes import insert_change
 from relay.encoding import SchemaRegistry
 from tests.interop.bson_cases import n_bytes, n_decimal, n_double, n_ts
 
@@ -31,9 +30,9 @@ def registry_with_all_types() -> SchemaRegistry:
     return registry
 
 
-def change_for(doc: dict[str, Any]) -> RawBSONDocument:
+def change_for(doc: dict[str, Any]) -> dict:
     """An insert change event for `doc`, as the change stream delivers it."""
-    return RawBSONDocument(bson.encode({"_id": TOKEN, "operationType": "insert", "fullDocument": doc}))
+    return insert_change(doc, TOKEN, delivered=True)
 
 
 UID = uuid.UUID("5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")

@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import uuid
 
-import bson
 import pytest
-from bson.raw_bson import RawBSONDocument
 
+from relay.changes import insert_change
 from relay.config import Settings
 from relay.contract import ENVELOPE
 from relay.encoding import MessageBuilder, SchemaRegistry
@@ -26,8 +25,8 @@ TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 TYPED = "io.outboxrelay.v1.events.OrderCreated"
 
 
-def change_for(doc: dict) -> RawBSONDocument:
-    return RawBSONDocument(bson.encode({"_id": TOKEN, "operationType": "insert", "fullDocument": doc}))
+def change_for(doc: dict) -> dict:
+    return insert_change(doc, TOKEN, delivered=True)
 
 
 def mock_settings(**kw: str) -> Settings:

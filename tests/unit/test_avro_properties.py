@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 
-import bson
 from bson import json_util
 from bson.codec_options import DatetimeConversion
 from bson.json_util import JSONOptions, JSONMode
-from bson.raw_bson import RawBSONDocument
 from hypothesis import HealthCheck, given, settings
 
+from relay.changes import insert_change
 from relay.config import Settings
 from relay.contract import ENVELOPE
 from relay.encoding import MessageBuilder, SchemaRegistry
@@ -29,8 +28,8 @@ READ_BACK = JSONOptions(json_mode=JSONMode.RELAXED, tz_aware=True,
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def change_for(doc: dict) -> RawBSONDocument:
-    return RawBSONDocument(bson.encode({"_id": TOKEN, "operationType": "insert", "fullDocument": doc}))
+def change_for(doc: dict) -> dict:
+    return insert_change(doc, TOKEN, delivered=True)
 
 
 def registry_with(case: Case, event_type: str = "PropertyEvent") -> SchemaRegistry:

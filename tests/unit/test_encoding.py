@@ -5,12 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-import bson
 import pytest
 from bson import ObjectId
-from bson.raw_bson import RawBSONDocument
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from relay.changes import insert_change
 from relay.config import Settings
 from relay.encoding import ENVELOPE, HEADER_FENCING, MessageBuilder, SchemaRegistry
 from relay.errors import PoisonEventError
@@ -21,8 +20,8 @@ REGISTRY_DIR = Path(__file__).resolve().parents[2] / "schemas"
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 
 
-def change_for(doc: dict) -> RawBSONDocument:
-    return RawBSONDocument(bson.encode({"_id": TOKEN, "operationType": "insert", "fullDocument": doc}))
+def change_for(doc: dict) -> dict:
+    return insert_change(doc, TOKEN, delivered=True)
 
 
 def test_single_object_header_is_c301_and_the_little_endian_crc64_fingerprint():
