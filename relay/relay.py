@@ -4,7 +4,8 @@ One step (`_step`):
   1. read a batch of changes and the token that covers exactly them (changes.ChangeSource);
   2. build each Kafka message (encoding.MessageBuilder); a bad event stops the relay naming it;
   3. hand them to the producer (publisher.Publisher.send); up to RELAY_PIPELINE_DEPTH batches
-     are in flight at once, so reading and encoding overlap with delivery;
+     are in flight at once, so reading and encoding overlap with delivery, holding together at
+     most RELAY_BATCH_MAX_EVENTS events (each read takes a slice of that);
   4. `_settle`: store, with a fenced majority write (lease.LeaseStore.commit), the token of the
      newest batch that Kafka acknowledged completely, along with every batch before it.
 A token is stored only once every event before it was acknowledged (guarantee 1); a failed
@@ -116,8 +117,11 @@ class Relay:
         self._refused: dict[str, str] = {}
         # After a refused record batch, the next batch goes one message per request.
         self._isolate = False
-        # Batches handed to the producer, oldest first, not yet acknowledged and stored.
+        # Batches handed to the producer, oldest first, not yet acknowledged and stored, and
+        # how many events they hold together (never more than batch_max_events).
         self._in_flight: deque[tuple[InFlight, Batch]] = deque()
+        self._unacknowledged = 0
+        self._slice = max(1, -(-settings.batch_max_events // settings.pipeline_depth))
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -219,6 +223,7 @@ class Relay:
         self.observer.watch_publisher(publisher)
         progressed = False
         self._in_flight.clear()
+        self._unacknowledged = 0
         try:
             try:
                 source.open(start)
@@ -271,7 +276,14 @@ class Relay:
         covering new events was stored."""
         s = self.settings
         self.observer.tick()
-        batch = source.next_batch(s.batch_max_events)
+        # At most batch_max_events events are ever unacknowledged: that bounds memory and what
+        # a replica that lost its lease can still publish late. They are read in slices so
+        # reading and encoding overlap with delivery.
+        room = s.batch_max_events - self._unacknowledged
+        if room < self._slice:
+            self._settle(publisher, keep=len(self._in_flight) - 1)
+            room = s.batch_max_events - self._unacknowledged
+        batch = source.next_batch(min(room, self._slice))
         if batch.resumed:
             self.observer.resumed()
         if batch.changes:
@@ -293,6 +305,7 @@ class Relay:
                 return True
             sent = publisher.send(messages, batch.token, time.monotonic(), self._heartbeat)
             self._in_flight.append((sent, batch))
+            self._unacknowledged += len(messages)
             return self._settle(publisher, keep=s.pipeline_depth - 1)
         # Idle: everything sent is acknowledged and stored first, then the post-batch token.
         progressed = self._settle(publisher, keep=0)
@@ -318,6 +331,7 @@ class Relay:
                 break
             publisher.wait(sent, self._heartbeat)  # returns at once when done; raises a failure
             self._in_flight.popleft()
+            self._unacknowledged -= len(sent.messages)
             self.observer.published(batch, sent.messages, time.monotonic() - sent.sent_at, sent.token)
             newest = sent
         if newest is None:
