@@ -14,11 +14,12 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 	$(PY) -m relay dev fetch
+	$(PY) -m relay.spark.jars
 
 demo: setup
 	$(PY) -m relay demo --events $(EVENTS)

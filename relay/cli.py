@@ -23,7 +23,7 @@ from relay.errors import EXIT_CONFIG, EXIT_FATAL, ConfigError, RelayError
 log = logging.getLogger("relay")
 
 
-def _settings_parser() -> argparse.ArgumentParser:
+def settings_parser() -> argparse.ArgumentParser:
     """Flags for every setting (same names as RELAY_* variables), shared by the commands."""
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("settings (each also RELAY_<NAME>)")
@@ -40,7 +40,7 @@ def _settings_parser() -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    settings = _settings_parser()
+    settings = settings_parser()
     p = argparse.ArgumentParser(prog="outbox-relay", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")

@@ -1,1 +1,26 @@
-"""PySpark jobs over the relay's topics (materialize, audit)."""
+"""PySpark jobs over the relay's topics: `materialize` (event table + per-aggregate state view)
+and `audit` (outbox versus Kafka for a time range).
+
+Modules, one concern each:
+  jars.py         the Kafka and Avro connector jars for the pinned PySpark, resolved once with
+                  Maven (`python -m relay.spark.jars`), passed to Spark via `spark.jars`
+  session.py      the SparkSession: connector jars, UTC, temp dirs, RocksDB state store
+  schemas.py      the writer schemas of the registry folder, with their fingerprints
+  decode.py       Kafka rows -> the common event columns (Avro single-object decoding)
+  state.py        the per-aggregate state: its definition, the Parquet snapshots, the MongoDB
+                  read model with version-conditioned upserts
+  materialize.py  the streaming job; audit.py the batch job; options.py their shared flags
+
+Nothing here is imported by the relay itself; `pyspark` comes with the `spark` extra.
+"""
+
+from __future__ import annotations
+
+from relay.errors import EXIT_FATAL, RelayError
+
+
+class PipelineError(RelayError):
+    """Raised when a pipeline job cannot run as asked (missing jars, output without its
+    checkpoint, an undecodable message); the message names what to fix."""
+
+    exit_code = EXIT_FATAL
