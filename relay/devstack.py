@@ -334,6 +334,15 @@ group.initial.rebalance.delay.ms=0
 """
 
 
+def _cluster_id() -> str:
+    """A KRaft cluster id: a base64url UUID that does not start with "-" (the storage tool
+    would read it as an option; Kafka's own Uuid.randomUuid() regenerates likewise)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 @dataclass
 class KafkaBroker:
     """One Kafka broker in KRaft mode (combined broker and controller), from the cached jars."""
@@ -374,7 +383,7 @@ class KafkaBroker:
                "-Djava.awt.headless=true", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                "-cp", cp]
         if not (self.base_dir / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cluster_id = _cluster_id()
             fmt = subprocess.run(
                 jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
                 capture_output=True, text=True, check=False,

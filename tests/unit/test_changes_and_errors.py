@@ -44,3 +44,10 @@ def test_history_lost_and_reopenable_codes_are_translated():
     err = translate_mongo(OperationFailure("fatal", 280))
     assert isinstance(err, ReopenableStreamError) and err.code == 280
     assert classify(err) is Action.RESTART
+
+
+def test_kraft_cluster_ids_never_start_with_a_dash():
+    from relay.devstack import _cluster_id
+
+    ids = [_cluster_id() for _ in range(2000)]  # about 31 of 2,000 raw ids start with "-"
+    assert all(not i.startswith("-") and len(i) == 22 for i in ids)
