@@ -74,7 +74,9 @@ class Settings:
     standby_poll_s: float = _setting(2.0, "how often a standby replica tries to take the lease (seconds)")
     batch_max_events: int = _setting(1000, "most events handed to Kafka and not yet acknowledged (also what a replica that lost its lease may still publish)")
     batch_max_bytes: int = _setting(4 * 1024 * 1024, "most bytes of encoded messages in one batch (a larger batch is split)")
-    pipeline_depth: int = _setting(4, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)")
+    # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
+    # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
+    pipeline_depth: int = _setting(1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)")
     max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
     connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
     restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")

@@ -26,7 +26,7 @@ def test_relay_killed_five_times_during_a_20000_event_run_loses_nothing_and_only
     runs: list[RelayProcess] = []
     try:
         for i in range(kills):
-            settings = env.settings.replace(instance_id=f"run-{i}")
+            settings = env.settings.replace(instance_id=f"run-{i}", pipeline_depth=1 + i % 3)
             before = (lease_doc(env.db, env.settings) or {}).get("resumeToken")
             proc = RelayProcess(settings, tmp_path, f"run-{i}").start()
             runs.append(proc)
@@ -35,7 +35,7 @@ def test_relay_killed_five_times_during_a_20000_event_run_loses_nothing_and_only
             checkpoint_at_start[lease["fencingToken"]] = before["_data"] if before else ""
             time.sleep(rng.uniform(0.3, 3.0))
             proc.kill()
-        final_settings = env.settings.replace(instance_id="final")
+        final_settings = env.settings.replace(instance_id="final", pipeline_depth=3)
         before = lease_doc(env.db, env.settings)["resumeToken"]
         final = RelayProcess(final_settings, tmp_path, "final").start()
         runs.append(final)

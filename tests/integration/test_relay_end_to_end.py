@@ -18,7 +18,7 @@ from tests.support import (
 
 
 def test_ten_thousand_events_from_four_writers_arrive_in_commit_order_and_decode_to_the_outbox(env):
-    with RelayThread(env.settings) as relay:
+    with RelayThread(env.settings.replace(pipeline_depth=4)) as relay:  # the pipelined path
         written = write_events(env.db, env.settings.outbox_collection, total=10_000, writers=4, max_per_txn=5)
         wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 10_000, 120,
                    "10,000 events in the topic")
