@@ -1,7 +1,8 @@
-"""The relay benchmark: catch-up throughput, two bare-client baselines, latency, memory.
+"""The relay benchmark: catch-up vs bare clients and Kafka Connect peers, latency, memory.
 
-Run: `.venv/bin/python -m bench.run [--events N] [--rate R] [--seconds S] [--payload-bytes B]`
-(`make bench` runs it with the defaults; about two to three minutes on two cores).
+Run: `.venv/bin/python -m bench.run [--events N] [--rate R] [--seconds S] [--payload-bytes B]
+[--no-peers]` (`make bench` runs it with the defaults; about five to seven minutes on two cores,
+two to three with `--no-peers`). See BENCHMARKS.md for a run and what each figure means.
 
 Everything runs on a fresh local stack (`relay.devstack.LocalStack` in a temporary folder,
 one mongod replica-set member and one Kafka broker, topics with 3 partitions), stopped by
@@ -29,9 +30,18 @@ Scenarios, in this order:
    `insert_one` returned (same machine, same clock). Because that return can be seen late
    on a loaded host, the same messages are also measured from the insert's oplog `wall`
    time (server clock), and the insert round trip is reported as the uncertainty.
+Between 4 and 5, unless `--no-peers`: the peers (`bench.peers`), each in its own Kafka Connect
+standalone worker JVM started for it, drain the same backlog into the same broker, one after the
+other, with nothing else of the benchmark running (see `peer_catch_up`):
+   `peer: Debezium MongoDB + outbox router` (Debezium's MongoDB connector + MongoEventRouter) and
+   `peer: MongoDB Kafka source connector` (the official connector, publish.full.document.only).
+   Both start their change stream at the backlog's start, like the relay; events/s are from JVM
+   launch until all N messages are in the output topic. Their jars are resolved with Maven once
+   (before the stack starts, so never timed) into ~/.cache/outbox-relay/bench-peers-*.
 Before anything is measured, one idempotent message is produced, so nobody pays for a
 fresh broker's coordinator start-up (see `warm_up_kafka`).
-Memory: peak RSS of this process (ru_maxrss) and VmRSS around the catch-up.
+Memory: peak RSS of this process (ru_maxrss) and VmRSS around the catch-up; for each peer, the
+peak RSS (VmHWM) of its Connect JVM.
 """
 
 from __future__ import annotations
@@ -108,6 +118,64 @@ def cpu_seconds() -> float:
     """User + system CPU time this process used so far (all threads)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def _host_jiffies() -> tuple[int, int]:
+    """(busy, iowait) CPU jiffies of the whole host so far, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:9]]
+    user, nice, system, _idle, iowait, irq, softirq, steal = values
+    return user + nice + system + irq + softirq + steal, iowait
+
+
+def _process_jiffies(pid: int) -> int:
+    """utime + stime of process `pid` so far (all its threads), in jiffies; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class HostCpu:
+    """CPU used during an interval: by the processes under test, and by everything else.
+
+    `ours()` lists the pids that belong to the measurement (this process, mongod, the Kafka
+    broker, a peer's JVM); it is asked at the start and at the end, so a process launched in
+    between counts from zero. `other_cores` = host busy time - our processes' time, divided by
+    the interval: how many cores other work on the machine (other users, other test runs) took
+    while we measured. On a quiet machine it is close to 0. `iowait_cores`: idle time spent
+    waiting for the disk, host-wide (a shared disk slows mongod's journal and Kafka's log).
+    """
+
+    def __init__(self, ours: Callable[[], list[int]]) -> None:
+        self._ours = ours
+        self._start_host = _host_jiffies()
+        self._start_pids = {pid: _process_jiffies(pid) for pid in ours()}
+        self._start_wall = time.monotonic()
+        self.other_cores = math.nan
+        self.our_cores = math.nan
+        self.host_busy_cores = math.nan
+        self.iowait_cores = math.nan
+
+    def stop(self) -> HostCpu:
+        busy, iowait = _host_jiffies()
+        ticks = os.sysconf("SC_CLK_TCK")
+        seconds = time.monotonic() - self._start_wall
+        ours = sum(_process_jiffies(pid) - self._start_pids.get(pid, 0) for pid in self._ours())
+        if seconds > 0:
+            self.host_busy_cores = (busy - self._start_host[0]) / ticks / seconds
+            self.our_cores = ours / ticks / seconds
+            self.other_cores = max(0.0, self.host_busy_cores - self.our_cores)
+            self.iowait_cores = (iowait - self._start_host[1]) / ticks / seconds
+        return self
+
+
+def stack_pids(stack: LocalStack) -> list[int]:
+    """This process, the mongod processes and the Kafka broker: the processes every scenario uses."""
+    procs = [*stack.mongo.processes, stack.kafka.process]
+    return [os.getpid(), *(p.pid for p in procs if p is not None and p.pid is not None)]
 
 
 class RssSampler:
@@ -488,6 +556,141 @@ def baseline_producer(stack: LocalStack, settings: Settings, sample: Any, events
                note=f"relay's config, value {len(value)} B + {len(headers)} headers")
 
 
+# ---- peers: Kafka Connect source connectors on the same backlog ----------------------------------
+
+@dataclass
+class PeerRun:
+    """One peer's catch-up of the backlog (see `peer_catch_up`); `error` says why it has no figures.
+
+    `row` is timed from the connector's start (the worker's "Creating connector" log line) to
+    the moment all N messages are in the topic, like the relay's row (relay start-up included,
+    process start-up not). The JVM's own start-up before that is `worker_start_s`; the all-in
+    figures count from the JVM's launch.
+    """
+
+    key: str
+    label: str
+    row: Row
+    output: str                     # what its messages are (format, key, headers)
+    topic: str = ""
+    worker_start_s: float = math.nan       # JVM launch -> connector start (JVM, plugin scan, worker)
+    first_message_s: float = math.nan      # connector start -> first message seen in the topic
+    all_in_seconds: float = math.nan       # JVM launch -> all N messages in the topic
+    all_in_events_per_s: float = math.nan  # N / all_in_seconds
+    drain_events_per_s: float = math.nan   # N / (all N seen - first message seen)
+    other_cores: float = math.nan   # CPU taken by other work on the host meanwhile (see HostCpu)
+    iowait_cores: float = math.nan  # host-wide disk wait meanwhile (see HostCpu)
+    peak_rss_kb: int = 0            # the Connect JVM's VmHWM, read as soon as all N are in Kafka
+    cpu_s: float = math.nan         # the JVM's user + system CPU time, launch to all N in Kafka
+    in_kafka_final: int = 0         # messages in the topic just before the JVM is stopped (> N: duplicates)
+    value_bytes: int = 0            # size of one message value
+    sample_value: str = ""          # the start of one message value, to show the format
+    error: str | None = None
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """User + system CPU time of process `pid` so far (from /proc/<pid>/stat), in seconds."""
+    if pid is None:
+        return math.nan
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
+def peer_specs(stack: LocalStack, backlog: Backlog, run_id: str) -> list[Any]:
+    """The two peers (`bench.peers.ConnectorSpec`), configured for this run's backlog.
+
+    Both start their change stream at `backlog.before`, the cluster time just before the first
+    backlog insert (the relay starts at that time's second).
+    """
+    from bench.peers import debezium_outbox_connector, mongodb_source_connector
+
+    uri = stack.mongo.uri
+    return [
+        debezium_outbox_connector(uri, backlog.database, backlog.collection, backlog.before,
+                                  f"bench.{run_id}.debezium", AGGREGATE_TYPE),
+        mongodb_source_connector(uri, backlog.database, backlog.collection, backlog.before,
+                                 f"bench.{run_id}.mongo"),
+    ]
+
+
+def peer_catch_up(stack: LocalStack, backlog: Backlog, spec: Any, jars: Any) -> PeerRun:
+    """A Kafka Connect standalone worker with one peer connector drains the backlog.
+
+    The output topic is created first (PARTITIONS partitions). Then the worker JVM is launched
+    and the sum of the topic's high watermarks is polled every POLL_S until it reaches N (so
+    the end is seen up to ~POLL_S late; the relay's end is a server timestamp). Measured:
+    - events/s from the connector's start: the worker's log line "Creating connector <name>"
+      (a millisecond timestamp, same clock) to all N in Kafka. Like the relay's row, this
+      includes the connector's own start-up (config validation, task and producer creation,
+      MongoDB connection, change stream open) but not its process's start-up;
+    - the JVM's start-up before that (JVM, plugin scanning, worker and REST server), and the
+      all-in rate from the JVM's launch;
+    - when the first message appeared, and the rate from it to the last (drain only);
+    - the JVM's peak RSS (VmHWM) and CPU time when all N are in, then the messages in the
+      topic just before the JVM is stopped (more than N would be duplicates).
+    A peer that fails or times out gets an error instead of figures; the run goes on.
+    """
+    from bench.peers import StandaloneWorker
+    from bench.peers.connect import PeerError
+
+    bootstrap = stack.kafka.bootstrap_servers
+    result = PeerRun(spec.key, spec.label, Row(spec.label, backlog.events, math.nan, math.nan),
+                     spec.output, spec.topic)
+    try:
+        create_topic(bootstrap, spec.topic)
+        with consumer(bootstrap) as c, \
+                StandaloneWorker(jars, spec, bootstrap, keep_log=RESULTS_DIR / f"connect-{spec.key}.log") as worker:
+            first: list[float] = []
+
+            def all_in_kafka() -> bool:
+                try:
+                    count = high_watermark_sum(c, spec.topic)
+                except confluent_kafka.KafkaException as exc:  # e.g. leader not known yet
+                    log.debug("%s: watermarks not available yet: %s", spec.label, exc)
+                    return False
+                if count > 0 and not first:
+                    first.append(time.time())
+                return count >= backlog.events
+
+            cpu = HostCpu(lambda: [*stack_pids(stack), *([worker.pid] if worker.pid else [])])
+            launched = time.time()
+            worker.start()
+            wait_until(f"{spec.label} catch-up", all_in_kafka, max(180.0, backlog.events / 200),
+                       worker.check_alive)
+            ended = time.time()
+            cpu.stop()
+            result.other_cores, result.iowait_cores = cpu.other_cores, cpu.iowait_cores
+            result.peak_rss_kb = worker.peak_rss_kb()
+            result.cpu_s = process_cpu_s(worker.pid)
+            connector_started = worker.connector_started_at()
+            time.sleep(1.0)  # anything still in flight (duplicates) lands before the final count
+            result.in_kafka_final = high_watermark_sum(c, spec.topic)
+        if connector_started is None:
+            raise PeerError(f"no 'Creating connector {spec.name}' line in the worker's log")
+        seconds = ended - connector_started
+        result.worker_start_s = connector_started - launched
+        result.first_message_s = first[0] - connector_started
+        result.all_in_seconds = ended - launched
+        result.all_in_events_per_s = rate(backlog.events, result.all_in_seconds)
+        result.drain_events_per_s = rate(backlog.events, ended - first[0])
+        result.row = Row(spec.label, backlog.events, seconds, rate(backlog.events, seconds),
+                         note=f"from connector start; JVM start-up before it {result.worker_start_s:.1f} s")
+        if result.in_kafka_final != backlog.events:
+            result.row.note += f"; {result.in_kafka_final} messages in topic"
+        value = read_topic(bootstrap, spec.topic, 1)[0].value() or b""
+        result.value_bytes = len(value)
+        result.sample_value = value[:400].decode(errors="replace")
+    except (PeerError, TimeoutError, RuntimeError, OSError, confluent_kafka.KafkaException) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        result.row.note = f"FAILED: {str(exc).splitlines()[0][:120]}"
+        log.error("%s failed: %s", spec.label, exc)
+    return result
+
+
 @dataclass
 class Latency:
     """Steady-state result: commit (insert_one returned) to broker append time, per event."""
@@ -758,11 +961,12 @@ class Report:
     latency: Latency | None = None
     memory: dict[str, Any] = field(default_factory=dict)
     catch_up: dict[str, Any] = field(default_factory=dict)
+    peers: list[PeerRun] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "throughput": [asdict(r) for r in self.rows],
                 "catch_up": self.catch_up, "latency": asdict(self.latency) if self.latency else None,
-                "memory": self.memory}
+                "memory": self.memory, "peers": [asdict(p) for p in self.peers]}
 
 
 def run(args: argparse.Namespace) -> Report:
@@ -776,7 +980,21 @@ def run(args: argparse.Namespace) -> Report:
                  "pymongo": pymongo.version, "confluent_kafka": confluent_kafka.__version__,
                  "librdkafka": confluent_kafka.libversion()[0]},
         "relay_source": relay_source(),
+        "load_average_at_start": os.getloadavg(),
     })
+    jars, jars_error = None, None
+    if args.peers:
+        from bench.peers import DEBEZIUM_VERSION, KAFKA_CONNECT_VERSION, MONGO_KAFKA_VERSION, fetch_jars
+        from bench.peers.connect import PeerError
+
+        report.params["peers"] = {"kafka_connect": KAFKA_CONNECT_VERSION, "debezium": DEBEZIUM_VERSION,
+                                  "mongo_kafka_connect": MONGO_KAFKA_VERSION, "java": java_version()}
+        progress("resolving the peers' jars (Maven, first run only)")
+        try:
+            jars = fetch_jars()
+        except PeerError as exc:
+            jars_error = str(exc)
+            log.error("peers skipped: %s", exc)
     factory = EventFactory(args.payload_bytes)
     stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
     progress(f"starting MongoDB and Kafka in {stack.base_dir}")
@@ -787,19 +1005,31 @@ def run(args: argparse.Namespace) -> Report:
             progress(f"writing a backlog of {args.events} events")
             backlog = write_backlog(client, f"bench_{run_id}_catchup", args.events, factory)
             progress("relay catch-up")
+            relay_cpu = HostCpu(lambda: stack_pids(stack))
             catch = relay_catch_up(stack, client, backlog, run_id)
+            relay_cpu.stop()
             progress("baseline: bare change stream")
             stream_row = baseline_change_stream(client, backlog)
             progress("baseline: bare producer")
             sample = sample_message(stack.kafka.bootstrap_servers, catch.topic)
             settings = relay_settings(stack, backlog.database, "unused", "now")
             producer_row = baseline_producer(stack, settings, sample, args.events, run_id)
+            if args.peers:
+                for spec in peer_specs(stack, backlog, run_id):
+                    if jars is None:
+                        peer = PeerRun(spec.key, spec.label, Row(spec.label, backlog.events, math.nan, math.nan,
+                                                                 note="FAILED: jars not resolved"),
+                                       spec.output, spec.topic, error=jars_error)
+                    else:
+                        progress(f"{spec.label} (Kafka Connect standalone)")
+                        peer = peer_catch_up(stack, backlog, spec, jars)
+                    report.peers.append(peer)
             progress(f"steady state: {args.rate:g} events/s for {args.seconds:g} s")
             report.latency = steady_state(stack, client, factory, args.rate, args.seconds,
                                           args.payload_bytes, run_id)
-        for row in (stream_row, producer_row):
+        for row in (stream_row, producer_row, *(p.row for p in report.peers if p.error is None)):
             row.relay_over_baseline = catch.row.events_per_s / row.events_per_s
-        report.rows = [backlog.row, catch.row, stream_row, producer_row]
+        report.rows = [backlog.row, catch.row, stream_row, producer_row, *(p.row for p in report.peers)]
         report.memory = {
             "peak_rss_process_mb": peak_rss_kb() / 1024,
             "peak_rss_through_catchup_mb": catch.max_rss_kb / 1024,
@@ -809,9 +1039,13 @@ def run(args: argparse.Namespace) -> Report:
             "catchup_rss_peak_sampled_mb": catch.rss_peak_sampled_kb / 1024,
             "catchup_cpu_s": catch.cpu_s,
             "value_bytes": len(sample.value()),
+            "peers_peak_rss_mb": {p.key: p.peak_rss_kb / 1024 for p in report.peers if p.error is None},
         }
         report.catch_up = {"in_kafka_at_checkpoint": catch.in_kafka_at_checkpoint,
-                           "in_kafka_final": catch.in_kafka_final, "backlog": args.events}
+                           "in_kafka_final": catch.in_kafka_final, "backlog": args.events,
+                           "message_headers": len(sample.headers() or []),
+                           "other_cores": relay_cpu.other_cores, "host_busy_cores": relay_cpu.host_busy_cores,
+                           "iowait_cores": relay_cpu.iowait_cores}
     finally:
         progress("stopping the stack")
         stack.stop()
@@ -819,7 +1053,19 @@ def run(args: argparse.Namespace) -> Report:
         if leftovers:
             log.error("stack processes still running after stop(): %s", leftovers)
         shutil.rmtree(stack.base_dir, ignore_errors=True)
+        report.params["load_average_at_end"] = os.getloadavg()
     return report
+
+
+def java_version() -> str:
+    """`java -version`'s first line (the JVM the peers run on)."""
+    from bench.peers.connect import java_binary
+
+    try:
+        out = subprocess.run([java_binary(), "-version"], capture_output=True, text=True, timeout=30)
+        return (out.stderr or out.stdout).splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError, IndexError, RuntimeError):
+        return "unknown"
 
 
 def relay_source() -> str:
@@ -845,18 +1091,27 @@ def progress(text: str) -> None:
 
 def format_report(report: Report) -> str:
     p, m, lat = report.params, report.memory, report.latency
+    width = max([32, *(len(r.scenario) for r in report.rows)])
     lines = [
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  "
         f"steady={p['rate']:g}/s x {p['seconds']:g} s  cpus={p['host']['cpus']}  "
         f"(relay in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)",
         f"relay code: {p['relay_source']}",
+    ]
+    if "load_average_at_start" in p:
+        lines.append("load average (1/5/15 min) at start " + "/".join(f"{x:.2f}" for x in p["load_average_at_start"])
+                     + (", at end " + "/".join(f"{x:.2f}" for x in p["load_average_at_end"])
+                        if "load_average_at_end" in p else ""))
+    lines += [
         "",
-        f"{'throughput':<32} {'events':>8} {'seconds':>8} {'events/s':>10} {'relay/baseline':>15}  note",
+        f"{'throughput':<{width}} {'events':>8} {'seconds':>8} {'events/s':>10} {'relay/baseline':>15}  note",
     ]
     for r in report.rows:
         ratio = f"{r.relay_over_baseline:.2f}" if r.relay_over_baseline is not None else ""
-        lines.append(f"{r.scenario:<32} {r.events:>8} {r.seconds:>8.2f} {r.events_per_s:>10.0f} "
+        lines.append(f"{r.scenario:<{width}} {r.events:>8} {r.seconds:>8.2f} {r.events_per_s:>10.0f} "
                      f"{ratio:>15}  {r.note}")
+    if report.peers:
+        lines += ["", *format_peers(report, width)]
     if lat is not None:
         lines += [
             "",
@@ -885,7 +1140,57 @@ def format_report(report: Report) -> str:
             f"  {'VmRSS peak during catch-up (sampled every 25 ms)':<52} {m['catchup_rss_peak_sampled_mb']:7.1f} MB",
             f"  {'CPU time of the process during catch-up':<52} {m['catchup_cpu_s']:7.1f} s",
         ]
+        for peer in report.peers:
+            if peer.error is None:
+                lines.append(f"  {'peak RSS of the Connect JVM, ' + peer.key + ' (VmHWM)':<52} "
+                             f"{peer.peak_rss_kb / 1024:7.1f} MB")
     return "\n".join(lines)
+
+
+def format_peers(report: Report, width: int) -> list[str]:
+    """The side-by-side block: relay catch-up vs each Kafka Connect peer on the same backlog."""
+    p, m = report.params, report.memory
+    relay = next((r for r in report.rows if r.scenario.startswith("relay catch-up")), None)
+    versions = p.get("peers", {})
+    lines = [
+        f"relay vs Kafka Connect peers: same backlog, same broker, one after the other (Kafka Connect "
+        f"{versions.get('kafka_connect', '?')} standalone, one JVM each; Debezium {versions.get('debezium', '?')}, "
+        f"mongo-kafka-connect {versions.get('mongo_kafka_connect', '?')}; {versions.get('java', '?')})",
+        f"{'':<{width}} {'events/s':>9} {'JVM':>7} {'events/s':>9} {'first':>6} {'drain':>9} "
+        f"{'relay/peer':>10} {'relay/peer':>10} {'peak RSS':>9} {'CPU':>6} {'other':>6} {'iowait':>6} {'value':>6}",
+        f"{'':<{width}} {'connector':>9} {'start s':>7} {'all-in':>9} {'msg s':>6} {'events/s':>9} "
+        f"{'all-in':>10} {'drain':>10} {'MB':>9} {'s':>6} {'cores':>6} {'cores':>6} {'B':>6}  message",
+    ]
+    if relay is not None and m:
+        headers = report.catch_up.get("message_headers", "?")
+        lines.append(f"{relay.scenario:<{width}} {relay.events_per_s:>9.0f} {'-':>7} {'-':>9} {'-':>6} {'-':>9} "
+                     f"{'':>10} {'':>10} {m['peak_rss_through_catchup_mb']:>9.1f} {m['catchup_cpu_s']:>6.1f} "
+                     f"{report.catch_up.get('other_cores', math.nan):>6.2f} "
+                     f"{report.catch_up.get('iowait_cores', math.nan):>6.2f} "
+                     f"{m['value_bytes']:>6}  Avro single-object encoding, {headers} headers, key aggregateId")
+    for peer in report.peers:
+        if peer.error is not None:
+            lines.append(f"{peer.label:<{width}} FAILED: {peer.error.splitlines()[0][:160]}")
+            continue
+        all_in = relay.events_per_s / peer.all_in_events_per_s if relay else math.nan
+        drain = relay.events_per_s / peer.drain_events_per_s if relay else math.nan
+        lines.append(f"{peer.label:<{width}} {peer.row.events_per_s:>9.0f} {peer.worker_start_s:>7.1f} "
+                     f"{peer.all_in_events_per_s:>9.0f} {peer.first_message_s:>6.1f} {peer.drain_events_per_s:>9.0f} "
+                     f"{all_in:>10.2f} {drain:>10.2f} {peer.peak_rss_kb / 1024:>9.1f} {peer.cpu_s:>6.1f} "
+                     f"{peer.other_cores:>6.2f} {peer.iowait_cores:>6.2f} {peer.value_bytes:>6}  {peer.output}")
+    lines += [
+        "  events/s connector = the row above (connector start -> all N in Kafka; the relay's: relay start -> "
+        "checkpoint); JVM start = JVM launch -> connector start;",
+        "  all-in = from JVM launch; first msg = connector start -> first message; drain = N / (first -> last "
+        "message); relay/peer = relay's events/s (incl. its start-up) / the peer's;",
+        "  peak RSS: relay = this process (ru_maxrss through set-up + catch-up), peer = its Connect JVM (VmHWM); "
+        "CPU = user + system of that process (relay: during catch-up, incl. benchmark clients; peer: whole JVM);",
+        "  other cores = CPU taken meanwhile by processes outside the benchmark (busy host time - ours, / seconds): "
+        "near 0 on a quiet machine; larger means the figure is depressed by other load;",
+        "  iowait cores = host-wide time the CPUs sat idle waiting for the disk (mongod's journal, Kafka's log "
+        "and other work share one disk).",
+    ]
+    return lines
 
 
 def write_json(report: Report) -> Path:
@@ -913,6 +1218,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=20.0, help="steady-state duration (default 20)")
     p.add_argument("--payload-bytes", type=int, default=200,
                    help="BSON size of each event's payload document (default 200)")
+    p.add_argument("--no-peers", dest="peers", action="store_false",
+                   help="skip the Kafka Connect peers (Debezium, MongoDB connector): they take minutes")
     args = p.parse_args(argv)
     if args.events < 1 or args.rate <= 0 or args.seconds <= 0 or args.payload_bytes < 32:
         p.error("--events >= 1, --rate > 0, --seconds > 0 and --payload-bytes >= 32 are required")

@@ -60,8 +60,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 class RelayThread:
     """The relay in this process, for tests that do not kill it."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.relay = Relay(settings)
+    def __init__(self, settings: Settings, **kwargs: Any) -> None:
+        self.relay = Relay(settings, **kwargs)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 

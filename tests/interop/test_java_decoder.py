@@ -16,7 +16,6 @@ import datetime as dt
 import io
 import json
 import shutil
-import threading
 import uuid
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from relay.config import Settings
 from relay.contract import ENVELOPE, SchemaFile, history_file_name, parse_file
 from relay.encoding import MessageBuilder, SchemaRegistry
 from relay.outbox import Outbox, OutboxEvent
-from relay.relay import Relay
 from tests.interop.all_types import (
     ALL_TYPES, all_types_documents, change_for, generic_payload, registry_with_all_types,
 )
@@ -38,7 +36,7 @@ from tests.interop.avro_java import JavaDecoder
 from tests.interop.bson_cases import (
     Case, expected_envelope, n_double, n_ts, normalize_java, normalize_python, same_bson, typed_cases,
 )
-from tests.support import topic_size, wait_until
+from tests.support import RelayThread, topic_size, wait_until
 
 HERE = Path(__file__).resolve().parent
 SCHEMAS = HERE.parent.parent / "schemas"
@@ -52,30 +50,6 @@ def java() -> JavaDecoder:
 
 
 # ---- every BSON type, through MongoDB, the relay and Kafka ---------------------------------------
-
-class _RelayRunner:
-    """The relay with a given schema registry, in a thread (tests/support's RelayThread uses the
-    bundled registry)."""
-
-    def __init__(self, settings: Settings, registry: SchemaRegistry) -> None:
-        self.relay = Relay(settings, registry=registry)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.relay.run()
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            self.error = exc
-
-    def __enter__(self) -> _RelayRunner:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.relay.stop()
-        self.thread.join(timeout=60)
-
 
 def read_values(bootstrap: str, topic: str, count: int) -> list[tuple[bytes, dict[str, bytes]]]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"interop-{uuid.uuid4().hex[:8]}",
@@ -107,7 +81,7 @@ def test_java_decodes_every_bson_type_the_relay_published_through_kafka(env, jav
     events.append(OutboxEvent.new("order", "typed", "OrderCreated", {"orderId": "o-1", "amount": 12.5, "step": 1}))
     with env.client.start_session() as session:
         session.with_transaction(lambda s: outbox.add_many(events, session=s))
-    with _RelayRunner(env.settings, registry) as runner:
+    with RelayThread(env.settings, registry=registry) as runner:
         wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= len(events), 60,
                    "the events in the topic")
     assert runner.error is None, runner.error
