@@ -1,8 +1,8 @@
 """The relay benchmark: catch-up vs bare clients and Kafka Connect peers, latency, memory.
 
 Run: `.venv/bin/python -m bench.run [--events N] [--rate R] [--seconds S] [--payload-bytes B]
-[--no-peers]` (`make bench` runs it with the defaults; about five to seven minutes on two cores,
-two to three with `--no-peers`). See BENCHMARKS.md for a run and what each figure means.
+[--no-peers]` (`make bench` runs it with the defaults; two to three minutes on two quiet cores,
+about half that with `--no-peers`). See BENCHMARKS.md for a run and what each figure means.
 
 Everything runs on a fresh local stack (`relay.devstack.LocalStack` in a temporary folder,
 one mongod replica-set member and one Kafka broker, topics with 3 partitions), stopped by
@@ -35,9 +35,12 @@ standalone worker JVM started for it, drain the same backlog into the same broke
 other, with nothing else of the benchmark running (see `peer_catch_up`):
    `peer: Debezium MongoDB + outbox router` (Debezium's MongoDB connector + MongoEventRouter) and
    `peer: MongoDB Kafka source connector` (the official connector, publish.full.document.only).
-   Both start their change stream at the backlog's start, like the relay; events/s are from JVM
-   launch until all N messages are in the output topic. Their jars are resolved with Maven once
-   (before the stack starts, so never timed) into ~/.cache/outbox-relay/bench-peers-*.
+   Both start their change stream at the backlog's start, like the relay; events/s are from the
+   connector's start (the worker's "Creating connector" log line) until all N messages are in
+   the output topic; the JVM's start-up before that, the all-in and drain-only rates, the JVM's
+   peak RSS and CPU, and the CPU other processes took meanwhile are reported beside them. Their
+   jars are resolved with Maven once (before the stack starts, so never timed) into
+   ~/.cache/outbox-relay/bench-peers-*.
 Before anything is measured, one idempotent message is produced, so nobody pays for a
 fresh broker's coordinator start-up (see `warm_up_kafka`).
 Memory: peak RSS of this process (ru_maxrss) and VmRSS around the catch-up; for each peer, the

@@ -12,7 +12,7 @@ What runs (one worker JVM per connector, one connector with one task per worker)
 
 The connectors read the outbox through a change stream that starts at a given cluster time
 (the benchmark gives the time just before the backlog's first insert, the same start the relay
-gets), so all three read the same oplog entries the same way; neither does a collection scan.
+gets), so all three read the same oplog entries the same way; none does a collection scan.
 
 Jars come from Maven Central through `bench/peers/pom.xml` (`mvn dependency:copy-dependencies`,
 once, into `~/.cache/outbox-relay/bench-peers-<versions>/`); later runs never download.
@@ -295,8 +295,9 @@ class StandaloneWorker:
     def status(self) -> dict[str, Any] | None:
         """The connector's status from the worker's REST API, or None while it is not up."""
         url = f"http://127.0.0.1:{self.rest_port}/connectors/{self.spec.name}/status"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never a proxy
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with opener.open(url, timeout=2) as response:
                 return json.loads(response.read())  # type: ignore[no-any-return]
         except (urllib.error.URLError, OSError, ValueError):
             return None
