@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from relay import maven
 from relay.errors import DevStackError
 
 KAFKA_VERSION = "4.1.1"
@@ -78,34 +79,15 @@ def kafka_libs(fetch: bool = True) -> Path:
     (and runs without network) use the cached folder.
     """
     libs = cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
-    if (libs / ".complete").exists():
+    if maven.is_resolved(libs):
         return libs
     if not fetch:
         raise DevStackError(f"Kafka jars not in {libs}: run `outbox-relay dev fetch`")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise DevStackError("Maven (mvn) is needed once to resolve the Kafka jars; install it")
     pom = resources.files("relay") / "devstack_files" / "kafka-pom.xml"
-    staging = libs.parent / f"libs.partial-{os.getpid()}"
-    staging.mkdir(parents=True, exist_ok=True)
-    with resources.as_file(pom) as pom_path:
-        proc = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(pom_path), "dependency:copy-dependencies",
-             f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
-             f"-Dkafka.version={KAFKA_VERSION}"],
-            capture_output=True, text=True, check=False,
-        )
-    if proc.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise DevStackError(
-            f"Maven could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION}:\n"
-            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        )
-    (staging / ".complete").write_text(KAFKA_VERSION)
-    if libs.exists():
-        shutil.rmtree(libs)
-    staging.rename(libs)
-    return libs
+    try:
+        return maven.copy_dependencies(pom, libs, {"kafka.version": KAFKA_VERSION})
+    except maven.MavenError as exc:
+        raise DevStackError(f"Maven could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION}:\n{exc}") from exc
 
 
 @dataclass

@@ -18,18 +18,16 @@ import importlib.metadata
 import importlib.util
 import os
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from relay import maven
 from relay.devstack import cache_dir
 from relay.spark import PipelineError
 
 SCALA_BINARY_VERSION = "2.13"
-_COMPLETE = ".complete"
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
 
 
@@ -66,31 +64,15 @@ def shipped_artifacts() -> set[str]:
 
 
 def _resolve(version: str, target: Path) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise PipelineError("Maven (mvn) is needed once to resolve the Spark connector jars; install it")
-    staging = target.parent / f"{target.name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    excluded = ",".join(sorted(shipped_artifacts()))
     pom = resources.files("relay.spark") / "spark-pom.xml"
-    with resources.as_file(pom) as pom_path:
-        proc = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(pom_path), "dependency:copy-dependencies",
-             f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
-             f"-Dspark.version={version}", f"-Dscala.binary.version={SCALA_BINARY_VERSION}",
-             *([f"-DexcludeArtifactIds={excluded}"] if excluded else [])],
-            capture_output=True, text=True, check=False,
-        )
-    if proc.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
+    try:
+        maven.copy_dependencies(pom, target, {"spark.version": version,
+                                              "scala.binary.version": SCALA_BINARY_VERSION},
+                                exclude=shipped_artifacts())
+    except maven.MavenError as exc:
         raise PipelineError(
             f"Maven could not resolve the Spark {version} connectors "
-            f"(spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}, spark-avro_{SCALA_BINARY_VERSION}):\n"
-            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    (staging / _COMPLETE).write_text(version)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+            f"(spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}, spark-avro_{SCALA_BINARY_VERSION}):\n{exc}") from exc
 
 
 def spark_jars(fetch: bool = True) -> list[Path]:
@@ -100,7 +82,7 @@ def spark_jars(fetch: bool = True) -> list[Path]:
     """
     version = spark_version()
     target = jars_dir(version)
-    if not (target / _COMPLETE).exists():
+    if not maven.is_resolved(target):
         if not fetch:
             raise PipelineError(f"Spark connector jars not in {target}: run `python -m relay.spark.jars`")
         _resolve(version, target)

@@ -1,0 +1,49 @@
+"""Resolving JVM artifacts: a pom's runtime jars copied by Maven into a cache folder.
+
+Invariant: a folder counts as resolved only when its `.complete` marker exists; jars are copied
+into a staging folder first and renamed into place, so an interrupted run leaves nothing that
+looks complete. Later runs (and runs without network) use the folder as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+
+COMPLETE = ".complete"
+
+
+class MavenError(Exception):
+    """Raised when Maven is missing or cannot resolve a pom; carries Maven's output."""
+
+
+def is_resolved(target: Path) -> bool:
+    return (target / COMPLETE).exists()
+
+
+def copy_dependencies(pom: Traversable, target: Path, properties: dict[str, str],
+                      exclude: set[str] | None = None) -> Path:
+    """`mvn dependency:copy-dependencies` of `pom` (runtime scope) into `target`, atomically."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MavenError("Maven (mvn) is needed once to resolve the jars; install it")
+    staging = target.parent / f"{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    argv = [mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
+            "-DincludeScope=runtime", *(f"-D{k}={v}" for k, v in properties.items())]
+    if exclude:
+        argv.append(f"-DexcludeArtifactIds={','.join(sorted(exclude))}")
+    with resources.as_file(pom) as pom_path:
+        proc = subprocess.run([*argv, "-f", str(pom_path)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise MavenError(f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    (staging / COMPLETE).write_text(" ".join(f"{k}={v}" for k, v in properties.items()))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
