@@ -125,6 +125,9 @@ def test_metrics_scraped_over_http_match_what_kafka_holds(env, tmp_path):
     relay, port = _serving(env.settings, tmp_path, "relay")
     try:
         wait_until(lambda: _health(port, "/readyz")[0] == 200, 60, "/readyz to turn ready")
+        # The invoices are written only once the orders are acknowledged, so they cannot share the
+        # orders' batch: at least two batches, whatever the timing of the relay's first read.
+        wait_until(lambda: topic_size(bootstrap, env.topic("order")) >= 300, 60, "300 orders in Kafka")
         invoices = write_events(env.db, env.settings.outbox_collection, total=120, writers=2, seed=2,
                                 aggregate_type="invoice")
         topics = {env.topic("order"): 300, env.topic("invoice"): 120}
