@@ -1,8 +1,9 @@
 """`outbox-relay` (also `python -m relay`): parse, configure logging, call the command.
 
 Exit codes: 0 done, 1 unexpected failure, 2 bad configuration or usage, 3 a server cannot
-be reached, 4 the relay stopped on data an operator must look at (poison event, history
-lost, invalidated stream, changed pipeline).
+be reached, 4 data an operator must look at: the relay stopped on it (poison event, history
+lost, invalidated stream, changed pipeline), `schemas check` found a breaking schema change, or
+`pipeline audit` found a missing event or an order violation.
 """
 
 from __future__ import annotations

@@ -134,6 +134,15 @@ class RepeatedStreamError(StopError):
     """Raised when a reopenable change stream error repeats without any progress."""
 
 
+class SchemaRegistryUnavailableError(TransientError):
+    """Raised when the Schema Registry cannot be reached or answers with a transient error."""
+
+
+class SchemaRegistryRefusedError(StopError):
+    """Raised when the Schema Registry refuses a writer schema (incompatible, unregistered,
+    unauthorized); names the subject and the schema."""
+
+
 def classify(exc: BaseException) -> Action:
     """Decide what the loop does with an exception; the only place that inspects errors."""
     from pymongo.errors import (

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relay.config import Settings
-from relay.errors import StopError, TransientError
+from relay.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -40,15 +40,6 @@ SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
 
 _clients: dict[tuple[str, str], Any] = {}
 _clients_lock = threading.Lock()
-
-
-class SchemaRegistryUnavailableError(TransientError):
-    """Raised when the Schema Registry cannot be reached or answers with a transient error."""
-
-
-class SchemaRegistryRefusedError(StopError):
-    """Raised when the Schema Registry refuses a writer schema (incompatible, unregistered,
-    unauthorized); names the subject and the schema."""
 
 
 class Framing(Protocol):

@@ -19,8 +19,8 @@ Checks, in order (all problems are reported, not only the first):
 The baseline is, by default, each file's previous version committed in git (the newest commit
 whose version of the file differs from the working tree's), plus HEAD for files deleted from the
 working tree; `--git-ref REF` compares with the folder at REF (e.g. `origin/main` in a pull
-request); `--baseline DIR` with a folder. The result: exit 0 when everything holds, 1 naming each
-breaking file and field otherwise, 2 when the baseline cannot be read.
+request); `--baseline DIR` with a folder. The result: exit 0 when everything holds, 4 (`EXIT_DATA`)
+naming each breaking file and field otherwise, 2 when the baseline cannot be read.
 """
 
 from __future__ import annotations
@@ -39,10 +39,7 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from relay.contract import (
     HISTORY_DIR, SchemaError, SchemaFile, history_file_name, iter_texts, parse_file, problems_of,
 )
-from relay.errors import ConfigError
-
-EXIT_OK = 0
-EXIT_BROKEN = 1
+from relay.errors import EXIT_DATA, EXIT_OK, ConfigError
 
 
 @dataclass
@@ -331,6 +328,6 @@ def run(folder: Path | None = None, baseline_dir: Path | None = None, git_ref: s
         print(f"error: {line}", file=err)
     if report.problems:
         print(f"schemas check: {len(report.problems)} problem(s)", file=err)
-        return EXIT_BROKEN
+        return EXIT_DATA
     print("schemas check: ok", file=out)
     return EXIT_OK

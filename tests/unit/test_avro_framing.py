@@ -13,10 +13,12 @@ from relay.changes import insert_change
 from relay.config import Settings
 from relay.contract import ENVELOPE
 from relay.encoding import MessageBuilder, SchemaRegistry
-from relay.errors import ConfigError, StopError, TransientError
+from relay.errors import (
+    ConfigError, SchemaRegistryRefusedError, SchemaRegistryUnavailableError, StopError, TransientError,
+)
 from relay.framing import (
-    CONFLUENT, SINGLE_OBJECT, ConfluentFraming, MessageDecoder, SchemaRegistryRefusedError,
-    SchemaRegistryUnavailableError, SingleObjectFraming, framing_for, registry_client,
+    CONFLUENT, SINGLE_OBJECT, ConfluentFraming, MessageDecoder, SingleObjectFraming, framing_for,
+    registry_client,
 )
 from relay.outbox import OutboxEvent
 

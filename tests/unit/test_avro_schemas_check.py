@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import pytest
 
+from relay.errors import EXIT_DATA
 from relay.schemas_check import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def test_removing_a_required_field_fails_naming_the_field(folders):
     baseline, current = folders
     edit(current, TYPED, lambda s: payload_fields(s).pop())  # drops payload.step
     code, _, err = check(current, baseline_dir=baseline, keep_history=True)
-    assert code == 1
+    assert code == EXIT_DATA
     assert f"error: {TYPED}: breaking change" in err
     assert "consumers on the previous schema cannot read messages written with the new one" in err
     assert "field payload.step" in err
@@ -66,7 +67,7 @@ def test_adding_an_optional_field_passes_and_keeps_the_previous_version_in_histo
     edit(current, TYPED, lambda s: payload_fields(s).append(
         {"name": "couponCode", "type": ["null", "string"], "default": None}))
     code, _, err = check(current, baseline_dir=baseline)
-    assert code == 1 and "is not kept" in err and "--keep-history" in err and "breaking" not in err
+    assert code == EXIT_DATA and "is not kept" in err and "--keep-history" in err and "breaking" not in err
     code, out, err = check(current, baseline_dir=baseline, keep_history=True)
     assert code == 0, err
     kept = list((current / "history").glob("io.outboxrelay.v1.events.OrderCreated.*.avsc"))
@@ -87,7 +88,7 @@ def test_incompatible_changes_fail_naming_the_field(folders, change, fragment):
     baseline, current = folders
     edit(current, TYPED, change)
     code, _, err = check(current, baseline_dir=baseline, keep_history=True)
-    assert code == 1 and fragment in err, err
+    assert code == EXIT_DATA and fragment in err, err
 
 
 def test_a_changed_decimal_scale_fails_although_the_bytes_stay_readable(folders):
@@ -97,14 +98,14 @@ def test_a_changed_decimal_scale_fails_although_the_bytes_stay_readable(folders)
         edit(folder, TYPED, lambda s: payload_fields(s).append({"name": "tax", "type": dict(dec), "default": "\u0000"}))
     edit(current, TYPED, lambda s: payload_fields(s)[-1]["type"].update(scale=3))
     code, _, err = check(current, baseline_dir=baseline, keep_history=True)
-    assert code == 1 and "field payload.tax: logical type changed from decimal(9,2) on bytes to decimal(9,3)" in err
+    assert code == EXIT_DATA and "field payload.tax: logical type changed from decimal(9,2) on bytes to decimal(9,3)" in err
 
 
 def test_removing_a_schema_file_fails(folders):
     baseline, current = folders
     (current / TYPED).unlink()
     code, _, err = check(current, baseline_dir=baseline)
-    assert code == 1 and f"{TYPED}: removed" in err and "OrderCreated" in err
+    assert code == EXIT_DATA and f"{TYPED}: removed" in err and "OrderCreated" in err
 
 
 @pytest.mark.parametrize("path, text, fragment", [
@@ -117,7 +118,7 @@ def test_files_that_do_not_parse_or_break_the_layout_fail(folders, path, text, f
     baseline, current = folders
     (current / path).write_text(text)
     code, _, err = check(current, baseline_dir=baseline)
-    assert code == 1 and path in err and fragment in err, err
+    assert code == EXIT_DATA and path in err and fragment in err, err
 
 
 def test_typed_envelope_rules_are_enforced(folders):
@@ -132,7 +133,7 @@ def test_typed_envelope_rules_are_enforced(folders):
     payload_fields(unsupported)[0]["type"] = {"type": "int", "logicalType": "time-millis"}
     (current / "events/Clock.avsc").write_text(json.dumps(unsupported))
     code, _, err = check(current, baseline_dir=baseline)
-    assert code == 1
+    assert code == EXIT_DATA
     assert "events/NoType.avsc: a typed envelope needs a top-level \"eventType\"" in err
     assert "events/Twice.avsc: event type 'OrderCreated' already has a schema" in err
     assert "events/Clock.avsc: field 'payload.orderId': logical type 'time-millis' on int has no BSON mapping" in err
@@ -143,7 +144,7 @@ def test_history_files_must_be_named_for_their_fingerprint_and_never_removed(fol
     (current / "history").mkdir()
     shutil.copy(current / TYPED, current / "history" / "wrong-name.avsc")
     code, _, err = check(current, baseline_dir=baseline)
-    assert code == 1 and "a history file must be named history/io.outboxrelay.v1.events.OrderCreated." in err
+    assert code == EXIT_DATA and "a history file must be named history/io.outboxrelay.v1.events.OrderCreated." in err
     (baseline / "history").mkdir()
     (baseline / "history" / "old.avsc").write_text((baseline / TYPED).read_text())
     assert "history files are never removed" in check(current, baseline_dir=baseline)[2]
@@ -172,10 +173,10 @@ def test_git_baseline_is_the_previous_committed_version_also_after_the_change_is
     assert check(schemas)[0] == 0
     edit(schemas, TYPED, lambda s: payload_fields(s).pop())
     code, _, err = check(schemas, keep_history=True)
-    assert code == 1 and "previous committed version" in err and "field payload.step" in err
+    assert code == EXIT_DATA and "previous committed version" in err and "field payload.step" in err
     git(repo, "commit", "-q", "-am", "break it")
     code, _, err = check(schemas)  # a clean checkout of the breaking commit still fails
-    assert code == 1 and "field payload.step" in err
+    assert code == EXIT_DATA and "field payload.step" in err
 
 
 def test_git_baseline_accepts_a_compatible_change_once_history_is_kept(repo):
@@ -187,7 +188,7 @@ def test_git_baseline_accepts_a_compatible_change_once_history_is_kept(repo):
     assert check(schemas)[0] == 0
     (schemas / TYPED).unlink()
     code, _, err = check(schemas)
-    assert code == 1 and f"{TYPED}: removed" in err
+    assert code == EXIT_DATA and f"{TYPED}: removed" in err
 
 
 def test_git_ref_baseline(repo):
@@ -196,7 +197,7 @@ def test_git_ref_baseline(repo):
     edit(schemas, TYPED, lambda s: payload_fields(s).pop())
     git(repo, "commit", "-q", "-am", "break it")
     code, _, err = check(schemas, git_ref="v1", keep_history=True)
-    assert code == 1 and "version at v1" in err and "payload.step" in err
+    assert code == EXIT_DATA and "version at v1" in err and "payload.step" in err
 
 
 def test_the_repository_schemas_pass_the_check_run_as_ci_runs_it():
