@@ -25,9 +25,10 @@ def is_resolved(target: Path) -> bool:
     return (target / COMPLETE).exists()
 
 
-def copy_dependencies(pom: Traversable, target: Path, properties: dict[str, str],
-                      exclude: set[str] | None = None) -> Path:
-    """`mvn dependency:copy-dependencies` of `pom` (runtime scope) into `target`, atomically."""
+def copy_dependencies(pom: Traversable | Path, target: Path, properties: dict[str, str],
+                      exclude: set[str] | None = None, profile: str | None = None) -> Path:
+    """`mvn dependency:copy-dependencies` of `pom` (runtime scope, with Maven `profile` active
+    if given) into `target`, atomically."""
     mvn = shutil.which("mvn")
     if mvn is None:
         raise MavenError("Maven (mvn) is needed once to resolve the jars; install it")
@@ -38,9 +39,11 @@ def copy_dependencies(pom: Traversable, target: Path, properties: dict[str, str]
             "-DincludeScope=runtime", *(f"-D{k}={v}" for k, v in properties.items())]
     if exclude:
         argv.append(f"-DexcludeArtifactIds={','.join(sorted(exclude))}")
+    if profile:
+        argv += ["-P", profile]
     with resources.as_file(pom) as pom_path:
         proc = subprocess.run([*argv, "-f", str(pom_path)], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
+    if proc.returncode != 0 or not any(staging.glob("*.jar")):
         shutil.rmtree(staging, ignore_errors=True)
         raise MavenError(f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     (staging / COMPLETE).write_text(" ".join(f"{k}={v}" for k, v in properties.items()))

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.error
@@ -37,6 +36,7 @@ from typing import Any
 from bson import Timestamp
 
 from relay.devstack import KAFKA_VERSION, ManagedProcess, cache_dir, free_port
+from relay.maven import MavenError, copy_dependencies, is_resolved
 
 KAFKA_CONNECT_VERSION = KAFKA_VERSION     # the Connect worker runs the broker's own version
 DEBEZIUM_VERSION = "3.5.0.Final"          # newest Debezium built against Kafka 4.1.1
@@ -99,36 +99,23 @@ def peers_cache_dir() -> Path:
 def fetch_jars(fetch: bool = True) -> PeerJars:
     """The peers' jars, resolving each missing profile once with Maven (`copy-dependencies`).
 
-    A profile's folder is complete once it holds `.complete`; a failed resolution leaves nothing
-    behind. With `fetch=False` a missing folder raises instead of running Maven.
+    A profile's `lib` folder is complete once it holds `.complete` (`relay.maven`); a failed
+    resolution leaves nothing behind. With `fetch=False` a missing folder raises instead of running Maven.
     """
-    base = peers_cache_dir()
+    jars = PeerJars(peers_cache_dir())
+    versions = {"kafka.version": KAFKA_CONNECT_VERSION, "debezium.version": DEBEZIUM_VERSION,
+                "mongo.kafka.version": MONGO_KAFKA_VERSION, "log4j.version": LOG4J_VERSION}
     for profile in PROFILES:
-        folder = base / profile
-        if (folder / ".complete").exists():
+        lib = jars.lib(profile)
+        if is_resolved(lib):
             continue
         if not fetch:
-            raise PeerError(f"peer jars not in {folder}: run `python -m bench.peers fetch`")
-        mvn = shutil.which("mvn")
-        if mvn is None:
-            raise PeerError("Maven (mvn) is needed once to resolve the peers' jars; install it")
-        staging = base / f"{profile}.partial-{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        proc = subprocess.run(
-            [mvn, "-q", "-B", "-f", str(POM), "-P", profile, "dependency:copy-dependencies",
-             f"-DoutputDirectory={staging / 'lib'}", "-DincludeScope=runtime",
-             f"-Dkafka.version={KAFKA_CONNECT_VERSION}", f"-Ddebezium.version={DEBEZIUM_VERSION}",
-             f"-Dmongo.kafka.version={MONGO_KAFKA_VERSION}", f"-Dlog4j.version={LOG4J_VERSION}"],
-            capture_output=True, text=True, check=False,
-        )
-        if proc.returncode != 0 or not any((staging / "lib").glob("*.jar")):
-            shutil.rmtree(staging, ignore_errors=True)
-            raise PeerError(f"Maven could not resolve the '{profile}' jars of {POM}:\n"
-                            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        (staging / ".complete").write_text(f"{profile}\n")
-        shutil.rmtree(folder, ignore_errors=True)
-        staging.rename(folder)
-    return PeerJars(base)
+            raise PeerError(f"peer jars not in {lib}: run `python -m bench.peers fetch`")
+        try:
+            copy_dependencies(POM, lib, versions, profile=profile)
+        except MavenError as exc:
+            raise PeerError(f"Maven could not resolve the '{profile}' jars of {POM}:\n{exc}") from None
+    return jars
 
 
 # ---- connectors -----------------------------------------------------------------------------------

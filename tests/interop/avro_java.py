@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from relay.devstack import cache_dir
+from relay.maven import MavenError, copy_dependencies, is_resolved
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -39,22 +40,13 @@ def _tool(name: str) -> str:
 def avro_jars() -> Path:
     """The Avro Java jars, resolved with Maven into the cache on first use."""
     libs = cache_dir() / "interop" / f"avro-{AVRO_VERSION}" / "lib"
-    if (libs / ".complete").exists():
+    if is_resolved(libs):
         return libs
-    staging = libs.parent / f"lib.partial-{os.getpid()}"
-    staging.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([_tool("mvn"), "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
-                           f"-DoutputDirectory={staging}", "-DincludeScope=runtime",
-                           f"-Davro.version={AVRO_VERSION}"], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RuntimeError(f"Maven could not resolve org.apache.avro:avro:{AVRO_VERSION}:\n"
-                           f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    (staging / ".complete").write_text(AVRO_VERSION)
-    if libs.exists():
-        shutil.rmtree(libs)
-    staging.rename(libs)
-    return libs
+    _tool("mvn")
+    try:
+        return copy_dependencies(POM, libs, {"avro.version": AVRO_VERSION})
+    except MavenError as exc:
+        raise RuntimeError(f"Maven could not resolve org.apache.avro:avro:{AVRO_VERSION}:\n{exc}") from None
 
 
 @dataclass(frozen=True)
