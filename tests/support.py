@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 from pymongo.database import Database
 
 from relay.config import Settings, env_name, kafka_env_name
@@ -226,6 +226,13 @@ class Record:
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
     """Every message in `topic` up to its current end, decoded, in (partition, offset) order."""
+    return [Record(msg.topic(), msg.partition(), msg.offset(), msg.key().decode(), REGISTRY.decode(msg.value()),
+                   {k: v.decode() for k, v in (msg.headers() or [])})
+            for msg in read_messages(bootstrap, topic, timeout)]
+
+
+def read_messages(bootstrap: str, topic: str, timeout: float = 60) -> list[Message]:
+    """Every message in `topic` up to its current end, undecoded, in (partition, offset) order."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oracle-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
     try:
@@ -236,7 +243,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
         ends = {p: _high_watermark(consumer, topic, p) for p in parts}
         pending = {p for p in parts if ends[p] > 0}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
-        records: list[Record] = []
+        messages: list[Message] = []
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
@@ -247,13 +254,11 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
             if msg.offset() >= ends[msg.partition()]:
                 pending.discard(msg.partition())
                 continue
-            headers = {k: v.decode() for k, v in (msg.headers() or [])}
-            records.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key().decode(),
-                                  REGISTRY.decode(msg.value()), headers))
+            messages.append(msg)
             if msg.offset() + 1 >= ends[msg.partition()]:
                 pending.discard(msg.partition())
         assert not pending, f"could not read partitions {pending} of {topic} to their end"
-        return sorted(records, key=lambda r: (r.partition, r.offset))
+        return sorted(messages, key=lambda m: (m.partition(), m.offset()))
     finally:
         consumer.close()
 

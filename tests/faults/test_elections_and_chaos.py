@@ -70,6 +70,7 @@ def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its waits add up to more than the suite's 600 s on a slow machine
 def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3, tmp_path):
     broker = needs_local_stack(env3.servers).kafka
     rng = random.Random(50_000)

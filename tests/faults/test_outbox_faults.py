@@ -14,8 +14,8 @@ from relay.changes import oplog_start, token_cluster_time
 from relay.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    RelayThread, Written, assert_complete_and_ordered, lease_doc, read_topic, replica_set, topic_size,
-    wait_until, write_events,
+    RelayThread, Written, assert_complete_and_ordered, lease_doc, read_messages, read_topic, replica_set,
+    topic_size, wait_until, write_events,
 )
 
 
@@ -67,33 +67,12 @@ def test_poison_events_go_to_the_dead_letter_topic_with_the_reason_and_the_rest_
                    "the nine good events")
     assert relay.error is None, relay.error
     assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
-    dead = _read_raw(env.servers.kafka_bootstrap, settings.dead_letter_topic)
+    dead = [{k: v.decode() for k, v in msg.headers() or []}
+            for msg in read_messages(env.servers.kafka_bootstrap, settings.dead_letter_topic)]
     reasons = {h["ce_id"]: h["relay_dead_letter_reason"] for h in dead}
     assert "larger than the broker accepts" in reasons[too_big.id_str]
     assert "field 'eventType' is missing" in reasons[str(malformed["_id"])]
     assert relay.relay.observer.dead_letters._value.get() >= 2
-
-
-def _read_raw(bootstrap: str, topic: str) -> list[dict[str, str]]:
-    import uuid
-
-    from confluent_kafka import Consumer
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    out: list[dict[str, str]] = []
-    try:
-        for _ in range(60):
-            msg = consumer.poll(1.0)
-            if msg is None:
-                if out:
-                    break
-                continue
-            if msg.error() is None:
-                out.append({k: v.decode() for k, v in msg.headers() or []})
-    finally:
-        consumer.close()
-    return out
 
 
 # ---- row 7: the outbox collection dropped or renamed -----------------------------------------

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import threading
 import time
 
 from relay.outbox import Outbox, OutboxEvent
@@ -18,6 +19,40 @@ from tests.support import (
 def _owner(env) -> str | None:
     doc = lease_doc(env.db, env.settings)
     return doc.get("owner") if doc else None
+
+
+def _roles(env) -> dict[str, str]:
+    """Each replica's role as `outbox-relay status` reports it."""
+    status = subprocess.run([sys.executable, "-m", "relay", "status"], env=settings_env(env.settings),
+                            capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
+    return {r["instance"]: r["role"] for r in json.loads(status.stdout)["replicas"]}
+
+
+class LeaseWatcher:
+    """Polls the lease document every 50 ms: each owner's first and last document seen."""
+
+    def __init__(self, env) -> None:
+        self._env = env
+        self.first: dict[str, dict] = {}
+        self.last: dict[str, dict] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            doc = lease_doc(self._env.db, self._env.settings) or {}
+            if doc.get("owner"):
+                self.first.setdefault(doc["owner"], doc)
+                self.last[doc["owner"]] = doc
+            self._stop.wait(0.05)
+
+    def __enter__(self) -> LeaseWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _leader(env, instance: str, timeout: float = 60) -> dict:
@@ -83,23 +118,21 @@ def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp
         b.start()
         writer = background_writes(env, written, 3000)
         wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
-        sent = time.monotonic()
-        assert a.terminate() == 0, a.log()
-        stopped = time.monotonic()
-        doc = lease_doc(env.db, env.settings)
-        assert doc.get("releasedAt") is not None, "A released the lease on SIGTERM"
-        # Server clock: A's last renewal plus the TTL is when the lease would have expired.
-        a_expiry = doc["renewedAt"] + dt.timedelta(seconds=env.settings.lease_ttl_s)
-        b_lease = _leader(env, "B")
-        graceful = time.monotonic() - sent
-        # B took the lease (a renewal seen within a poll of it) before A's lease would have expired.
-        assert b_lease["renewedAt"] < a_expiry, "a graceful stop does not wait for the lease to expire"
+        with LeaseWatcher(env) as lease:
+            wait_until(lambda: "A" in lease.last, 30, "the watcher to see A's lease")
+            sent = time.monotonic()
+            assert a.terminate() == 0, a.log()
+            stopped = time.monotonic()
+            b_first = wait_until(lambda: lease.first.get("B"), 60, "B to hold the lease")
+            graceful = time.monotonic() - sent
+        assert lease_doc(env.db, env.settings).get("releasedAt") is not None, "A released the lease on SIGTERM"
+        # Server clock: A's last renewal plus the TTL is when its lease would have expired; B's
+        # renewedAt when first seen holding it is no earlier than B's takeover.
+        a_expiry = lease.last["A"]["renewedAt"] + dt.timedelta(seconds=env.settings.lease_ttl_s)
+        assert b_first["renewedAt"] < a_expiry, "a graceful stop does not wait for the lease to expire"
         c = RelayProcess(env.settings.replace(instance_id="C"), tmp_path, "C").start()
-        wait_until(lambda: "standby" in c.log(), 30, "C in standby")
-        status = subprocess.run([sys.executable, "-m", "relay", "status"], env=settings_env(env.settings),
-                                capture_output=True, text=True, cwd=ROOT, timeout=60)
-        roles = {r["instance"]: r["role"] for r in json.loads(status.stdout)["replicas"]}
-        assert roles["B"] == "leader" and roles["C"] == "standby", roles
+        wait_until(lambda: {"B": "leader", "C": "standby"}.items() <= _roles(env).items(), 60,
+                   "status to show B leading and C in standby")
         killed = time.monotonic()
         b.kill()
         _leader(env, "C", timeout=60)
@@ -125,7 +158,10 @@ def test_relay_killed_inside_a_large_transaction_publishes_all_of_it_in_order(en
         Outbox(env.outbox).add_many(events, session=session)
     written = Written()
     written.add(events)
-    first = RelayProcess(settings.replace(instance_id="first"), tmp_path, "first").start()
+    # The first run lingers 100 ms per batch of 50 (at least 6 s for all of them), so the kill
+    # lands inside the transaction however slowly the test polls.
+    first = RelayProcess(settings.replace(instance_id="first"), tmp_path, "first",
+                         extra_env={"RELAY_KAFKA_LINGER_MS": "100"}).start()
     try:
         wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 200, 60, "part of the transaction")
         first.kill()

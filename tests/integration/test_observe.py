@@ -15,15 +15,12 @@ import random
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,8 +30,8 @@ from relay.errors import ConfigError
 from relay.observe import BatchHistogram, JsonFormatter, Observer, resolve_log_format, setup_logging, wall_time_ms
 from tests.static.support import DOCKERFILE
 from tests.support import (
-    ROOT, RelayProcess, RelayThread, assert_complete_and_ordered, lease_doc, needs_local_stack, read_topic,
-    topic_size, wait_until, write_events,
+    ROOT, RelayProcess, RelayThread, assert_complete_and_ordered, lease_doc, needs_local_stack, read_messages,
+    read_topic, topic_size, wait_until, write_events,
 )
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -81,29 +78,6 @@ def _series(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], fl
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
-def _value_bytes(bootstrap: str, topic: str) -> int:
-    """The sum of the value sizes of every message in `topic` (up to its current end)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bytes-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False})
-    try:
-        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        pending = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        total, deadline = 0, time.monotonic() + 60
-        while pending and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error() is not None:
-                continue
-            total += len(msg.value())
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                pending.discard(msg.partition())
-        assert not pending, f"could not read {topic} to its end"
-        return total
-    finally:
-        consumer.close()
-
-
 def _serving(settings: Settings, tmp_path: Path, name: str, **extra_env: str) -> tuple[RelayProcess, int]:
     """`outbox-relay run` on a free HTTP port, started; returns it once /livez answers."""
     port = free_port()
@@ -138,7 +112,7 @@ def test_metrics_scraped_over_http_match_what_kafka_holds(env, tmp_path):
 
         for topic, count in topics.items():
             assert _value(samples, "relay_events_published_total", topic=topic) == count == topic_size(bootstrap, topic)
-            assert _value(samples, "relay_bytes_published_total", topic=topic) == _value_bytes(bootstrap, topic)
+            assert _value(samples, "relay_bytes_published_total", topic=topic) == sum(len(m.value()) for m in read_messages(bootstrap, topic))
         batches = _value(samples, "relay_batches_total")
         assert batches is not None and 2 <= batches <= 420
         assert _value(samples, "relay_batch_seconds_count") == batches

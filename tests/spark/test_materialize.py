@@ -116,6 +116,7 @@ def _batch_in_flight(checkpoint: Path, query: str) -> bool:
     return newest("offsets") > newest("commits") >= 0
 
 
+@pytest.mark.timeout(1200)  # its waits add up to more than the suite's 600 s on a slow machine
 def test_killed_mid_batch_and_restarted_the_job_neither_loses_nor_doubles(env, spark, tmp_path):
     """`outbox-relay pipeline materialize` (processing-time trigger) is SIGKILLed while a micro-batch
     is in flight, events keep coming, and the job restarts on the same checkpoint (here in this

@@ -63,7 +63,7 @@ def test_typed_envelope_round_trips_any_payload_that_fits_its_schema(case):
     assert builder.build(change_for(doc), 1).value == value
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(typed_cases(max_leaves=6))
 def test_every_generated_payload_schema_is_a_valid_typed_envelope(case):
     registry = registry_with(case)
