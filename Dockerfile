@@ -18,10 +18,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY schemas ./schemas
 COPY relay ./relay
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir -c constraints.txt .
 
 
 FROM build AS spark-build
@@ -30,7 +30,7 @@ RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends maven openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
-RUN pip install --no-cache-dir "/src[spark]"
+RUN pip install --no-cache-dir -c /src/constraints.txt "/src[spark]"
 ENV RELAY_CACHE_DIR=/opt/outbox-relay-cache
 # From the source tree (sys.path[0] is /src under -m): the Maven pom lives beside the module.
 RUN python -m relay.spark.jars

@@ -11,10 +11,10 @@ PYTEST_ARGS ?=
 
 .PHONY: setup demo test test-fast bench dev-up dev-down docs clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,spark]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,spark]'
 	touch $(STAMP)
 
 setup: $(STAMP)
