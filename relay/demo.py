@@ -27,6 +27,7 @@ from pymongo.database import Database
 from relay.config import Settings
 from relay.encoding import SchemaRegistry
 from relay.outbox import FieldNames, Outbox, OutboxEvent
+from relay.tail import to_json
 
 _FLOW = ["OrderCreated", "OrderPaid", "OrderShipped"]
 
@@ -39,9 +40,10 @@ class DemoService:
         self.outbox = Outbox(db[outbox_collection], fields or FieldNames())
         self.written = 0
 
-    def write_order(self, rng: random.Random) -> int:
+    def write_order(self, rng: random.Random, at_most: int = len(_FLOW)) -> int:
+        """One order and its first one to three events (no more than `at_most`), in one transaction."""
         order_id = f"ord-{uuid.uuid4().hex[:10]}"
-        steps = _FLOW[: rng.randint(1, 3)]
+        steps = _FLOW[: min(rng.randint(1, 3), at_most)]
         amount = round(rng.uniform(5, 500), 2)
         with self.db.client.start_session() as session, session.start_transaction():
             self.db.orders.insert_one({"_id": order_id, "amount": amount, "status": steps[-1]},
@@ -57,10 +59,15 @@ class DemoService:
         rng = random.Random(seed)
         started = time.monotonic()
         while not stop.is_set() and (limit is None or self.written < limit):
-            self.write_order(rng)
+            self.write_order(rng, len(_FLOW) if limit is None else limit - self.written)
             ahead = self.written / rate - (time.monotonic() - started)
             if ahead > 0:
                 stop.wait(ahead)
+
+
+def _json_text(payload: Any) -> str:
+    """The payload as JSON text: as carried for the generic envelope, encoded for a typed one."""
+    return payload if isinstance(payload, str) else json.dumps(to_json(payload))
 
 
 def _printer(registry: SchemaRegistry, settings: Settings, topic: str, want: int | None,
@@ -81,7 +88,7 @@ def _printer(registry: SchemaRegistry, settings: Settings, topic: str, want: int
                 seen.add(event["id"])
                 print(f"{msg.topic()}[{msg.partition()}]@{msg.offset()} {event['aggregateId']} "
                       f"{event['eventType']:<13} id={event['id']} fencing={headers.get('relay_fencing_token')} "
-                      f"payload={event['payload']}", flush=True)
+                      f"payload={_json_text(event['payload'])}", flush=True)
             now = time.monotonic()
             if now - last_progress >= (0.2 if tty else 2.0):
                 last_progress = now
