@@ -445,12 +445,23 @@ def _state_file() -> Path:
     return cache_dir() / "devstack.json"
 
 
+def _dev_dir() -> Path:
+    return cache_dir() / "devstack"
+
+
 def dev_up() -> dict[str, Any]:
-    """Start a detached local stack (or report the running one); return its addresses."""
+    """Start a detached local stack (or report the running one); return its addresses.
+
+    Invariant: the stack starts in an empty folder. A replica set's configuration names its
+    members' host:port, and the ports are picked afresh, so data left by an earlier stack (one
+    that crashed, or a `dev down` that could not finish) would never elect a primary; it is
+    stopped by pid and discarded first.
+    """
     current = dev_status()
     if current.get("running"):
         return current
-    stack = LocalStack(cache_dir() / "devstack")
+    dev_down()
+    stack = LocalStack(_dev_dir())
     stack.start()
     state = stack.state()
     _state_file().write_text(json.dumps(state, indent=2))
@@ -467,9 +478,10 @@ def dev_status() -> dict[str, Any]:
 
 
 def dev_down() -> dict[str, Any]:
-    """Stop the detached stack by the process ids in its state file."""
+    """Stop the detached stack by the process ids in its state file, and delete its data."""
     path = _state_file()
     if not path.exists():
+        shutil.rmtree(_dev_dir(), ignore_errors=True)
         return {"running": False, "stopped": []}
     state = json.loads(path.read_text())
     stopped = []
@@ -479,6 +491,7 @@ def dev_down() -> dict[str, Any]:
             proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
             proc.stop()
             stopped.append(name)
+    shutil.rmtree(_dev_dir(), ignore_errors=True)
     path.unlink()
     return {"running": False, "stopped": stopped}
 

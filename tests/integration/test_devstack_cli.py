@@ -1,0 +1,77 @@
+"""`outbox-relay dev up|status|down`: a detached stack that can be stopped, crash, and come back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pymongo
+from confluent_kafka.admin import AdminClient
+
+from relay.devstack import KAFKA_VERSION, _pid_alive, cache_dir
+from tests.support import ROOT
+
+
+def _dev(cache: Path, action: str) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env |= {"RELAY_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "relay", "dev", action], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if action == "up":
+        assert "export RELAY_MONGODB_URI='" in proc.stdout
+    return json.JSONDecoder().raw_decode(proc.stdout)[0]
+
+
+def _pids(state: dict[str, Any]) -> list[int]:
+    return [*state["mongodb"]["pids"], state["kafka"]["pid"]]
+
+
+def _works(state: dict[str, Any]) -> None:
+    with pymongo.MongoClient(state["mongodb"]["uri"], serverSelectionTimeoutMS=30000) as client:
+        client.dev_check.things.insert_one({"ok": True})
+        assert client.dev_check.things.count_documents({}) >= 1
+    metadata = AdminClient({"bootstrap.servers": state["kafka"]["bootstrap_servers"]}).list_topics(timeout=30)
+    assert metadata.brokers
+
+
+def test_dev_stack_comes_back_after_down_and_after_a_crash(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    # The Kafka jars `make setup` resolved, instead of resolving them again.
+    (cache / f"kafka-{KAFKA_VERSION}").symlink_to(cache_dir() / f"kafka-{KAFKA_VERSION}")
+    started: list[int] = []
+    try:
+        first = _dev(cache, "up")
+        started += _pids(first)
+        _works(first)
+        assert _dev(cache, "status")["running"] is True
+        assert _dev(cache, "up")["mongodb"]["uri"] == first["mongodb"]["uri"], "up again reports the running one"
+
+        down = _dev(cache, "down")
+        assert sorted(down["stopped"]) == ["kafka", "mongod0"]
+        assert not any(_pid_alive(pid) for pid in _pids(first))
+        assert not (cache / "devstack").exists(), "down deletes the stack's data"
+
+        second = _dev(cache, "up")  # new ports: must not trip over the earlier replica set's config
+        started += _pids(second)
+        _works(second)
+        for pid in _pids(second):  # a crash: both servers SIGKILLed, the state file left behind
+            os.kill(pid, signal.SIGKILL)
+        assert _dev(cache, "status")["running"] is False
+
+        third = _dev(cache, "up")
+        started += _pids(third)
+        _works(third)
+        assert _dev(cache, "down")["stopped"]
+    finally:
+        if (cache / "devstack.json").exists():
+            _dev(cache, "down")
+        for pid in started:  # only what this test started, by pid, if `down` could not stop it
+            if _pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
