@@ -37,6 +37,15 @@ DEFAULT_KAFKA: dict[str, str] = {
     "message.timeout.ms": "120000",
     "message.max.bytes": "1000000",
 }
+# Producer-only properties the relay's settings may carry; a consumer would warn about them.
+PRODUCER_ONLY_KAFKA = frozenset({
+    "acks", "request.required.acks", "enable.idempotence", "linger.ms", "queue.buffering.max.ms",
+    "compression.type", "compression.codec", "message.timeout.ms", "delivery.timeout.ms", "batch.size",
+    "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "retries",
+    "message.send.max.retries", "retry.backoff.ms", "max.in.flight.requests.per.connection",
+    "max.in.flight", "transactional.id", "partitioner", "sticky.partitioning.linger.ms",
+    "enable.gapless.guarantee",
+})
 _TOPIC_FIELDS = ("aggregateType", "eventType")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -125,6 +134,12 @@ class Settings:
     def kafka_config(self) -> dict[str, str]:
         """The producer configuration: defaults, then user properties, then the forced ones."""
         return {**DEFAULT_KAFKA, **self.kafka, **FORCED_KAFKA,
+                "bootstrap.servers": self.kafka_bootstrap_servers}
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """For the relay's other Kafka clients (the reachability check, `tail`): the user's
+        properties that any client takes (security, client id, ...), without producer-only ones."""
+        return {**{k: v for k, v in self.kafka.items() if k not in PRODUCER_ONLY_KAFKA},
                 "bootstrap.servers": self.kafka_bootstrap_servers}
 
     def start_at_time(self) -> dt.datetime | None:

@@ -80,8 +80,8 @@ def check_kafka(settings: Settings) -> None:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                         "log_level": 0, "logger": logging.getLogger("kafka.admin")})
+    admin = AdminClient({**settings.kafka_client_config(), "log_level": 0,
+                         "logger": logging.getLogger("kafka.admin")})
     try:
         if admin.list_topics(timeout=settings.connect_timeout_s).brokers:
             return

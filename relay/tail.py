@@ -27,15 +27,6 @@ from relay.contract import ENVELOPE
 from relay.encoding import SchemaRegistry
 from relay.framing import MessageDecoder
 
-# Producer-only properties the relay's settings may carry; a consumer would warn about them.
-_PRODUCER_ONLY = frozenset({
-    "acks", "request.required.acks", "enable.idempotence", "linger.ms", "queue.buffering.max.ms",
-    "compression.type", "compression.codec", "message.timeout.ms", "delivery.timeout.ms", "batch.size",
-    "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "retries",
-    "message.send.max.retries", "retry.backoff.ms", "max.in.flight.requests.per.connection",
-    "max.in.flight", "transactional.id", "partitioner", "sticky.partitioning.linger.ms",
-    "enable.gapless.guarantee",
-})
 
 
 def to_json(value: Any) -> Any:
@@ -100,9 +91,8 @@ def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
 def consumer_config(settings: Settings) -> dict[str, Any]:
     """A consumer configuration for `settings`' cluster: the relay's client properties minus
     producer-only ones, a throw-away group, no commits."""
-    conf = {k: v for k, v in settings.kafka.items() if k not in _PRODUCER_ONLY}
-    conf.update({"bootstrap.servers": settings.kafka_bootstrap_servers,
-                 "group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
+    conf: dict[str, Any] = settings.kafka_client_config()
+    conf.update({"group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
                  "enable.auto.commit": False, "enable.partition.eof": True})
     return conf
 
@@ -110,9 +100,13 @@ def consumer_config(settings: Settings) -> dict[str, Any]:
 def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: int = 10, follow: bool = False,
          max_messages: int | None = None, out: TextIO | None = None, decoder: MessageDecoder | None = None,
          registry: SchemaRegistry | None = None) -> int:
-    """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic)."""
+    """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
+    An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting."""
     from confluent_kafka import Consumer, TopicPartition
 
+    from relay.relay import check_kafka
+
+    check_kafka(settings)
     out = out or sys.stdout
     decoder = decoder or MessageDecoder.from_settings(settings, registry or SchemaRegistry.bundled())
     consumer = Consumer(consumer_config(settings))

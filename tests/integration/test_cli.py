@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from relay.devstack import free_port
 from tests.support import ROOT, RelayThread, settings_env, topic_size, wait_until
 from relay.outbox import Outbox, OutboxEvent
@@ -42,12 +44,14 @@ def test_unreachable_mongodb_is_a_clear_error_not_a_traceback(env):
     assert "Traceback" not in result.stderr
 
 
-def test_unreachable_kafka_is_a_clear_error_not_a_traceback(env):
+@pytest.mark.parametrize("command", [["run"], ["tail", "any-topic"]], ids=["run", "tail"])
+def test_unreachable_kafka_is_a_clear_error_not_a_traceback(env, command):
     environ = settings_env(env.settings) | {
         "RELAY_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}", "RELAY_CONNECT_TIMEOUT_S": "2"}
-    result = run_cli("run", env=environ)
+    result = run_cli(*command, env=environ)
     assert result.returncode == 3
-    assert "cannot reach Kafka" in result.stderr and "Traceback" not in result.stderr
+    assert "cannot reach Kafka" in result.stderr and "RELAY_KAFKA_BOOTSTRAP_SERVERS" in result.stderr
+    assert "Traceback" not in result.stderr and "|FAIL|" not in result.stderr, "no librdkafka log noise"
 
 
 def test_status_reports_lease_and_checkpoint_lag(env):

@@ -61,6 +61,14 @@ def test_invalid_configuration_names_the_setting(env, setting):
     assert str(err.value).startswith(setting)
 
 
+def test_other_kafka_clients_get_the_security_properties_but_not_the_producer_ones():
+    settings = Settings.load(env={"RELAY_KAFKA_BOOTSTRAP_SERVERS": "b:9093", "RELAY_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                                  "RELAY_KAFKA_SASL_MECHANISM": "PLAIN", "RELAY_KAFKA_LINGER_MS": "20"})
+    assert settings.kafka_client_config() == {"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
+                                              "sasl.mechanism": "PLAIN"}
+    assert settings.kafka_config()["linger.ms"] == "20"
+
+
 def test_acks_minus_one_is_accepted_as_all():
     assert Settings.load(env={"RELAY_KAFKA_ACKS": "-1"}).kafka_config()["acks"] == "all"
 
