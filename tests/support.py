@@ -348,22 +348,29 @@ class failpoint:
 
 
 class CheckpointWatcher:
-    """Polls the stored token in the background; records every value it sees, in order."""
+    """Polls the lease document in the background: every stored token it sees, in order, and
+    each owner's first and last lease document seen."""
 
     def __init__(self, db: Database[Any], settings: Settings, interval: float = 0.05) -> None:
         self.db, self.settings, self.interval = db, settings, interval
         self.seen: list[str] = []
+        self.first: dict[str, dict[str, Any]] = {}
+        self.last: dict[str, dict[str, Any]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                token = (lease_doc(self.db, self.settings) or {}).get("resumeToken")
+                doc = lease_doc(self.db, self.settings) or {}
             except Exception:  # noqa: BLE001 - the server may be paused or electing
-                token = None
+                doc = {}
+            token = doc.get("resumeToken")
             if token and (not self.seen or self.seen[-1] != token["_data"]):
                 self.seen.append(token["_data"])
+            if doc.get("owner"):
+                self.first.setdefault(doc["owner"], doc)
+                self.last[doc["owner"]] = doc
             self._stop.wait(self.interval)
 
     def __enter__(self) -> CheckpointWatcher:

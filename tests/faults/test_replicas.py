@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import subprocess
 import sys
-import threading
 import time
 
 from relay.outbox import Outbox, OutboxEvent
@@ -28,38 +27,9 @@ def _roles(env) -> dict[str, str]:
     return {r["instance"]: r["role"] for r in json.loads(status.stdout)["replicas"]}
 
 
-class LeaseWatcher:
-    """Polls the lease document every 50 ms: each owner's first and last document seen."""
-
-    def __init__(self, env) -> None:
-        self._env = env
-        self.first: dict[str, dict] = {}
-        self.last: dict[str, dict] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            doc = lease_doc(self._env.db, self._env.settings) or {}
-            if doc.get("owner"):
-                self.first.setdefault(doc["owner"], doc)
-                self.last[doc["owner"]] = doc
-            self._stop.wait(0.05)
-
-    def __enter__(self) -> LeaseWatcher:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def _leader(env, instance: str, timeout: float = 60) -> dict:
     return wait_until(lambda: (d := lease_doc(env.db, env.settings)) and d.get("owner") == instance and d,
                       timeout, f"{instance} to hold the lease")
-
-
 
 
 def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(env, tmp_path):
@@ -118,7 +88,7 @@ def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp
         b.start()
         writer = background_writes(env, written, 3000)
         wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
-        with LeaseWatcher(env) as lease:
+        with CheckpointWatcher(env.db, env.settings) as lease:
             wait_until(lambda: "A" in lease.last, 30, "the watcher to see A's lease")
             sent = time.monotonic()
             assert a.terminate() == 0, a.log()
