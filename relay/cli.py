@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
-from relay.errors import EXIT_CONFIG, EXIT_FATAL, ConfigError, RelayError
+from relay.errors import EXIT_CONFIG, EXIT_FATAL, ConfigError, run_command
 
 log = logging.getLogger("relay")
 
@@ -95,13 +95,7 @@ def load_settings(args: argparse.Namespace) -> cfg.Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        return _dispatch(args)
-    except RelayError as exc:
-        print(f"outbox-relay: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+    return run_command("outbox-relay", lambda: _dispatch(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -12,6 +12,8 @@ The loop never inspects exceptions itself: `classify()` maps any exception to an
 from __future__ import annotations
 
 import enum
+import sys
+from collections.abc import Callable
 from typing import Any
 
 # MongoDB server error codes the relay treats specially, with their names.
@@ -141,6 +143,18 @@ class SchemaRegistryUnavailableError(TransientError):
 class SchemaRegistryRefusedError(StopError):
     """Raised when the Schema Registry refuses a writer schema (incompatible, unregistered,
     unauthorized); names the subject and the schema."""
+
+
+def run_command(prog: str, command: Callable[[], int]) -> int:
+    """Run a command, turning the relay's errors into their exit codes with a one-line message
+    on stderr (no traceback), and Ctrl-C into 130."""
+    try:
+        return command()
+    except RelayError as exc:
+        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
 
 
 def classify(exc: BaseException) -> Action:

@@ -8,12 +8,11 @@ module imports no pyspark, so `outbox-relay pipeline --help` works without the `
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from relay.config import Settings
-from relay.errors import ConfigError, RelayError
+from relay.errors import ConfigError, run_command
 
 
 @dataclass(frozen=True)
@@ -76,13 +75,7 @@ def load(args: argparse.Namespace) -> Settings:
 
 def run_job(job: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
     """Run a job's `main`, turning the relay's errors into their exit codes with a message."""
-    try:
-        return job(argv)
-    except RelayError as exc:
-        print(f"outbox-relay pipeline: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
+    return run_command("outbox-relay pipeline", lambda: job(argv))
 
 
 def main(job: str, argv: Sequence[str]) -> int:
