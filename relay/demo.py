@@ -72,7 +72,7 @@ def _json_text(payload: Any) -> str:
 
 def _printer(registry: SchemaRegistry, settings: Settings, topic: str, want: int | None,
              stop: threading.Event) -> int:
-    consumer = Consumer({"bootstrap.servers": settings.kafka_bootstrap_servers,
+    consumer = Consumer({**settings.kafka_client_config(),
                          "group.id": f"outbox-demo-{uuid.uuid4().hex[:8]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})
     consumer.subscribe([topic])
@@ -118,7 +118,7 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     relay: Relay | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
-        AdminClient({"bootstrap.servers": settings.kafka_bootstrap_servers}).create_topics(
+        AdminClient(settings.kafka_client_config()).create_topics(
             [NewTopic(topic, 3, 1)])  # if it exists already, the returned error is ignored
         with MongoClient(settings.mongodb_uri) as client:
             db = client[settings.database]
