@@ -35,8 +35,8 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relay.errors import EXIT_DATA, ConfigError
@@ -69,6 +69,7 @@ class AuditConfig:
     until: dt.datetime
     sample: int = 20
     schemas_dir: str | None = None
+    kafka_client: Mapping[str, str] = field(default_factory=dict)  # `kafka.*` source options
 
 
 # ---- the two sides ---------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def kafka_messages(spark: SparkSession, cfg: AuditConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
     raw = (spark.read.format("kafka")
-           .options(**kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern))
+           .options(**kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client))
            .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
     decoded = decode_events(raw, writer_schemas(cfg.schemas_dir), strict=False)
     return decoded.select("id", "aggregateType", "aggregateId", "eventType", "occurredAt",
@@ -271,7 +272,8 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
         outbox_collection=settings.outbox_collection, fields=FieldNames.from_settings(settings),
         bootstrap_servers=settings.kafka_bootstrap_servers, topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
-        since=since, until=until, sample=args.sample, schemas_dir=spark_opts.schemas_dir)
+        since=since, until=until, sample=args.sample, schemas_dir=spark_opts.schemas_dir,
+        kafka_client=spark_opts.kafka)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,7 @@ message (strict, the default: a message is never skipped silently; add its schem
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from relay.encoding import HEADER_FENCING, SINGLE_OBJECT_MAGIC
@@ -45,9 +45,12 @@ def topic_pattern(template: str) -> str:
     return "".join(re.escape(p) if i % 2 == 0 else "[A-Za-z0-9._-]+" for i, p in enumerate(parts))
 
 
-def kafka_options(bootstrap_servers: str, topics: Sequence[str] | None, pattern: str | None) -> dict[str, str]:
-    """Kafka source options: the given topics, else the pattern; always with headers."""
-    options = {"kafka.bootstrap.servers": bootstrap_servers, "includeHeaders": "true"}
+def kafka_options(bootstrap_servers: str, topics: Sequence[str] | None, pattern: str | None,
+                  client: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Kafka source options: the given topics, else the pattern; always with headers; `client`
+    holds Java Kafka client properties (security, ...), passed as `kafka.<property>`."""
+    options = {f"kafka.{k}": v for k, v in (client or {}).items()}
+    options.update({"kafka.bootstrap.servers": bootstrap_servers, "includeHeaders": "true"})
     if topics:
         options["subscribe"] = ",".join(topics)
     elif pattern:

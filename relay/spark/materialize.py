@@ -36,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,7 @@ class MaterializeConfig:
     starting_offsets: str = "earliest"
     dedup_window: str | None = None
     schemas_dir: str | None = None
+    kafka_client: Mapping[str, str] = field(default_factory=dict)  # `kafka.*` source options
 
     @property
     def events_path(self) -> str:
@@ -106,7 +107,7 @@ def event_stream(spark: SparkSession, cfg: MaterializeConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
     reader = spark.readStream.format("kafka").options(
-        **kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern))
+        **kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client))
     reader = reader.option("startingOffsets", cfg.starting_offsets)
     if cfg.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(cfg.max_offsets_per_trigger))
@@ -332,7 +333,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, Spark
         checkpoint=args.checkpoint or f"{args.output.rstrip('/')}/_checkpoints",
         view=view, once=args.once, interval_s=args.interval,
         max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
-        dedup_window=args.dedup_window, schemas_dir=spark_opts.schemas_dir,
+        dedup_window=args.dedup_window, schemas_dir=spark_opts.schemas_dir, kafka_client=spark_opts.kafka,
     )
     return cfg, spark_opts, settings
 

@@ -25,6 +25,7 @@ class SparkOptions:
     topics: tuple[str, ...]
     topic_pattern: str | None
     schemas_dir: str | None
+    kafka: dict[str, str]  # Java Kafka client properties for the source (`--kafka-option`)
 
 
 def spark_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,19 +43,28 @@ def spark_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--topic-pattern", default=None, help="Java regex of topics to read instead")
     group.add_argument("--schemas", dest="schemas_dir", default=None,
                        help="folder of writer schemas (.avsc; default: the bundled schemas/)")
+    group.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="a Java Kafka client property for the Kafka source (e.g. "
+                            "security.protocol=SASL_SSL, sasl.jaas.config=...), repeatable")
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    """`KEY=VALUE` arguments of a repeatable flag, as a dict; a malformed one names the flag."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(flag, f"expected KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value
+    return pairs
 
 
 def spark_options(args: argparse.Namespace) -> SparkOptions:
-    conf: dict[str, str] = {}
-    for item in args.spark_conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError("--spark-conf", f"expected KEY=VALUE, got {item!r}")
-        conf[key.strip()] = value
     if args.shuffle_partitions < 1:
         raise ConfigError("--shuffle-partitions", "must be at least 1")
     topics = tuple(t.strip() for t in (args.topics or "").split(",") if t.strip())
-    return SparkOptions(args.master, args.shuffle_partitions, conf, topics, args.topic_pattern, args.schemas_dir)
+    return SparkOptions(args.master, args.shuffle_partitions, _pairs(args.spark_conf, "--spark-conf"), topics,
+                        args.topic_pattern, args.schemas_dir, _pairs(args.kafka_option, "--kafka-option"))
 
 
 def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
