@@ -192,7 +192,9 @@ def write_events(db: Database[Any], collection: str, total: int, writers: int = 
                 if pause is not None:
                     pause()
 
-    threads = [threading.Thread(target=writer, args=(i, c)) for i, c in enumerate(per_writer)]
+    # Daemon threads: a failed test must not keep the suite alive while its writers retry
+    # (with_transaction retries for up to 120 s against a stopped server).
+    threads = [threading.Thread(target=writer, args=(i, c), daemon=True) for i, c in enumerate(per_writer)]
     for t in threads:
         t.start()
     for t in threads:
@@ -401,7 +403,7 @@ def background_writes(env: Any, written: Written, total: int, writers: int = 2, 
     """Start writers committing `total` events in transactions, paced by `pause` per transaction."""
     thread = threading.Thread(target=write_events, kwargs=dict(
         db=env.db, collection=env.settings.outbox_collection, total=total, writers=writers,
-        max_per_txn=max_per_txn, written=written, pause=lambda: time.sleep(pause)))
+        max_per_txn=max_per_txn, written=written, pause=lambda: time.sleep(pause)), daemon=True)
     thread.start()
     return thread
 
