@@ -113,7 +113,7 @@ class ManagedProcess:
     def alive(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        return self.pid is not None and _pid_alive(self.pid)
+        return self.pid is not None and pid_alive(self.pid)
 
     def signal(self, sig: int) -> None:
         if self.pid is not None and self.alive:
@@ -161,7 +161,8 @@ class ManagedProcess:
             return ""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -474,7 +475,7 @@ def dev_status() -> dict[str, Any]:
         return {"running": False}
     state = json.loads(path.read_text())
     pids = [*state["mongodb"]["pids"], state["kafka"]["pid"]]
-    return {"running": all(pid and _pid_alive(pid) for pid in pids), **state}
+    return {"running": all(pid and pid_alive(pid) for pid in pids), **state}
 
 
 def dev_down() -> dict[str, Any]:
@@ -487,7 +488,7 @@ def dev_down() -> dict[str, Any]:
     stopped = []
     for name, pid in [("kafka", state["kafka"]["pid"]),
                       *[(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]]:
-        if pid and _pid_alive(pid) and _is_ours(pid):
+        if pid and pid_alive(pid) and _is_ours(pid):
             proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
             proc.stop()
             stopped.append(name)

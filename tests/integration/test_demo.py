@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from relay.devstack import pid_alive
 from tests.support import ROOT, settings_env, wait_until
 
 EVENT_LINE = re.compile(r"^\S+\[\d+\]@\d+ (\S+) +(\S+) +id=(\S+) fencing=(\d+) payload=(\{.*\})$")
@@ -41,14 +42,6 @@ def _descendants(pid: int) -> set[int]:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_demo_on_given_servers_stops_after_n_events_with_every_one_delivered(env, tmp_path):
@@ -88,13 +81,13 @@ def test_demo_starts_its_own_stack_and_ctrl_c_stops_everything_it_started(tmp_pa
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=120) == 0, err.read_text()
         # The demo stops its servers and reaps them before it exits: nothing may be left now.
-        left = [pid for pid in started if _running(pid)]
+        left = [pid for pid in started if pid_alive(pid)]
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
         for pid in started:  # clean up after a failure only: what the demo left, by pid
-            if _running(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert not left, f"processes the demo started and left running: {left}"
     assert not Path(stack_dir[1]).exists(), "the demo's temporary folder is removed"

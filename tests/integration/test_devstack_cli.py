@@ -13,7 +13,7 @@ from typing import Any
 import pymongo
 from confluent_kafka.admin import AdminClient
 
-from relay.devstack import KAFKA_VERSION, _pid_alive, cache_dir
+from relay.devstack import KAFKA_VERSION, pid_alive, cache_dir
 from tests.support import ROOT
 
 
@@ -55,7 +55,7 @@ def test_dev_stack_comes_back_after_down_and_after_a_crash(tmp_path):
 
         down = _dev(cache, "down")
         assert sorted(down["stopped"]) == ["kafka", "mongod0"]
-        assert not any(_pid_alive(pid) for pid in _pids(first))
+        assert not any(pid_alive(pid) for pid in _pids(first))
         assert not (cache / "devstack").exists(), "down deletes the stack's data"
 
         second = _dev(cache, "up")  # new ports: must not trip over the earlier replica set's config
@@ -73,5 +73,5 @@ def test_dev_stack_comes_back_after_down_and_after_a_crash(tmp_path):
         if (cache / "devstack.json").exists():
             _dev(cache, "down")
         for pid in started:  # only what this test started, by pid, if `down` could not stop it
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
