@@ -10,14 +10,19 @@ delivered never skips an undelivered event.
 Start point with no checkpoint (blog post, "Bootstrapping the change listener"): the oldest
 oplog entry (`oplog-start`), an operator-given time, or `now` (then the relay stores the
 opening token at once, so a crash cannot skip the events written meanwhile).
+
+History lost with RELAY_ON_HISTORY_LOST=rescan (`ChangeSource.rescan`, see relay.rescan): the
+stream opens at "now", every outbox document is served as a batch without a token, then an empty
+batch carries the opening token, then the stream continues.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +34,9 @@ from pymongo.change_stream import ChangeStream
 from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
-from relay.errors import StreamInvalidatedError, translate_mongo
+from relay.errors import (
+    HistoryLostError, PipelineMismatchError, StreamInvalidatedError, TransientError, translate_mongo,
+)
 
 # Inserts are the events; the other types end the stream and must not pass unseen. The
 # projection keeps only what the relay reads (the resume token `_id` always stays), which
@@ -44,7 +51,6 @@ PIPELINE: list[dict[str, Any]] = [
 # decode as DatetimeMS instead of failing the whole batch (see relay.encoding).
 CHANGE_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
                             datetime_conversion=DatetimeConversion.DATETIME_AUTO)
-DECODE_CODEC = CHANGE_CODEC
 
 
 def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], delivered: bool = False) -> dict[str, Any]:
@@ -88,10 +94,11 @@ def oplog_start(client: MongoClient[Any]) -> Timestamp:
 
 @dataclass(frozen=True)
 class StartPoint:
-    """Where to open the stream: after a stored token, at a time, or now."""
+    """Where to open the stream: after a stored token, at a time, at the oplog's start, or now."""
 
     resume_after: Mapping[str, Any] | None = None
     at_time: Timestamp | None = None
+    oplog_start: bool = False
 
     @property
     def description(self) -> str:
@@ -99,16 +106,49 @@ class StartPoint:
             return f"after checkpoint {short_token(self.resume_after)}"
         if self.at_time is not None:
             return f"at cluster time {self.at_time.time}.{self.at_time.inc}"
-        return "now"
+        return "at the oldest oplog entry" if self.oplog_start else "now"
+
+
+def start_point(token: Mapping[str, Any] | None, stored_fingerprint: str | None, fingerprint: str,
+                start_at: str, start_at_time: dt.datetime | None) -> StartPoint:
+    """Where a leader opens the stream: after the stored token, else where RELAY_START_AT says.
+
+    Raises PipelineMismatchError when the stored token was made by another pipeline: resuming
+    with it could skip or repeat events.
+    """
+    if token is not None:
+        if stored_fingerprint not in (None, fingerprint):
+            raise PipelineMismatchError(
+                f"the stored checkpoint was made by a different change stream pipeline "
+                f"(fingerprint {stored_fingerprint}, now {fingerprint}); resuming could skip or "
+                "repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) and set "
+                "RELAY_START_AT to continue")
+        return StartPoint(resume_after=token)
+    if start_at == "now":
+        return StartPoint()
+    if start_at_time is not None:
+        return StartPoint(at_time=Timestamp(int(start_at_time.timestamp()), 0))
+    return StartPoint(oplog_start=True)
 
 
 @dataclass
 class Batch:
-    """Changes in stream order, and the token that covers exactly them and all before."""
+    """Changes in stream order, and the token that covers exactly them and all before.
 
-    changes: list[dict[str, Any]] = field(default_factory=list)
+    `token` is None for a batch of rescanned documents: they have no position in the stream,
+    so storing nothing for them is right (a crash rescans again).
+    """
+
+    changes: list[Any] = field(default_factory=list)
     token: Mapping[str, Any] | None = None
     resumed: bool = False  # the driver resumed the stream (a resumable error) while reading it
+
+    def token_after(self, count: int) -> Mapping[str, Any] | None:
+        """The token covering the first `count` changes: the last one's own resume token (its
+        `_id`), or the batch's token when `count` covers the whole batch."""
+        if count >= len(self.changes) or self.token is None:
+            return self.token
+        return self.changes[count - 1]["_id"] if count > 0 else None
 
 
 def _ends_server_batch(stream: ChangeStream[Any]) -> bool:
@@ -118,32 +158,48 @@ def _ends_server_batch(stream: ChangeStream[Any]) -> bool:
 
 
 class ChangeSource:
-    """Reads the outbox collection's change stream in batches."""
+    """Reads the outbox collection's change stream in batches (relay.boundaries.ChangeSource)."""
 
-    def __init__(self, collection: Collection[Any], max_await_ms: int, server_batch_size: int) -> None:
+    def __init__(self, collection: Collection[Any], max_await_ms: int, server_batch_size: int,
+                 occurred_at_field: str = "occurredAt") -> None:
         self._collection = collection.with_options(codec_options=CHANGE_CODEC)
         self._max_await_ms = max_await_ms
         self._server_batch_size = server_batch_size
+        self._occurred_at_field = occurred_at_field
         self._stream: ChangeStream[Any] | None = None
-        self._unread: Batch | None = None
+        self._scan: Iterator[dict[str, Any]] | None = None
 
     def open(self, start: StartPoint) -> None:
+        """Open the stream at `start`; raises HistoryLostError when that point left the oplog."""
+        at_time = start.at_time
+        if start.oplog_start:
+            at_time = oplog_start(self._collection.database.client)
         try:
             self._stream = self._collection.watch(
-                PIPELINE, resume_after=start.resume_after, start_at_operation_time=start.at_time,
+                PIPELINE, resume_after=start.resume_after, start_at_operation_time=at_time,
                 max_await_time_ms=self._max_await_ms, batch_size=self._server_batch_size,
             )
         except PyMongoError as exc:
-            raise translate_mongo(exc) from exc
+            error = translate_mongo(exc)
+            if isinstance(error, HistoryLostError) and start.oplog_start:
+                # The oldest entry was truncated between reading and opening: try again.
+                raise TransientError("the oplog rolled over while opening at its start") from exc
+            raise error from exc
+
+    def rescan(self) -> None:
+        """Open at "now", then serve every outbox document (relay.rescan), then the opening token."""
+        from relay.rescan import rescan_changes
+
+        self.close()
+        self.open(StartPoint())
+        if self.token is None:
+            raise TransientError("no opening token for the stream before the rescan; retrying")
+        self._scan = rescan_changes(self._collection, self._occurred_at_field, self._server_batch_size)
 
     @property
     def token(self) -> Mapping[str, Any] | None:
         """The stream's current token (the opening post-batch token right after `open`)."""
         return self._stream.resume_token if self._stream is not None else None
-
-    def unread(self, changes: list[dict[str, Any]], token: Mapping[str, Any] | None) -> None:
-        """Give back the tail of a batch (`token` is the batch's): the next call returns it first."""
-        self._unread = Batch(changes, token)
 
     def next_batch(self, max_events: int) -> Batch:
         """Return the changes available now, up to `max_events`, with the token after them.
@@ -154,12 +210,8 @@ class ChangeSource:
         server error when the driver's single resume attempt fails.
         """
         assert self._stream is not None, "open() first"
-        if self._unread is not None:
-            given, self._unread = self._unread, None
-            if len(given.changes) > max_events:
-                self.unread(given.changes[max_events:], given.token)
-                return Batch(given.changes[:max_events], given.changes[max_events - 1]["_id"])
-            return given
+        if self._scan is not None:
+            return self._next_scanned(max_events)
         stream = self._stream
         batch = Batch()
         cursor = stream._cursor  # noqa: SLF001 - the driver swaps it when it resumes
@@ -182,8 +234,19 @@ class ChangeSource:
         batch.resumed = stream._cursor is not cursor  # noqa: SLF001
         return batch
 
+    def _next_scanned(self, max_events: int) -> Batch:
+        assert self._scan is not None
+        try:
+            changes = list(itertools.islice(self._scan, max_events))
+        except PyMongoError as exc:
+            raise translate_mongo(exc) from exc
+        if changes:
+            return Batch(changes, None)
+        self._scan = None
+        return Batch([], self.token)  # the scan is done: the opening token covers it
+
     def close(self) -> None:
-        self._unread = None
+        self._scan = None
         if self._stream is not None:
             try:
                 self._stream.close()

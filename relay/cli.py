@@ -24,24 +24,8 @@ from relay.errors import EXIT_CONFIG, EXIT_FATAL, ConfigError, run_command
 log = logging.getLogger("relay")
 
 
-def settings_parser() -> argparse.ArgumentParser:
-    """Flags for every setting (same names as RELAY_* variables), shared by the commands."""
-    parent = argparse.ArgumentParser(add_help=False)
-    group = parent.add_argument_group("settings (each also RELAY_<NAME>)")
-    for f in dataclasses.fields(cfg.Settings):
-        if f.metadata.get("internal"):
-            continue
-        group.add_argument(cfg.flag_name(f.name), dest=f.name, default=None, metavar="V",
-                           help=f"{f.metadata['help']} [{cfg.env_name(f.name)}]")
-    group.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
-                       help="a Kafka producer property, e.g. compression.type=zstd [RELAY_KAFKA_*]")
-    group.add_argument("--config", dest="config_file", default=None, metavar="FILE",
-                       help="TOML file with settings [RELAY_CONFIG_FILE]")
-    return parent
-
-
 def _parser() -> argparse.ArgumentParser:
-    settings = settings_parser()
+    settings = cfg.settings_parser()
     p = argparse.ArgumentParser(prog="outbox-relay", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
@@ -58,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="expire outbox documents after this long (only if the relay keeps up)")
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
+    checkpoint.add_argument("--force", action="store_true",
+                            help="reset even while a leader holds the lease, fencing it out")
     pipeline = sub.add_parser("pipeline", help="Spark jobs over the topics: materialize, audit (spark extra)",
                               add_help=False)
     pipeline.add_argument("job", choices=["materialize", "audit"])
@@ -81,25 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_settings(args: argparse.Namespace) -> cfg.Settings:
-    names = {f.name for f in dataclasses.fields(cfg.Settings)}
-    flags = {k: v for k, v in vars(args).items() if k in names}
-    kafka: dict[str, str] = {}
-    for item in args.kafka_property:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError("--kafka-property", f"expected KEY=VALUE, got {item!r}")
-        kafka[key.strip()] = value
-    return cfg.Settings.load(flags=flags, kafka_flags=kafka, config_file=args.config_file)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     return run_command("outbox-relay", lambda: _dispatch(args))
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from relay.observe import setup_logging
+    from relay.logs import setup_logging
 
     if args.command == "dev":
         return _dev(args.action)
@@ -111,7 +85,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from relay.schemas_check import run as check_schemas
 
         return check_schemas(args.dir, args.baseline, args.git_ref, args.keep_history)
-    settings = load_settings(args)
+    settings = cfg.load_settings(args)
     setup_logging(settings.log_level, settings.log_format)
     if args.command == "run":
         return _run(settings)
@@ -129,8 +103,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, interrupt)
         return run_demo(settings, events=args.events, rate=args.rate)
     if args.command == "outbox":
+        from relay.connections import check_mongodb, mongo_client
         from relay.outbox import FieldNames, Outbox
-        from relay.relay import check_mongodb, mongo_client
 
         with mongo_client(settings) as client:
             check_mongodb(client, settings)
@@ -146,18 +120,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "checkpoint":
         from relay.status import reset_checkpoint
 
-        print(reset_checkpoint(settings))
+        print(reset_checkpoint(settings, force=args.force))
         return 0
     return EXIT_FATAL
 
 
 def _run(settings: cfg.Settings) -> int:
     from relay.observe import Observer
-    from relay.relay import Relay
+    from relay.wiring import build_relay
 
     observer = Observer(settings)
-    relay = Relay(settings, observer)
     server = observer.serve()
+    relay = build_relay(settings, observer)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: finishing the batch in flight, then stopping", signum)
@@ -194,4 +168,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["main", "load_settings", "EXIT_CONFIG"]
+__all__ = ["main", "EXIT_CONFIG"]

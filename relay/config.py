@@ -6,23 +6,25 @@ Kafka client properties pass through: `RELAY_KAFKA_COMPRESSION_TYPE=zstd` sets
 `compression.type`; so do `--kafka-property compression.type=zstd` and a `[kafka]` table in
 the TOML file. `Settings.load()` validates everything once; any problem raises `ConfigError`
 naming the setting. The README's configuration table is generated from `SETTINGS_DOC` and a
-test checks the two agree.
+test checks the two agree. `settings_parser()` gives every command (and the Spark jobs) the
+same flags, and `load_settings()` turns parsed flags into Settings.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as dt
 import os
-import re
 import socket
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from relay.errors import ConfigError
+from relay.message import valid_topic
 
 ENV_PREFIX = "RELAY_"
 KAFKA_ENV_PREFIX = "RELAY_KAFKA_"
@@ -47,7 +49,12 @@ PRODUCER_ONLY_KAFKA = frozenset({
     "enable.gapless.guarantee",
 })
 _TOPIC_FIELDS = ("aggregateType", "eventType")
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# The allowed values of the settings that take one of a few words.
+LOG_FORMATS = ("auto", "json", "text")
+SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
+POISON_POLICIES = ("stop", "dead-letter")
+HISTORY_LOST_POLICIES = ("stop", "rescan")
+LEASE_LOST_POLICIES = ("standby", "exit")
 
 
 def _default_instance_id() -> str:
@@ -213,19 +220,17 @@ class Settings:
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(env_name("topic_template"),
                               f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}") from None
-        for name, allowed in (("on_poison", ("stop", "dead-letter")), ("on_history_lost", ("stop", "rescan")),
-                              ("on_lease_lost", ("standby", "exit"))):
+        for name, allowed in (("on_poison", POISON_POLICIES), ("on_history_lost", HISTORY_LOST_POLICIES),
+                              ("on_lease_lost", LEASE_LOST_POLICIES), ("log_format", LOG_FORMATS),
+                              ("schema_registry_subject_strategy", SUBJECT_STRATEGIES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(env_name(name), f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        if not _TOPIC_RE.match(self.dead_letter_topic):
+        if not valid_topic(self.dead_letter_topic):
             raise ConfigError(env_name("dead_letter_topic"), f"not a valid Kafka topic name: {self.dead_letter_topic!r}")
         for url in filter(None, (u.strip() for u in self.schema_registry_url.split(","))):
             if not url.startswith(("http://", "https://", "mock://")):
                 raise ConfigError(env_name("schema_registry_url"),
                                   f"must be http://, https:// (or mock:// in tests) URLs, got {url!r}")
-        if self.schema_registry_subject_strategy not in ("topic", "record", "topic-record"):
-            raise ConfigError(env_name("schema_registry_subject_strategy"),
-                              f"must be topic, record or topic-record, got {self.schema_registry_subject_strategy!r}")
         if self.schema_registry_auto_register.lower() not in ("true", "false"):
             raise ConfigError(env_name("schema_registry_auto_register"),
                               f"must be true or false, got {self.schema_registry_auto_register!r}")
@@ -233,8 +238,6 @@ class Settings:
             raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(env_name("log_level"), f"unknown level {self.log_level!r}")
-        if self.log_format not in ("auto", "json", "text"):
-            raise ConfigError(env_name("log_format"), f"must be auto, json or text, got {self.log_format!r}")
         for key, forced in FORCED_KAFKA.items():
             given = self.kafka.get(key)
             if given is not None and given.lower() not in _EQUIVALENT[key]:
@@ -306,6 +309,40 @@ def _read_toml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
             raise ConfigError(f"{path}: {key}", "unknown setting")
         values[key] = (value, f"{path}: {key}")
     return values, kafka
+
+
+def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    """`KEY=VALUE` arguments of a repeatable flag, as a dict; a malformed one names the flag."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(flag, f"expected KEY=VALUE, got {item!r}")
+        pairs[key.strip()] = value
+    return pairs
+
+
+def settings_parser() -> argparse.ArgumentParser:
+    """Flags for every setting (same names as RELAY_* variables), shared by the commands and the
+    Spark jobs (a parent parser: `argparse.ArgumentParser(parents=[settings_parser()])`)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("settings (each also RELAY_<NAME>)")
+    for f in _public_fields():
+        group.add_argument(flag_name(f.name), dest=f.name, default=None, metavar="V",
+                           help=f"{f.metadata['help']} [{env_name(f.name)}]")
+    group.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
+                       help="a Kafka producer property, e.g. compression.type=zstd [RELAY_KAFKA_*]")
+    group.add_argument("--config", dest="config_file", default=None, metavar="FILE",
+                       help="TOML file with settings [RELAY_CONFIG_FILE]")
+    return parent
+
+
+def load_settings(args: argparse.Namespace) -> Settings:
+    """Settings from defaults, file, environment and the flags of `settings_parser()` (validated)."""
+    names = {f.name for f in _public_fields()}
+    flags = {k: v for k, v in vars(args).items() if k in names}
+    kafka = parse_pairs(args.kafka_property, "--kafka-property")
+    return Settings.load(flags=flags, kafka_flags=kafka, config_file=args.config_file)
 
 
 # The README's configuration table is generated from this list (see tests/unit/test_config.py).

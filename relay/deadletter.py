@@ -18,7 +18,7 @@ from bson import json_util
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
 from relay.config import Settings
-from relay.encoding import OutgoingMessage
+from relay.message import HEADER_FENCING, OutgoingMessage
 from relay.outbox import event_id_of
 
 HEADER_REASON = "relay_dead_letter_reason"
@@ -37,7 +37,7 @@ def dead_letter_message(change: Mapping[str, Any], reason: str, fencing_token: i
     headers = [
         ("ce_id", event_id.encode()),
         (HEADER_REASON, reason.encode()[:2000]),
-        ("relay_fencing_token", str(fencing_token).encode()),
+        (HEADER_FENCING, str(fencing_token).encode()),
         ("relay_outbox", settings.namespace.encode()),
         ("content-type", b"application/json"),
     ]

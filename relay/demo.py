@@ -25,7 +25,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from relay.config import Settings
-from relay.encoding import SchemaRegistry
+from relay.encoding import SchemaFolder
 from relay.outbox import FieldNames, Outbox, OutboxEvent
 from relay.tail import to_json
 
@@ -70,7 +70,7 @@ def _json_text(payload: Any) -> str:
     return payload if isinstance(payload, str) else json.dumps(to_json(payload))
 
 
-def _printer(registry: SchemaRegistry, settings: Settings, topic: str, want: int | None,
+def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int | None,
              stop: threading.Event) -> int:
     consumer = Consumer({**settings.kafka_client_config(),
                          "group.id": f"outbox-demo-{uuid.uuid4().hex[:8]}",
@@ -103,6 +103,7 @@ def _printer(registry: SchemaRegistry, settings: Settings, topic: str, want: int
 def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     from relay.devstack import LocalStack
     from relay.relay import Relay
+    from relay.wiring import build_relay
 
     stack: LocalStack | None = None
     if not (os.environ.get("RELAY_MONGODB_URI") or os.environ.get("RELAY_KAFKA_BOOTSTRAP_SERVERS")):
@@ -124,13 +125,13 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
             db = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
             service = DemoService(db, settings.outbox_collection, FieldNames.from_settings(settings))
-            relay = Relay(settings.replace(http_port=0))
+            relay = build_relay(settings.replace(http_port=0))
             threads = [threading.Thread(target=relay.run, name="relay", daemon=True),
                        threading.Thread(target=service.run, args=(stop, rate, events), name="service",
                                         daemon=True)]
             for t in threads:
                 t.start()
-            got = _printer(SchemaRegistry.bundled(), settings, topic, events, stop)
+            got = _printer(SchemaFolder.bundled(), settings, topic, events, stop)
             print(f"\ndemo: {service.written} events written in transactions, {got} delivered and "
                   "decoded", file=sys.stderr)
             print(json.dumps({"written": service.written, "delivered": got}))

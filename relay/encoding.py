@@ -19,7 +19,6 @@ import datetime as dt
 import functools
 import io
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -36,14 +35,14 @@ from relay.avro_types import PayloadMapper, UnmappableValueError
 from relay.changes import token_cluster_time
 from relay.config import Settings
 from relay.contract import ENVELOPE, PAYLOAD_FIELD, SchemaError, SchemaFile, contract_of, load_folder, parse_file
+from relay.deadletter import dead_letter_message
 from relay.errors import PoisonEventError
 from relay.framing import SINGLE_OBJECT_MAGIC, Framing, framing_for
+from relay.message import HEADER_FENCING, OutgoingMessage, valid_topic
 from relay.outbox import FieldNames, MalformedEventError, event_id_of, parse
 
-HEADER_FENCING = "relay_fencing_token"
 CONTENT_TYPE = b"application/avro"
 _RESERVED_HEADERS = ("ce_", "content-type", "relay_")
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 # Bytes Kafka adds around key, value and headers in a record batch; kept generous.
 _RECORD_OVERHEAD = 512
 # Dates outside years 1-9999 decode as DatetimeMS instead of failing the whole document: the
@@ -52,7 +51,7 @@ PAYLOAD_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
                              datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
 __all__ = ["ENVELOPE", "HEADER_FENCING", "SINGLE_OBJECT_MAGIC", "MessageBuilder", "OutgoingMessage",
-           "SchemaRegistry"]
+           "SchemaFolder", "SchemaRegistry"]
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,12 @@ class WriterSchema:
     mapper: PayloadMapper | None
 
 
-class SchemaRegistry:
+class SchemaFolder:
     """The writer schemas of a schema folder, by full name, by fingerprint and by event type.
+
+    This is the local folder (`schemas/`), not a Schema Registry server: for that, see
+    `relay.framing` and confluent-kafka's `SchemaRegistryClient`. (Until 0.2 this class was
+    called `SchemaRegistry`; that name stays as an alias for one release.)
 
     Construction checks the folder against the contract (`relay.contract`) and raises
     SchemaError naming the file that breaks it, so a bad schema stops the relay at start.
@@ -81,7 +84,7 @@ class SchemaRegistry:
         self._rebuild(load_folder(folder))
 
     @classmethod
-    def bundled(cls) -> SchemaRegistry:
+    def bundled(cls) -> SchemaFolder:
         """The schemas shipped with the package (the repository's `schemas/` folder)."""
         return cls(resources.files("relay_schemas"))
 
@@ -161,16 +164,8 @@ class SchemaRegistry:
         return schema.name, record  # type: ignore[return-value]
 
 
-@dataclass(slots=True)
-class OutgoingMessage:
-    """One Kafka record, ready for the producer."""
-
-    event_id: str
-    topic: str
-    key: bytes
-    value: bytes
-    headers: list[tuple[str, bytes]]
-
+# The old name of SchemaFolder, kept for one release (0.1 -> 0.2); it never meant a Schema Registry.
+SchemaRegistry = SchemaFolder
 
 _JSON_DEFAULT = functools.partial(json_util.default, json_options=RELAXED_JSON_OPTIONS)
 
@@ -217,7 +212,7 @@ class MessageBuilder:
     `framing` defaults to the one the settings select (`relay.framing.framing_for`).
     """
 
-    def __init__(self, settings: Settings, registry: SchemaRegistry, framing: Framing | None = None) -> None:
+    def __init__(self, settings: Settings, registry: SchemaFolder, framing: Framing | None = None) -> None:
         self._fields = FieldNames.from_settings(settings)
         self._registry = registry
         self._framing = framing or framing_for(settings, registry)
@@ -226,6 +221,7 @@ class MessageBuilder:
         self._database = settings.database
         self._collection = settings.outbox_collection
         self._max_bytes = settings.max_message_bytes
+        self._settings = settings
 
     def build(self, change: Mapping[str, Any], fencing_token: int) -> OutgoingMessage:
         """The message for one insert change (decoded with changes.CHANGE_CODEC); raises
@@ -236,7 +232,7 @@ class MessageBuilder:
             event = parse(doc, self._fields)
             topic = event.topic or self._template.format(
                 aggregateType=event.aggregate_type, eventType=event.event_type)
-            if not _TOPIC_RE.match(topic) or topic in (".", ".."):
+            if not valid_topic(topic):
                 raise MalformedEventError(self._fields.topic if event.topic else self._fields.aggregate_type,
                                           f"gives an invalid Kafka topic name {topic!r}")
             headers = self._headers(event, fencing_token)
@@ -280,6 +276,10 @@ class MessageBuilder:
                 event_id, f"message of about {size} bytes exceeds message.max.bytes "
                           f"({self._max_bytes}, RELAY_KAFKA_MESSAGE_MAX_BYTES)")
         return OutgoingMessage(event_id, topic, key, value, headers)
+
+    def dead_letter(self, change: Mapping[str, Any], reason: str, fencing_token: int) -> OutgoingMessage:
+        """The dead-letter record that stands in for a poison event (relay.deadletter)."""
+        return dead_letter_message(change, reason, fencing_token, self._settings)
 
     def _headers(self, event: Any, fencing_token: int) -> list[tuple[str, bytes]]:
         headers = [

@@ -1,12 +1,17 @@
 """One error tree, the MongoDB error-code table, and the one classifier the loop consults.
 
-The loop never inspects exceptions itself: `classify()` maps any exception to an `Action`:
+The loop never inspects exceptions itself: `classify()` maps any exception to an `Action`, and
+the loop's outcome table (`relay.relay.Relay._outcome`) says what each action does:
 - RESTART: drop the producer and the change stream, back off, reopen from the stored
-  checkpoint (delivery errors, fatal producer errors, lost connections, non-resumable
-  getMore errors that a fresh cursor may not hit again);
+  checkpoint (delivery errors, fatal producer errors, lost connections, elections);
+- REOPEN: the same, for a non-resumable change stream error a fresh cursor may not hit again;
+  if the same code repeats without progress the relay stops (RepeatedStreamError);
+- POISON: an event cannot be published (or the broker refused a record batch); the poison
+  policy (`relay.poison.PoisonPolicy`) decides: stop at the event, dead-letter it, or replay
+  the batch one message per request to find it;
 - STANDBY: the lease was lost; stop publishing and go back to standby;
-- STOP: an operator must act (bad configuration, poison event, history lost, invalidated
-  stream, pipeline changed); the relay exits with `exit_code`.
+- STOP: an operator must act (bad configuration, history lost, invalidated stream, pipeline
+  changed); the relay exits with the error's `exit_code`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ MONGO_ERROR_NAMES: dict[int, str] = {
     286: "ChangeStreamHistoryLost",
     11000: "DuplicateKey",
 }
+DUPLICATE_KEY = 11000  # an upsert lost a race on _id (relay.spark.state's conditional upserts)
 HISTORY_LOST_CODES = frozenset({286})
 # Server errors a later attempt can succeed after (elections, shutdowns, interruptions,
 # failed writes that the failCommand failpoint also injects).
@@ -41,6 +47,8 @@ EXIT_DATA = 4
 
 class Action(enum.Enum):
     RESTART = "restart"
+    REOPEN = "reopen"
+    POISON = "poison"
     STANDBY = "standby"
     STOP = "stop"
 
@@ -49,6 +57,9 @@ class RelayError(Exception):
     """Base of every error the relay raises on purpose."""
 
     exit_code = EXIT_FATAL
+    # Set once the error was written to the relay's log as its stop line, so the command line
+    # does not print it a second time.
+    logged = False
 
 
 class ConfigError(RelayError):
@@ -88,6 +99,10 @@ class BatchRefusedError(TransientError):
     """Raised when the broker refused a record batch for good (e.g. too large for the topic):
     the batch is replayed one message per request to find the event responsible."""
 
+    def __init__(self, message: str, events: int) -> None:
+        super().__init__(message)
+        self.events = events  # how many events the refused batch held
+
 
 class ProducerFatalError(TransientError):
     """Raised when the producer instance is unusable (librdkafka fatal error)."""
@@ -99,6 +114,13 @@ class ReopenableStreamError(TransientError):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"change stream error {code} ({MONGO_ERROR_NAMES.get(code, '?')}): {message}")
         self.code = code
+
+
+class LeaseHeldError(RelayError):
+    """Raised when an operator action needs the lease to be free (e.g. `checkpoint reset`) and
+    another replica holds it; names the holder."""
+
+    exit_code = EXIT_CONFIG
 
 
 class LeaseLostError(RelayError):
@@ -151,7 +173,8 @@ def run_command(prog: str, command: Callable[[], int]) -> int:
     try:
         return command()
     except RelayError as exc:
-        print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if not exc.logged:
+            print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -165,6 +188,10 @@ def classify(exc: BaseException) -> Action:
 
     if isinstance(exc, LeaseLostError):
         return Action.STANDBY
+    if isinstance(exc, (PoisonEventError, BatchRefusedError)):
+        return Action.POISON
+    if isinstance(exc, ReopenableStreamError):
+        return Action.REOPEN
     if isinstance(exc, TransientError):
         return Action.RESTART
     if isinstance(exc, RelayError):

@@ -165,11 +165,27 @@ class LeaseStore:
         ]))
         return docs[0] if docs else None
 
-    def reset_checkpoint(self) -> None:
-        """Forget the stored token (operator action); the next start uses RELAY_START_AT."""
-        self._coll.update_one({"_id": self.lease_id},
-                              {"$unset": {"resumeToken": "", "tokenClusterTime": "",
-                                          "pipelineFingerprint": ""}})
+    def reset_checkpoint(self, force: bool = False) -> str | None:
+        """Forget the stored token (operator action); the next leader starts at RELAY_START_AT.
+
+        Only while no owner holds an unexpired lease (by the server's clock), in one conditional
+        write; returns the holder and changes nothing otherwise. With `force` the token is
+        forgotten anyway and the holder fenced out: the fencing token grows and the lease is
+        freed, so the holder's next fenced write fails. Returns the holder (None if none).
+        """
+        self._ensure_document()
+        forget = {"$unset": {"resumeToken": "", "tokenClusterTime": "", "pipelineFingerprint": ""}}
+        free = {"$expr": {"$or": [{"$eq": [{"$ifNull": ["$owner", None]}, None]},
+                                  {"$lte": ["$expiresAt", "$$NOW"]}]}}
+        if self._coll.update_one({"_id": self.lease_id, **free}, forget).matched_count:
+            return None
+        holder = (self._coll.find_one({"_id": self.lease_id}) or {}).get("owner")
+        if force:
+            self._coll.update_one({"_id": self.lease_id}, [
+                {"$unset": ["resumeToken", "tokenClusterTime", "pipelineFingerprint"]},
+                {"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW",
+                          "fencingToken": {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]}}}])
+        return str(holder) if holder is not None else None
 
 
 def _grant(doc: Mapping[str, Any]) -> Grant:

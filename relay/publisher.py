@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.config import Settings, kafka_env_name
-from relay.encoding import OutgoingMessage
 from relay.errors import (
     BatchRefusedError, ConfigError, DeliveryError, PoisonEventError, ProducerFatalError,
 )
+from relay.window import Delivery
 
 log = logging.getLogger(__name__)
 
@@ -30,54 +30,34 @@ _PERMANENT = {
     KafkaError.INVALID_RECORD: "rejected by the broker as an invalid record",
     KafkaError.TOPIC_EXCEPTION: "the topic name is invalid",
 }
-_WAIT_SLICE_S = 0.5
+_WAIT_SLICE_S = 0.5  # longest a blocked send waits before serving the lease heartbeat
 
 
-class InFlight:
-    """One batch handed to the producer: its token and how many reports are still due.
+def delivery_failure(delivery: Delivery) -> Exception:
+    """The error for the first failed report of `delivery`.
 
-    Its bound `on_delivery` is the delivery callback of every message of the batch, so
-    counting costs no per-message closure.
+    A permanent refusal (too large for the topic, invalid record) of a message sent alone names
+    its event (PoisonEventError); in a batch it may be any message of the broker's record batch,
+    so the batch is to be replayed one message per request (BatchRefusedError). Anything else is
+    a DeliveryError: drop the producer and replay from the checkpoint.
     """
-
-    __slots__ = ("messages", "token", "pending", "failure", "sent_at")
-
-    def __init__(self, messages: Sequence[OutgoingMessage], token: Any, sent_at: float) -> None:
-        self.messages = messages
-        self.token = token
-        self.pending = len(messages)
-        self.failure: tuple[bytes, KafkaError] | None = None
-        self.sent_at = sent_at
-
-    def on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        self.pending -= 1
-        if err is not None and self.failure is None:
-            self.failure = (msg.value() or b"", err)  # failed reports carry no headers
-
-    @property
-    def done(self) -> bool:
-        return self.pending == 0
-
-    def raise_failure(self, isolated: bool) -> None:
-        """Raise the error for the first failed delivery of this batch, if any."""
-        if self.failure is None:
-            return
-        value, err = self.failure
-        event_id = next((m.event_id for m in self.messages if m.value == value), "?")
-        if err.code() in _PERMANENT:
-            if isolated:
-                raise PoisonEventError(event_id, f"{_PERMANENT[err.code()]} ({err.name()})")
-            raise BatchRefusedError(f"the broker refused a record batch ({err.name()}: "
-                                    f"{_PERMANENT[err.code()]}); replaying it one message at a time")
-        raise DeliveryError(event_id, err)
+    assert delivery.failure is not None, "no failed report"
+    err = delivery.failure[1]
+    event_id = delivery.failed_event_id()
+    code = err.code()
+    if code in _PERMANENT:
+        if delivery.one_by_one:
+            return PoisonEventError(event_id, f"{_PERMANENT[code]} ({err.name()})")
+        return BatchRefusedError(f"the broker refused a record batch ({err.name()}: {_PERMANENT[code]}); "
+                                 "replaying it one message at a time", len(delivery.messages))
+    return DeliveryError(event_id, err)
 
 
 class Publisher:
-    """Publishes batches with one producer instance.
+    """One idempotent producer instance (relay.boundaries.Publisher).
 
-    `send()` hands a batch to the producer and returns its `InFlight`; `wait()` blocks until
-    every report of a batch is in and raises the batch's first failure. Reports arrive in
-    send order per partition; a batch is acknowledged when all its reports succeeded.
+    `send()` hands a delivery's messages to the producer with the delivery's bound callback;
+    `poll()` runs the callbacks that are due. Reports arrive in send order per partition.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -94,14 +74,12 @@ class Publisher:
         important = err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN
         log.log(logging.WARNING if important else logging.DEBUG, "kafka client: %s", err)
 
-    def send(self, messages: Sequence[OutgoingMessage], token: Any, now: float,
-             while_waiting: Callable[[], None]) -> InFlight:
+    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         """Hand every message to the producer (blocking only while its queue is full)."""
-        batch = InFlight(messages, token, now)
-        produce, on_delivery, poll = self._producer.produce, batch.on_delivery, self._producer.poll
+        produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._producer.poll
         current = "?"
         try:
-            for m in messages:
+            for m in delivery.messages:
                 current = m.event_id
                 while True:
                     try:
@@ -113,32 +91,16 @@ class Publisher:
             poll(0)
         except KafkaException as exc:
             raise _produce_error(exc, current) from exc
-        return batch
 
-    def serve(self, timeout: float = 0) -> None:
+    def poll(self, timeout: float) -> None:
         """Run delivery callbacks that are due (waiting up to `timeout` for one)."""
         try:
             self._producer.poll(timeout)
         except KafkaException as exc:
             raise _produce_error(exc, "?") from exc
 
-    def wait(self, batch: InFlight, while_waiting: Callable[[], None], isolated: bool = False) -> None:
-        """Block until every report of `batch` is in; raise its first failure."""
-        while not batch.done:
-            self.serve(_WAIT_SLICE_S)
-            while_waiting()
-        batch.raise_failure(isolated)
-
-    def publish(self, messages: Sequence[OutgoingMessage], while_waiting: Callable[[], None],
-                one_by_one: bool = False) -> None:
-        """Send and wait: return only once the broker acknowledged every message.
-
-        With `one_by_one` each message is its own request, so a refused record batch names
-        its event (PoisonEventError) instead of raising BatchRefusedError.
-        """
-        groups = [[m] for m in messages] if one_by_one else [messages]
-        for group in groups:
-            self.wait(self.send(group, None, 0.0, while_waiting), while_waiting, isolated=one_by_one)
+    def failure(self, delivery: Delivery) -> Exception:
+        return delivery_failure(delivery)
 
     @property
     def queued(self) -> int:

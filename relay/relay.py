@@ -1,132 +1,123 @@
 """The relay loop: the only place that knows the order of steps.
 
-One step (`_step`):
-  1. read a batch of changes and the token that covers exactly them (changes.ChangeSource);
-  2. build each Kafka message (encoding.MessageBuilder); a bad event stops the relay naming it;
-  3. hand them to the producer (publisher.Publisher.send); up to RELAY_PIPELINE_DEPTH batches
-     are in flight at once, so reading and encoding overlap with delivery, holding together at
-     most RELAY_BATCH_MAX_EVENTS events (each read takes a slice of that);
-  4. `_settle`: store, with a fenced majority write (lease.LeaseStore.commit), the token of the
-     newest batch that Kafka acknowledged completely, along with every batch before it.
-A token is stored only once every event before it was acknowledged (guarantee 1); a failed
-report discards everything in flight and restarts from the stored token. An idle step first
-settles everything in flight, then stores the post-batch token at most every heartbeat
-interval (guarantee 7).
+One step (`_step`), while holding the lease:
+  1. read a batch of changes and the token that covers exactly them (boundaries.ChangeSource);
+  2. build each Kafka message (encoding.MessageBuilder); a poison event is dead-lettered in
+     place, or (stop policy) ends the batch before it;
+  3. hand them to the producer (boundaries.Publisher) in deliveries of at most
+     RELAY_BATCH_MAX_BYTES; up to RELAY_PIPELINE_DEPTH deliveries are in flight, holding
+     together at most RELAY_BATCH_MAX_EVENTS events (window.Window);
+  4. `_settle`: store, with a fenced majority write (boundaries.LeaseStore.commit), the token of
+     the newest delivery that Kafka acknowledged along with every delivery before it.
+An idle step first settles everything in flight, then stores the post-batch token at most every
+heartbeat interval (guarantee 7).
 
-Around the steps: take the lease (standby until it is free), open the stream at the
-checkpoint, and on a transient error drop the producer and the stream and start again from
-the checkpoint, with exponential backoff (tenacity) while no progress is made.
+`turn()` is one pass of the loop: a standby tries to take the lease; a new leader opens the
+stream at the checkpoint; a leader takes one step. An exception ends the pass and goes through
+the outcome table (`_outcome`), keyed by the one classifier, `errors.classify`:
 
-Shutdown order, on `stop()`: finish the batch in flight (delivery reports, checkpoint); stop
-reading; close the change stream; drop the producer (it holds nothing undelivered); release
-the lease so a standby takes over at once; close the MongoDB client.
+| action  | what the loop does |
+| ------- | ------------------ |
+| RESTART | drop the stream and the producer, wait (exponential backoff while no progress is made), reopen from the checkpoint |
+| REOPEN  | the same, unless the same code repeats without progress: then stop (RepeatedStreamError) |
+| POISON  | the poison policy decides: STOP at the event (what precedes it is already stored), DEAD_LETTER it on the replay, or ISOLATE the refused batch (replay it one message per request); both replays start at once |
+| STANDBY | drop the stream and the producer (never release a lease that is not ours), poll as a standby; with RELAY_ON_LEASE_LOST=exit, stop |
+| STOP    | raise: `run()` writes the stop line and shuts down |
+
+Shutdown order, on `stop()`: finish the deliveries in flight and store their checkpoint; close
+the change stream; drop the producer (it holds nothing undelivered); release the lease so a
+standby takes over at once; close the clients.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
-import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from bson import Timestamp
-from pymongo import MongoClient
-from pymongo.errors import PyMongoError
-from pymongo.server_api import ServerApi
-from tenacity import Retrying, retry_if_exception, wait_exponential_jitter
+from tenacity import RetryCallState, wait_exponential_jitter
 
-from relay.changes import Batch, ChangeSource, StartPoint, oplog_start, pipeline_fingerprint, short_token
+from relay.boundaries import ChangeSource, Clock, LeaseStore, Observer, Publisher, SystemClock, Token
+from relay.changes import Batch, short_token, start_point
 from relay.config import Settings
-from relay.deadletter import dead_letter_message
-from relay.encoding import MessageBuilder, OutgoingMessage, SchemaRegistry
 from relay.errors import (
-    Action, BatchRefusedError, HistoryLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError,
-    RepeatedStreamError, ServerUnreachableError, TransientError, classify,
+    Action, HistoryLostError, PoisonEventError, RelayError, ReopenableStreamError, RepeatedStreamError, classify,
 )
-from relay.rescan import rescan_batches
-from relay.lease import Checkpoint, Grant, LeaseStore
-from relay.observe import Observer
-from relay.publisher import InFlight, Publisher, check_config
+from relay.lease import Grant
+from relay.message import OutgoingMessage
+from relay.outbox import event_id_of
+from relay.poison import Decision, PoisonPolicy
+from relay.window import Delivery, Window, split
 
 log = logging.getLogger("relay")
 
-
-def mongo_client(settings: Settings, **kw: Any) -> MongoClient[Any]:
-    """The relay's MongoDB client: Stable API v1, bounded server selection."""
-    # A socket timeout bounds every operation, so a frozen server turns into a restart (and
-    # an unready relay) instead of a loop stuck forever in one getMore.
-    return MongoClient(settings.mongodb_uri, server_api=ServerApi("1"), appname="outbox-relay",
-                       serverSelectionTimeoutMS=int(settings.connect_timeout_s * 1000),
-                       socketTimeoutMS=int(max(settings.connect_timeout_s, 10.0) * 1000),
-                       tz_aware=True, **kw)
+_WAIT_SLICE_S = 0.5  # how long one wait on delivery reports lasts before the lease heartbeat runs
 
 
-def check_mongodb(client: MongoClient[Any], settings: Settings) -> None:
-    """Raise ServerUnreachableError unless MongoDB answers and is a replica set."""
-    try:
-        hello = client.admin.command("hello")
-    except PyMongoError as exc:
-        raise ServerUnreachableError(
-            f"cannot reach MongoDB at {settings.mongodb_uri} within "
-            f"{settings.connect_timeout_s:g}s (RELAY_MONGODB_URI): {str(exc).split(',')[0]}") from None
-    if "setName" not in hello:
-        raise ServerUnreachableError(
-            f"MongoDB at {settings.mongodb_uri} is not a replica set member; change streams need one")
+class Encoder(Protocol):
+    """Turns a change into its Kafka message (relay.encoding.MessageBuilder)."""
+
+    def build(self, change: Any, fencing_token: int) -> OutgoingMessage:
+        """The message for one insert change; raises PoisonEventError naming the event."""
+
+    def dead_letter(self, change: Any, reason: str, fencing_token: int) -> OutgoingMessage:
+        """The dead-letter record that stands in for a poison event."""
 
 
-def check_kafka(settings: Settings) -> None:
-    """Raise ServerUnreachableError unless a Kafka broker answers a metadata request."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
+@dataclass
+class Session:
+    """What a leader holds while it leads: the lease grant, the stream, the producer, the window."""
 
-    admin = AdminClient({**settings.kafka_client_config(), "log_level": 0,
-                         "logger": logging.getLogger("kafka.admin")})
-    try:
-        if admin.list_topics(timeout=settings.connect_timeout_s).brokers:
-            return
-    except KafkaException:
-        pass
-    raise ServerUnreachableError(
-        f"cannot reach Kafka at {settings.kafka_bootstrap_servers} within "
-        f"{settings.connect_timeout_s:g}s (RELAY_KAFKA_BOOTSTRAP_SERVERS)")
+    grant: Grant
+    source: ChangeSource
+    publisher: Publisher
+    window: Window
+
+
+def _nothing() -> None:
+    pass
 
 
 class Relay:
-    """Publishes one outbox collection to Kafka while it holds the lease."""
+    """Publishes one outbox collection to Kafka while it holds the lease.
 
-    def __init__(self, settings: Settings, observer: Observer | None = None,
-                 registry: SchemaRegistry | None = None) -> None:
+    Its boundaries are given: `source` and `publisher` make a fresh change source and producer
+    for every leading session; `lease` is the lease document; `encoder` builds messages;
+    `fingerprint` identifies the source's pipeline (stored beside every token); `preflight` runs
+    once at the start of `run()` (configuration and reachability checks); `close` releases the
+    clients after the lease. `relay.wiring.build_relay` passes the real ones.
+    """
+
+    def __init__(self, settings: Settings, *, source: Callable[[], ChangeSource],
+                 publisher: Callable[[], Publisher], lease: LeaseStore, encoder: Encoder,
+                 observer: Observer, fingerprint: str, clock: Clock | None = None,
+                 preflight: Callable[[], None] = _nothing, close: Callable[[], None] = _nothing) -> None:
         self.settings = settings
-        self.observer = observer or Observer(settings)
+        self.observer = observer
+        self._sources = source
+        self._publishers = publisher
+        self._lease = lease
+        self._encoder = encoder
+        self._fingerprint = fingerprint
+        self._clock: Clock = clock or SystemClock()
+        self._preflight = preflight
+        self._close = close
         self._stopping = threading.Event()
-        self._client = mongo_client(settings)
-        db = self._client[settings.database]
-        self._outbox = db[settings.outbox_collection]
-        self._lease = LeaseStore(db[settings.lease_collection], settings.namespace,
-                                 settings.instance_id, settings.lease_ttl_s)
-        self._builder = MessageBuilder(settings, registry or SchemaRegistry.bundled())
-        self._fingerprint = pipeline_fingerprint(settings.namespace)
-        self._grant: Grant | None = None
-        self._last_write = 0.0
-        self._last_token: Any = None
-        self._repeat_code: int | None = None
-        self._last_announce = 0.0
-        # Events the broker refused for good (dead-letter policy): on replay they go to the
-        # dead-letter topic instead. Event id -> reason.
-        self._refused: dict[str, str] = {}
-        # After a refused record batch, the next batch goes one message per request.
-        self._isolate = False
-        # Batches handed to the producer, oldest first, not yet acknowledged and stored, and
-        # how many events they hold together (never more than batch_max_events).
-        self._in_flight: deque[tuple[InFlight, Batch]] = deque()
-        self._unacknowledged = 0
-        self._slice = max(1, -(-settings.batch_max_events // settings.pipeline_depth))
+        self._poison = PoisonPolicy(settings.on_poison)
+        self._session: Session | None = None
+        self._role = "starting"
+        self._last_write = 0.0  # monotonic time of the last write to the lease document
+        self._last_token: Token | None = None  # the last token this relay stored
+        self._failures = 0  # restarts since the last progress (a stored checkpoint covering new events)
+        self._repeat_code: int | None = None  # the reopenable stream error met since the last progress
+        self._backoff = wait_exponential_jitter(multiplier=0.2, max=settings.restart_backoff_max_s, jitter=0.2)
 
     # ---- public -----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask the loop to finish the batch in flight and shut down (thread- and signal-safe)."""
+        """Ask the loop to finish the deliveries in flight and shut down (thread- and signal-safe)."""
         self._stopping.set()
 
     @property
@@ -134,279 +125,288 @@ class Relay:
         return self._stopping.is_set()
 
     def run(self) -> None:
-        """Run until `stop()`; raises the error that made the relay stop (see errors.classify)."""
-        check_config(self.settings)
-        check_mongodb(self._client, self.settings)
-        check_kafka(self.settings)
-        log.info("relay %s watching %s, publishing to %s", self.settings.instance_id,
-                 self.settings.namespace, self.settings.kafka_bootstrap_servers)
+        """Run until `stop()`. Raises the error that made the relay stop, after writing it as the
+        stop's one ERROR line (see errors.classify for which errors stop it)."""
         try:
+            self._preflight()
+            log.info("relay %s watching %s, publishing to %s", self.settings.instance_id,
+                     self.settings.namespace, self.settings.kafka_bootstrap_servers)
             while not self.stopping:
-                try:
-                    self._retrying()(self._cycle)
-                except Exception as exc:
-                    self.observer.error(exc)
-                    if classify(exc) is not Action.STANDBY or self.settings.on_lease_lost == "exit":
-                        raise
-                    log.warning("%s; back to standby", exc)
-                    self._grant = None
-                    self.observer.role("standby", None)
+                self.turn()
+            self._finish()
+        except Exception as exc:
+            self.observer.stopped(exc)
+            if isinstance(exc, RelayError):
+                exc.logged = True
+            raise
         finally:
             self._shutdown()
 
-    # ---- around the steps ---------------------------------------------------------------------
-
-    def _retrying(self) -> Retrying:
-        return Retrying(
-            retry=retry_if_exception(lambda e: classify(e) is Action.RESTART),
-            wait=wait_exponential_jitter(multiplier=0.2, max=self.settings.restart_backoff_max_s, jitter=0.2),
-            sleep=self._stopping.wait, before_sleep=self._log_restart, reraise=True,
-        )
-
-    def _log_restart(self, state: Any) -> None:
-        exc = state.outcome.exception()
-        self.observer.restart(exc)
-        log.warning("restarting from the checkpoint in %.1fs after: %s", state.upcoming_sleep, exc)
-
-    def _cycle(self) -> None:
-        """Take the lease (waiting as a standby), then lead until stopped or an error."""
-        grant = self._await_lease()
-        if grant is not None:
-            self._lead(grant)
-
-    def _await_lease(self) -> Grant | None:
-        announced = False
-        while not self.stopping:
-            grant = self._lease.try_acquire()
-            if grant is not None:
-                self._grant = grant
-                self._last_write = time.monotonic()  # acquiring renewed the lease
-                self.observer.role("leader", grant.fencing_token)
-                self._lease.announce("leader")
-                log.info("holding the lease, fencing token %d", grant.fencing_token)
-                return grant
-            if not announced:
-                log.info("standby: another replica holds the lease on %s", self.settings.namespace)
-                self.observer.role("standby", None)
-                announced = True
-            self._lease.announce("standby")
-            self.observer.tick()
-            self._stopping.wait(self.settings.standby_poll_s)
-        return None
-
-    def _start_point(self, checkpoint: Checkpoint) -> StartPoint:
-        if checkpoint.token is not None:
-            if checkpoint.fingerprint not in (None, self._fingerprint):
-                raise PipelineMismatchError(
-                    f"the stored checkpoint was made by a different change stream pipeline "
-                    f"(fingerprint {checkpoint.fingerprint}, now {self._fingerprint}); resuming "
-                    "could skip or repeat events. Reset the checkpoint (`outbox-relay checkpoint "
-                    "reset`) and set RELAY_START_AT to continue")
-            return StartPoint(resume_after=checkpoint.token)
-        if self.settings.start_at == "now":
-            return StartPoint()
-        moment = self.settings.start_at_time()
-        if moment is not None:
-            return StartPoint(at_time=Timestamp(int(moment.timestamp()), 0))
-        return StartPoint(at_time=oplog_start(self._client))
-
-    def _lead(self, grant: Grant) -> None:
-        """Publish batches while holding the lease; returns when stopping.
-
-        A transient error after progress returns too (the next cycle restarts at once from
-        the new checkpoint); before any progress it propagates to the backoff.
-        """
-        s = self.settings
-        start = self._start_point(grant.checkpoint)
-        source = ChangeSource(self._outbox, s.max_await_ms, s.batch_max_events)
-        publisher = Publisher(s)
-        self.observer.watch_publisher(publisher)
-        progressed = False
-        self._in_flight.clear()
-        self._unacknowledged = 0
+    def turn(self) -> None:
+        """One pass of the loop: as a standby try to take the lease, as a leader take one step;
+        an error goes through the outcome table. Raises only the errors that stop the relay."""
         try:
-            try:
-                source.open(start)
-            except HistoryLostError:
-                if grant.checkpoint.token is None and self.settings.start_at == "oplog-start":
-                    # The oldest oplog entry was truncated between reading and opening: retry.
-                    raise TransientError("the oplog rolled over while opening at its start") from None
-                if self.settings.on_history_lost != "rescan":
-                    raise
-                self._rescan(source, publisher, grant)
-            log.info("change stream opened %s", start.description)
-            if grant.checkpoint.token is None and source.token is not None:
-                # No checkpoint yet: store the opening position at once, so a crash before the
-                # first batch cannot move the start to a later "now" (blog post, Fig. 4b).
-                self._commit(source.token)
-            while not self.stopping:
-                progressed |= self._step(source, publisher, grant)
-                if progressed:
-                    self._repeat_code = None
-            self._settle(publisher, keep=0)  # stopping: deliver and store what is in flight
-        except Exception as exc:
-            if isinstance(exc, PoisonEventError) and self.settings.on_poison == "dead-letter" \
-                    and exc.event_id not in self._refused:
-                # The broker refused the event for good: replay the batch from the checkpoint,
-                # this time with the event on the dead-letter topic.
-                self._refused[exc.event_id] = exc.reason
-                log.error("event %s refused by the broker (%s): dead-lettering it on replay",
-                          exc.event_id, exc.reason, extra={"event_id": exc.event_id})
-                return
-            if isinstance(exc, BatchRefusedError):
-                self._isolate = True
-            if isinstance(exc, ReopenableStreamError) and not progressed:
-                if self._repeat_code == exc.code:
-                    raise RepeatedStreamError(f"{exc}; it repeated after reopening from the "
-                                              "checkpoint, so the relay stops") from exc
-                self._repeat_code = exc.code
-            if progressed and classify(exc) is Action.RESTART:
-                self.observer.restart(exc)
-                log.warning("restarting from the checkpoint after: %s", exc)
-                return
-            raise
-        finally:
-            source.close()
-            publisher.close()
+            if self._session is None:
+                self._lead_if_free()
+            else:
+                self._step(self._session)
+        except Exception as exc:  # noqa: BLE001 - every error goes through classify()
+            self._outcome(exc)
 
-    # ---- one step ---------------------------------------------------------------------------
+    # ---- taking the lease and opening the stream --------------------------------------------------
 
-    def _step(self, source: ChangeSource, publisher: Publisher, grant: Grant) -> bool:
-        """Read and send one batch, then store what is acknowledged; True when a checkpoint
-        covering new events was stored."""
+    def _lead_if_free(self) -> None:
+        grant = self._lease.try_acquire()
+        if grant is None:
+            self._wait_as_standby()
+            return
+        self._last_write = self._clock.monotonic()  # acquiring renewed the lease
+        if self._role != "leader":
+            log.info("holding the lease, fencing token %d", grant.fencing_token)
+        self._role = "leader"
+        self.observer.role("leader", grant.fencing_token)
+        self._lease.announce("leader")
         s = self.settings
+        self._session = session = Session(grant, self._sources(), self._publishers(),
+                                          Window(s.batch_max_events, s.pipeline_depth))
+        self.observer.watch_publisher(session.publisher)
+        self._open(session)
+
+    def _wait_as_standby(self) -> None:
+        if self._role != "standby":
+            log.info("standby: another replica holds the lease on %s", self.settings.namespace)
+            self._role = "standby"
+            self.observer.role("standby", None)
+        self._lease.announce("standby")
         self.observer.tick()
-        # At most batch_max_events events are ever unacknowledged: that bounds memory and what
-        # a replica that lost its lease can still publish late. They are read in slices so
-        # reading and encoding overlap with delivery.
-        room = s.batch_max_events - self._unacknowledged
-        if room < self._slice:
-            self._settle(publisher, keep=len(self._in_flight) - 1)
-            room = s.batch_max_events - self._unacknowledged
-        batch = source.next_batch(min(room, self._slice))
+        self._clock.wait(self.settings.standby_poll_s, self._stopping)
+
+    def _open(self, session: Session) -> None:
+        """Open the stream where the checkpoint (or RELAY_START_AT) says."""
+        s, checkpoint = self.settings, session.grant.checkpoint
+        start = start_point(checkpoint.token, checkpoint.fingerprint, self._fingerprint, s.start_at,
+                            s.start_at_time())
+        try:
+            session.source.open(start)
+        except HistoryLostError:
+            if s.on_history_lost != "rescan":
+                raise
+            log.error("the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
+                      "every document in %s (expect duplicates)", s.namespace)
+            session.source.rescan()
+        log.info("change stream opened %s", start.description)
+        if checkpoint.token is None and session.source.token is not None:
+            # No checkpoint yet: store the opening position at once, so a crash before the
+            # first batch cannot move the start to a later "now" (blog post, Fig. 4b).
+            self._commit(session, session.source.token)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def _step(self, s: Session) -> None:
+        """Read one batch and hand it to the producer, then store what is acknowledged."""
+        self.observer.tick()
+        window = s.window
+        if window.room < window.slice:
+            self._settle(s, keep=len(window) - 1)
+        batch = s.source.next_batch(min(window.room, window.slice))
         if batch.resumed:
             self.observer.resumed()
-        if batch.changes:
-            # A replica that was paused learns here that it lost the lease, before publishing.
-            self._heartbeat()
-            messages = self._messages(batch.changes, grant, s.batch_max_bytes)
-            if len(messages) < len(batch.changes):
-                # Over the byte limit: send the head; its last change's own token covers it.
-                source.unread(batch.changes[len(messages):], batch.token)
-                batch = Batch(batch.changes[:len(messages)], batch.changes[len(messages) - 1]["_id"],
-                              batch.resumed)
-            if self._isolate:  # after a refused record batch: one message per request
-                self._settle(publisher, keep=0)
-                started = time.monotonic()
-                publisher.publish(messages, while_waiting=self._heartbeat, one_by_one=True)
-                self._isolate = False
-                self._commit(batch.token)
-                self.observer.published(batch, messages, time.monotonic() - started, batch.token)
-                return True
-            sent = publisher.send(messages, batch.token, time.monotonic(), self._heartbeat)
-            self._in_flight.append((sent, batch))
-            self._unacknowledged += len(messages)
-            return self._settle(publisher, keep=s.pipeline_depth - 1)
-        # Idle: everything sent is acknowledged and stored first, then the post-batch token.
-        progressed = self._settle(publisher, keep=0)
-        if time.monotonic() - self._last_write >= s.heartbeat_interval_s:
-            if batch.token is not None and batch.token != self._last_token:
-                self._commit(batch.token)  # idle: the post-batch token still advances
-            else:
-                self._renew()
-        return progressed
+        if not batch.changes:
+            self._idle(s, batch)
+            return
+        self._heartbeat(s)  # a replica that was paused learns here that it lost the lease
+        self._publish(s, batch)
+        self._settle(s, keep=window.depth - 1)
 
-    def _settle(self, publisher: Publisher, keep: int) -> bool:
-        """Store the token of the newest batch that is acknowledged along with every batch
-        before it; first wait until at most `keep` batches remain in flight.
+    def _publish(self, s: Session, batch: Batch) -> None:
+        """Hand the batch's messages to the producer, each delivery with the token covering it.
 
-        This is where guarantee 1 holds: a token is stored only once every delivery report
-        up to it succeeded. A failed report raises (the caller restarts from the checkpoint).
+        Under the stop policy a poison event ends the batch: the events before it are published
+        and stored, then its error is raised (a restart stops at the same event again).
         """
-        publisher.serve(0)
-        newest = None
-        while self._in_flight:
-            sent, batch = self._in_flight[0]
-            if not sent.done and len(self._in_flight) <= keep:
-                break
-            publisher.wait(sent, self._heartbeat)  # returns at once when done; raises a failure
-            self._in_flight.popleft()
-            self._unacknowledged -= len(sent.messages)
-            self.observer.published(batch, sent.messages, time.monotonic() - sent.sent_at, sent.token)
-            newest = sent
-        if newest is None:
-            return False
-        self._commit(newest.token)
-        return True
+        messages, poison = self._encode(batch.changes, s.grant.fencing_token)
+        start = 0
+        for end, alone in split([len(m.value) for m in messages], self.settings.batch_max_bytes,
+                                self._poison.one_by_one):
+            delivery = Delivery(batch.changes[start:end], messages[start:end], batch.token_after(end),
+                                self._clock.monotonic(), alone)
+            s.publisher.send(delivery, lambda: self._heartbeat(s))
+            s.window.add(delivery)
+            start = end
+            if alone:
+                self._settle(s, keep=0)  # its own request: the broker's answer names it
+            elif end < len(messages):
+                self._settle(s, keep=s.window.depth - 1)  # bytes in flight stay bounded
+        if poison is not None:
+            self._settle(s, keep=0)
+            raise poison
 
-    def _messages(self, changes: list[Any], grant: Grant, max_bytes: int | None = None) -> list[OutgoingMessage]:
-        """The Kafka messages for `changes`, in order, stopping once they hold `max_bytes` (at
-        least one message); poison events stop the relay or become dead letters."""
-        messages: list[OutgoingMessage] = []
-        size = 0
+    def _encode(self, changes: list[Any], fencing_token: int) -> tuple[list[OutgoingMessage], PoisonEventError | None]:
+        """The messages for `changes`, in order. Under the dead-letter policy a poison event's
+        dead letter takes its place; under the stop policy the messages end before the first
+        poison event, which is returned with them."""
+        build, messages = self._encoder.build, []
+        refusals = self._poison.remembers_refusals
         for change in changes:
-            if max_bytes is not None and size >= max_bytes:
-                break
             try:
-                if self._refused:
-                    event_id = str(change["fullDocument"].get("_id"))
-                    if event_id in self._refused:
-                        raise PoisonEventError(event_id, self._refused[event_id])
-                messages.append(self._builder.build(change, grant.fencing_token))
-                size += len(messages[-1].value)
+                if refusals:
+                    event_id = event_id_of(change["fullDocument"])
+                    reason = self._poison.refused(event_id)
+                    if reason is not None:
+                        raise PoisonEventError(event_id, reason)
+                messages.append(build(change, fencing_token))
             except PoisonEventError as exc:
-                if self.settings.on_poison != "dead-letter":
-                    raise
-                log.error("dead-lettering event %s to %s: %s", exc.event_id,
-                          self.settings.dead_letter_topic, exc.reason, extra={"event_id": exc.event_id})
-                self.observer.dead_lettered(exc)
-                messages.append(dead_letter_message(change, exc.reason, grant.fencing_token, self.settings))
-        return messages
+                if not self._poison.dead_letters:
+                    return messages, exc
+                self.observer.dead_lettered(exc.event_id, exc.reason)
+                messages.append(self._encoder.dead_letter(change, exc.reason, fencing_token))
+        return messages, None
 
-    def _rescan(self, source: ChangeSource, publisher: Publisher, grant: Grant) -> None:
-        """History lost, operator chose rescan (see relay.rescan): publish every outbox document,
-        then store the token of a stream opened before the scan."""
-        log.error("the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
-                  "every document in %s (expect duplicates)", self.settings.namespace)
-        source.close()
-        source.open(StartPoint())
-        opening = source.token
-        if opening is None:
-            raise TransientError("no opening token for the stream after the rescan; retrying")
-        count = 0
-        for changes in rescan_batches(self._outbox, self.settings.field_occurred_at,
-                                      self.settings.batch_max_events):
-            publisher.publish(self._messages(changes, grant), while_waiting=self._heartbeat)
-            count += len(changes)
-        self._commit(opening)
-        log.warning("rescan published %d outbox documents; continuing from the change stream", count)
+    def _settle(self, s: Session, keep: int) -> None:
+        """Store the token of the newest delivery that Kafka acknowledged along with every one
+        before it, after waiting until at most `keep` deliveries remain in flight.
 
-    def _commit(self, token: Any) -> None:
-        assert self._grant is not None
-        self._lease.commit(self._grant, token, self._fingerprint)
-        self._last_write = time.monotonic()
+        This is where guarantee 1 holds: a token is stored only once every delivery report up
+        to it succeeded. A failed report raises its error, after storing what was acknowledged
+        before it (the caller replays from there).
+        """
+        s.publisher.poll(0)
+        window, newest = s.window, None
+        try:
+            while (delivery := window.oldest) is not None:
+                if not delivery.done:
+                    if len(window) <= keep:
+                        break
+                    self._await(s, delivery)
+                if delivery.failure is not None:
+                    raise s.publisher.failure(delivery)
+                window.pop_acknowledged()
+                if delivery.one_by_one:
+                    self._poison.sent_alone()
+                self.observer.published(delivery.changes, delivery.messages,
+                                        self._clock.monotonic() - delivery.sent_at)
+                newest = delivery.token or newest
+        finally:
+            if newest is not None:
+                self._commit(s, newest)
+                self._failures, self._repeat_code = 0, None  # progress
+
+    def _await(self, s: Session, delivery: Delivery) -> None:
+        while not delivery.done:
+            s.publisher.poll(_WAIT_SLICE_S)
+            self._heartbeat(s)
+
+    def _idle(self, s: Session, batch: Batch) -> None:
+        """Nothing new: settle everything in flight, then store the post-batch token (or renew)
+        once a heartbeat interval has passed since the last write."""
+        self._settle(s, keep=0)
+        if self._clock.monotonic() - self._last_write >= self.settings.heartbeat_interval_s:
+            if batch.token is not None and batch.token != self._last_token:
+                self._commit(s, batch.token)  # idle: the post-batch token still advances
+            else:
+                self._renew(s)
+
+    # ---- writes to the lease document ---------------------------------------------------------
+
+    def _commit(self, s: Session, token: Token) -> None:
+        """Store `token`; called only once every event it covers was acknowledged by Kafka."""
+        self._lease.commit(s.grant, token, self._fingerprint)
+        self._last_write = self._clock.monotonic()
         self._last_token = token
         self.observer.committed(token)
-        log.debug("checkpoint %s fencing=%d", short_token(token), self._grant.fencing_token)
+        log.debug("checkpoint %s fencing=%d", short_token(token), s.grant.fencing_token)
 
-    def _renew(self) -> None:
-        assert self._grant is not None
-        self._lease.renew(self._grant)
-        self._last_write = time.monotonic()
+    def _renew(self, s: Session) -> None:
+        self._lease.renew(s.grant)
+        self._last_write = self._clock.monotonic()
         self._lease.announce("leader")
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, s: Session) -> None:
         """Runs while waiting on Kafka: keep the lease alive so a slow broker is not a takeover."""
         self.observer.tick()
-        if time.monotonic() - self._last_write >= self.settings.heartbeat_interval_s:
-            self._renew()
+        if self._clock.monotonic() - self._last_write >= self.settings.heartbeat_interval_s:
+            self._renew(s)
+
+    # ---- outcomes -------------------------------------------------------------------------------
+
+    def _outcome(self, exc: Exception) -> None:
+        """What an error that ended a pass leads to (the table in the module docstring)."""
+        handlers: dict[Action, Callable[[Any], None]] = {
+            Action.RESTART: self._restart,
+            Action.REOPEN: self._reopen,
+            Action.POISON: self._on_poison,
+            Action.STANDBY: self._standby,
+            Action.STOP: self._stop,
+        }
+        handlers[classify(exc)](exc)
+
+    def _restart(self, exc: Exception, at_once: bool = False) -> None:
+        """Drop the stream and the producer; the next pass reopens from the checkpoint. The
+        first restart after progress is immediate, later ones back off exponentially."""
+        self._close_session()
+        delay = 0.0 if at_once or self._failures == 0 else self._delay(self._failures)
+        self._failures += 1
+        self.observer.restart(exc, delay)
+        self._clock.wait(delay, self._stopping)
+
+    def _reopen(self, exc: ReopenableStreamError) -> None:
+        if self._repeat_code == exc.code:
+            raise RepeatedStreamError(f"{exc}; it repeated after reopening from the checkpoint, so the "
+                                      "relay stops") from exc
+        self._repeat_code = exc.code
+        self._restart(exc)
+
+    def _on_poison(self, exc: Exception) -> None:
+        decision = self._poison.decide(exc)  # type: ignore[arg-type]
+        if decision is Decision.STOP:
+            raise exc  # what precedes the event is stored (_publish, _settle)
+        if decision is Decision.DEAD_LETTER:
+            log.error("event %s refused by the broker (%s): dead-lettering it on the replay",
+                      exc.event_id, exc.reason, extra={"event_id": exc.event_id})  # type: ignore[attr-defined]
+        self._restart(exc, at_once=True)
+
+    def _standby(self, exc: Exception) -> None:
+        self._close_session()
+        self.observer.lease_lost(exc)
+        if self.settings.on_lease_lost == "exit":
+            raise exc
+        self._role = "standby"
+        self.observer.role("standby", None)
+
+    def _stop(self, exc: Exception) -> None:
+        raise exc
+
+    def _delay(self, failures: int) -> float:
+        state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        state.attempt_number = failures
+        return float(self._backoff(state))
+
+    # ---- shutdown -----------------------------------------------------------------------------
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.source.close()
+            session.publisher.close()
+            session.window.clear()
+
+    def _finish(self) -> None:
+        """Stopping: deliver and store what is in flight (a failure leaves it to the next leader)."""
+        if self._session is None:
+            return
+        try:
+            self._settle(self._session, keep=0)
+        except Exception as exc:  # noqa: BLE001 - the next leader replays from the last checkpoint
+            log.warning("stopping without storing the last deliveries (%s); the next leader replays "
+                        "them from the checkpoint", exc)
 
     def _shutdown(self) -> None:
-        if self._grant is not None:
+        session = self._session
+        self._close_session()
+        if session is not None:
             try:
-                self._lease.release(self._grant)
-                log.info("lease released (fencing token %d)", self._grant.fencing_token)
-            except PyMongoError as exc:
+                self._lease.release(session.grant)
+                log.info("lease released (fencing token %d)", session.grant.fencing_token)
+            except Exception as exc:  # noqa: BLE001 - it expires on its own
                 log.warning("could not release the lease (it will expire): %s", exc)
-            self._grant = None
-        self._client.close()
+        self._close()

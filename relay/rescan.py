@@ -1,9 +1,10 @@
 """Recovery from history loss by re-scanning the outbox (RELAY_ON_HISTORY_LOST=rescan).
 
 When the stored token has fallen off the oplog, the changes between it and the oldest oplog
-entry cannot be read any more. With the rescan policy the relay opens a new change stream at
-"now" first, then publishes every outbox document still in the collection, then continues from
-the stream's opening token. Consequences, documented in the README runbook:
+entry cannot be read any more. With the rescan policy the change source
+(`relay.changes.ChangeSource.rescan`) opens a new change stream at "now" first, then serves
+every outbox document still in the collection, then the stream's opening token, which the loop
+stores once everything before it is acknowledged. Consequences, documented in the README runbook:
 - events published before the loss are published again (duplicates, same event ids);
 - events inserted while the scan runs arrive twice (from the scan and from the stream);
 - events already deleted from the outbox (e.g. by a TTL index) cannot be recovered;
@@ -24,17 +25,11 @@ from pymongo.collection import Collection
 from relay.changes import CHANGE_CODEC, insert_change
 
 
-def rescan_batches(outbox: Collection[Any], occurred_at_field: str,
-                   batch_size: int) -> Iterator[list[dict[str, Any]]]:
-    """Every outbox document as a synthetic insert change, in (occurredAt, _id) order, in batches."""
+def rescan_changes(outbox: Collection[Any], occurred_at_field: str,
+                   batch_size: int) -> Iterator[dict[str, Any]]:
+    """Every outbox document as a synthetic insert change, in (occurredAt, _id) order."""
     scan = f"00{int(time.time()):08x}"
     cursor = outbox.with_options(codec_options=CHANGE_CODEC).find(
         {}, sort=[(occurred_at_field, 1), ("_id", 1)], batch_size=batch_size)
-    batch: list[dict[str, Any]] = []
     for index, doc in enumerate(cursor):
-        batch.append(insert_change(doc, {"_data": f"{scan}{index:012x}"}))
-        if len(batch) >= batch_size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+        yield insert_change(doc, {"_data": f"{scan}{index:012x}"})

@@ -7,8 +7,9 @@ from typing import Any
 
 from relay.changes import short_token, token_cluster_time
 from relay.config import Settings
+from relay.errors import LeaseHeldError
 from relay.lease import LeaseStore
-from relay.relay import check_mongodb, mongo_client
+from relay.connections import check_mongodb, mongo_client
 
 
 def _lease_store(settings: Settings, client: Any) -> LeaseStore:
@@ -56,9 +57,21 @@ def status(settings: Settings) -> dict[str, Any]:
     return out
 
 
-def reset_checkpoint(settings: Settings) -> str:
+def reset_checkpoint(settings: Settings, force: bool = False) -> str:
+    """Forget the stored checkpoint; the next leader starts at RELAY_START_AT.
+
+    Refused (LeaseHeldError, naming the holder) while a leader holds an unexpired lease: its next
+    commit would store its position again, so the reset would silently do nothing. With `force`
+    the holder is also fenced out (the fencing token grows and the lease is freed), so its next
+    write fails and it goes back to standby before taking the lease again.
+    """
     with mongo_client(settings) as client:
         check_mongodb(client, settings)
-        _lease_store(settings, client).reset_checkpoint()
-    return (f"checkpoint for {settings.namespace} removed; the next start begins at "
+        holder = _lease_store(settings, client).reset_checkpoint(force)
+    if holder is not None and not force:
+        raise LeaseHeldError(
+            f"{holder} holds the lease on {settings.namespace}: it would store its position again at "
+            "its next commit. Stop the relays first, or use --force to fence it out as well")
+    fenced = f" ({holder} fenced out)" if holder is not None else ""
+    return (f"checkpoint for {settings.namespace} removed{fenced}; the next start begins at "
             f"RELAY_START_AT={settings.start_at}")

@@ -29,11 +29,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from pymongo.database import Database
 
 from relay.config import Settings, env_name, kafka_env_name
-from relay.encoding import SchemaRegistry
+from relay.encoding import SchemaFolder
 from relay.outbox import Outbox, OutboxEvent
-from relay.relay import Relay
+from relay.wiring import build_relay
 
-REGISTRY = SchemaRegistry.bundled()
+REGISTRY = SchemaFolder.bundled()
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -61,7 +61,7 @@ class RelayThread:
     """The relay in this process, for tests that do not kill it."""
 
     def __init__(self, settings: Settings, **kwargs: Any) -> None:
-        self.relay = Relay(settings, **kwargs)
+        self.relay = build_relay(settings, **kwargs)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -79,6 +79,15 @@ class RelayThread:
         self.relay.stop()
         self.thread.join(timeout=60)
         assert not self.thread.is_alive(), "relay did not stop"
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the relay's metrics as /metrics would show it (0 when absent)."""
+        return self.relay.observer.registry.get_sample_value(name, labels) or 0.0
+
+    def metric_labels(self, name: str, label: str) -> set[str]:
+        """The values of `label` among the non-zero samples of `name`."""
+        return {s.labels[label] for m in self.relay.observer.registry.collect() for s in m.samples
+                if s.name == name and s.value}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -341,7 +341,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, Spark
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, build the session, run until done (`--once`) or SIGTERM/SIGINT (then the running
     micro-batch is abandoned; the restart replays it)."""
-    from relay.observe import setup_logging
+    from relay.logs import setup_logging
     from relay.spark.session import active_session, spark_session
 
     args = _parser().parse_args(argv)

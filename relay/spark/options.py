@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from relay.config import Settings
+from relay.config import Settings, load_settings, parse_pairs, settings_parser
 from relay.errors import ConfigError, run_command
 
 
@@ -48,29 +48,16 @@ def spark_arguments(parser: argparse.ArgumentParser) -> None:
                             "security.protocol=SASL_SSL, sasl.jaas.config=...), repeatable")
 
 
-def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
-    """`KEY=VALUE` arguments of a repeatable flag, as a dict; a malformed one names the flag."""
-    pairs: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(flag, f"expected KEY=VALUE, got {item!r}")
-        pairs[key.strip()] = value
-    return pairs
-
-
 def spark_options(args: argparse.Namespace) -> SparkOptions:
     if args.shuffle_partitions < 1:
         raise ConfigError("--shuffle-partitions", "must be at least 1")
     topics = tuple(t.strip() for t in (args.topics or "").split(",") if t.strip())
-    return SparkOptions(args.master, args.shuffle_partitions, _pairs(args.spark_conf, "--spark-conf"), topics,
-                        args.topic_pattern, args.schemas_dir, _pairs(args.kafka_option, "--kafka-option"))
+    return SparkOptions(args.master, args.shuffle_partitions, parse_pairs(args.spark_conf, "--spark-conf"), topics,
+                        args.topic_pattern, args.schemas_dir, parse_pairs(args.kafka_option, "--kafka-option"))
 
 
 def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """A job's parser: the relay's settings flags, then the Spark flags."""
-    from relay.cli import settings_parser  # the one definition of the settings flags
-
     parser = argparse.ArgumentParser(prog=prog, description=description, parents=[settings_parser()])
     spark_arguments(parser)
     return parser
@@ -78,8 +65,6 @@ def job_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def load(args: argparse.Namespace) -> Settings:
     """The relay settings from defaults, file, environment and flags (validated)."""
-    from relay.cli import load_settings
-
     return load_settings(args)
 
 

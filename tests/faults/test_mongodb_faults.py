@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -13,8 +12,9 @@ from tests.support import (
 )
 
 
-def _restarts(observer) -> float:
-    return sum(s.value for m in observer.restarts.collect() for s in m.samples)
+def _restarts(relay) -> float:
+    return sum(relay.metric("relay_restarts_total", kind=kind)
+               for kind in relay.metric_labels("relay_restarts_total", "kind"))
 
 
 def _published(env, n: int, timeout: float = 90) -> None:
@@ -38,9 +38,8 @@ def test_resumable_getmore_errors_are_invisible_except_in_metrics(env, fault):
     assert relay.error is None, relay.error
     verdict = assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
     assert not verdict.duplicates, "a driver-level resume continues after the last change: no replay"
-    observer = relay.relay.observer
-    assert observer.resumes._value.get() >= 1, "the resumes show in relay_stream_resumes_total"
-    assert _restarts(observer) == 0, "no relay restart"
+    assert relay.metric("relay_stream_resumes_total") >= 1, "the resumes show in relay_stream_resumes_total"
+    assert _restarts(relay) == 0, "no relay restart"
 
 
 @pytest.mark.parametrize("code", [280, 136], ids=["ChangeStreamFatalError", "CappedPositionLost"])
@@ -53,8 +52,7 @@ def test_non_resumable_getmore_error_reopens_from_the_checkpoint(env, code):
             _published(env, 400)
     assert relay.error is None, relay.error
     assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
-    restarts = {s.labels["kind"] for m in relay.relay.observer.restarts.collect() for s in m.samples if s.value}
-    assert "ReopenableStreamError" in restarts
+    assert "ReopenableStreamError" in relay.metric_labels("relay_restarts_total", "kind")
 
 
 def test_non_resumable_getmore_error_that_repeats_stops_the_relay_with_the_code(env):
@@ -82,16 +80,19 @@ def test_failing_checkpoint_write_advances_nothing_until_acknowledged(env, fault
         with failpoint(env.client, "alwaysOn", failCommands=["update"], **fault):
             # The idle pass writes the lease about once a second. Snapshot only once a write has
             # failed: the loop is single-threaded, so after that restart nothing can still land.
-            wait_until(lambda: _restarts(observer) >= 1, 30, "a refused checkpoint or lease write")
-            acknowledged = observer._token
+            wait_until(lambda: _restarts(relay) >= 1, 30, "a refused checkpoint or lease write")
+            acknowledged = observer.checkpoint
             frozen = lease_doc(env.db, env.settings)["resumeToken"]
             write_events(env.db, env.settings.outbox_collection, total=200, writers=2, seed=5, written=written)
             _published(env, 400)  # published, but the checkpoint write is never acknowledged
-            time.sleep(2)
-            assert observer._token == acknowledged, "the relay moved on without an acknowledged checkpoint"
+            # Two more refused writes after every event was published: the relay tried to store
+            # a checkpoint covering them, twice, and each attempt failed.
+            after = _restarts(relay)
+            wait_until(lambda: _restarts(relay) >= after + 2, 60, "two more refused writes")
+            assert observer.checkpoint == acknowledged, "the relay moved on without an acknowledged checkpoint"
             if not write_applied:
                 assert lease_doc(env.db, env.settings)["resumeToken"] == frozen
-        wait_until(lambda: observer._token != acknowledged, 60,
+        wait_until(lambda: observer.checkpoint != acknowledged, 60,
                    "the checkpoint to advance once writes are acknowledged again")
     assert relay.error is None, relay.error
     verdict = assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)

@@ -27,7 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from relay.config import Settings
 from relay.devstack import free_port
 from relay.errors import ConfigError
-from relay.observe import BatchHistogram, JsonFormatter, Observer, resolve_log_format, setup_logging, wall_time_ms
+from relay.logs import JsonFormatter, resolve_log_format, setup_logging
+from relay.metrics import BatchHistogram, wall_time_ms
+from relay.observe import Observer
 from tests.static.support import DOCKERFILE
 from tests.support import (
     ROOT, RelayProcess, RelayThread, assert_complete_and_ordered, lease_doc, needs_local_stack, read_messages,
@@ -198,7 +200,7 @@ def test_readyz_turns_unready_while_kafka_is_paused_and_livez_stays_up(env):
     port = free_port()
     relay = RelayThread(env.settings.replace(http_port=port))
     observer = relay.relay.observer
-    observer.publish_stall_s = 3.0  # 30 s by default
+    observer.health.publish_stall_s = 3.0  # 30 s by default
     server = observer.serve()
     assert server is not None
     broker = stack.kafka.process
@@ -237,7 +239,7 @@ def test_a_stuck_loop_fails_livez_and_the_image_healthcheck_while_http_still_ans
     port = free_port()
     relay = RelayThread(env.settings.replace(http_port=port))
     observer = relay.relay.observer
-    observer.live_stall_s = observer.ready_stall_s = 3.0
+    observer.health.live_stall_s = observer.health.ready_stall_s = 3.0
     unblock, blocked = threading.Event(), threading.Event()
     published = observer.published
 

@@ -14,7 +14,7 @@ from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
 
 from relay.changes import insert_change
-from relay.encoding import SchemaRegistry
+from relay.encoding import SchemaFolder
 from tests.interop.bson_cases import n_bytes, n_decimal, n_double, n_ts
 
 HERE = Path(__file__).resolve().parent
@@ -23,9 +23,9 @@ UTC = dt.timezone.utc
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 
 
-def registry_with_all_types() -> SchemaRegistry:
+def registry_with_all_types() -> SchemaFolder:
     """The bundled schemas plus the AllTypes typed envelope."""
-    registry = SchemaRegistry.bundled()
+    registry = SchemaFolder.bundled()
     registry.add(json.loads(ALL_TYPES.read_text()))
     return registry
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 
 from relay.config import Settings
 from relay.contract import ENVELOPE, SchemaFile, history_file_name, parse_file
-from relay.encoding import MessageBuilder, SchemaRegistry
+from relay.encoding import MessageBuilder, SchemaFolder
 from relay.outbox import Outbox, OutboxEvent
 from tests.interop.all_types import (
     ALL_TYPES, all_types_documents, change_for, generic_payload, registry_with_all_types,
@@ -81,7 +81,7 @@ def test_java_decodes_every_bson_type_the_relay_published_through_kafka(env, jav
     events.append(OutboxEvent.new("order", "typed", "OrderCreated", {"orderId": "o-1", "amount": 12.5, "step": 1}))
     with env.client.start_session() as session:
         session.with_transaction(lambda s: outbox.add_many(events, session=s))
-    with RelayThread(env.settings, registry=registry) as runner:
+    with RelayThread(env.settings, folder=registry) as runner:
         wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= len(events), 60,
                    "the events in the topic")
     assert runner.error is None, runner.error
@@ -137,7 +137,7 @@ def test_java_decodes_arbitrary_typed_payloads_equal_to_what_was_written(java, t
         path = tmp_path / f"Case{i}.avsc"
         path.write_text(json.dumps(envelope))
         readers.append(path)
-        registry = SchemaRegistry.bundled()
+        registry = SchemaFolder.bundled()
         registry.add(envelope)
         doc = OutboxEvent.new("order", f"a{i}", f"Case{i}", case.payload).to_document()
         values.append(MessageBuilder(Settings(), registry).build(change_for(doc), 1).value)
@@ -164,7 +164,7 @@ def test_java_resolves_a_value_written_with_a_historical_schema_to_the_current_o
     old_file: SchemaFile = parse_file("history/x.avsc", json.dumps(old))
     history = folder / history_file_name(old_file)
     history.write_text(json.dumps(old))
-    registry = SchemaRegistry(folder)
+    registry = SchemaFolder(folder)
 
     record = {"id": "e1", "aggregateType": "order", "aggregateId": "o-1", "eventType": "OrderCreated",
               "occurredAt": dt.datetime(1960, 1, 1, tzinfo=UTC),

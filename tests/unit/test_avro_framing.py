@@ -12,7 +12,7 @@ import pytest
 from relay.changes import insert_change
 from relay.config import Settings
 from relay.contract import ENVELOPE
-from relay.encoding import MessageBuilder, SchemaRegistry
+from relay.encoding import MessageBuilder, SchemaFolder
 from relay.errors import (
     ConfigError, SchemaRegistryRefusedError, SchemaRegistryUnavailableError, StopError, TransientError,
 )
@@ -22,7 +22,7 @@ from relay.framing import (
 )
 from relay.outbox import OutboxEvent
 
-REGISTRY = SchemaRegistry.bundled()
+REGISTRY = SchemaFolder.bundled()
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 TYPED = "io.outboxrelay.v1.events.OrderCreated"
 

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from relay.changes import insert_change
 from relay.config import Settings
 from relay.contract import ENVELOPE
-from relay.encoding import MessageBuilder, SchemaRegistry
+from relay.encoding import MessageBuilder, SchemaFolder
 from relay.outbox import OutboxEvent
 from tests.interop.bson_cases import (
     Case, bson_documents, normalize_python, same_bson, typed_cases,
 )
 
-BUNDLED = SchemaRegistry.bundled()
+BUNDLED = SchemaFolder.bundled()
 GENERIC = dict(BUNDLED.raw(ENVELOPE))
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 READ_BACK = JSONOptions(json_mode=JSONMode.RELAXED, tz_aware=True,
@@ -32,8 +32,8 @@ def change_for(doc: dict) -> dict:
     return insert_change(doc, TOKEN, delivered=True)
 
 
-def registry_with(case: Case, event_type: str = "PropertyEvent") -> SchemaRegistry:
-    registry = SchemaRegistry.bundled()
+def registry_with(case: Case, event_type: str = "PropertyEvent") -> SchemaFolder:
+    registry = SchemaFolder.bundled()
     registry.add(case.envelope("PropertyEvent", event_type, GENERIC))
     return registry
 

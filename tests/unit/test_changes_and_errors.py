@@ -8,7 +8,7 @@ from pymongo.errors import AutoReconnect, OperationFailure, WriteConcernError
 
 from relay.changes import PIPELINE, pipeline_fingerprint, token_cluster_time
 from relay.errors import (
-    Action, ConfigError, DeliveryError, LeaseLostError, PoisonEventError, ReopenableStreamError,
+    Action, BatchRefusedError, ConfigError, DeliveryError, LeaseLostError, PoisonEventError, ReopenableStreamError,
     HistoryLostError, classify, translate_mongo,
 )
 
@@ -33,7 +33,9 @@ def test_classifier_restarts_on_transient_and_stops_on_what_an_operator_must_fix
     assert classify(KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN))) is Action.RESTART
     assert classify(OperationFailure("stepped down", 189)) is Action.RESTART
     assert classify(LeaseLostError("lost")) is Action.STANDBY
-    assert classify(PoisonEventError("e1", "bad")) is Action.STOP
+    assert classify(PoisonEventError("e1", "bad")) is Action.POISON
+    assert classify(BatchRefusedError("refused", 3)) is Action.POISON
+    assert classify(HistoryLostError("gone")) is Action.STOP
     assert classify(ConfigError("RELAY_X", "bad")) is Action.STOP
     assert classify(OperationFailure("unauthorized", 13)) is Action.STOP
     assert classify(ValueError("bug")) is Action.STOP
@@ -43,7 +45,7 @@ def test_history_lost_and_reopenable_codes_are_translated():
     assert isinstance(translate_mongo(OperationFailure("gone", 286)), HistoryLostError)
     err = translate_mongo(OperationFailure("fatal", 280))
     assert isinstance(err, ReopenableStreamError) and err.code == 280
-    assert classify(err) is Action.RESTART
+    assert classify(err) is Action.REOPEN
 
 
 def test_kraft_cluster_ids_never_start_with_a_dash():

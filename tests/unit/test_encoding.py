@@ -11,11 +11,11 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from relay.changes import insert_change
 from relay.config import Settings
-from relay.encoding import ENVELOPE, HEADER_FENCING, MessageBuilder, SchemaRegistry
+from relay.encoding import ENVELOPE, HEADER_FENCING, MessageBuilder, SchemaFolder
 from relay.errors import PoisonEventError
 from relay.outbox import OutboxEvent
 
-REGISTRY = SchemaRegistry.bundled()
+REGISTRY = SchemaFolder.bundled()
 REGISTRY_DIR = Path(__file__).resolve().parents[2] / "schemas"
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 
@@ -139,5 +139,5 @@ def test_a_schema_folder_breaking_the_envelope_rules_is_refused_naming_the_file(
     typed["fields"] = [f for f in typed["fields"] if f["name"] != "source"]
     (tmp_path / "events" / "OrderCreated.avsc").write_text(json.dumps(typed))
     with pytest.raises(SchemaError) as err:
-        SchemaRegistry(tmp_path)
+        SchemaFolder(tmp_path)
     assert err.value.file == "events/OrderCreated.avsc" and "fields must be those of" in str(err.value)

@@ -1,0 +1,152 @@
+"""Health: what /livez and /readyz answer, and the HTTP server for them and /metrics.
+
+Liveness means the loop turns; readiness means the relay is connected and doing its job, as the
+publishing lease holder or as a standby ready to take over. The loop's reports reach `Health`
+through `relay.observe.Observer`; the HTTP server reads it on its own thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from relay.config import Settings, env_name
+from relay.errors import ConfigError
+
+# A leader with messages in the producer's queue and no batch acknowledged for this long is not
+# publishing (broker unreachable or refusing): unready, though its loop still turns.
+PUBLISH_STALL_S = 30.0
+
+
+class Health:
+    """Liveness and readiness from the loop's reports.
+
+    Thresholds (attributes, so tests can shorten them):
+    - `live_stall_s`: /livez fails when the loop has not turned for this long. It is longer
+      than any wait the loop makes while healthy or on a slow server (three MongoDB socket
+      timeouts, the longest restart backoff and a standby poll; at least 60 s), so only a loop
+      that is stuck fails it.
+    - `ready_stall_s`: /readyz fails when the loop has not turned for this long (a blocked
+      getMore or write: MongoDB unreachable).
+    - `publish_stall_s`: /readyz fails on a leader whose producer holds messages while no batch
+      was acknowledged for this long (Kafka unreachable).
+    """
+
+    def __init__(self, settings: Settings, queued: Callable[[], float]) -> None:
+        s = settings
+        io_timeout_s = max(s.connect_timeout_s, 10.0)  # relay.connections.mongo_client's socket timeout
+        self.live_stall_s = max(60.0, 3 * io_timeout_s + s.restart_backoff_max_s + s.standby_poll_s)
+        self.ready_stall_s = 10.0 + 2 * max(s.max_await_ms / 1000.0, s.standby_poll_s)
+        self.publish_stall_s = PUBLISH_STALL_S
+        self._queued = queued
+        now = time.monotonic()
+        self.last_turn = now
+        self._progress_at = now  # last acknowledged batch, or taking the lease
+        self._ready = False
+        self._why = "starting"
+        self.role = "starting"
+
+    # ---- reports ------------------------------------------------------------------------------
+
+    def turned(self, now: float) -> None:
+        self.last_turn = now
+
+    def became(self, role: str) -> None:
+        """`leader`, `standby` or `stopped` (with `stopped()`)."""
+        self.role = role
+        self._ready, self._why = True, role
+        if role == "leader":
+            self._progress_at = time.monotonic()
+
+    def progressed(self) -> None:
+        """A batch was acknowledged."""
+        self._progress_at = time.monotonic()
+        self._ready, self._why = True, self.role
+
+    def restarting(self, kind: str) -> None:
+        self._ready, self._why = False, f"restarting after {kind}"
+
+    def stopped(self, kind: str) -> None:
+        self.role = "stopped"
+        self._ready, self._why = False, f"stopped on {kind}"
+
+    # ---- answers ------------------------------------------------------------------------------
+
+    def live(self) -> bool:
+        """The loop turned within `live_stall_s` (a stuck loop fails this)."""
+        return time.monotonic() - self.last_turn < self.live_stall_s
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why): connected and turning, as a publishing leader or a standby."""
+        now = time.monotonic()
+        if not self._ready:
+            return False, self._why
+        if now - self.last_turn >= self.ready_stall_s:
+            return False, f"loop blocked for {now - self.last_turn:.0f}s (server unreachable?)"
+        if self.role == "leader" and now - self._progress_at >= self.publish_stall_s:
+            queued = self._queued()
+            if queued:
+                return False, (f"{queued:.0f} messages unacknowledged, nothing acknowledged for "
+                               f"{now - self._progress_at:.0f}s (Kafka unreachable?)")
+        return True, self._why
+
+    def ready(self) -> bool:
+        return self.readiness()[0]
+
+
+def serve(port: int, health: Health, registry: CollectorRegistry) -> ThreadingHTTPServer | None:
+    """Serve /metrics, /livez, /readyz on `port` in a daemon thread (0: off).
+
+    /livez and /readyz answer 200 or 503 with a small JSON body that says why. Raises
+    ConfigError naming RELAY_HTTP_PORT when the port cannot be bound.
+    """
+    if not port:
+        return None
+    try:
+        server = ThreadingHTTPServer(("0.0.0.0", port), _handler(health, registry))
+    except OSError as exc:
+        raise ConfigError(env_name("http_port"), f"cannot listen on port {port}: {exc.strerror}") from None
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="relay-http", daemon=True).start()
+    return server
+
+
+def _handler(health: Health, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
+                body, status = encoder(registry), 200
+            elif path == "/livez":
+                ok = health.live()
+                body = _json({"ok": ok, "role": health.role,
+                              "lastTurnSecondsAgo": round(time.monotonic() - health.last_turn, 3)})
+                status, ctype = (200 if ok else 503), "application/json"
+            elif path == "/readyz":
+                ok, why = health.readiness()
+                body = _json({"ok": ok, "role": health.role, "reason": why})
+                status, ctype = (200 if ok else 503), "application/json"
+            else:
+                body, status, ctype = b"not found\n", 404, "text/plain"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value).encode() + b"\n"

@@ -1,0 +1,367 @@
+"""In-memory fakes of the loop's boundaries (relay.boundaries), sharing one `World`.
+
+The world holds an outbox (a list of events, each with its resume token), a broker (partitions,
+the messages appended to them, the events whose report came back successful), one lease document
+and a clock. The fakes record every breach of a guarantee they can see, so tests assert on
+`world.violations`:
+- a commit whose token covers an event without a successful delivery report (guarantee 1);
+- a checkpoint that moves backwards (guarantee 4);
+- more unacknowledged messages than RELAY_BATCH_MAX_EVENTS (guarantee 7), or more messages sent
+  with a stale fencing token after a takeover than that (a zombie stops within one batch);
+- a stream opened anywhere but at the stored checkpoint (a failure replays from it).
+Tokens are `{"_data": "82<8 hex digits: events covered>00000001"}`: event i's own token covers
+events 0..i, so it is the token "after" it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+import zlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bson import ObjectId
+from confluent_kafka import KafkaError
+
+from relay.changes import Batch, StartPoint
+from relay.config import Settings
+from relay.encoding import MessageBuilder, SchemaFolder
+from relay.errors import HistoryLostError, LeaseLostError
+from relay.lease import Checkpoint, Grant
+from relay.message import HEADER_FENCING
+from relay.observe import Observer
+from relay.publisher import delivery_failure
+from relay.relay import Relay
+from relay.window import Delivery
+
+FOLDER = SchemaFolder.bundled()
+FINGERPRINT = "fake-pipeline"
+EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def token(covered: int) -> dict[str, str]:
+    """The resume token after the first `covered` events."""
+    return {"_data": f"82{covered:08X}00000001"}
+
+
+def covered_by(tok: Any) -> int:
+    return int(tok["_data"][2:10], 16)
+
+
+def outbox_document(seq: int, key: str, **overrides: Any) -> dict[str, Any]:
+    doc = {"_id": ObjectId(), "aggregateType": "order", "aggregateId": key, "eventType": "Changed",
+           "payload": {"seq": seq}, "occurredAt": EPOCH + dt.timedelta(milliseconds=seq)}
+    doc.update(overrides)
+    return {k: v for k, v in doc.items() if v is not None}
+
+
+# ---- the world ----------------------------------------------------------------------------------
+
+@dataclass
+class Clock:
+    """Fake time: only `wait` and tests move it."""
+
+    now: float = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float, until: threading.Event) -> None:
+        self.now += max(seconds, 0.0)
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Outbox:
+    changes: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, doc: dict[str, Any]) -> dict[str, Any]:
+        n = len(self.changes)
+        change = {"_id": token(n + 1), "operationType": "insert", "fullDocument": doc,
+                  "wallTime": EPOCH + dt.timedelta(milliseconds=n)}
+        self.changes.append(change)
+        return change
+
+    def event_ids(self) -> list[str]:
+        return [str(c["fullDocument"]["_id"]) for c in self.changes]
+
+
+@dataclass
+class Appended:
+    """A message as the broker holds it."""
+
+    event_id: str
+    key: bytes
+    topic: str
+    fencing: int
+
+
+@dataclass
+class Broker:
+    partitions: int = 3
+    log: dict[int, list[Appended]] = field(default_factory=dict)
+    acked: set[str] = field(default_factory=set)  # events with a successful report to the relay
+    fail_next: int = 0  # how many of the next reports fail (transient: message timed out)
+    refuse: set[tuple[str, str]] = field(default_factory=set)  # (topic, event id) refused for good (too large)
+
+    def partition(self, key: bytes) -> int:
+        return zlib.crc32(key) % self.partitions
+
+    def append(self, p: int, m: Any) -> None:
+        fencing = int(dict(m.headers).get(HEADER_FENCING, b"0"))
+        self.log.setdefault(p, []).append(Appended(m.event_id, m.key, m.topic, fencing))
+
+    def messages(self) -> list[Appended]:
+        return [m for p in sorted(self.log) for m in self.log[p]]
+
+
+@dataclass
+class LeaseDoc:
+    owner: str | None = None
+    fencing: int = 0
+    expires_at: float = 0.0
+    token: dict[str, str] | None = None
+    fingerprint: str | None = None
+    stored: list[int] = field(default_factory=list)  # positions of every stored token, in order
+    released: bool = False
+
+
+class World:
+    """Everything the fakes share; `violations` lists every broken guarantee seen."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random(0)
+        self.clock = Clock()
+        self.outbox = Outbox()
+        self.broker = Broker()
+        self.lease = LeaseDoc()
+        self.violations: list[str] = []
+        self.opens: list[StartPoint] = []
+        self.stale_sent = 0  # messages sent with a stale fencing token since the last takeover
+        self.max_events = 0  # RELAY_BATCH_MAX_EVENTS of the relay under test
+        self.history_lost_before: int | None = None  # tokens covering fewer events left the oplog
+
+    def violate(self, what: str) -> None:
+        self.violations.append(what)
+
+    def take_over(self, owner: str = "phantom") -> None:
+        """Another replica takes the lease (the current holder's lease expired or it was paused)."""
+        self.lease.owner = owner
+        self.lease.fencing += 1
+        self.lease.expires_at = self.clock.now + 4.0
+        self.stale_sent = 0
+
+
+# ---- the boundaries ------------------------------------------------------------------------------
+
+class FakeSource:
+    """The change stream over `world.outbox`; each read returns a random number of what is there
+    (as server batches and max_await timing would)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.position: int | None = None
+
+    def open(self, start: StartPoint) -> None:
+        w = self.world
+        w.opens.append(start)
+        if start.resume_after != w.lease.token:
+            w.violate(f"opened at {start.resume_after} while the checkpoint is {w.lease.token}")
+        if start.resume_after is not None:
+            position = covered_by(start.resume_after)
+            if w.history_lost_before is not None and position < w.history_lost_before:
+                raise HistoryLostError("the stored checkpoint is no longer in the oplog (fake)")
+            self.position = position
+        else:
+            self.position = len(w.outbox.changes) if start == StartPoint() else 0
+
+    def rescan(self) -> None:
+        raise NotImplementedError("the fakes do not rescan")
+
+    @property
+    def token(self) -> dict[str, str] | None:
+        return None if self.position is None else token(self.position)
+
+    def next_batch(self, max_events: int) -> Batch:
+        assert self.position is not None, "open() first"
+        available = len(self.world.outbox.changes) - self.position
+        n = self.world.rng.randint(0, min(max_events, available)) if available else 0
+        if available and n == 0 and self.world.rng.random() < 0.7:
+            n = min(max_events, available)  # mostly, what is there is returned
+        changes = self.world.outbox.changes[self.position:self.position + n]
+        self.position += n
+        return Batch(list(changes), token(self.position))
+
+    def close(self) -> None:
+        self.position = None
+
+
+class _Report:
+    """What librdkafka hands the delivery callback (only `value()` is read)."""
+
+    def __init__(self, m: Any) -> None:
+        self._value = m.value
+
+    def value(self) -> bytes:
+        return self._value
+
+
+class FakePublisher:
+    """A producer over `world.broker`: reports come back in send order per partition, the
+    partitions interleaved at random; `world.broker.fail_next` makes reports fail (the message may
+    or may not have been appended: idempotence keeps no promise about a timed-out message)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.pending: dict[int, deque[tuple[Any, Delivery]]] = {}
+        self.closed = False
+
+    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+        w = self.world
+        for m in delivery.messages:
+            p = w.broker.partition(m.key)
+            self.pending.setdefault(p, deque()).append((m, delivery))
+            if int(dict(m.headers)[HEADER_FENCING]) != w.lease.fencing:
+                w.stale_sent += 1
+                if w.stale_sent > w.max_events:
+                    w.violate(f"{w.stale_sent} messages sent with a stale fencing token after a takeover")
+        if self.queued > w.max_events:
+            w.violate(f"{self.queued} messages unacknowledged, more than {w.max_events}")
+
+    def poll(self, timeout: float) -> None:
+        w, rng = self.world, self.world.rng
+        busy = [p for p, q in self.pending.items() if q]
+        if not busy:
+            return
+        for p in rng.sample(busy, rng.randint(1, len(busy))):
+            queue = self.pending[p]
+            for _ in range(rng.randint(1, len(queue))):
+                m, delivery = queue.popleft()
+                if (m.topic, m.event_id) in w.broker.refuse:
+                    delivery.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(m))
+                    # The broker refuses the whole record batch: the rest of this partition's
+                    # queue sent with it fails too.
+                    while queue and queue[0][1] is delivery:
+                        other, d = queue.popleft()
+                        d.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(other))
+                    break
+                if w.broker.fail_next:
+                    w.broker.fail_next -= 1
+                    if rng.random() < 0.5:
+                        w.broker.append(p, m)  # written, but the report says it timed out
+                    delivery.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(m))
+                    continue
+                w.broker.append(p, m)
+                w.broker.acked.add(m.event_id)
+                delivery.on_delivery(None, _Report(m))
+
+    def failure(self, delivery: Delivery) -> Exception:
+        return delivery_failure(delivery)
+
+    @property
+    def queued(self) -> int:
+        return sum(len(q) for q in self.pending.values())
+
+    def close(self) -> None:
+        """Purge: messages already on their way may still be appended, without a report."""
+        for p, queue in self.pending.items():
+            for m, _delivery in queue:
+                if self.world.rng.random() < 0.3 and (m.topic, m.event_id) not in self.world.broker.refuse:
+                    self.world.broker.append(p, m)
+        self.pending.clear()
+        self.closed = True
+
+
+class FakeLease:
+    """The lease document in `world.lease`, fenced like relay.lease.LeaseStore (server time is
+    the world's clock)."""
+
+    def __init__(self, world: World, owner: str, ttl_s: float) -> None:
+        self.world = world
+        self.owner = owner
+        self.ttl_s = ttl_s
+
+    def try_acquire(self) -> Grant | None:
+        d, now = self.world.lease, self.world.clock.now
+        if d.owner not in (None, self.owner) and d.expires_at > now:
+            return None
+        if d.owner != self.owner:
+            d.fencing += 1
+            self.world.stale_sent = 0
+        d.owner, d.expires_at, d.released = self.owner, now + self.ttl_s, False
+        return Grant(self.owner, d.fencing, EPOCH, Checkpoint(d.token, None, d.fingerprint))
+
+    def _fence(self, grant: Grant) -> None:
+        d = self.world.lease
+        if (d.owner, d.fencing) != (grant.owner, grant.fencing_token):
+            raise LeaseLostError(f"lease lost: fencing token {grant.fencing_token} of {grant.owner} is "
+                                 f"no longer current")
+
+    def renew(self, grant: Grant) -> None:
+        self._fence(grant)
+        self.world.lease.expires_at = self.world.clock.now + self.ttl_s
+
+    def commit(self, grant: Grant, tok: Any, fingerprint: str) -> None:
+        self._fence(grant)
+        w, d = self.world, self.world.lease
+        position = covered_by(tok)
+        missing = [c["fullDocument"]["_id"] for c in w.outbox.changes[:position]
+                   if str(c["fullDocument"]["_id"]) not in w.broker.acked]
+        if missing:
+            w.violate(f"stored a token covering {position} events, {len(missing)} not acknowledged "
+                      f"(first {missing[0]})")
+        if d.stored and position < d.stored[-1]:
+            w.violate(f"the checkpoint moved back from {d.stored[-1]} to {position}")
+        d.token, d.fingerprint = dict(tok), fingerprint
+        d.stored.append(position)
+        d.expires_at = w.clock.now + self.ttl_s
+
+    def release(self, grant: Grant) -> None:
+        d = self.world.lease
+        if (d.owner, d.fencing) == (grant.owner, grant.fencing_token):
+            d.owner, d.expires_at, d.released = None, self.world.clock.now, True
+
+    def announce(self, role: str) -> None:
+        pass
+
+
+# ---- a relay on the fakes ------------------------------------------------------------------------
+
+def fake_settings(**changes: Any) -> Settings:
+    base = Settings().replace(instance_id="A", lease_ttl_s=4.0, heartbeat_interval_s=1.0, standby_poll_s=0.5,
+                              restart_backoff_max_s=2.0, http_port=0, batch_max_events=10)
+    return base.replace(**changes)
+
+
+@dataclass
+class FakeRelay:
+    relay: Relay
+    publishers: list[FakePublisher]
+    sources: list[FakeSource]
+
+
+def fake_relay(world: World, settings: Settings, observer: Observer | None = None) -> FakeRelay:
+    """A real `Relay` (and the real MessageBuilder) on the world's fakes."""
+    world.max_events = settings.batch_max_events
+    publishers: list[FakePublisher] = []
+    sources: list[FakeSource] = []
+
+    def new_publisher() -> FakePublisher:
+        publishers.append(FakePublisher(world))
+        return publishers[-1]
+
+    def new_source() -> FakeSource:
+        sources.append(FakeSource(world))
+        return sources[-1]
+
+    relay = Relay(settings, source=new_source, publisher=new_publisher,
+                  lease=FakeLease(world, settings.instance_id, settings.lease_ttl_s),
+                  encoder=MessageBuilder(settings, FOLDER), observer=observer or Observer(settings),
+                  fingerprint=FINGERPRINT, clock=world.clock)
+    return FakeRelay(relay, publishers, sources)

@@ -1,0 +1,365 @@
+"""The loop's rules, fast: the real `Relay` on in-memory fakes of its boundaries (tests/unit/fakes.py).
+
+The state machine drives random interleavings of writes, loop passes, delivery reports (in order
+per partition, interleaved across partitions), failed reports, takeovers of the lease, clock
+jumps, graceful stops and crashes, and checks after every step what the guarantees say:
+- a stored token never covers an event whose delivery report has not succeeded;
+- the checkpoint never moves back; a stream is only ever opened at the stored checkpoint
+  (so a failure replays from it);
+- at most RELAY_BATCH_MAX_EVENTS messages are unacknowledged, and after a takeover the old
+  holder sends at most that many with its stale fencing token;
+and at the end, with the faults healed, every event is published, first copies in commit order
+per key. The real-server tests (tests/faults, tests/integration) check the same against mongod
+and Kafka.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import random
+
+import pytest
+from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from relay.errors import (
+    LeaseLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError, RepeatedStreamError,
+    StreamInvalidatedError,
+)
+from relay.logs import setup_logging
+from relay.observe import Observer
+from tests.unit.fakes import FakeRelay, World, covered_by, fake_relay, fake_settings, outbox_document, token
+
+KEYS = ["k0", "k1", "k2", "k3", "k4"]
+
+
+def _write(world: World, n: int, **overrides: object) -> list[str]:
+    ids = []
+    for _ in range(n):
+        seq = len(world.outbox.changes)
+        change = world.outbox.add(outbox_document(seq, KEYS[seq % len(KEYS)], **overrides))
+        ids.append(str(change["fullDocument"]["_id"]))
+    return ids
+
+
+def _turn_until(fr: FakeRelay, done: object, turns: int = 2000) -> None:
+    for _ in range(turns):
+        if done():  # type: ignore[operator]
+            return
+        fr.relay.turn()
+    raise AssertionError("the loop did not get there")
+
+
+def _first_copies_in_commit_order(world: World) -> None:
+    by_key: dict[bytes, list[str]] = {}
+    seen: set[str] = set()
+    for m in world.broker.messages():
+        if m.event_id not in seen:
+            seen.add(m.event_id)
+            by_key.setdefault(m.key, []).append(m.event_id)
+    order = {event_id: i for i, event_id in enumerate(world.outbox.event_ids())}
+    for key, ids in by_key.items():
+        assert ids == sorted(ids, key=order.__getitem__), f"key {key!r} out of commit order"
+
+
+# ---- the state machine ----------------------------------------------------------------------------
+
+class LoopMachine(RuleBasedStateMachine):
+    """One outbox, one relay at a time (restarted after graceful stops and crashes)."""
+
+    @initialize(seed=st.integers(0, 2**32 - 1), max_events=st.integers(1, 12), depth=st.integers(1, 3),
+                max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]))
+    def start(self, seed: int, max_events: int, depth: int, max_bytes: int) -> None:
+        self.world = World(random.Random(seed))
+        self.settings = fake_settings(batch_max_events=max_events, pipeline_depth=depth,
+                                      batch_max_bytes=max_bytes)
+        self.generation = 0
+        self.fr = fake_relay(self.world, self.settings)
+
+    def _replace_relay(self) -> None:
+        self.generation += 1
+        self.fr = fake_relay(self.world, self.settings.replace(instance_id=f"A{self.generation}"))
+
+    @rule(n=st.integers(1, 15))
+    def write(self, n: int) -> None:
+        _write(self.world, n)
+
+    @rule(turns=st.integers(1, 4))
+    def turn(self, turns: int) -> None:
+        for _ in range(turns):
+            self.fr.relay.turn()
+
+    @rule(n=st.integers(1, 3))
+    def fail_reports(self, n: int) -> None:
+        self.world.broker.fail_next += n
+
+    @rule()
+    def take_over(self) -> None:
+        self.world.take_over()
+
+    @rule(seconds=st.floats(0.1, 6.0))
+    def clock_jumps(self, seconds: float) -> None:
+        self.world.clock.advance(seconds)
+
+    @rule()
+    def graceful_stop(self) -> None:
+        relay = self.fr.relay
+        relay.stop()
+        relay.run()  # finishes the deliveries in flight, stores, releases
+        self._replace_relay()
+
+    @rule()
+    def crash(self) -> None:
+        for publisher in self.fr.publishers:
+            publisher.close()  # what was on its way may still land, without a report
+        self._replace_relay()
+
+    @invariant()
+    def guarantees_hold(self) -> None:
+        assert not self.world.violations, self.world.violations
+
+    def teardown(self) -> None:
+        if not hasattr(self, "world"):
+            return
+        w = self.world
+        w.broker.fail_next = 0
+        w.clock.advance(10)  # any other holder's lease expires
+        _turn_until(self.fr, lambda: set(w.outbox.event_ids()) <= w.broker.acked
+                    and w.lease.token is not None and covered_by(w.lease.token) == len(w.outbox.changes))
+        assert not w.violations, w.violations
+        _first_copies_in_commit_order(w)
+
+
+TestLoopMachine = LoopMachine.TestCase
+TestLoopMachine.settings = hsettings(max_examples=150, stateful_step_count=40, deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---- poison events ---------------------------------------------------------------------------------
+
+def _bad(world: World) -> str:
+    change = world.outbox.add(outbox_document(99, "k9", eventType=None))  # no eventType: malformed
+    return str(change["fullDocument"]["_id"])
+
+
+def test_poison_event_stops_at_the_event_after_storing_the_ones_before_it():
+    """5 good, 1 malformed, 5 good, written together: the first 5 are published and stored, then
+    the relay stops naming the event; a restart stops at the same event with the same message."""
+    world = World()
+    settings = fake_settings(batch_max_events=100)
+    before = _write(world, 5)
+    bad = _bad(world)
+    _write(world, 5)
+    messages = []
+    for generation in range(2):
+        fr = fake_relay(world, settings.replace(instance_id=f"A{generation}"))
+        with pytest.raises(PoisonEventError) as stopped:
+            fr.relay.run()
+        messages.append(str(stopped.value))
+        assert stopped.value.event_id == bad and stopped.value.exit_code == 4
+        assert {m.event_id for m in world.broker.messages()} == set(before)
+        assert covered_by(world.lease.token) == 5, "the checkpoint is the token of the change before it"
+        assert world.lease.released
+    assert messages[0] == messages[1] and "field 'eventType' is missing" in messages[0]
+    assert not world.violations
+
+
+def test_poison_event_first_in_its_batch_stops_without_publishing_anything_new():
+    world = World()
+    bad = _bad(world)
+    _write(world, 3)
+    fr = fake_relay(world, fake_settings())
+    with pytest.raises(PoisonEventError) as stopped:
+        fr.relay.run()
+    assert stopped.value.event_id == bad and world.broker.messages() == []
+
+
+def test_dead_letter_policy_puts_the_poison_event_in_its_place_and_goes_on():
+    world = World()
+    settings = fake_settings(on_poison="dead-letter", dead_letter_topic="dlq")
+    good = _write(world, 3)
+    bad = _bad(world)
+    good += _write(world, 3)
+    fr = fake_relay(world, settings)
+    _turn_until(fr, lambda: set(good) <= world.broker.acked and bad in world.broker.acked)
+    dead = [m for m in world.broker.messages() if m.topic == "dlq"]
+    assert [m.event_id for m in dead] == [bad]
+    _first_copies_in_commit_order(world)
+    assert not world.violations
+
+
+@pytest.mark.parametrize("policy", ["stop", "dead-letter"])
+def test_record_batch_refused_by_the_broker_is_replayed_one_by_one_to_name_the_event(policy):
+    """The broker refuses an event for good (too large for the topic); librdkafka reports it for
+    its whole record batch, so the batch is replayed one message per request."""
+    world = World()
+    settings = fake_settings(on_poison=policy, dead_letter_topic="dlq", batch_max_events=50)
+    good = _write(world, 6)
+    refused = _write(world, 1)[0]
+    world.broker.refuse.add(("outbox.event.order", refused))
+    good += _write(world, 6)
+    fr = fake_relay(world, settings)
+    if policy == "stop":
+        with pytest.raises(PoisonEventError) as stopped:
+            _turn_until(fr, lambda: False)
+        assert stopped.value.event_id == refused and "larger than the broker accepts" in str(stopped.value)
+        assert covered_by(world.lease.token) == 6, "the events before it are stored"
+        assert set(good[:6]) <= world.broker.acked
+    else:
+        _turn_until(fr, lambda: set(good) <= world.broker.acked and refused in world.broker.acked)
+        dead = [m for m in world.broker.messages() if m.topic == "dlq"]
+        assert [m.event_id for m in dead] == [refused]
+    assert not world.violations
+
+
+# ---- the lease ---------------------------------------------------------------------------------------
+
+def test_lost_lease_stops_publishing_and_waits_as_a_standby():
+    world = World()
+    ids = _write(world, 30)
+    fr = fake_relay(world, fake_settings(batch_max_events=5))
+    lease_held = lambda: fr.relay.observer.registry.get_sample_value("relay_lease_held")  # noqa: E731
+    _turn_until(fr, lambda: len(world.broker.acked) >= 10)
+    world.take_over()
+    fenced = world.lease.fencing
+    _turn_until(fr, lambda: lease_held() == 0)
+    assert world.stale_sent <= 5, "at most one batch is sent with the old fencing token"
+    sent = len(world.broker.messages())
+    fr.relay.turn()
+    assert len(world.broker.messages()) == sent and world.lease.owner == "phantom", \
+        "a standby publishes nothing and does not take an unexpired lease"
+    _turn_until(fr, lambda: set(ids) <= world.broker.acked)  # standby polls let the lease expire
+    assert world.lease.owner == "A" and world.lease.fencing == fenced + 1
+    assert any(m.fencing < fenced for m in world.broker.messages()), "earlier messages carry the old token"
+    assert not world.violations
+
+
+def test_lease_lost_with_the_exit_policy_stops_the_relay():
+    world = World()
+    _write(world, 20)
+    fr = fake_relay(world, fake_settings(on_lease_lost="exit", batch_max_events=5))
+    _turn_until(fr, lambda: len(world.broker.acked) >= 5)
+    world.take_over()
+    with pytest.raises(LeaseLostError):
+        _turn_until(fr, lambda: False, turns=50)
+
+
+def test_graceful_stop_stores_what_is_in_flight_and_releases_the_lease():
+    world = World()
+    ids = _write(world, 8)
+    fr = fake_relay(world, fake_settings(batch_max_events=100, pipeline_depth=2))
+    fr.relay.turn()  # takes the lease, opens the stream
+    fr.relay.turn()  # sends a batch
+    fr.relay.stop()
+    fr.relay.run()
+    assert world.lease.released and world.lease.owner is None
+    assert covered_by(world.lease.token) == len([i for i in ids if i in world.broker.acked])
+
+
+# ---- errors that stop or restart ---------------------------------------------------------------------
+
+class _FailingSource:
+    """Raises `error` from every read (and from `open` with `on_open`)."""
+
+    def __init__(self, error: Exception, on_open: bool = False) -> None:
+        self.error, self.on_open, self.opened = error, on_open, 0
+
+    def open(self, start: object) -> None:
+        self.opened += 1
+        if self.on_open:
+            raise self.error
+
+    token = None
+
+    def next_batch(self, max_events: int) -> object:
+        raise self.error
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_reopenable_stream_error_that_repeats_without_progress_stops_the_relay():
+    world = World()
+    fr = fake_relay(world, fake_settings())
+    source = _FailingSource(ReopenableStreamError(280, "ChangeStreamFatalError"))
+    fr.relay._sources = lambda: source  # noqa: SLF001 - the one boundary this test replaces
+    with pytest.raises(RepeatedStreamError, match="280"):
+        fr.relay.run()
+    assert source.opened == 2, "reopened once from the checkpoint before stopping"
+
+
+def _stop_line(error: Exception, on_open: bool = False, **settings_changes: object) -> dict:
+    world = World()
+    settings = fake_settings(**settings_changes)
+    stream = io.StringIO()
+    handler = setup_logging("INFO", "json", stream)
+    try:
+        fr = fake_relay(world, settings, Observer(settings))
+        fr.relay._sources = lambda: _FailingSource(error, on_open)  # noqa: SLF001
+        with pytest.raises(type(error)):
+            fr.relay.run()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    errors = [line for line in lines if line["level"] == "ERROR"]
+    assert len(errors) == 1, errors
+    released = next(i for i, line in enumerate(lines) if "lease released" in line["message"])
+    assert lines.index(errors[0]) < released, "the stop line comes before the shutdown lines"
+    return errors[0]
+
+
+@pytest.mark.parametrize("error, on_open, exit_code", [
+    (StreamInvalidatedError("the outbox collection saw 'drop'"), False, 4),
+    (PipelineMismatchError("the stored checkpoint was made by a different pipeline"), True, 4),
+    (ValueError("a bug"), False, 1),
+])
+def test_every_stop_writes_one_structured_error_line(error, on_open, exit_code):
+    line = _stop_line(error, on_open)
+    assert line["error_kind"] == type(error).__name__ and line["exit_code"] == exit_code
+    assert line["reason"] == str(error) and line["logger"] == "relay"
+
+
+def test_the_stop_line_of_a_poison_event_names_the_event():
+    world = World()
+    bad = _bad(world)
+    settings = fake_settings()
+    stream = io.StringIO()
+    handler = setup_logging("INFO", "json", stream)
+    try:
+        with pytest.raises(PoisonEventError):
+            fake_relay(world, settings).relay.run()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    [line] = [json.loads(x) for x in stream.getvalue().splitlines() if '"ERROR"' in x]
+    assert line["error_kind"] == "PoisonEventError" and line["event_id"] == bad and line["exit_code"] == 4
+    assert "eventType" in line["reason"]
+
+
+def test_history_lost_stops_with_its_line():
+    world = World()
+    _write(world, 3)
+    world.lease.token = token(1)
+    world.history_lost_before = 2
+    stream = io.StringIO()
+    handler = setup_logging("INFO", "json", stream)
+    try:
+        from relay.errors import HistoryLostError
+
+        with pytest.raises(HistoryLostError):
+            fake_relay(world, fake_settings()).relay.run()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    [line] = [json.loads(x) for x in stream.getvalue().splitlines() if '"ERROR"' in x]
+    assert line["error_kind"] == "HistoryLostError" and line["exit_code"] == 4
+
+
+def test_window_split_groups_by_bytes_and_isolates_first():
+    from relay.window import split
+
+    assert split([10, 10, 10], 15) == [(2, False), (3, False)]
+    assert split([10, 10, 10], 1000) == [(3, False)]
+    assert split([10, 10, 10], 1000, alone=2) == [(1, True), (2, True), (3, False)]
+    assert split([30], 10) == [(1, False)]
+    assert split([], 10) == []
