@@ -31,10 +31,10 @@ from bson import Binary, Decimal128, ObjectId, json_util
 from bson.int64 import Int64
 from bson.json_util import RELAXED_JSON_OPTIONS
 
-from relay.changes import insert_change
+from relay.changes import CHANGE_CODEC, insert_change
 from relay.config import Settings
 from relay.contract import ENVELOPE
-from relay.encoding import PAYLOAD_CODEC, MessageBuilder, SchemaRegistry
+from relay.encoding import MessageBuilder, SchemaFolder
 from relay.outbox import OutboxEvent
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
@@ -77,8 +77,8 @@ ORDER_PLACED_PAYLOAD = {"type": "record", "name": "OrderPlacedPayload", "fields"
 ]}
 
 
-def _registry() -> SchemaRegistry:
-    registry = SchemaRegistry.bundled()
+def _registry() -> SchemaFolder:
+    registry = SchemaFolder.bundled()
     generic = registry.raw(ENVELOPE)
     fields = json.loads(json.dumps(generic["fields"]))
     for f in fields:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:<56} {min(runs[label]):>9.1f} {statistics.median(runs[label]):>8.1f} {size:>12}")
 
     # The parts that differ between generic and typed, alone.
-    docs = [bson.decode(c["fullDocument"].raw, PAYLOAD_CODEC)["payload"] for c in _changes("x", _order_payload, n)]
+    docs = [bson.decode(c["fullDocument"].raw, CHANGE_CODEC)["payload"] for c in _changes("x", _order_payload, n)]
     mapper = registry.writer_for("OrderPlaced").mapper
     assert mapper is not None
     converted = [mapper.convert(d) for d in docs]

@@ -87,7 +87,7 @@ from pymongo.collection import Collection
 from relay.config import Settings
 from relay.devstack import LocalStack
 from relay.outbox import Outbox, OutboxEvent
-from relay.relay import Relay
+from relay.wiring import build_relay
 
 log = logging.getLogger("bench")
 
@@ -262,7 +262,7 @@ class RelayThread:
     """Runs `Relay.run()` in a daemon thread and keeps the exception that ended it."""
 
     def __init__(self, settings: Settings) -> None:
-        self.relay = Relay(settings)
+        self.relay = build_relay(settings)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"relay-{settings.database}", daemon=True)
 

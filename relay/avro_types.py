@@ -49,7 +49,6 @@ Converter = Callable[[Any], Any]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _INT32 = (-(2**31), 2**31 - 1)
-_INT64 = (-(2**63), 2**63 - 1)
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 # Avro logical types a BSON value maps to, by underlying type.
 SUPPORTED_LOGICAL = {
@@ -113,7 +112,7 @@ def bson_type_name(value: Any) -> str:
         return "document"
     if isinstance(value, list):
         return "array"
-    return {"ObjectId": "objectId", "Decimal128": "decimal128", "Regex": "regex", "Code": "javascript",
+    return {"ObjectId": "objectId", "Decimal128": "decimal128", "Regex": "regex",
             "Timestamp": "timestamp", "MinKey": "minKey", "MaxKey": "maxKey", "DBRef": "dbPointer/DBRef",
             }.get(type(value).__name__, type(value).__name__)
 

@@ -48,7 +48,8 @@ PIPELINE: list[dict[str, Any]] = [
 ]
 
 # Changes are decoded once, by the driver's C decoder, into dicts. Dates outside years 1-9999
-# decode as DatetimeMS instead of failing the whole batch (see relay.encoding).
+# decode as DatetimeMS instead of failing the whole batch: the generic envelope carries them as
+# {"$date": {"$numberLong": ...}}, a typed one refuses them (relay.avro_types).
 CHANGE_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
                             datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 

@@ -9,7 +9,6 @@ lost, invalidated stream, changed pipeline), `schemas check` found a breaking sc
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
-from relay.errors import EXIT_CONFIG, EXIT_FATAL, ConfigError, run_command
+from relay.errors import EXIT_CONFIG, EXIT_FATAL, run_command
 
 log = logging.getLogger("relay")
 

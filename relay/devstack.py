@@ -29,6 +29,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from relay import maven
 from relay.errors import DevStackError
 
@@ -164,16 +166,8 @@ class ManagedProcess:
 def pid_alive(pid: int) -> bool:
     """Whether `pid` is a running process (a zombie counts as gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of another process still answers kill(0); check its state.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
@@ -500,7 +494,7 @@ def dev_down() -> dict[str, Any]:
 def _is_ours(pid: int) -> bool:
     """Guard against a recycled pid: the process must be a mongod or our Kafka java."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return False
     return "mongod" in cmdline or "kafka.Kafka" in cmdline

@@ -28,7 +28,6 @@ from typing import Any
 
 import fastavro
 from bson import Code, json_util
-from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.json_util import RELAXED_JSON_OPTIONS
 
 from relay.avro_types import PayloadMapper, UnmappableValueError
@@ -45,10 +44,6 @@ CONTENT_TYPE = b"application/avro"
 _RESERVED_HEADERS = ("ce_", "content-type", "relay_")
 # Bytes Kafka adds around key, value and headers in a record batch; kept generous.
 _RECORD_OVERHEAD = 512
-# Dates outside years 1-9999 decode as DatetimeMS instead of failing the whole document: the
-# generic envelope carries them as {"$date": {"$numberLong": ...}}, a typed one refuses them.
-PAYLOAD_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
-                             datetime_conversion=DatetimeConversion.DATETIME_AUTO)
 
 __all__ = ["ENVELOPE", "HEADER_FENCING", "SINGLE_OBJECT_MAGIC", "MessageBuilder", "OutgoingMessage",
            "SchemaFolder", "SchemaRegistry"]

@@ -103,8 +103,9 @@ class Observer:
         """The producer the loop now uses; its queue depth is read at scrape time (weakly held)."""
         self._publisher = weakref.ref(publisher)  # type: ignore[assignment]
 
-    def published(self, changes: Sequence[Any], messages: Sequence[Any], seconds: float) -> None:
-        """Kafka acknowledged every message of a batch (`changes` are its change events)."""
+    def published(self, changes: Sequence[Any], messages: Sequence[Any], seconds: float, token: Any) -> None:
+        """Kafka acknowledged every message of a batch (`changes` are its change events, `token`
+        the one covering it, stored next)."""
         m = self.metrics
         acked = time.time()
         m.count_published(messages)
@@ -118,7 +119,7 @@ class Observer:
             log.debug("published %d events (%s … %s)", len(messages), messages[0].event_id,
                       messages[-1].event_id, extra={"event_id": messages[-1].event_id,
                                                     "first_event_id": messages[0].event_id,
-                                                    "events": len(messages)})
+                                                    "events": len(messages), "token": short_token(token)})
 
     def committed(self, token: Any) -> None:
         """`token` is stored as the checkpoint (every event before it is acknowledged)."""

@@ -109,10 +109,15 @@ def _required_str(doc: Mapping[str, Any], name: str) -> str:
     if value.__class__ is str and value:  # the common case, checked first and cheaply
         return value  # type: ignore[no-any-return]
     if value is None:
-        raise MalformedEventError(name, "is missing")
+        raise MalformedEventError(name, _absent(doc, name))
     if not isinstance(value, str) or not value:
         raise MalformedEventError(name, f"must be a non-empty string, got {type(value).__name__}")
     return value
+
+
+def _absent(doc: Mapping[str, Any], name: str) -> str:
+    """How a field without a value is described: "is null" when present as null, else "is missing"."""
+    return "is null" if name in doc else "is missing"
 
 
 def event_id_of(doc: Mapping[str, Any]) -> str:
@@ -127,13 +132,13 @@ def parse(doc: Mapping[str, Any], fields: FieldNames = DEFAULT_FIELDS) -> Outbox
         raise MalformedEventError("_id", "must be an ObjectId or a non-empty string")
     payload = doc.get(fields.payload)
     if payload is None:
-        raise MalformedEventError(fields.payload, "is missing")
+        raise MalformedEventError(fields.payload, _absent(doc, fields.payload))
     if not isinstance(payload, Mapping):
         raise MalformedEventError(fields.payload, f"must be a document, got {type(payload).__name__}")
     occurred_at = doc.get(fields.occurred_at)
     if not isinstance(occurred_at, dt.datetime):
         raise MalformedEventError(fields.occurred_at,
-                                  "is missing" if occurred_at is None else "must be a date")
+                                  _absent(doc, fields.occurred_at) if occurred_at is None else "must be a date")
     headers = doc.get(fields.headers)
     if headers is not None:
         if not isinstance(headers, Mapping):

@@ -18,8 +18,13 @@ Nothing here does I/O; the loop (`relay.relay`) acts on the decisions.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from relay.boundaries import Encoder
 from relay.errors import BatchRefusedError, PoisonEventError
+from relay.message import OutgoingMessage
+from relay.outbox import event_id_of
 
 
 class Decision(enum.Enum):
@@ -65,3 +70,29 @@ class PoisonPolicy:
         """One of those events was acknowledged in a request of its own."""
         if self._one_by_one:
             self._one_by_one -= 1
+
+
+def encode(changes: Sequence[Any], fencing_token: int, encoder: Encoder, policy: PoisonPolicy,
+           dead_lettered: Callable[[str, str], None]) -> tuple[list[OutgoingMessage], PoisonEventError | None]:
+    """The messages for `changes`, in order, with the policy applied as they are built.
+
+    Under the dead-letter policy a poison event's dead letter takes its place (and
+    `dead_lettered(event_id, reason)` is told); under the stop policy the messages end before the
+    first poison event, which is returned with them. Messages and changes correspond one to one.
+    """
+    build, messages = encoder.build, []
+    refusals = policy.remembers_refusals
+    for change in changes:
+        try:
+            if refusals:
+                event_id = event_id_of(change["fullDocument"])
+                reason = policy.refused(event_id)
+                if reason is not None:
+                    raise PoisonEventError(event_id, reason)
+            messages.append(build(change, fencing_token))
+        except PoisonEventError as exc:
+            if not policy.dead_letters:
+                return messages, exc
+            dead_lettered(exc.event_id, exc.reason)
+            messages.append(encoder.dead_letter(change, exc.reason, fencing_token))
+    return messages, None

@@ -4,7 +4,7 @@ Idempotence and acks=all are forced (config.FORCED_KAFKA): librdkafka then keeps
 partition with up to 5 requests in flight and never duplicates on its own retries. A failed
 delivery can still leave a gap while later messages succeed, and a fatal error makes the
 instance unusable, so after any failure the relay drops this producer, builds a new one and
-replays from the checkpoint (FAULTS.md, "Delivery errors").
+replays from the checkpoint (docs/faults.md, "Delivery errors").
 """
 
 from __future__ import annotations

@@ -35,35 +35,23 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from tenacity import RetryCallState, wait_exponential_jitter
 
-from relay.boundaries import ChangeSource, Clock, LeaseStore, Observer, Publisher, SystemClock, Token
+from relay.boundaries import ChangeSource, Clock, Encoder, LeaseStore, Observer, Publisher, SystemClock, Token
 from relay.changes import Batch, short_token, start_point
 from relay.config import Settings
 from relay.errors import (
-    Action, HistoryLostError, PoisonEventError, RelayError, ReopenableStreamError, RepeatedStreamError, classify,
+    Action, HistoryLostError, RelayError, ReopenableStreamError, RepeatedStreamError, classify,
 )
 from relay.lease import Grant
-from relay.message import OutgoingMessage
-from relay.outbox import event_id_of
-from relay.poison import Decision, PoisonPolicy
+from relay.poison import Decision, PoisonPolicy, encode
 from relay.window import Delivery, Window, split
 
 log = logging.getLogger("relay")
 
 _WAIT_SLICE_S = 0.5  # how long one wait on delivery reports lasts before the lease heartbeat runs
-
-
-class Encoder(Protocol):
-    """Turns a change into its Kafka message (relay.encoding.MessageBuilder)."""
-
-    def build(self, change: Any, fencing_token: int) -> OutgoingMessage:
-        """The message for one insert change; raises PoisonEventError naming the event."""
-
-    def dead_letter(self, change: Any, reason: str, fencing_token: int) -> OutgoingMessage:
-        """The dead-letter record that stands in for a poison event."""
 
 
 @dataclass
@@ -161,10 +149,10 @@ class Relay:
             self._wait_as_standby()
             return
         self._last_write = self._clock.monotonic()  # acquiring renewed the lease
+        self.observer.role("leader", grant.fencing_token)
         if self._role != "leader":
             log.info("holding the lease, fencing token %d", grant.fencing_token)
         self._role = "leader"
-        self.observer.role("leader", grant.fencing_token)
         self._lease.announce("leader")
         s = self.settings
         self._session = session = Session(grant, self._sources(), self._publishers(),
@@ -224,7 +212,8 @@ class Relay:
         Under the stop policy a poison event ends the batch: the events before it are published
         and stored, then its error is raised (a restart stops at the same event again).
         """
-        messages, poison = self._encode(batch.changes, s.grant.fencing_token)
+        messages, poison = encode(batch.changes, s.grant.fencing_token, self._encoder, self._poison,
+                                  self.observer.dead_lettered)
         start = 0
         for end, alone in split([len(m.value) for m in messages], self.settings.batch_max_bytes,
                                 self._poison.one_by_one):
@@ -240,27 +229,6 @@ class Relay:
         if poison is not None:
             self._settle(s, keep=0)
             raise poison
-
-    def _encode(self, changes: list[Any], fencing_token: int) -> tuple[list[OutgoingMessage], PoisonEventError | None]:
-        """The messages for `changes`, in order. Under the dead-letter policy a poison event's
-        dead letter takes its place; under the stop policy the messages end before the first
-        poison event, which is returned with them."""
-        build, messages = self._encoder.build, []
-        refusals = self._poison.remembers_refusals
-        for change in changes:
-            try:
-                if refusals:
-                    event_id = event_id_of(change["fullDocument"])
-                    reason = self._poison.refused(event_id)
-                    if reason is not None:
-                        raise PoisonEventError(event_id, reason)
-                messages.append(build(change, fencing_token))
-            except PoisonEventError as exc:
-                if not self._poison.dead_letters:
-                    return messages, exc
-                self.observer.dead_lettered(exc.event_id, exc.reason)
-                messages.append(self._encoder.dead_letter(change, exc.reason, fencing_token))
-        return messages, None
 
     def _settle(self, s: Session, keep: int) -> None:
         """Store the token of the newest delivery that Kafka acknowledged along with every one
@@ -284,7 +252,7 @@ class Relay:
                 if delivery.one_by_one:
                     self._poison.sent_alone()
                 self.observer.published(delivery.changes, delivery.messages,
-                                        self._clock.monotonic() - delivery.sent_at)
+                                        self._clock.monotonic() - delivery.sent_at, delivery.token)
                 newest = delivery.token or newest
         finally:
             if newest is not None:

@@ -104,7 +104,7 @@ def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: 
     An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from relay.relay import check_kafka
+    from relay.connections import check_kafka
 
     check_kafka(settings)
     out = out or sys.stdout

@@ -1,6 +1,6 @@
 """Test helpers: run the relay (thread or process), write events, read topics, check guarantees.
 
-The oracle (FAULTS.md): consume the topic and compare with the outbox. Every committed
+The oracle (docs/faults.md): consume the topic and compare with the outbox. Every committed
 outbox event is present; first occurrences per key follow commit order; duplicates appear only
 in the replay window after the last checkpoint.
 """

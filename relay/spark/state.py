@@ -36,6 +36,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from relay.errors import DUPLICATE_KEY
+
 if TYPE_CHECKING:
     from pymongo import MongoClient
     from pymongo.collection import Collection
@@ -45,7 +47,6 @@ STATE_KEY = ("aggregateType", "aggregateId")
 STATE_COLUMNS = (*STATE_KEY, "lastEventId", "lastEventType", "lastPayload", "lastOccurredAt",
                  "lastPosition", "lastClusterTime", "eventCount")
 _SNAPSHOT_PREFIX = "snapshot-"
-_DUPLICATE_KEY = 11000
 _MONGO_CHUNK = 1000
 
 
@@ -220,7 +221,7 @@ def _flush(collection: Collection[Any], ops: list[Any]) -> UpsertResult:
         collection.bulk_write(ops, ordered=False)
     except BulkWriteError as exc:
         errors = exc.details.get("writeErrors", [])
-        if exc.details.get("writeConcernErrors") or any(e.get("code") != _DUPLICATE_KEY for e in errors):
+        if exc.details.get("writeConcernErrors") or any(e.get("code") != DUPLICATE_KEY for e in errors):
             raise
         return UpsertResult(applied=len(ops) - len(errors), stale=len(errors))
     return UpsertResult(applied=len(ops))

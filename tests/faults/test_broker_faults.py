@@ -1,4 +1,4 @@
-"""Kafka broker faults (FAULTS.md rows 10 and 11): the session's broker is killed or paused."""
+"""Kafka broker faults (docs/faults.md rows 10 and 11): the session's broker is killed or paused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A three-member replica set: elections (FAULTS.md row 3) and the chaos run."""
+"""A three-member replica set: elections (docs/faults.md row 3) and the chaos run."""
 
 from __future__ import annotations
 

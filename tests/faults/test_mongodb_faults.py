@@ -1,4 +1,4 @@
-"""MongoDB-side faults (FAULTS.md rows 4, 5, 13, 14), injected with failCommand or SIGSTOP."""
+"""MongoDB-side faults (docs/faults.md rows 4, 5, 13, 14), injected with failCommand or SIGSTOP."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Faults in the data and the collection (FAULTS.md rows 6, 7, 8, 9)."""
+"""Faults in the data and the collection (docs/faults.md rows 6, 7, 8, 9)."""
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import time
 
@@ -14,7 +15,7 @@ from relay.changes import oplog_start, token_cluster_time
 from relay.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    RelayThread, Written, assert_complete_and_ordered, lease_doc, read_messages, read_topic, replica_set,
+    RelayProcess, RelayThread, Written, assert_complete_and_ordered, lease_doc, read_messages, read_topic, replica_set,
     topic_size, wait_until, write_events,
 )
 
@@ -73,6 +74,39 @@ def test_poison_events_go_to_the_dead_letter_topic_with_the_reason_and_the_rest_
     assert "larger than the broker accepts" in reasons[too_big.id_str]
     assert "field 'eventType' is missing" in reasons[str(malformed["_id"])]
     assert relay.metric("relay_dead_letters_total") >= 2
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_poison_event_stops_the_relay_at_the_event_after_publishing_the_ones_before_it(env, tmp_path):
+    """5 good, 1 bad, 5 good in one transaction: the 5 are published and checkpointed, then the relay
+    exits 4 naming the event in one JSON ERROR line; a restart stops at the same event again."""
+    good = [OutboxEvent.new("order", f"p{i % 2}", "Changed", {"seq": i}) for i in range(10)]
+    bad = OutboxEvent.new("order", "p9", "Changed", {"seq": -1}).to_document()
+    bad["aggregateId"] = None
+    with env.client.start_session() as session, session.start_transaction():
+        env.outbox.insert_many([e.to_document() for e in good[:5]] + [bad] + [e.to_document() for e in good[5:]],
+                               session=session)
+    stops = []
+    for run in range(2):
+        relay = RelayProcess(env.settings.replace(instance_id=f"run{run}"), tmp_path, f"run{run}",
+                             extra_env={"RELAY_LOG_FORMAT": "json"}).start()
+        assert relay.proc.wait(timeout=120) == 4, relay.log()
+        lines = _json_lines(relay.log())
+        [stop] = [line for line in lines if line["level"] == "ERROR"]
+        assert stop["error_kind"] == "PoisonEventError" and stop["event_id"] == str(bad["_id"])
+        assert stop["exit_code"] == 4 and "field 'aggregateId' is null" in stop["reason"]
+        assert lines.index(stop) < next(i for i, line in enumerate(lines) if "lease released" in line["message"])
+        assert "outbox-relay: PoisonEventError" not in relay.log(), "no second, plain-text copy"
+        stops.append(stop["reason"])
+        records = read_topic(env.servers.kafka_bootstrap, env.topic())
+        assert sorted({r.id for r in records}) == sorted(e.id_str for e in good[:5])
+        token = lease_doc(env.db, env.settings)["resumeToken"]
+        with env.outbox.watch(resume_after=token) as stream:
+            assert stream.next()["fullDocument"]["_id"] == bad["_id"], "the checkpoint is just before it"
+    assert stops[0] == stops[1], "a restart stops at the same event with the same message"
 
 
 # ---- row 7: the outbox collection dropped or renamed -----------------------------------------

@@ -1,4 +1,4 @@
-"""The relay process is SIGKILLed at random points and restarted (FAULTS.md rows 1 and 2)."""
+"""The relay process is SIGKILLed at random points and restarted (docs/faults.md rows 1 and 2)."""
 
 from __future__ import annotations
 

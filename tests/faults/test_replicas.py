@@ -1,4 +1,4 @@
-"""Several relay replicas on one outbox (FAULTS.md rows 2, 12, 15): lease, fencing, handover."""
+"""Several relay replicas on one outbox (docs/faults.md rows 2, 12, 15): lease, fencing, handover."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _leader(env, instance: str, timeout: float = 60) -> dict:
 
 
 def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(env, tmp_path):
-    """Replica A is paused past its lease; B takes over; A resumes (FAULTS row 12)."""
+    """Replica A is paused past its lease; B takes over; A resumes (docs/faults.md row 12)."""
     batch = 100
     settings = env.settings.replace(batch_max_events=batch)
     # A lingers 1.5 s before sending, so a pause most likely catches it with messages queued:
@@ -77,7 +77,7 @@ def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(en
 
 
 def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp_path):
-    """Graceful stop stores the final checkpoint and releases the lease (FAULTS row 15)."""
+    """Graceful stop stores the final checkpoint and releases the lease (docs/faults.md row 15)."""
     written = Written()
     a = RelayProcess(env.settings.replace(instance_id="A"), tmp_path, "A").start()
     b = RelayProcess(env.settings.replace(instance_id="B"), tmp_path, "B")
@@ -119,7 +119,7 @@ def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp
 
 
 def test_relay_killed_inside_a_large_transaction_publishes_all_of_it_in_order(env, tmp_path):
-    """N events of one transaction; the relay is killed while publishing them (FAULTS row 2)."""
+    """N events of one transaction; the relay is killed while publishing them (docs/faults.md row 2)."""
     n = 3000
     settings = env.settings.replace(batch_max_events=50)
     events = [OutboxEvent.new("order", f"tx-{i % 7}", "Line", {"seq": i}) for i in range(n)]

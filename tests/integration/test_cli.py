@@ -70,3 +70,66 @@ def test_outbox_init_creates_the_index(env):
     result = run_cli("outbox", "init", env=settings_env(env.settings))
     assert result.returncode == 0, result.stderr
     assert "occurredAt_1" in env.outbox.index_information()
+
+
+def test_unreachable_mongodb_message_gives_the_whole_cause_in_one_line(env):
+    port = free_port()
+    environ = settings_env(env.settings) | {
+        "RELAY_MONGODB_URI": f"mongodb://127.0.0.1:{port}/?replicaSet=rs0", "RELAY_CONNECT_TIMEOUT_S": "2"}
+    result = run_cli("run", env=environ)
+    [line] = [line for line in result.stderr.splitlines() if "cannot reach MongoDB" in line]
+    assert f"127.0.0.1:{port}: [Errno 111] Connection refused" in line, line
+    assert "Topology Description" not in line and "configured timeouts" not in line
+    assert line.count("(") == line.count(")"), f"a cut message: {line}"
+
+
+def test_a_mongodb_that_is_not_a_replica_set_is_a_configuration_error(env, tmp_path):
+    from relay.devstack import ManagedProcess, mongod_binary
+
+    port = free_port()
+    (tmp_path / "db").mkdir()
+    standalone = ManagedProcess("standalone", [str(mongod_binary()), "--port", str(port), "--dbpath",
+                                               str(tmp_path / "db"), "--bind_ip", "127.0.0.1"],
+                                tmp_path / "mongod.log")
+    standalone.start()
+    try:
+        import pymongo
+
+        wait_until(lambda: _pings(pymongo, port), 60, "the standalone mongod")
+        environ = settings_env(env.settings) | {"RELAY_MONGODB_URI": f"mongodb://127.0.0.1:{port}/",
+                                                "RELAY_CONNECT_TIMEOUT_S": "5"}
+        result = run_cli("run", env=environ)
+    finally:
+        standalone.stop()
+    assert result.returncode == 2, result.stderr
+    assert "RELAY_MONGODB_URI" in result.stderr and "not a replica set member" in result.stderr
+
+
+def _pings(pymongo, port: int) -> bool:
+    try:
+        with pymongo.MongoClient(f"mongodb://127.0.0.1:{port}/", serverSelectionTimeoutMS=500) as c:
+            return bool(c.admin.command("ping"))
+    except pymongo.errors.PyMongoError:
+        return False
+
+
+def test_checkpoint_reset_is_refused_while_a_leader_holds_the_lease_unless_forced(env):
+    outbox = Outbox(env.outbox)
+    outbox.add(OutboxEvent.new("order", "r1", "Created", {}))
+    environ = settings_env(env.settings.replace(instance_id="operator"))
+    with RelayThread(env.settings) as relay:
+        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 1, 60, "the event")
+        refused = run_cli("checkpoint", "reset", env=environ)
+        assert refused.returncode == 2, refused.stderr
+        assert env.settings.instance_id in refused.stderr and "--force" in refused.stderr
+        assert env.db[env.settings.lease_collection].find_one()["resumeToken"] is not None, "nothing reset"
+        forced = run_cli("checkpoint", "reset", "--force", env=environ)
+        assert forced.returncode == 0, forced.stderr
+        assert "fenced out" in forced.stdout
+        # The old holder's next write fails; it takes the lease again with a new fencing token and
+        # starts where RELAY_START_AT says (oplog-start: the event is published again).
+        wait_until(lambda: relay.metric("relay_fencing_token") >= 3, 60, "the relay to lead again")
+        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 2, 60, "the replay")
+    assert relay.error is None, relay.error
+    lease = env.db[env.settings.lease_collection].find_one()
+    assert lease["owner"] is None and lease["fencingToken"] >= 3

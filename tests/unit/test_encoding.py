@@ -57,6 +57,9 @@ def test_topic_field_overrides_the_template():
 
 @pytest.mark.parametrize("mutate, fragment", [
     (lambda d: d.pop("eventType"), "field 'eventType' is missing"),
+    (lambda d: d.update(aggregateId=None), "field 'aggregateId' is null"),
+    (lambda d: d.update(payload=None), "field 'payload' is null"),
+    (lambda d: d.pop("occurredAt"), "field 'occurredAt' is missing"),
     (lambda d: d.update(aggregateId=42), "field 'aggregateId' must be a non-empty string"),
     (lambda d: d.update(headers={"ce_id": "x"}), "reserves"),
     (lambda d: d.update(headers={"n": 1}), "field 'headers.n' must be a string"),
