@@ -55,7 +55,10 @@ def registry_home(fetch: bool = True) -> Path:
     try:
         archive = maven.copy_artifact(ARTIFACT, staging / "download")
         with tarfile.open(archive) as tar:
-            tar.extractall(staging, filter="data")
+            if hasattr(tarfile, "data_filter"):  # Python 3.11.4+: refuse links and paths out of the folder
+                tar.extractall(staging, filter="data")
+            else:
+                tar.extractall(staging)  # noqa: S202 - a Maven Central artifact
         shutil.rmtree(staging / "download")
         runner_jar(staging)  # the layout is the one this module knows
     except maven.MavenError as exc:

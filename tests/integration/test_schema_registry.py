@@ -102,10 +102,14 @@ def run_until_exit(settings: Any, tmp_path: Path, name: str) -> tuple[int, str]:
     return code, relay.log()
 
 
-def restarts(port: int, kind: str) -> float:
-    """`relay_restarts_total{kind}` from the relay's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+def restarts(relay: RelayProcess, port: int, kind: str) -> float:
+    """`relay_restarts_total{kind}` from the relay's /metrics; fails if the relay exited."""
+    assert relay.alive, f"the relay exited ({relay.proc and relay.proc.returncode}):\n{relay.log()[-3000:]}"
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0  # starting, or exiting (the next call says so)
     return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
                if s.name == "relay_restarts_total" and s.labels.get("kind") == kind)
 
@@ -263,7 +267,7 @@ def _registry_outage(env: Any, registry: Any, tmp_path: Path, outage: Any, recov
             write_events(env.db, settings.outbox_collection, total=200, writers=2, written=orders, seed=3)),
             daemon=True)
         writer.start()
-        wait_until(lambda: restarts(http_port, "SchemaRegistryUnavailableError") >= 1, 120,
+        wait_until(lambda: restarts(relay, http_port, "SchemaRegistryUnavailableError") >= 1, 120,
                    "a restart on the unavailable registry")
         writer.join(timeout=120)
         assert relay.alive, relay.log()[-3000:]
