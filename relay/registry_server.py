@@ -68,6 +68,9 @@ def registry_home(fetch: bool = True) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise DevStackError(f"could not unpack {ARTIFACT} into {home}: {exc}") from exc
     (staging / maven.COMPLETE).write_text(ARTIFACT)
+    if maven.is_resolved(home):  # another process (a parallel test run) finished first: keep its copy
+        shutil.rmtree(staging, ignore_errors=True)
+        return home
     shutil.rmtree(home, ignore_errors=True)
     staging.rename(home)
     return home
