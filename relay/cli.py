@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
     dev = sub.add_parser("dev", help="the local MongoDB replica set and Kafka broker")
     dev.add_argument("action", choices=["up", "down", "status", "fetch"])
+    dev.add_argument("--schema-registry", action="store_true",
+                     help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too")
     outbox = sub.add_parser("outbox", parents=[settings], help="outbox collection tasks")
     outbox.add_argument("action", choices=["init"])
     outbox.add_argument("--ttl-seconds", type=int, default=None,
@@ -75,7 +77,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from relay.logs import setup_logging
 
     if args.command == "dev":
-        return _dev(args.action)
+        return _dev(args.action, args.schema_registry)
     if args.command == "pipeline":
         from relay.spark.options import main as pipeline
 
@@ -148,18 +150,27 @@ def _run(settings: cfg.Settings) -> int:
     return 0
 
 
-def _dev(action: str) -> int:
+def _dev(action: str, schema_registry: bool = False) -> int:
     from relay import devstack
 
     if action == "fetch":
         print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
         print(f"mongod at {devstack.mongod_binary()}")
+        if schema_registry:
+            from relay.registry_server import APICURIO_VERSION, registry_home
+
+            print(f"Apicurio Registry {APICURIO_VERSION} in {registry_home()}")
         return 0
-    result = {"up": devstack.dev_up, "down": devstack.dev_down, "status": devstack.dev_status}[action]()
+    if action == "up":
+        result = devstack.dev_up(schema_registry=schema_registry)
+    else:
+        result = {"down": devstack.dev_down, "status": devstack.dev_status}[action]()
     print(json.dumps(result, indent=2))
     if action == "up":
         print(f"\nexport RELAY_MONGODB_URI='{result['mongodb']['uri']}'\n"
               f"export RELAY_KAFKA_BOOTSTRAP_SERVERS='{result['kafka']['bootstrap_servers']}'")
+        if "schema_registry" in result:
+            print(f"export RELAY_SCHEMA_REGISTRY_URL='{result['schema_registry']['url']}'")
     return 0
 
 

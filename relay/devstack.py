@@ -444,8 +444,10 @@ def _dev_dir() -> Path:
     return cache_dir() / "devstack"
 
 
-def dev_up() -> dict[str, Any]:
+def dev_up(schema_registry: bool = False) -> dict[str, Any]:
     """Start a detached local stack (or report the running one); return its addresses.
+    `schema_registry`: also a Schema Registry (relay.registry_server), added to a running stack
+    that lacks one.
 
     Invariant: the stack starts in an empty folder. A replica set's configuration names its
     members' host:port, and the ports are picked afresh, so data left by an earlier stack (one
@@ -453,12 +455,22 @@ def dev_up() -> dict[str, Any]:
     stopped by pid and discarded first.
     """
     current = dev_status()
-    if current.get("running"):
+    if current.get("running") and (current.get("schema_registry") or not schema_registry):
         return current
-    dev_down()
-    stack = LocalStack(_dev_dir())
-    stack.start()
-    state = stack.state()
+    if current.get("running"):
+        state = {k: v for k, v in current.items() if k != "running"}
+    else:
+        dev_down()
+        stack = LocalStack(_dev_dir())
+        stack.start()
+        state = stack.state()
+        _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
+    if schema_registry:
+        from relay.registry_server import SchemaRegistryServer
+
+        registry = SchemaRegistryServer(_dev_dir() / "schema-registry")
+        registry.start()
+        state["schema_registry"] = registry.state()
     _state_file().write_text(json.dumps(state, indent=2))
     return {"running": True, **state}
 
@@ -469,6 +481,8 @@ def dev_status() -> dict[str, Any]:
         return {"running": False}
     state = json.loads(path.read_text())
     pids = [*state["mongodb"]["pids"], state["kafka"]["pid"]]
+    if "schema_registry" in state:
+        pids.append(state["schema_registry"]["pid"])
     return {"running": all(pid and pid_alive(pid) for pid in pids), **state}
 
 
@@ -480,8 +494,10 @@ def dev_down() -> dict[str, Any]:
         return {"running": False, "stopped": []}
     state = json.loads(path.read_text())
     stopped = []
-    for name, pid in [("kafka", state["kafka"]["pid"]),
-                      *[(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]]:
+    servers = [("kafka", state["kafka"]["pid"]), *[(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]]
+    if "schema_registry" in state:
+        servers.append(("schema-registry", state["schema_registry"]["pid"]))
+    for name, pid in servers:
         if pid and pid_alive(pid) and _is_ours(pid):
             proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
             proc.stop()
@@ -492,9 +508,10 @@ def dev_down() -> dict[str, Any]:
 
 
 def _is_ours(pid: int) -> bool:
-    """Guard against a recycled pid: the process must be a mongod or our Kafka java."""
+    """Guard against a recycled pid: the process must be a mongod, our Kafka java or our
+    Schema Registry java."""
     try:
         cmdline = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
-    return "mongod" in cmdline or "kafka.Kafka" in cmdline
+    return "mongod" in cmdline or "kafka.Kafka" in cmdline or "apicurio-registry" in cmdline

@@ -13,7 +13,9 @@ Either way the Avro body is the same bytes for the same record. `MessageDecoder`
 Registry failures are classified here: a network error or a 5xx/408/429 answer is transient
 (the relay restarts from its checkpoint and retries); any other refusal (incompatible schema,
 schema not registered with auto-registration off, bad credentials) stops the relay, since an
-operator must act.
+operator must act. Every registry request is bounded (`REQUEST_TIMEOUT_S`, `MAX_RETRIES`): a
+registry that accepts connections but never answers (paused, overloaded) becomes a transient
+error after at most about 35 s instead of blocking the relay forever.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ CONFLUENT_MAGIC = 0
 SINGLE_OBJECT = "single-object"
 CONFLUENT = "confluent"
 SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
+# Each HTTP request to the registry; without a timeout the client waits forever on a registry
+# that accepts the connection but does not answer (e.g. a paused process).
+REQUEST_TIMEOUT_S = 10.0
+# The client's own retries (transport errors, 5xx/408/429) before the error reaches the relay,
+# which then restarts from its checkpoint with backoff: worst case 3 x 10 s plus short waits.
+MAX_RETRIES = 2
 
 _clients: dict[tuple[str, str], Any] = {}
 _clients_lock = threading.Lock()
@@ -74,7 +82,7 @@ def registry_client(url: str, basic_auth: str = "") -> SchemaRegistryClient:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            conf: dict[str, Any] = {"url": url}
+            conf: dict[str, Any] = {"url": url, "timeout": REQUEST_TIMEOUT_S, "max.retries": MAX_RETRIES}
             if basic_auth:
                 conf["basic.auth.user.info"] = basic_auth
             client = SchemaRegistryClient.new_client(conf)

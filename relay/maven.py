@@ -50,3 +50,19 @@ def copy_dependencies(pom: Traversable | Path, target: Path, properties: dict[st
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
+
+
+def copy_artifact(coordinates: str, target: Path) -> Path:
+    """`mvn dependency:copy` of one artifact (`group:artifact:version[:type[:classifier]]`, no
+    pom needed) into the folder `target`; returns the file's path. The caller unpacks or uses it
+    and marks its own result complete."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MavenError(f"Maven (mvn) is needed once to resolve {coordinates}; install it")
+    target.mkdir(parents=True, exist_ok=True)
+    argv = [mvn, "-q", "-B", "dependency:copy", f"-Dartifact={coordinates}", f"-DoutputDirectory={target}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    files = [p for p in target.iterdir() if p.is_file()]
+    if proc.returncode != 0 or len(files) != 1:
+        raise MavenError(f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return files[0]

@@ -4,6 +4,10 @@ Servers: by default a local stack (mongod replica set + Kafka broker) started fo
 in a temporary folder and stopped by process id at the end. With RELAY_TEST_MONGODB_URI and
 RELAY_TEST_KAFKA_BOOTSTRAP set, those servers are used instead. With RELAY_TEST_DOCKER=1 (and a
 Docker engine), testcontainers start them.
+
+A Schema Registry (Apicurio, Confluent API; relay.registry_server) is started only for the tests
+that ask for the `schema_registry` fixture (the first run fetches it with Maven, about 110 MB);
+RELAY_TEST_SCHEMA_REGISTRY_URL points them at an existing one instead.
 """
 
 from __future__ import annotations
@@ -53,6 +57,31 @@ def servers() -> Iterator[Servers]:
     finally:
         stack.stop()
         shutil.rmtree(stack.base_dir, ignore_errors=True)
+
+
+@dataclass
+class Registry:
+    """The session's Schema Registry: its Confluent API URL, and the server when the tests
+    started it themselves (tests that pause or kill it need that)."""
+
+    url: str
+    server: Any  # relay.registry_server.SchemaRegistryServer, or None for RELAY_TEST_SCHEMA_REGISTRY_URL
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    url = os.environ.get("RELAY_TEST_SCHEMA_REGISTRY_URL")
+    if url:
+        yield Registry(url, None)
+        return
+    from relay.registry_server import SchemaRegistryServer
+
+    server = SchemaRegistryServer(tmp_path_factory.mktemp("schema-registry"))
+    server.start()
+    try:
+        yield Registry(server.url, server)
+    finally:
+        server.stop()
 
 
 @dataclass

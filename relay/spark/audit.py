@@ -43,7 +43,7 @@ from relay.errors import EXIT_DATA, ConfigError
 from relay.outbox import FieldNames
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import job_parser, load, run_job, spark_options
-from relay.spark.schemas import writer_schemas
+from relay.spark.schemas import RegistryAccess, writer_schemas
 
 if TYPE_CHECKING:
     from pymongo.cursor import Cursor
@@ -70,6 +70,7 @@ class AuditConfig:
     sample: int = 20
     schemas_dir: str | None = None
     kafka_client: Mapping[str, str] = field(default_factory=dict)  # `kafka.*` source options
+    schema_registry: RegistryAccess | None = None  # for values in the Confluent wire format
 
 
 # ---- the two sides ---------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def kafka_messages(spark: SparkSession, cfg: AuditConfig) -> DataFrame:
     raw = (spark.read.format("kafka")
            .options(**kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client))
            .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
-    decoded = decode_events(raw, writer_schemas(cfg.schemas_dir), strict=False)
+    decoded = decode_events(raw, writer_schemas(cfg.schemas_dir, cfg.schema_registry), strict=False)
     return decoded.select("id", "aggregateType", "aggregateId", "eventType", "occurredAt",
                           F.col("source.position").alias("position"), "topic", "partition", "offset",
                           "key", "fencingToken", "decodeError")
@@ -273,7 +274,7 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
         bootstrap_servers=settings.kafka_bootstrap_servers, topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
         since=since, until=until, sample=args.sample, schemas_dir=spark_opts.schemas_dir,
-        kafka_client=spark_opts.kafka)
+        kafka_client=spark_opts.kafka, schema_registry=RegistryAccess.from_settings(settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,13 @@
 """Kafka rows -> the common event columns, decoded with the registry's writer schemas.
 
-A value is Avro single-object encoded: `C3 01`, the writer schema's 8-byte fingerprint, the Avro
-body (from byte 11, 1-based). For each registry schema there is one branch: "the marker and the
-fingerprint match -> `from_avro(substring(value, 11), schema_json)`", normalized to the common
-columns (payload as JSON text: as is for the generic envelope, `to_json` for a typed record).
+A value names its writer schema in one of two framings: Avro single-object encoding (`C3 01`,
+the schema's 8-byte fingerprint, the Avro body from byte 11, 1-based) or the Confluent wire
+format (byte `00`, a 4-byte big-endian Schema Registry id, the body from byte 6). For each writer
+schema there is one branch: "single-object marker and its fingerprint, or Confluent marker and
+one of its registry ids (`WriterSchema.confluent_ids`) -> `from_avro(body, schema_json)`",
+normalized to the common columns (payload as JSON text: as is for the generic envelope,
+`to_json` for a typed record). Both framings of one schema share the branch, so they decode to
+identical rows.
 The branches are columns of one projection (null where the fingerprint differs), combined by one
 CASE expression, rather than a union of filtered copies of the stream: each Kafka batch is read
 once and each value decoded once, whatever the number of schemas.
@@ -26,7 +30,9 @@ from relay.spark.schemas import WriterSchema
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-BODY_START = len(SINGLE_OBJECT_MAGIC) + 8 + 1  # 1-based position of the Avro body
+BODY_START = len(SINGLE_OBJECT_MAGIC) + 8 + 1  # 1-based position of the Avro body (single-object)
+CONFLUENT_BODY_START = 1 + 4 + 1  # after the magic byte 00 and the 4-byte schema id
+CONFLUENT_MAGIC = b"\x00"
 _PLACEHOLDER = re.compile(r"\{(aggregateType|eventType)\}")
 
 # The columns `decode_events` returns, in order.
@@ -60,11 +66,32 @@ def kafka_options(bootstrap_servers: str, topics: Sequence[str] | None, pattern:
     return options
 
 
+def _single_object(value: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.substr(value, F.lit(1), F.lit(2)) == F.lit(SINGLE_OBJECT_MAGIC)
+
+
+def _confluent(value: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return (F.substr(value, F.lit(1), F.lit(1)) == F.lit(CONFLUENT_MAGIC)) & (F.length(value) >= 5)
+
+
+def _schema_id(value: Column) -> Column:
+    """The Confluent schema id (4 bytes after the magic byte) as binary."""
+    from pyspark.sql import functions as F
+
+    return F.substr(value, F.lit(2), F.lit(4))
+
+
 def _decoded(value: Column, schema: WriterSchema) -> Column:
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    return from_avro(F.substr(value, F.lit(BODY_START)), schema.json, {"mode": "FAILFAST"})
+    start = (F.when(_single_object(value), F.lit(BODY_START)).otherwise(F.lit(CONFLUENT_BODY_START))
+             if schema.confluent_ids else F.lit(BODY_START))
+    return from_avro(F.substr(value, start), schema.json, {"mode": "FAILFAST"})
 
 
 def _normalized(d: Column, schema: WriterSchema) -> Column:
@@ -89,10 +116,16 @@ def _normalized(d: Column, schema: WriterSchema) -> Column:
 def _undecodable_reason(value: Column) -> Column:
     from pyspark.sql import functions as F
 
-    return F.concat(
+    confluent = F.concat(
+        F.lit("no writer schema for Schema Registry id "), F.conv(F.hex(_schema_id(value)), 16, 10),
+        F.lit(" (Confluent wire format): give the jobs the registry the relay writes to "
+              "(--schema-registry-url / RELAY_SCHEMA_REGISTRY_URL); a schema registered after the job "
+              "started is read when it restarts"))
+    single_object = F.concat(
         F.lit("no writer schema for fingerprint "), F.hex(F.substr(value, F.lit(3), F.lit(8))),
         F.lit(" (marker "), F.hex(F.substr(value, F.lit(1), F.lit(2))),
         F.lit(f"; expected {SINGLE_OBJECT_MAGIC.hex().upper()} and a schema in schemas/)"))
+    return F.when(_confluent(value), confluent).otherwise(single_object)
 
 
 def _message_name() -> Column:
@@ -110,14 +143,20 @@ def _fencing_token() -> Column:
 
 
 def _branches(schemas: Sequence[WriterSchema]) -> list[Column]:
-    """Stage 1: one column per schema, decoded only where marker and fingerprint match (else null)."""
+    """Stage 1: one column per schema, decoded only where the value names it (marker and
+    fingerprint, or Confluent marker and one of its registry ids), else null."""
     from pyspark.sql import functions as F
 
     value = F.col("value")
-    framed = F.substr(value, F.lit(1), F.lit(2)) == F.lit(SINGLE_OBJECT_MAGIC)
     fp = F.substr(value, F.lit(3), F.lit(8))
-    return [F.when(framed & (fp == F.lit(s.fingerprint)), _decoded(value, s)).alias(f"_d{i}")
-            for i, s in enumerate(schemas)]
+    branches = []
+    for i, s in enumerate(schemas):
+        names_it = _single_object(value) & (fp == F.lit(s.fingerprint))
+        if s.confluent_ids:
+            ids = [F.lit(schema_id.to_bytes(4, "big")) for schema_id in sorted(s.confluent_ids)]
+            names_it = names_it | (_confluent(value) & _schema_id(value).isin(*ids))
+        branches.append(F.when(names_it, _decoded(value, s)).alias(f"_d{i}"))
+    return branches
 
 
 def _event(schemas: Sequence[WriterSchema], strict: bool) -> Column:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from relay.spark import PipelineError
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import SparkOptions, job_parser, load, run_job, spark_options
-from relay.spark.schemas import writer_schemas
+from relay.spark.schemas import RegistryAccess, writer_schemas
 from relay.spark.state import HadoopFs, MongoStateView, ParquetStateSnapshots, aggregate_state
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ class MaterializeConfig:
     dedup_window: str | None = None
     schemas_dir: str | None = None
     kafka_client: Mapping[str, str] = field(default_factory=dict)  # `kafka.*` source options
+    schema_registry: RegistryAccess | None = None  # for values in the Confluent wire format
 
     @property
     def events_path(self) -> str:
@@ -111,7 +112,7 @@ def event_stream(spark: SparkSession, cfg: MaterializeConfig) -> DataFrame:
     reader = reader.option("startingOffsets", cfg.starting_offsets)
     if cfg.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(cfg.max_offsets_per_trigger))
-    events = decode_events(reader.load(), writer_schemas(cfg.schemas_dir)).drop("decodeError")
+    events = decode_events(reader.load(), writer_schemas(cfg.schemas_dir, cfg.schema_registry)).drop("decodeError")
     if cfg.dedup_window:
         events = events.withWatermark("kafkaTimestamp", cfg.dedup_window).dropDuplicatesWithinWatermark(["id"])
     else:
@@ -334,6 +335,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, Spark
         view=view, once=args.once, interval_s=args.interval,
         max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
         dedup_window=args.dedup_window, schemas_dir=spark_opts.schemas_dir, kafka_client=spark_opts.kafka,
+        schema_registry=RegistryAccess.from_settings(settings),
     )
     return cfg, spark_opts, settings
 

@@ -11,12 +11,23 @@ Schema files must be self-contained (as the relay's registry requires).
 Every schema has the top-level fields of `io.outboxrelay.v1.OutboxEvent` (`COMMON_FIELDS`);
 `payload` is either a string (the generic envelope: Extended JSON text) or another Avro type
 (a typed envelope), which the decoder turns into JSON text with `to_json`.
+
+Values in the Confluent wire format (the relay with `RELAY_SCHEMA_REGISTRY_URL` set) name their
+writer schema by a Schema Registry id instead. Given the registry (`RegistryAccess`), the job
+reads, when it starts, the id of every version of every subject and fetches each id's schema
+once (`registry_schemas`); each Avro outbox event schema among them is attached to the folder
+schema with the same fingerprint (`confluent_ids`), or becomes a writer schema of its own when
+the folder lacks it. Schemas that are not outbox events (other teams' subjects) are left out.
+A schema registered after the job started is not known to it: a value written with it is
+undecodable until the job restarts (from its checkpoint: nothing is skipped).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -26,7 +37,10 @@ from typing import Any
 import fastavro
 from fastavro.schema import SchemaParseException, UnknownType, fingerprint, to_parsing_canonical_form
 
+from relay.errors import ServerUnreachableError
 from relay.spark import PipelineError
+
+log = logging.getLogger("relay.spark.schemas")
 
 COMMON_FIELDS = ("id", "aggregateType", "aggregateId", "eventType", "occurredAt", "payload", "source")
 SOURCE_FIELDS = ("database", "collection", "clusterTime", "position")
@@ -34,12 +48,29 @@ SOURCE_FIELDS = ("database", "collection", "clusterTime", "position")
 
 @dataclass(frozen=True)
 class WriterSchema:
-    """One registry schema: its full name, fingerprint, JSON text, and payload kind."""
+    """One writer schema: its full name, fingerprint, JSON text, payload kind, and the Schema
+    Registry ids it is registered under (values in the Confluent wire format name it by those)."""
 
     name: str
     fingerprint: bytes
     json: str
     payload_is_text: bool
+    confluent_ids: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class RegistryAccess:
+    """The Schema Registry the relay writes the Confluent wire format with (the relay's
+    RELAY_SCHEMA_REGISTRY_URL and RELAY_SCHEMA_REGISTRY_BASIC_AUTH)."""
+
+    url: str
+    basic_auth: str = ""
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> RegistryAccess | None:
+        """None when the settings name no registry."""
+        url = settings.schema_registry_url
+        return cls(url, settings.schema_registry_basic_auth) if url else None
 
 
 def _payload_is_text(schema: dict[str, Any]) -> bool:
@@ -88,10 +119,13 @@ def _schema_files(root: Traversable | Path) -> Iterator[tuple[str, str]]:
             yield from ((f"{entry.name}/{path}", text) for path, text in _schema_files(entry))
 
 
-def writer_schemas(folder: Traversable | Path | str | None = None) -> list[WriterSchema]:
-    """Every schema under `folder` (default: the bundled `schemas/`), one per fingerprint.
+def writer_schemas(folder: Traversable | Path | str | None = None,
+                   registry: RegistryAccess | None = None) -> list[WriterSchema]:
+    """Every schema under `folder` (default: the bundled `schemas/`), one per fingerprint, with
+    the ids `registry` (if given) holds them under, plus the registry's other outbox schemas.
 
-    Raises PipelineError naming the file when a schema does not parse or lacks the common fields.
+    Raises PipelineError naming the file when a schema does not parse or lacks the common fields,
+    ServerUnreachableError when the registry cannot be read.
     """
     root: Traversable | Path = (Path(folder) if isinstance(folder, str) else folder) \
         if folder is not None else resources.files("relay_schemas")
@@ -101,4 +135,46 @@ def writer_schemas(folder: Traversable | Path | str | None = None) -> list[Write
         found.setdefault(schema.fingerprint, schema)
     if not found:
         raise PipelineError(f"no .avsc schemas in {root}")
-    return list(found.values())
+    schemas = list(found.values())
+    return with_registry_ids(schemas, registry_schemas(registry)) if registry is not None else schemas
+
+
+def with_registry_ids(schemas: list[WriterSchema], registered: Mapping[int, str]) -> list[WriterSchema]:
+    """`schemas` with each registry id (id -> schema text) attached to the schema of the same
+    fingerprint; an outbox schema only the registry holds is appended; others are left out."""
+    by_fingerprint = {s.fingerprint: s for s in schemas}
+    skipped = []
+    for schema_id, text in sorted(registered.items()):
+        try:
+            schema = load_schema(text, f"Schema Registry id {schema_id}")
+        except PipelineError:
+            skipped.append(schema_id)
+            continue
+        known = by_fingerprint.get(schema.fingerprint, schema)
+        by_fingerprint[schema.fingerprint] = dataclasses.replace(
+            known, confluent_ids=known.confluent_ids | {schema_id})
+    if skipped:
+        log.info("Schema Registry ids %s are not outbox event schemas: not decoded", skipped)
+    return list(by_fingerprint.values())
+
+
+def registry_schemas(registry: RegistryAccess) -> dict[int, str]:
+    """id -> schema text of every Avro schema version of every subject in the registry (each id
+    fetched once). Raises ServerUnreachableError naming the URL when the registry cannot be read."""
+    from confluent_kafka.schema_registry import SchemaRegistryError
+
+    from relay.framing import registry_client
+
+    client = registry_client(registry.url, registry.basic_auth)
+    try:
+        ids = {client.get_version(subject, version).schema_id
+               for subject in client.get_subjects() for version in client.get_versions(subject)}
+        schemas = {schema_id: client.get_schema(schema_id) for schema_id in sorted(ids)}
+    except SchemaRegistryError as exc:  # an answer, but a refusal (credentials, ...)
+        raise PipelineError(f"the Schema Registry at {registry.url} (RELAY_SCHEMA_REGISTRY_URL) refused to "
+                            f"list its schemas: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the HTTP client's transport errors
+        raise ServerUnreachableError(
+            f"cannot read the schemas of the Schema Registry at {registry.url} "
+            f"(RELAY_SCHEMA_REGISTRY_URL): {type(exc).__name__}: {exc}") from None
+    return {i: s.schema_str for i, s in schemas.items() if (s.schema_type or "AVRO") == "AVRO"}

@@ -1,9 +1,9 @@
 """`outbox-relay tail` against a real Kafka broker, for both framings.
 
-The relay publishes through a real MongoDB and Kafka. The Confluent wire format is exercised
+The relay publishes through a real MongoDB and Kafka. Here the Confluent wire format is exercised
 with confluent-kafka's mock Schema Registry client (`mock://` URL, shared by everything in this
-process that uses the same URL): no Schema Registry server runs here, so that case runs tail
-in-process rather than as a command.
+process that uses the same URL), so that case runs tail in-process rather than as a command;
+tests/integration/test_schema_registry.py runs `tail` as a command against a real registry server.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Framing: single-object encoding vs the Confluent wire format. No Schema Registry server runs
-here: the Confluent path is exercised against confluent-kafka's own mock registry client
-(`mock://` URLs), which registers and serves schemas in memory as a registry would."""
+"""Framing: single-object encoding vs the Confluent wire format. The fast layer: the Confluent
+path is exercised against confluent-kafka's own mock registry client (`mock://` URLs), which
+registers and serves schemas in memory as a registry would; tests/integration/test_schema_registry.py
+runs it against a real registry server."""
 
 from __future__ import annotations
 
