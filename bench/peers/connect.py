@@ -233,8 +233,8 @@ class StandaloneWorker:
 
     `start()` returns once the JVM process exists (not once it is ready: the benchmark times
     start-up too). `check_alive()` raises `PeerError` if the JVM exited or the connector or its
-    task is FAILED. `peak_rss_kb()` reads the JVM's VmHWM. `stop()` stops the JVM by its pid,
-    copies its log to `keep_log` (if given) and deletes the temporary folder.
+    task is FAILED. `stop()` stops the JVM by its pid, copies its log to `keep_log` (if given)
+    and deletes the temporary folder. (Its CPU and RSS are sampled by `bench.sampling` on `pid`.)
     """
 
     jars: PeerJars
@@ -323,13 +323,6 @@ class StandaloneWorker:
             pass
         return None
 
-    def peak_rss_kb(self) -> int:
-        """The JVM's peak resident set size so far (VmHWM from /proc/<pid>/status), in KiB."""
-        return _proc_status_kb(self.pid, "VmHWM")
-
-    def rss_kb(self) -> int:
-        return _proc_status_kb(self.pid, "VmRSS")
-
     def log_tail(self, chars: int = 3000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
@@ -353,15 +346,3 @@ class StandaloneWorker:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def _proc_status_kb(pid: int | None, key: str) -> int:
-    if pid is None:
-        return 0
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
