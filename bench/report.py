@@ -102,7 +102,7 @@ def _ratio_table(report: Report) -> list[str]:
         if row is None:
             continue
         if row.error:
-            lines.append(f"{name:<34} FAILED: {row.error.splitlines()[0][:200]}")
+            lines.append(f"{name:<34} FAILED: {row.error.splitlines()[0][:400]}")
             continue
         lines.append(f"{name:<34} {_f(row.events_per_s, ',.0f', 9)} {_f(ratio(relay, row), '.2f', 9)} "
                      f"{_f(row.cpu_us_per_event, '.0f', 10)} {_f(row.mongod_cpu_us_per_event, '.0f', 13)} "

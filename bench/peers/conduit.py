@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -61,7 +62,9 @@ def _go_install(module: str, version: str, gobin: Path) -> None:
     except subprocess.TimeoutExpired:
         raise PeerError(f"go install {module}@{version}: not done after {BUILD_TIMEOUT_S} s") from None
     if done.returncode != 0:
-        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        # go repeats the module path in front of the cause: keep the cause ("reading ...: 403 ...").
+        lines = [re.sub(r"^go: .*?: (?=reading |module |no matching)", "", line.strip())
+                 for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         raise PeerError(f"go install {module}@{version} failed (exit {done.returncode}): " + " | ".join(lines[-4:]))
 
 
@@ -69,6 +72,7 @@ def build(fetch: bool = True) -> ConduitBinaries:
     """Conduit and its MongoDB connector from the cache, building each missing one once."""
     base = conduit_cache_dir()
     binaries = ConduitBinaries(base / "bin" / "conduit", base / "connectors")
+    errors = []
     for module, version, target, gobin in ((CONDUIT_MODULE, CONDUIT_VERSION, binaries.conduit, base / "bin"),
                                            (MONGO_CONNECTOR_MODULE, MONGO_CONNECTOR_VERSION,
                                             binaries.connectors / "connector", binaries.connectors)):
@@ -77,7 +81,12 @@ def build(fetch: bool = True) -> ConduitBinaries:
         if not fetch:
             raise PeerError(f"{target} is not built: run `python -m bench.peers fetch`")
         gobin.mkdir(parents=True, exist_ok=True)
-        _go_install(module, version, gobin)
+        try:
+            _go_install(module, version, gobin)
+        except PeerError as exc:   # try the other one too: the report names every failure
+            errors.append(str(exc))
+    if errors:
+        raise PeerError("; ".join(errors))
     return binaries
 
 
