@@ -29,9 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
-from bench.peers.connect import PeerError
+from bench.peers.process import PeerError, PeerProcess
 from relay.devstack import ManagedProcess, cache_dir, free_port
 
 CONDUIT_MODULE = "github.com/conduitio/conduit/cmd/conduit"
@@ -104,7 +102,7 @@ def built_versions(binaries: ConduitBinaries) -> str:
 
 
 @dataclass
-class ConduitPeer:
+class ConduitPeer(PeerProcess):
     """One `conduit run` process with the benchmark's pipeline; use as a context manager.
 
     Same surface as `bench.peers.connect.StandaloneWorker`: `start()`, `pid`, `check_alive()`,
@@ -118,19 +116,12 @@ class ConduitPeer:
     bootstrap_servers: str
     topic: str
     keep_log: Path | None = None
+    LOG_NAME = "conduit.log"
     work_dir: Path = field(init=False)
     process: ManagedProcess | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.work_dir = Path(tempfile.mkdtemp(prefix="outbox-relay-bench-conduit-"))
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "conduit.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     def pipeline(self) -> dict[str, object]:
         return {"version": "2.2", "pipelines": [{
@@ -163,34 +154,3 @@ class ConduitPeer:
 
     def connector_started_at(self) -> float | None:
         return None
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """Stop Conduit by its pid, then any of its child processes (the connector) still running."""
-        children: list[psutil.Process] = []
-        try:
-            if self.process is not None and self.pid is not None:
-                try:
-                    children = psutil.Process(self.pid).children(recursive=True)
-                except psutil.NoSuchProcess:
-                    pass
-                self.process.stop(timeout=30)
-                _, alive = psutil.wait_procs(children, timeout=10)
-                for child in alive:   # our own children, by pid
-                    child.kill()
-        finally:
-            if self.keep_log is not None and self.log_path.exists():
-                self.keep_log.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(self.log_path, self.keep_log)
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-
-    def __enter__(self) -> ConduitPeer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
