@@ -11,9 +11,10 @@ mongod replica-set member and one Kafka broker, topics with 3 partitions), stopp
 (`bench.relay_under_test`); the steady-state writer is a child process; each peer its own process.
 
 Order: warm up Kafka; for each payload variant (default first, then 2 KB, 20 KB, typed): write
-its backlog, relay catch-up, bare relay, bare change stream, bare producer; right after the
-default variant, the long-backlog memory run; then the peers on the default backlog, one at a
-time; then one steady-state step per rate.
+its backlog, relay catch-up, bare relay, bare change stream, bare producer (the long-backlog
+memory run comes right after the default variant's relay catch-up, before anything else has
+allocated in this process); then the peers on the default backlog, one at a time; then one
+steady-state step per rate.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import confluent_kafka
 import pymongo
 from pymongo import MongoClient
 
-from bench.common import PARTITIONS, log, progress, read_topic, warm_up_kafka
+from bench.common import PARTITIONS, first_message, log, progress, warm_up_kafka
 from bench.events import Variant, variants
 from bench.relay_under_test import relay_settings
 from bench.report import Report, format_report, update_benchmarks_md, write_json
@@ -52,13 +53,20 @@ from relay.devstack import LocalStack
 
 
 def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str,
-                      report: Report) -> Backlog:
-    """Backlog, relay catch-up and the three bare baselines for one payload variant."""
+                      report: Report, long_events: int = 0) -> Backlog:
+    """Backlog, relay catch-up and the three bare baselines for one payload variant (with
+    `long_events`, the long-backlog memory run right after the relay's catch-up)."""
     progress(f"[{variant.label}] writing a backlog of {variant.events} events")
     backlog = write_backlog(client, f"bench_{run_id}_{variant.key}", variant)
     progress(f"[{variant.label}] relay catch-up")
     relay = relay_catch_up(stack, client, backlog, run_id)
-    sample = read_topic(stack.kafka.bootstrap_servers, relay.extra["topic"], 1)[0]
+    report.rows += [backlog.row, relay]
+    if long_events:
+        # Right after the first catch-up, before anything else allocates in this process: the
+        # relay's RSS through the long backlog is then the relay's, not what a baseline left.
+        progress(f"memory: relay catch-up through a backlog of {long_events:,} events")
+        report.long_run = list(memory_run(stack, client, variant, long_events, run_id))
+    sample = first_message(stack.kafka.bootstrap_servers, relay.extra["topic"])
     relay.extra["value_bytes"] = len(sample.value() or b"")
     relay.extra["message_headers"] = len(sample.headers() or [])
     settings = relay_settings(stack, backlog.database, "unused", "now")
@@ -69,7 +77,7 @@ def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Vari
     progress(f"[{variant.label}] baseline: bare producer")
     producer = bare_producer(stack, settings, sample, variant.events, f"bench.{run_id}.producer-{variant.key}",
                              variant.key)
-    report.rows += [backlog.row, relay, bare, stream, producer]
+    report.rows += [bare, stream, producer]
     return backlog
 
 
@@ -123,10 +131,7 @@ def run(args: argparse.Namespace) -> Report:
         with MongoClient(stack.mongo.uri, tz_aware=True) as client:
             runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
             report.variants = {v.key: v.label for v in runs}
-            default = variant_scenarios(stack, client, runs[0], run_id, report)
-            if args.long_events:
-                progress(f"memory: relay catch-up through a backlog of {args.long_events:,} events")
-                report.long_run = list(memory_run(stack, client, runs[0], args.long_events, run_id))
+            default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events)
             for variant in runs[1:]:
                 variant_scenarios(stack, client, variant, run_id, report)
             if args.peers:

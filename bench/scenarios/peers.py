@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import confluent_kafka
 
-from bench.common import AGGREGATE_TYPE, RESULTS_DIR, Row, consumer, create_topic, in_kafka, log, rate, read_topic, \
-    wait_for
+from bench.common import AGGREGATE_TYPE, RESULTS_DIR, Row, consumer, create_topic, first_message, in_kafka, log, \
+    rate, wait_for
 from bench.peers.connect import ConnectorSpec, PeerError, PeerJars, StandaloneWorker
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
@@ -134,7 +134,7 @@ def peer_catch_up(stack: LocalStack, backlog: Backlog, peer: Peer) -> Row:
             raise PeerError(f"no 'Creating connector' line in the {peer.label} worker's log")
         started = launched if started is None else started
         seconds = ended - started
-        value = read_topic(bootstrap, peer.topic, 1)[0].value() or b""
+        value = first_message(bootstrap, peer.topic).value() or b""
         note = ("from connector start; JVM start-up before it " f"{started - launched:.1f} s"
                 if started > launched else "from process launch")
         if final != backlog.events:
