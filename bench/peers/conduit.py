@@ -61,7 +61,9 @@ def _go_install(module: str, version: str, gobin: Path) -> None:
         raise PeerError(f"go install {module}@{version}: not done after {BUILD_TIMEOUT_S} s") from None
     if done.returncode != 0:
         # go repeats the module path in front of the cause: keep the cause ("reading ...: 403 ...").
-        lines = [re.sub(r"^go: .*?: (?=reading |module |no matching)", "", line.strip())
+        # The proxy's address is printed as $GOPROXY (these lines end up in BENCHMARKS.md).
+        lines = [re.sub(r"https?://[^/\s]+/", "$GOPROXY/", re.sub(r"^go: .*?: (?=reading |module |no matching)", "",
+                                                                   line.strip()))
                  for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         raise PeerError(f"go install {module}@{version} failed (exit {done.returncode}): " + " | ".join(lines[-4:]))
 
