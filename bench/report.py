@@ -180,7 +180,7 @@ def _latency_table(report: Report) -> list[str]:
                      f"{_f(x.insert_p99_ms, '.1f', 10)} {x.writer_max_behind_ms:>6.0f}ms "
                      f"{_f(x.relay_cpu_us_per_event, '.0f', 9)} {_f(x.mongod_cpu_us_per_event, '.0f', 7)}"
                      + (f"  MISSING {x.missing}" if x.missing else "") + (f"  dup {x.duplicates}" if x.duplicates else ""))
-    lines.append("  batch = events per insert (1: insert_one from 4 threads; else insert_many on the same schedule); "
+    lines.append("  batch = events per insert (1: insert_one from 16 threads; else insert_many from 4 threads, same schedule); "
                  "behind = how late the writer ran at worst; reached < target: the writer could not keep up")
     return lines
 

@@ -12,8 +12,8 @@ mongod replica-set member and one Kafka broker, topics with 3 partitions), stopp
 
 Order: warm up Kafka; for each payload variant (default first, then 2 KB, 20 KB, typed): write
 its backlog, relay catch-up, bare relay, bare change stream, bare producer (the long-backlog
-memory run comes right after the default variant's relay catch-up, before anything else has
-allocated in this process); then the peers on the default backlog, one at a time; then one
+memory run comes before the default variant's bare producer, whose queue leaves this process
+larger); then the peers on the default backlog, one at a time; then one
 steady-state step per rate.
 """
 
@@ -55,17 +55,11 @@ from relay.devstack import LocalStack
 def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str,
                       report: Report, long_events: int = 0) -> Backlog:
     """Backlog, relay catch-up and the three bare baselines for one payload variant (with
-    `long_events`, the long-backlog memory run right after the relay's catch-up)."""
+    `long_events`, the long-backlog memory run before the bare producer)."""
     progress(f"[{variant.label}] writing a backlog of {variant.events} events")
     backlog = write_backlog(client, f"bench_{run_id}_{variant.key}", variant)
     progress(f"[{variant.label}] relay catch-up")
     relay = relay_catch_up(stack, client, backlog, run_id)
-    report.rows += [backlog.row, relay]
-    if long_events:
-        # Right after the first catch-up, before anything else allocates in this process: the
-        # relay's RSS through the long backlog is then the relay's, not what a baseline left.
-        progress(f"memory: relay catch-up through a backlog of {long_events:,} events")
-        report.long_run = list(memory_run(stack, client, variant, long_events, run_id))
     sample = first_message(stack.kafka.bootstrap_servers, relay.extra["topic"])
     relay.extra["value_bytes"] = len(sample.value() or b"")
     relay.extra["message_headers"] = len(sample.headers() or [])
@@ -74,10 +68,16 @@ def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Vari
     bare = bare_relay(stack, client, backlog, settings, f"bench.{run_id}.bare-relay-{variant.key}")
     progress(f"[{variant.label}] baseline: bare change stream")
     stream = bare_change_stream(stack, client, backlog)
+    if long_events:
+        # Before the bare producer, whose queue of 100,000 messages leaves this process's RSS
+        # larger: the RSS through the long backlog is then the relay's, not what a baseline left.
+        # After the other baselines, so that mongod is not still writing the long backlog out.
+        progress(f"memory: relay catch-up through a backlog of {long_events:,} events")
+        report.long_run = list(memory_run(stack, client, variant, long_events, run_id))
     progress(f"[{variant.label}] baseline: bare producer")
     producer = bare_producer(stack, settings, sample, variant.events, f"bench.{run_id}.producer-{variant.key}",
                              variant.key)
-    report.rows += [bare, stream, producer]
+    report.rows += [backlog.row, relay, bare, stream, producer]
     return backlog
 
 
