@@ -8,6 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EVENTS ?= 300
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: setup demo test test-fast bench dev-up dev-down docs clean
 
@@ -31,7 +32,7 @@ test-fast: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m bench.run
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 dev-up: setup
 	$(PY) -m relay dev up

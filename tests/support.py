@@ -44,26 +44,42 @@ class Servers:
     stack: Any  # relay.devstack.LocalStack when the tests started the servers themselves
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+class WaitTimeout(AssertionError, TimeoutError):
+    """Raised when `wait_until` gives up: a failed test to pytest, a `TimeoutError` to the benchmarks."""
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2,
+               alive: Callable[[], None] | None = None) -> Any:
+    """Poll `predicate` every `interval` s until it returns a truthy value, which is returned.
+
+    `alive` (optional) is called between polls and may raise to abort the wait, e.g. when the
+    relay thread being waited on has died. Raises `WaitTimeout` after `timeout` seconds.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
+        if alive is not None:
+            alive()
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
 
 
 # ---- running the relay -------------------------------------------------------------------------
 
 class RelayThread:
-    """The relay in this process, for tests that do not kill it."""
+    """The relay in this process, for tests that do not kill it (and for the benchmarks).
 
-    def __init__(self, settings: Settings, **kwargs: Any) -> None:
-        self.relay = build_relay(settings, **kwargs)
+    `relay`: a relay built elsewhere (the benchmarks build theirs in one place); without it,
+    `build_relay(settings, **kwargs)`. As a context manager: started on enter, stopped on exit.
+    """
+
+    def __init__(self, settings: Settings, relay: Any = None, **kwargs: Any) -> None:
+        self.relay = relay if relay is not None else build_relay(settings, **kwargs)
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"relay-{settings.database}", daemon=True)
 
     def _run(self) -> None:
         try:
@@ -71,14 +87,27 @@ class RelayThread:
         except BaseException as exc:  # noqa: BLE001 - reported to the test
             self.error = exc
 
-    def __enter__(self) -> RelayThread:
+    def start(self) -> None:
         self.thread.start()
+
+    def check_alive(self) -> None:
+        """Raise if the relay thread ended (it only ends on `stop()` or an error)."""
+        if not self.thread.is_alive():
+            raise RuntimeError(f"the relay stopped: {self.error!r}") from self.error
+
+    def stop(self, timeout: float = 60) -> bool:
+        """Ask the relay to stop and wait for its thread; False if it is still running."""
+        self.relay.stop()
+        if self.thread.is_alive():
+            self.thread.join(timeout=timeout)
+        return not self.thread.is_alive()
+
+    def __enter__(self) -> RelayThread:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.relay.stop()
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive(), "relay did not stop"
+        assert self.stop(), "relay did not stop"
 
     def metric(self, name: str, **labels: str) -> float:
         """A sample of the relay's metrics as /metrics would show it (0 when absent)."""
@@ -287,14 +316,20 @@ def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
 
 
 def topic_size(bootstrap: str, topic: str) -> int:
+    """Messages appended to `topic` so far (sum of its partitions' high watermarks; 0 if absent)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "size"})
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return 0
-        return sum(_high_watermark(consumer, topic, p) for p in meta.partitions)
+        return watermark_sum(consumer, topic)
     finally:
         consumer.close()
+
+
+def watermark_sum(consumer: Consumer, topic: str) -> int:
+    """`topic_size` through an existing client (for polling loops that should not open one per call)."""
+    meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return 0
+    return sum(_high_watermark(consumer, topic, p) for p in meta.partitions)
 
 
 # ---- the oracle --------------------------------------------------------------------------------

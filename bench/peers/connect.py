@@ -35,6 +35,7 @@ from typing import Any
 
 from bson import Timestamp
 
+from bench.peers.process import PeerError, PeerProcess
 from relay.devstack import KAFKA_VERSION, ManagedProcess, cache_dir, free_port
 from relay.maven import MavenError, copy_dependencies, is_resolved
 
@@ -64,10 +65,6 @@ appender.out.layout.pattern = [%d] %d{UNIX_MILLIS} %p %m (%c)%n
 rootLogger.level = info
 rootLogger.appenderRef.out.ref = out
 """
-
-
-class PeerError(RuntimeError):
-    """A peer could not be resolved, started, or stopped working; the message says why."""
 
 
 # ---- jars -----------------------------------------------------------------------------------------
@@ -228,19 +225,20 @@ def _properties(values: dict[str, str]) -> str:
 
 
 @dataclass
-class StandaloneWorker:
+class StandaloneWorker(PeerProcess):
     """One `ConnectStandalone` JVM running one connector; use as a context manager.
 
     `start()` returns once the JVM process exists (not once it is ready: the benchmark times
     start-up too). `check_alive()` raises `PeerError` if the JVM exited or the connector or its
-    task is FAILED. `peak_rss_kb()` reads the JVM's VmHWM. `stop()` stops the JVM by its pid,
-    copies its log to `keep_log` (if given) and deletes the temporary folder.
+    task is FAILED. `stop()` stops the JVM by its pid, copies its log to `keep_log` (if given)
+    and deletes the temporary folder. (Its CPU and RSS are sampled by `bench.sampling` on `pid`.)
     """
 
     jars: PeerJars
     spec: ConnectorSpec
     bootstrap_servers: str
     keep_log: Path | None = None
+    LOG_NAME = "connect.log"
     work_dir: Path = field(init=False)
     rest_port: int = field(init=False, default=0)
     process: ManagedProcess | None = field(init=False, default=None)
@@ -248,14 +246,6 @@ class StandaloneWorker:
 
     def __post_init__(self) -> None:
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"outbox-relay-bench-{self.spec.key}-"))
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / "connect.log"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     def start(self) -> None:
         self.rest_port = free_port()
@@ -322,46 +312,3 @@ class StandaloneWorker:
         except (OSError, IndexError, ValueError):
             pass
         return None
-
-    def peak_rss_kb(self) -> int:
-        """The JVM's peak resident set size so far (VmHWM from /proc/<pid>/status), in KiB."""
-        return _proc_status_kb(self.pid, "VmHWM")
-
-    def rss_kb(self) -> int:
-        return _proc_status_kb(self.pid, "VmRSS")
-
-    def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        """Stop the JVM by its pid (SIGTERM, SIGKILL after 30 s); keep the log; delete the folder."""
-        try:
-            if self.process is not None:
-                self.process.stop(timeout=30)
-        finally:
-            if self.keep_log is not None and self.log_path.exists():
-                self.keep_log.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(self.log_path, self.keep_log)
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-
-    def __enter__(self) -> StandaloneWorker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _proc_status_kb(pid: int | None, key: str) -> int:
-    if pid is None:
-        return 0
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0

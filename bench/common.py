@@ -1,0 +1,149 @@
+"""What every benchmark scenario shares: constants, the result row, Kafka topic helpers, waits.
+
+Waiting, reading topics and counting messages come from `tests.support` (the test oracle's
+helpers), so the benchmark and the tests agree on what "all N messages are in Kafka" means.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.support import read_messages, wait_until, watermark_sum
+
+log = logging.getLogger("bench")
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+AGGREGATES = 1000          # backlog and steady-state events are spread over this many aggregate ids
+CHUNK = 1000               # events per insert_many while writing a backlog
+PARTITIONS = 3             # partitions of every topic the benchmark creates
+AGGREGATE_TYPE = "bench"   # every event's aggregateType (so each scenario has one topic)
+POLL_S = 0.02              # how often waits poll the lease document or the watermarks
+
+
+@dataclass
+class Row:
+    """One line of the results: who moved how many events how fast, and at what cost.
+
+    `cpu_us_per_event` is the CPU (user + system, all threads, children included) of the
+    process doing the work - this Python process for the relay and the bare baselines, the
+    peer's own process tree for a peer - divided by `events`; `mongod_cpu_us_per_event` the
+    same for mongod during the same interval. `peak_rss_mb` is that process's highest RSS
+    sampled during the interval. NaN: not measured (or the scenario failed: see `note`).
+    """
+
+    scenario: str
+    events: int
+    seconds: float
+    events_per_s: float
+    variant: str = ""                # payload variant the row belongs to ("" = the default one)
+    kind: str = "baseline"           # relay | baseline | peer | set-up
+    cpu_us_per_event: float = math.nan
+    mongod_cpu_us_per_event: float = math.nan
+    peak_rss_mb: float = math.nan
+    other_cores: float = math.nan    # CPU other work on the host took meanwhile (see bench.sampling)
+    iowait_cores: float = math.nan
+    note: str = ""
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def rate(events: int, seconds: float) -> float:
+    return events / seconds if seconds > 0 else math.nan
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list (p in 0..100)."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(p / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def progress(text: str) -> None:
+    print(f"bench: {text} ...", file=sys.stderr, flush=True)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
+             alive: Callable[[], None] | None = None) -> Any:
+    """`tests.support.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
+    return wait_until(check, timeout_s, what, interval=POLL_S, alive=alive)
+
+
+# ---- Kafka ------------------------------------------------------------------------------------
+
+def create_topic(bootstrap: str, topic: str, config: dict[str, str] | None = None) -> None:
+    """Create `topic` with PARTITIONS partitions (and topic config) and wait until it exists."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config or {})])
+    futures[topic].result(timeout=30)
+    wait_for(f"topic {topic} in metadata",
+             lambda: len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == PARTITIONS, 30)
+
+
+@contextmanager
+def consumer(bootstrap: str) -> Iterator[Consumer]:
+    """A throw-away consumer (its own group, no commits) for watermarks and reads."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def in_kafka(c: Consumer, topic: str) -> int:
+    """Messages appended to `topic` so far; 0 while its partitions have no leader yet."""
+    try:
+        return watermark_sum(c, topic)
+    except KafkaException as exc:
+        log.debug("watermarks of %s not available yet: %s", topic, exc)
+        return 0
+
+
+def read_topic(bootstrap: str, topic: str, expected: int, timeout_s: float = 120) -> list[Message]:
+    """Every message of `topic`, once at least `expected` are there, in (partition, offset) order."""
+    with consumer(bootstrap) as c:
+        wait_for(f"{expected} messages in {topic}", lambda: in_kafka(c, topic) >= expected, timeout_s)
+    return read_messages(bootstrap, topic, timeout=timeout_s)
+
+
+def first_message(bootstrap: str, topic: str, timeout_s: float = 60) -> Message:
+    """One message of `topic` (the first one a fetch returns), without reading the rest: reading a
+    whole 100,000-message topic here once grew this process's RSS by about 100 MB."""
+    with consumer(bootstrap) as c:
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = c.poll(0.5)
+            if message is not None and message.error() is None:
+                return message
+    raise TimeoutError(f"no message in {topic} after {timeout_s:.0f}s")
+
+
+def warm_up_kafka(bootstrap: str) -> None:
+    """Produce one idempotent message and wait for its ack, before anything is measured.
+
+    A fresh KRaft broker answers the first idempotence-PID requests with "coordinator load
+    in progress" for a while; whoever produces first would pay for that. After this, the
+    relay and the producer baselines each pay only their own producer's start-up.
+    """
+    topic = "bench.warm-up"
+    create_topic(bootstrap, topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": "true", "acks": "all",
+                         "log_level": 3})  # the expected "coordinator load in progress" retries
+    errors: list[Any] = []
+    producer.produce(topic, b"warm-up", on_delivery=lambda err, _m: errors.append(err))
+    if producer.flush(90) > 0 or errors != [None]:
+        raise RuntimeError(f"Kafka warm-up message not acknowledged: {errors}")

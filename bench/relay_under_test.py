@@ -1,0 +1,59 @@
+"""The relay the benchmark measures: its settings, and the one place where it is constructed.
+
+The relay runs in this process, in a thread (`tests.support.RelayThread`), with its default
+settings except addresses, database, topic, start point and `http_port=0`. `make_relay` is the
+only function in `bench/` that builds a relay (through `relay.wiring.build_relay`, as
+`outbox-relay run` does).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pymongo.collection import Collection
+
+from relay.config import Settings
+from relay.devstack import LocalStack
+from relay.wiring import build_relay
+from tests.support import RelayThread
+
+
+def make_relay(settings: Settings) -> Any:
+    """A relay for `settings`, not started: something with `run()` (blocks until stopped) and `stop()`."""
+    return build_relay(settings)
+
+
+def relay_settings(stack: LocalStack, database: str, topic_template: str, start_at: str) -> Settings:
+    """The relay's settings: defaults, plus the stack's addresses and this scenario's names."""
+    return Settings.load(env={}, flags={
+        "mongodb_uri": stack.mongo.uri,
+        "kafka_bootstrap_servers": stack.kafka.bootstrap_servers,
+        "database": database,
+        "topic_template": topic_template,
+        "start_at": start_at,
+        "http_port": 0,
+        "instance_id": f"bench-{os.getpid()}-{database}",
+    })
+
+
+@contextmanager
+def running_relay(settings: Settings) -> Iterator[RelayThread]:
+    """A relay thread, not yet started (call `start()`), stopped on exit."""
+    runner = RelayThread(settings, relay=make_relay(settings))
+    try:
+        yield runner
+    finally:
+        if not runner.stop():
+            raise RuntimeError("the relay thread did not stop within 60 s")
+
+
+def lease_token_data(leases: Collection[Any], lease_id: str) -> tuple[str | None, dt.datetime | None]:
+    """The stored checkpoint (`resumeToken._data`) and its `checkpointAt`, if any."""
+    doc = leases.find_one({"_id": lease_id}, {"resumeToken": 1, "checkpointAt": 1})
+    token = (doc or {}).get("resumeToken") or {}
+    data = token.get("_data")
+    return (data if isinstance(data, str) else None), (doc or {}).get("checkpointAt")

@@ -1,0 +1,265 @@
+"""The benchmark's output: the printed tables, `bench/results/latest.json`, and BENCHMARKS.md.
+
+One table puts the relay beside everything it is compared with (the peers and the three bare
+baselines) with the ratio relay / other, measured in the same run; then the payload variants,
+the peers' details, the steady-state steps, the long-backlog memory run, and the issue's goals
+(reported, never asserted).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import PARTITIONS, RESULTS_DIR, Row
+from bench.scenarios.latency import Latency
+
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+MARK_START, MARK_END = "<!-- bench-latest -->", "<!-- /bench-latest -->"
+RELAY = "relay catch-up (to checkpoint)"
+COMPARED = [  # the ratio table's rows, in order: (row label prefix, short name)
+    ("peer: MongoDB Kafka source connector", "MongoDB Kafka source connector"),
+    ("peer: Debezium MongoDB + outbox router", "Debezium + outbox router"),
+    ("peer: Conduit + MongoDB connector", "Conduit + MongoDB connector"),
+    ("baseline: bare relay", "bare relay"),
+    ("baseline: bare change stream", "bare change stream"),
+    ("baseline: bare producer", "bare producer"),
+]
+
+
+@dataclass
+class Report:
+    params: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+    latency: list[Latency] = field(default_factory=list)
+    long_run: list[Row] = field(default_factory=list)
+    variants: dict[str, str] = field(default_factory=dict)   # key -> label, in run order
+
+    def to_json(self) -> dict[str, Any]:
+        return {"params": self.params, "variants": self.variants, "rows": [asdict(r) for r in self.rows],
+                "latency": [asdict(x) for x in self.latency], "long_run": [asdict(r) for r in self.long_run],
+                "goals": goals(self)}
+
+    def row(self, prefix: str, variant: str = "default") -> Row | None:
+        return next((r for r in self.rows if r.scenario.startswith(prefix) and r.variant == variant), None)
+
+    def relay(self, variant: str = "default") -> Row | None:
+        return self.row(RELAY, variant)
+
+
+def ratio(relay: Row | None, other: Row | None) -> float:
+    if relay is None or other is None or other.error or not other.events_per_s > 0:
+        return math.nan
+    return relay.events_per_s / other.events_per_s
+
+
+def _f(value: float, spec: str = ".0f", width: int = 0) -> str:
+    text = "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+    return f"{text:>{width}}"
+
+
+# ---- text -------------------------------------------------------------------------------------
+
+def format_report(report: Report) -> str:
+    p = report.params
+    lines = [
+        f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
+        f"(relay in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)",
+        f"relay code: {p['relay_source']}",
+        f"command: {p['command']}",
+    ]
+    if "load_average_at_start" in p:
+        lines.append("load average (1/5/15 min) at start " + "/".join(f"{x:.2f}" for x in p["load_average_at_start"])
+                     + (", at end " + "/".join(f"{x:.2f}" for x in p["load_average_at_end"])
+                        if "load_average_at_end" in p else ""))
+    for block in (_ratio_table, _variant_table, _rows_table, _peer_table, _latency_table, _long_table, _goal_table):
+        text = block(report)
+        if text:
+            lines += ["", *text]
+    return "\n".join(lines)
+
+
+def _ratio_table(report: Report) -> list[str]:
+    relay = report.relay()
+    if relay is None:
+        return []
+    lat = {round(x.target_rate): x for x in report.latency}
+    steps = ", ".join(f"p50/p99 at {r:,}/s {_f(x.p50_ms, '.1f')} / {_f(x.p99_ms, '.1f')} ms" for r, x in lat.items())
+    lines = [
+        f"relay vs the rest, same backlog ({relay.events:,} events, {report.variants.get('default', '')}), same run: "
+        f"relay {relay.events_per_s:,.0f} events/s, {relay.cpu_us_per_event:.0f} µs CPU/event (relay process), "
+        f"mongod {relay.mongod_cpu_us_per_event:.0f} µs/event, peak RSS {relay.peak_rss_mb:.0f} MB"
+        + (f"; {steps}" if steps else ""),
+        f"{'compared with':<34} {'events/s':>9} {'relay/it':>9} {'CPU µs/ev':>10} {'mongod µs/ev':>13} "
+        f"{'peak RSS MB':>12}  note",
+    ]
+    for prefix, name in COMPARED:
+        row = report.row(prefix)
+        if row is None:
+            continue
+        if row.error:
+            lines.append(f"{name:<34} FAILED: {row.error.splitlines()[0][:400]}")
+            continue
+        lines.append(f"{name:<34} {_f(row.events_per_s, ',.0f', 9)} {_f(ratio(relay, row), '.2f', 9)} "
+                     f"{_f(row.cpu_us_per_event, '.0f', 10)} {_f(row.mongod_cpu_us_per_event, '.0f', 13)} "
+                     f"{_f(row.peak_rss_mb, '.0f', 12)}  {row.note}")
+    lines.append("  relay/it > 1: the relay is faster. CPU µs/ev = CPU of the process doing the work per event "
+                 "(the baselines run in the benchmark's process; a peer in its own); RSS sampled every 25 ms.")
+    return lines
+
+
+def _variant_table(report: Report) -> list[str]:
+    if len(report.variants) < 2:
+        return []
+    lines = ["payload variants (relay and baselines on a backlog of that payload; relay/it in brackets)",
+             f"{'variant':<22} {'events':>7} {'relay ev/s':>10} {'bare relay':>17} {'bare stream':>17} "
+             f"{'bare producer':>18} {'CPU µs/ev':>9} {'mongod':>7} {'RSS MB':>7} {'value B':>8}"]
+    for key, label in report.variants.items():
+        relay = report.relay(key)
+        if relay is None:
+            continue
+        cells = []
+        for prefix, width in (("baseline: bare relay", 17), ("baseline: bare change stream", 17),
+                              ("baseline: bare producer", 18)):
+            other = report.row(prefix, key)
+            text = "-" if other is None else f"{_f(other.events_per_s, ',.0f')} ({_f(ratio(relay, other), '.2f')})"
+            cells.append(f"{text:>{width}}")
+        lines.append(f"{label:<22} {relay.events:>7} {_f(relay.events_per_s, ',.0f', 10)} {' '.join(cells)} "
+                     f"{_f(relay.cpu_us_per_event, '.0f', 9)} {_f(relay.mongod_cpu_us_per_event, '.0f', 7)} "
+                     f"{_f(relay.peak_rss_mb, '.0f', 7)} {relay.extra.get('value_bytes', '-'):>8}")
+    return lines
+
+
+def _rows_table(report: Report) -> list[str]:
+    width = max([36, *(len(r.scenario) for r in report.rows)])
+    lines = [f"{'every row':<{width}} {'variant':<8} {'events':>8} {'seconds':>8} {'events/s':>9} "
+             f"{'other cores':>11} {'iowait':>6}  note"]
+    for r in report.rows + report.long_run:
+        lines.append(f"{r.scenario:<{width}} {r.variant:<8} {r.events:>8} {_f(r.seconds, '.2f', 8)} "
+                     f"{_f(r.events_per_s, '.0f', 9)} {_f(r.other_cores, '.2f', 11)} {_f(r.iowait_cores, '.2f', 6)}"
+                     f"  {r.note}")
+    lines.append("  other cores = CPU taken meanwhile by processes outside the benchmark (near 0 on a quiet "
+                 "machine; larger: the figure is depressed by other load); iowait = host-wide disk wait, in cores.")
+    return lines
+
+
+def _peer_table(report: Report) -> list[str]:
+    peers = [r for r in report.rows if r.kind == "peer" and not r.error]
+    if not peers:
+        return []
+    relay = report.relay()
+    versions = report.params.get("peers", {})
+    lines = [f"peers in detail ({', '.join(f'{k} {v}' for k, v in versions.items())})",
+             f"{'':<40} {'start s':>7} {'first s':>7} {'all-in ev/s':>11} {'drain ev/s':>10} {'relay/all-in':>12} "
+             f"{'CPU s':>6} {'value B':>7}  message"]
+    for r in peers:
+        x = r.extra
+        all_in = relay.events_per_s / x["all_in_events_per_s"] if relay else math.nan
+        lines.append(f"{r.scenario:<40} {x['worker_start_s']:>7.1f} {x['first_message_s']:>7.1f} "
+                     f"{x['all_in_events_per_s']:>11,.0f} {x['drain_events_per_s']:>10,.0f} {_f(all_in, '.2f', 12)} "
+                     f"{x['cpu_s']:>6.1f} {x['value_bytes']:>7}  {x['output']}")
+    lines.append("  start = process launch -> connector start (JVM, plugin scan; 0 for Conduit, timed from launch); "
+                 "first = connector start -> first message; all-in = from launch; drain = N / (first -> last message)")
+    return lines
+
+
+def _latency_table(report: Report) -> list[str]:
+    if not report.latency:
+        return []
+    lines = ["steady state: latency from the insert's oplog wall time to the broker's append (LogAppendTime)",
+             f"{'target/s':>9} {'reached/s':>9} {'batch':>5} {'events':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+             f"{'| from insert returned p50/p99':>30} {'insert p99':>10} {'behind':>7} {'CPU µs/ev':>9} {'mongod':>7}"]
+    for x in report.latency:
+        lines.append(f"{x.target_rate:>9,.0f} {x.achieved_rate:>9,.0f} {x.batch:>5} {x.received:>7} "
+                     f"{_f(x.p50_ms, '.1f', 7)} {_f(x.p99_ms, '.1f', 7)} {_f(x.max_ms, '.1f', 7)} "
+                     f"{_f(x.returned_p50_ms, '.1f', 19)} / {_f(x.returned_p99_ms, '.1f', 8)} "
+                     f"{_f(x.insert_p99_ms, '.1f', 10)} {x.writer_max_behind_ms:>6.0f}ms "
+                     f"{_f(x.relay_cpu_us_per_event, '.0f', 9)} {_f(x.mongod_cpu_us_per_event, '.0f', 7)}"
+                     + (f"  MISSING {x.missing}" if x.missing else "") + (f"  dup {x.duplicates}" if x.duplicates else ""))
+    lines.append("  batch = events per insert (1: insert_one from 16 threads; else insert_many from 4 threads, same schedule); "
+                 "behind = how late the writer ran at worst; reached < target: the writer could not keep up")
+    return lines
+
+
+def _long_table(report: Report) -> list[str]:
+    relay = next((r for r in report.long_run if r.kind == "relay"), None)
+    if relay is None:
+        return []
+    x = relay.extra
+    return [f"long backlog: {relay.scenario}: {_f(relay.events_per_s, ',.0f')} events/s, peak RSS "
+            f"{_f(relay.peak_rss_mb, '.1f')} MB (sampled; RSS {_f(x.get('rss_before_mb') or math.nan, '.1f')} MB "
+            f"before, {_f(x.get('rss_after_mb') or math.nan, '.1f')} MB after; ru_maxrss of the process so far "
+            f"{_f(x.get('ru_maxrss_mb') or math.nan, '.1f')} MB), {_f(relay.cpu_us_per_event, '.0f')} µs CPU/event, "
+            f"mongod {_f(relay.mongod_cpu_us_per_event, '.0f')} µs/event, {relay.seconds:.0f} s"]
+
+
+# ---- goals (issue 15), reported, never asserted -----------------------------------------------
+
+def goals(report: Report) -> list[dict[str, Any]]:
+    relay = report.relay()
+    out: list[dict[str, Any]] = []
+
+    def goal(what: str, value: float, target: float, higher_is_better: bool, unit: str = "") -> None:
+        met = None if math.isnan(value) else (value >= target if higher_is_better else value <= target)
+        out.append({"goal": what, "value": value, "target": target, "unit": unit, "met": met})
+
+    goal("catch-up / MongoDB Kafka source connector", ratio(relay, report.row(COMPARED[0][0])), 2.0, True, "x")
+    goal("catch-up / Debezium", ratio(relay, report.row(COMPARED[1][0])), 3.0, True, "x")
+    goal("catch-up / bare relay", ratio(relay, report.row("baseline: bare relay")), 0.8, True, "x")
+    for x in report.latency:
+        target = 25.0 if x.target_rate <= 1000 else 100.0
+        goal(f"p99 at {x.target_rate:,.0f} events/s (reached {x.achieved_rate:,.0f}/s)", x.p99_ms, target, False, "ms")
+    long_relay = next((r for r in report.long_run if r.kind == "relay"), None)
+    if long_relay is not None:
+        goal(f"peak RSS through a {long_relay.events:,}-event backlog", long_relay.peak_rss_mb, 100.0, False, "MB")
+    return out
+
+
+def _goal_table(report: Report) -> list[str]:
+    rows = goals(report)
+    if not rows:
+        return []
+    lines = ["issue 15 goals (reported, not asserted)"]
+    for g in rows:
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
+        op = ">=" if g["unit"] == "x" else "<="
+        lines.append(f"  {g['goal']:<58} {_f(g['value'], '.2f', 8)} {g['unit']:<2} (goal {op} {g['target']:g}) "
+                     f"{verdict}")
+    return lines
+
+
+# ---- files ------------------------------------------------------------------------------------
+
+def write_json(report: Report) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / "latest.json"
+    path.write_text(json.dumps(_no_nan(report.to_json()), indent=2, default=str) + "\n")
+    return path
+
+
+def _no_nan(value: Any) -> Any:
+    """NaN (an empty measurement) as null, so the file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def update_benchmarks_md(report: Report, text: str, path: Path = BENCHMARKS_MD) -> Path:
+    """Replace the section between MARK_START and MARK_END with this run (command, commit, output)."""
+    p = report.params
+    section = (f"{MARK_START}\n`{p['command']}`, relay code {p['relay_source'].split(' (')[0]}, started "
+               f"{p['started_at']}, wall time {p.get('wall_seconds', math.nan):.0f} s.\n\n```\n{text}\n```\n{MARK_END}")
+    current = path.read_text()
+    pattern = re.compile(re.escape(MARK_START) + ".*?" + re.escape(MARK_END), re.S)
+    if not pattern.search(current):
+        raise RuntimeError(f"{path} has no {MARK_START} ... {MARK_END} section to replace")
+    path.write_text(pattern.sub(lambda _m: section, current))
+    return path

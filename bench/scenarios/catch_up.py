@@ -1,0 +1,78 @@
+"""Relay catch-up: the relay is started on a backlog and timed until a checkpoint covers it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from pymongo import MongoClient
+
+from bench.common import AGGREGATE_TYPE, Row, consumer, create_topic, in_kafka, log, rate, wait_for
+from bench.relay_under_test import lease_token_data, relay_settings, running_relay
+from bench.sampling import Sampler, self_peak_rss_mb, stack_roles
+from bench.scenarios.backlog import Backlog
+from relay.devstack import LocalStack
+
+
+def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,
+                   label: str = "relay catch-up (to checkpoint)") -> Row:
+    """Start the relay on the backlog; time until a checkpoint covers the last backlog event.
+
+    Done-condition: the lease document's `resumeToken._data` >= the `_data` of the last
+    backlog event's own resume token. Resume tokens' `_data` is the hex of a KeyString
+    whose order is the stream's order (cluster time first; at an equal cluster time a
+    high-water-mark token sorts before the event), so a stored token strictly before the
+    last event's token cannot cover it, and one at or past it covers every backlog event.
+    The end time is that checkpoint's `checkpointAt` (server clock, ms, same machine), so the
+    polling does not inflate the time. The start is just before the relay's thread starts,
+    so the figure includes the relay's start-up (connection checks, lease, stream open).
+
+    The relay promises to store a token only after Kafka acknowledged every event before
+    it, so at that moment the topic must already hold all N messages (acks=all: the high
+    watermark has moved before the ack). The benchmark checks this instead of trusting it:
+    if fewer are there, the row says so and the time runs until the last message is in Kafka.
+    """
+    variant = backlog.variant.key
+    topic_template = f"bench.{run_id}.catchup-{variant}.{{aggregateType}}"
+    topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
+    create_topic(stack.kafka.bootstrap_servers, topic)
+    start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.timezone.utc).isoformat()
+    settings = relay_settings(stack, backlog.database, topic_template, start_at)
+    leases = client[backlog.database][settings.lease_collection]
+
+    def covered() -> dt.datetime | None:
+        data, at = lease_token_data(leases, settings.namespace)
+        return at if data is not None and data >= backlog.last_token_data else None
+
+    with consumer(stack.kafka.bootstrap_servers) as c:
+        with running_relay(settings) as runner, Sampler(stack_roles(stack)) as sampler:
+            started_wall = time.time()
+            runner.start()
+            checkpoint_at = wait_for(f"{label} ({variant})", covered, max(120.0, backlog.events / 500),
+                                     runner.check_alive)
+            ended = checkpoint_at.timestamp()
+            at_checkpoint = in_kafka(c, topic)
+            if at_checkpoint < backlog.events:
+                log.error("catch-up: the checkpoint covered the backlog while only %d of %d events "
+                          "were in Kafka", at_checkpoint, backlog.events)
+                wait_for("catch-up events in Kafka", lambda: in_kafka(c, topic) >= backlog.events, 120,
+                         runner.check_alive)
+                ended = max(ended, time.time())
+            usage = sampler.stop()
+        final = in_kafka(c, topic)
+    seconds = ended - started_wall
+    note = "incl. relay start-up"
+    if at_checkpoint < backlog.events:
+        note += f"; CHECKPOINT AHEAD OF KAFKA ({at_checkpoint} in topic)"
+    if final != backlog.events:
+        note += f"; {final} messages in topic"
+    return Row(label, backlog.events, seconds, rate(backlog.events, seconds), variant=variant, kind="relay",
+               cpu_us_per_event=usage.cpu_us_per_event("bench", backlog.events),
+               mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", backlog.events),
+               peak_rss_mb=usage.peak_rss_mb.get("bench", float("nan")),
+               other_cores=usage.other_cores, iowait_cores=usage.iowait_cores, note=note,
+               extra={"topic": topic, "in_kafka_at_checkpoint": at_checkpoint, "in_kafka_final": final,
+                      "rss_before_mb": usage.rss_start_mb.get("bench"), "rss_after_mb": usage.rss_end_mb.get("bench"),
+                      "ru_maxrss_mb": self_peak_rss_mb(), "cpu_s": usage.cpu_s,
+                      "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", backlog.events)})

@@ -1,0 +1,146 @@
+"""The steady-state load generator: a child process inserting outbox events on a fixed schedule.
+
+The writer runs in its own process (like a real service), so its commit times are not
+delayed by the relay holding the benchmark process's GIL: with writer threads next to the
+relay, `time.time()` after `insert_one` was seen up to ~12 ms late (negative latencies).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pymongo import MongoClient
+
+from bench.events import EventFactory
+from relay.outbox import Outbox
+
+# Threads sharing one schedule. An insert_one with majority write concern takes 2-50 ms on two
+# busy cores: with 4 threads the writer fell behind at 1,000/s (415/s reached), so 16 for insert_one.
+WRITER_THREADS = 16
+BATCH_WRITER_THREADS = 4   # insert_many every 10 ms: a few threads keep 10,000/s
+
+
+class RateWriter:
+    """Inserts outbox events on a fixed schedule; records when each write returned.
+
+    Event i is due at start + i / rate. Writes are `batch` events at a time: `insert_one`
+    for a batch of 1, else `insert_many` of the `batch` events due next, sent when the first
+    of them is due (10,000/s as one `insert_one` per event cannot be sustained by a Python
+    client on these two cores; 100 events every 10 ms can). A few threads share the
+    schedule (each takes the next due write), so one slow write does not hold up the next.
+    """
+
+    def __init__(self, outbox: Outbox, factory: EventFactory, rate_per_s: float, seconds: float,
+                 batch: int = 1, threads: int | None = None) -> None:
+        self.outbox, self.factory = outbox, factory
+        self.rate, self.total, self.batch = rate_per_s, int(rate_per_s * seconds), max(1, batch)
+        self.committed: dict[str, float] = {}   # event id -> time.time() after its write returned
+        self.round_trips: list[float] = []      # seconds each write took (commit-time uncertainty)
+        self.max_behind_s = 0.0
+        self.seconds = 0.0
+        self.errors: list[BaseException] = []
+        self._threads = threads or (WRITER_THREADS if self.batch == 1 else BATCH_WRITER_THREADS)
+        self._next = 0
+        self._lock = threading.Lock()
+        self._started = 0.0
+
+    def _take(self) -> range | None:
+        with self._lock:
+            if self._next >= self.total or self.errors:
+                return None
+            first = self._next
+            self._next = min(self.total, first + self.batch)
+            return range(first, self._next)
+
+    def _work(self) -> None:
+        try:
+            while (seqs := self._take()) is not None:
+                ahead = self._started + seqs[0] / self.rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+                else:
+                    self.max_behind_s = max(self.max_behind_s, -ahead)
+                events = [self.factory.event(i) for i in seqs]
+                sent = time.time()
+                if len(events) == 1:
+                    self.outbox.add(events[0])
+                else:
+                    self.outbox.add_many(events)
+                returned = time.time()
+                for event in events:
+                    self.committed[event.id_str] = returned
+                self.round_trips.append(returned - sent)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by run()
+            self.errors.append(exc)
+
+    def run(self) -> None:
+        """Write every event (blocks); raises the first writer error."""
+        self._started = time.monotonic()
+        workers = [threading.Thread(target=self._work, name=f"bench-writer-{n}", daemon=True)
+                   for n in range(self._threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        self.seconds = time.monotonic() - self._started
+        if self.errors:
+            raise RuntimeError(f"writer failed: {self.errors[0]!r}") from self.errors[0]
+
+
+def writer_process(uri: str, database: str, rate_per_s: float, seconds: float, payload_bytes: int,
+                   batch: int, conn: Any) -> None:
+    """Child-process entry: connect, say "ready", wait for "go", write, send the results."""
+    try:
+        with MongoClient(uri) as client:
+            client.admin.command("ping")
+            writer = RateWriter(Outbox(client[database]["outbox"]), EventFactory(payload_bytes),
+                                rate_per_s, seconds, batch=batch)
+            conn.send("ready")
+            if conn.recv() != "go":
+                return
+            writer.run()
+            # Plain values: a class defined here would pickle as `__mp_main__.<name>` under -m.
+            conn.send({"committed": writer.committed, "seconds": writer.seconds,
+                       "max_behind_s": writer.max_behind_s, "round_trips": writer.round_trips})
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        conn.send(f"error: {exc!r}")
+    finally:
+        conn.close()
+
+
+@contextmanager
+def writer_child(uri: str, database: str, rate_per_s: float, seconds: float, payload_bytes: int,
+                 batch: int) -> Iterator[Any]:
+    """Start `writer_process` (spawned, so no forked threads) and yield its end of the pipe."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=writer_process, name="bench-writer",
+                       args=(uri, database, rate_per_s, seconds, payload_bytes, batch, child), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        yield parent
+    finally:
+        parent.close()  # a child still waiting for "go" gets EOF and exits
+        proc.join(timeout=30)
+        if proc.is_alive():  # our own child, by its pid
+            proc.terminate()
+            proc.join(timeout=10)
+
+
+def receive(conn: Any, timeout_s: float, what: str) -> Any:
+    """The writer's next message; raises if it failed, exited or said nothing in time."""
+    if not conn.poll(timeout_s):
+        raise TimeoutError(f"writer process: no {what} after {timeout_s:.0f}s")
+    try:
+        message = conn.recv()
+    except EOFError:
+        raise RuntimeError(f"writer process exited before sending its {what}") from None
+    if isinstance(message, str) and message.startswith("error:"):
+        raise RuntimeError(f"writer process failed: {message[6:].strip()}")
+    return message

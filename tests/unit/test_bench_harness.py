@@ -1,0 +1,128 @@
+"""The benchmark harness's own logic (no servers): process sampling, the writer's schedule,
+the goals it reports and the BENCHMARKS.md section it rewrites. Timings are never asserted."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.common import Row
+from bench.events import EventFactory, variants
+from bench.report import MARK_END, MARK_START, Report, goals, update_benchmarks_md
+from bench.sampling import Sampler
+from bench.writer import RateWriter
+
+# A parent that starts a child which holds 64 MB and burns about 0.6 s of CPU; the parent itself
+# only waits. Both print nothing; the parent exits when the child does.
+_TREE = textwrap.dedent("""
+    import subprocess, sys
+    child = '''
+    import time
+    block = bytearray(64 * 1024 * 1024)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    end = time.process_time() + 0.6
+    while time.process_time() < end:
+        pass
+    '''
+    subprocess.run([sys.executable, '-c', child], check=True)
+""")
+
+
+def _sample_tree(trees: frozenset[str]) -> Any:
+    parent = subprocess.Popen([sys.executable, "-c", _TREE])
+    try:
+        with Sampler(lambda: {"parent": parent.pid}, trees=trees, interval_s=0.01) as sampler:
+            parent.wait(timeout=60)
+        return sampler.stop()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_sampler_counts_a_process_trees_cpu_and_peak_rss_children_included() -> None:
+    usage = _sample_tree(frozenset({"parent"}))
+    assert usage.cpu_s["parent"] >= 0.4, usage
+    assert usage.peak_rss_mb["parent"] >= 64, usage
+
+
+def test_sampler_without_tree_counts_only_the_process_itself() -> None:
+    usage = _sample_tree(frozenset())
+    assert usage.cpu_s["parent"] < 0.4, usage
+    assert usage.peak_rss_mb["parent"] < 64, usage
+
+
+class _FakeOutbox:
+    """Records what the writer sends; stands in for `relay.outbox.Outbox` (no server)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def add(self, event: Any) -> None:
+        with self._lock:
+            self.calls.append([event.id_str])
+
+    def add_many(self, events: list[Any]) -> list[Any]:
+        with self._lock:
+            self.calls.append([e.id_str for e in events])
+        return [e.id_str for e in events]
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_rate_writer_writes_every_scheduled_event_once_in_batches(batch: int) -> None:
+    outbox = _FakeOutbox()
+    writer = RateWriter(outbox, EventFactory(64), rate_per_s=2000, seconds=0.05, batch=batch)  # type: ignore[arg-type]
+    writer.run()
+    ids = [i for call in outbox.calls for i in call]
+    assert len(ids) == writer.total == 100
+    assert len(set(ids)) == 100 and set(ids) == set(writer.committed)
+    assert all(len(call) <= batch for call in outbox.calls)
+    assert sum(1 for call in outbox.calls if len(call) == batch) >= 100 // batch
+
+
+def test_variants_shrink_the_backlog_as_payloads_grow_and_include_a_typed_one() -> None:
+    found = {v.key: v for v in variants(100_000, 200, sizes=True, typed=True)}
+    assert [found[k].events for k in ("default", "2kb", "20kb", "typed")] == [100_000, 50_000, 10_000, 100_000]
+    typed = found["typed"].factory().event(3)
+    assert typed.event_type == "OrderCreated" and set(typed.payload) == {"orderId", "amount", "step"}
+
+
+def _row(name: str, events_per_s: float, error: str | None = None) -> Row:
+    return Row(name, 100, 1.0, events_per_s, variant="default", error=error)
+
+
+def test_goals_compare_the_relay_with_each_peer_in_the_same_run() -> None:
+    report = Report(params={}, rows=[
+        _row("relay catch-up (to checkpoint)", 10_000),
+        _row("peer: MongoDB Kafka source connector", 4_000),
+        _row("peer: Debezium MongoDB + outbox router", 4_000),
+        _row("baseline: bare relay", 20_000, error="failed"),
+    ])
+    found = {g["goal"]: g for g in goals(report)}
+    assert found["catch-up / MongoDB Kafka source connector"]["met"] is True
+    assert found["catch-up / Debezium"]["met"] is False          # 2.5x, the goal is 3x
+    assert found["catch-up / bare relay"]["met"] is None          # a failed row is not a figure
+    assert math.isnan(found["catch-up / bare relay"]["value"])
+
+
+def test_benchmarks_md_section_is_replaced_and_nothing_else(tmp_path: Path) -> None:
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text(f"# Benchmarks\nbefore\n{MARK_START}\nold run\n{MARK_END}\nafter\n")
+    report = Report(params={"command": "python -m bench.run", "relay_source": "abc1234 (/x)",
+                            "started_at": "2026-01-01T00:00:00+00:00", "wall_seconds": 61.0})
+    update_benchmarks_md(report, "the table", path)
+    text = path.read_text()
+    assert text.startswith("# Benchmarks\nbefore\n") and text.endswith(f"{MARK_END}\nafter\n")
+    assert "old run" not in text and "the table" in text and "abc1234" in text
+    path.write_text("# no markers\n")
+    with pytest.raises(RuntimeError, match="bench-latest"):
+        update_benchmarks_md(report, "the table", path)
