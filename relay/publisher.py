@@ -67,6 +67,7 @@ class Publisher:
             self._producer = Producer(config)
         except KafkaException as exc:
             raise _config_error(exc) from None
+        self._failed: list[Delivery] = []  # deliveries whose first failed report was served
 
     def _on_error(self, err: KafkaError) -> None:
         # Client-level errors: librdkafka keeps retrying and reports per-message failures
@@ -76,7 +77,8 @@ class Publisher:
 
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         """Hand every message to the producer (blocking only while its queue is full)."""
-        produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._producer.poll
+        delivery.failures = self._failed
+        produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._poll
         current = "?"
         try:
             for m in delivery.messages:
@@ -93,11 +95,19 @@ class Publisher:
             raise _produce_error(exc, current) from exc
 
     def poll(self, timeout: float) -> None:
-        """Run delivery callbacks that are due (waiting up to `timeout` for one)."""
+        """Run delivery callbacks that are due (waiting up to `timeout` for one); after a failed
+        report, drop everything still queued or in flight (their reports fail next)."""
         try:
-            self._producer.poll(timeout)
+            self._poll(timeout)
         except KafkaException as exc:
             raise _produce_error(exc, "?") from exc
+
+    def _poll(self, timeout: float) -> int:
+        served = self._producer.poll(timeout)
+        if self._failed:
+            self._failed.clear()
+            self._producer.purge(in_queue=True, in_flight=True)
+        return served  # type: ignore[no-any-return]
 
     def failure(self, delivery: Delivery) -> Exception:
         return delivery_failure(delivery)

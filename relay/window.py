@@ -24,7 +24,7 @@ class Delivery:
     acknowledged when every report came back without an error.
     """
 
-    __slots__ = ("changes", "messages", "token", "pending", "failure", "sent_at", "one_by_one")
+    __slots__ = ("changes", "messages", "token", "pending", "failure", "sent_at", "one_by_one", "failures")
 
     def __init__(self, changes: Sequence[Any], messages: Sequence[Any], token: Token | None,
                  sent_at: float, one_by_one: bool = False) -> None:
@@ -35,11 +35,15 @@ class Delivery:
         self.failure: tuple[bytes, Any] | None = None  # (value, error) of the first failed report
         self.sent_at = sent_at
         self.one_by_one = one_by_one  # its one message was sent alone (a request of its own)
+        # Where the first failed report is announced (the publisher's list; it drops its queue).
+        self.failures: list[Delivery] | None = None
 
     def on_delivery(self, err: Any, msg: Any) -> None:
         self.pending -= 1
         if err is not None and self.failure is None:
             self.failure = (msg.value() or b"", err)  # failed reports carry no headers
+            if self.failures is not None:
+                self.failures.append(self)
 
     @property
     def done(self) -> bool:

@@ -6,7 +6,7 @@ import time
 
 from tests.support import (
     CheckpointWatcher, RelayThread, Written, all_published, assert_complete_and_ordered, background_writes,
-    lease_doc, needs_local_stack, wait_until,
+    lease_doc, needs_local_stack, read_messages, wait_until,
 )
 
 
@@ -52,3 +52,38 @@ def test_broker_paused_past_the_delivery_timeout_replays_from_the_checkpoint(env
     for dup in verdict.duplicates:
         assert dup.position > stored["_data"], "only events after the checkpoint are published again"
     print(f"\nbroker SIGSTOP past the delivery timeout: {len(written.ids)} events, {len(verdict.duplicates)} duplicates")
+
+
+def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env):
+    """librdkafka drains and bumps the epoch after a message times out, then sends what was queued
+    behind it; the publisher drops that queue at the first failed report, so no later event of the
+    partition is written ahead of the replay of the earlier one (docs/faults.md, row 11)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from relay.message import OutgoingMessage
+    from relay.publisher import Publisher
+    from relay.window import Delivery
+
+    broker = needs_local_stack(env.servers).kafka
+    topic = env.topic()
+    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    settings = env.settings.replace(kafka={"message.timeout.ms": "3000", "linger.ms": "0"})
+    publisher = Publisher(settings)
+    message = lambda i: OutgoingMessage(f"e{i}", topic, b"k", f"v{i}".encode(), [])  # noqa: E731
+    publisher.poll(5)  # connected
+    first = Delivery([None], [message(0)], None, 0.0)
+    later = Delivery([None] * 9, [message(i) for i in range(1, 10)], None, 0.0)
+    broker.process.pause()
+    try:
+        publisher.send(first, lambda: None)
+        time.sleep(2.5)  # the later messages would time out 2.5 s after the first
+        publisher.send(later, lambda: None)
+        wait_until(lambda: publisher.poll(0.05) or first.done, 30, "the first message to time out")
+    finally:
+        broker.process.resume()
+    wait_until(lambda: publisher.poll(0.05) or later.done, 30, "the later messages' reports")
+    publisher.close()
+    assert first.failure is not None and later.failure is not None
+    values = {m.value() for m in read_messages(env.servers.kafka_bootstrap, topic, timeout=10)}
+    assert b"v0" in values or not values, f"a gap: {sorted(values)} were written, v0 was not"

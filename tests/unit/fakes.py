@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bson import ObjectId
+from bson import ObjectId, Timestamp
 from confluent_kafka import KafkaError
 
-from relay.changes import Batch, StartPoint
+from relay.changes import Batch, StartPoint, insert_change
 from relay.config import Settings
 from relay.encoding import MessageBuilder, SchemaFolder
 from relay.errors import HistoryLostError, LeaseLostError
@@ -79,12 +79,13 @@ class Clock:
 
 @dataclass
 class Outbox:
-    changes: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[Any] = field(default_factory=list)
 
-    def add(self, doc: dict[str, Any]) -> dict[str, Any]:
+    def add(self, doc: dict[str, Any]) -> Any:
+        """Append the insert of `doc`, as the stream hands it out (a RawBSONDocument)."""
         n = len(self.changes)
-        change = {"_id": token(n + 1), "operationType": "insert", "fullDocument": doc,
-                  "wallTime": EPOCH + dt.timedelta(milliseconds=n)}
+        change = insert_change(doc, token(n + 1), raw=True, clusterTime=Timestamp(1_767_225_600 + n, 1),
+                               wallTime=EPOCH + dt.timedelta(milliseconds=n))
         self.changes.append(change)
         return change
 
@@ -213,17 +214,23 @@ class _Report:
 
 
 class FakePublisher:
-    """A producer over `world.broker`: reports come back in send order per partition, the
-    partitions interleaved at random; `world.broker.fail_next` makes reports fail (the message may
-    or may not have been appended: idempotence keeps no promise about a timed-out message)."""
+    """relay.publisher.Publisher over `world.broker`: reports come back in send order per
+    partition, the partitions interleaved at random; `world.broker.fail_next` makes reports fail
+    (the message may or may not have been appended: idempotence keeps no promise about a timed-out
+    message). As librdkafka does, a partition whose message timed out sends nothing more until its
+    requests in flight are drained; as the real publisher does, the first failed report makes the
+    next poll drop everything still held (each dropped message reported as purged)."""
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.pending: dict[int, deque[tuple[Any, Delivery]]] = {}
+        self.draining: set[int] = set()
+        self.failed: list[Delivery] = []
         self.closed = False
 
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         w = self.world
+        delivery.failures = self.failed
         for m in delivery.messages:
             p = w.broker.partition(m.key)
             self.pending.setdefault(p, deque()).append((m, delivery))
@@ -236,10 +243,8 @@ class FakePublisher:
 
     def poll(self, timeout: float) -> None:
         w, rng = self.world, self.world.rng
-        busy = [p for p, q in self.pending.items() if q]
-        if not busy:
-            return
-        for p in rng.sample(busy, rng.randint(1, len(busy))):
+        busy = [p for p, q in self.pending.items() if q and p not in self.draining]
+        for p in rng.sample(busy, rng.randint(1, len(busy))) if busy else []:
             queue = self.pending[p]
             for _ in range(rng.randint(1, len(queue))):
                 m, delivery = queue.popleft()
@@ -256,10 +261,22 @@ class FakePublisher:
                     if rng.random() < 0.5:
                         w.broker.append(p, m)  # written, but the report says it timed out
                     delivery.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(m))
-                    continue
+                    self.draining.add(p)
+                    break
                 w.broker.append(p, m)
                 w.broker.acked.add(m.event_id)
                 delivery.on_delivery(None, _Report(m))
+        if self.failed:
+            self.failed.clear()
+            self.purge()
+
+    def purge(self) -> None:
+        """Drop what is held: each message is reported as purged, and none is written."""
+        for queue in self.pending.values():
+            while queue:
+                m, delivery = queue.popleft()
+                delivery.on_delivery(KafkaError(KafkaError._PURGE_QUEUE), _Report(m))
+        self.draining.clear()
 
     def failure(self, delivery: Delivery) -> Exception:
         return delivery_failure(delivery)
@@ -269,11 +286,15 @@ class FakePublisher:
         return sum(len(q) for q in self.pending.values())
 
     def close(self) -> None:
-        """Purge: messages already on their way may still be appended, without a report."""
+        """Dropped: the oldest messages of a partition may already be on their way and still be
+        appended, without a report (in order: idempotence never writes one without those before)."""
         for p, queue in self.pending.items():
-            for m, _delivery in queue:
-                if self.world.rng.random() < 0.3 and (m.topic, m.event_id) not in self.world.broker.refuse:
-                    self.world.broker.append(p, m)
+            if p in self.draining:
+                continue
+            for m, _delivery in list(queue)[:self.world.rng.choice([0, 0, 1, 2])]:
+                if (m.topic, m.event_id) in self.world.broker.refuse:
+                    break
+                self.world.broker.append(p, m)
         self.pending.clear()
         self.closed = True
 
