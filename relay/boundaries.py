@@ -88,6 +88,9 @@ class Encoder(Protocol):
     def build(self, change: Any, fencing_token: int) -> OutgoingMessage:
         """The message for one insert change; raises PoisonEventError naming the event."""
 
+    def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
+        """Messages for a batch where a fast path can build them; None where `build` must."""
+
     def dead_letter(self, change: Any, reason: str, fencing_token: int) -> OutgoingMessage:
         """The dead-letter record that stands in for a poison event."""
 

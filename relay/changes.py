@@ -29,6 +29,7 @@ from typing import Any
 import bson
 from bson import Timestamp
 from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.change_stream import ChangeStream
 from pymongo.collection import Collection
@@ -52,12 +53,22 @@ PIPELINE: list[dict[str, Any]] = [
 # {"$date": {"$numberLong": ...}}, a typed one refuses them (relay.avro_types).
 CHANGE_CODEC = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
                             datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+# The stream hands out changes undecoded (RawBSONDocument): the compiled encoder reads their
+# bytes, and only what the Python path builds is decoded, with CHANGE_CODEC
+# (relay.encoding.decoded). Fields read on the way (the token, operationType, wallTime) decode
+# with the same options.
+RAW_CHANGE_CODEC = CHANGE_CODEC.with_options(document_class=RawBSONDocument)
 
 
-def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], delivered: bool = False) -> dict[str, Any]:
-    """An insert change event for `document` at `token` (rescans, tests, benchmarks). With
-    `delivered`, it goes through the BSON round trip the driver does (CHANGE_CODEC)."""
-    change = {"_id": dict(token), "operationType": "insert", "fullDocument": document}
+def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], delivered: bool = False,
+                  raw: bool = False, **fields: Any) -> Any:
+    """An insert change event for `document` at `token` (rescans, tests, benchmarks), with any
+    other change fields (`clusterTime`, `wallTime`). With `delivered`, it goes through the BSON
+    round trip the driver does (CHANGE_CODEC); with `raw`, it is what the stream hands out
+    (a RawBSONDocument, RAW_CHANGE_CODEC)."""
+    change = {"_id": dict(token), "operationType": "insert", **fields, "fullDocument": document}
+    if raw:
+        return RawBSONDocument(bson.encode(change), RAW_CHANGE_CODEC)
     return bson.decode(bson.encode(change), CHANGE_CODEC) if delivered else change
 
 
@@ -149,7 +160,12 @@ class Batch:
         `_id`), or the batch's token when `count` covers the whole batch."""
         if count >= len(self.changes) or self.token is None:
             return self.token
-        return self.changes[count - 1]["_id"] if count > 0 else None
+        return _plain(self.changes[count - 1]["_id"]) if count > 0 else None
+
+
+def _plain(token: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A token as a plain dict (the stream's are RawBSONDocuments), to store and compare."""
+    return None if token is None else dict(token)
 
 
 def _ends_server_batch(stream: ChangeStream[Any]) -> bool:
@@ -163,7 +179,7 @@ class ChangeSource:
 
     def __init__(self, collection: Collection[Any], max_await_ms: int, server_batch_size: int,
                  occurred_at_field: str = "occurredAt") -> None:
-        self._collection = collection.with_options(codec_options=CHANGE_CODEC)
+        self._collection = collection.with_options(codec_options=RAW_CHANGE_CODEC)
         self._max_await_ms = max_await_ms
         self._server_batch_size = server_batch_size
         self._occurred_at_field = occurred_at_field
@@ -195,12 +211,13 @@ class ChangeSource:
         self.open(StartPoint())
         if self.token is None:
             raise TransientError("no opening token for the stream before the rescan; retrying")
-        self._scan = rescan_changes(self._collection, self._occurred_at_field, self._server_batch_size)
+        self._scan = rescan_changes(self._collection.with_options(codec_options=CHANGE_CODEC),
+                                    self._occurred_at_field, self._server_batch_size)
 
     @property
     def token(self) -> Mapping[str, Any] | None:
         """The stream's current token (the opening post-batch token right after `open`)."""
-        return self._stream.resume_token if self._stream is not None else None
+        return _plain(self._stream.resume_token) if self._stream is not None else None
 
     def next_batch(self, max_events: int) -> Batch:
         """Return the changes available now, up to `max_events`, with the token after them.
@@ -231,7 +248,7 @@ class ChangeSource:
                     break
         except PyMongoError as exc:
             raise translate_mongo(exc) from exc
-        batch.token = stream.resume_token
+        batch.token = _plain(stream.resume_token)
         batch.resumed = stream._cursor is not cursor  # noqa: SLF001
         return batch
 

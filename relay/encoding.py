@@ -19,24 +19,27 @@ import datetime as dt
 import functools
 import io
 import json
-from collections.abc import Mapping
+import string
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
+import bson
 import fastavro
 from bson import Code, json_util
 from bson.json_util import RELAXED_JSON_OPTIONS
+from bson.raw_bson import RawBSONDocument
 
 from relay.avro_types import PayloadMapper, UnmappableValueError
-from relay.changes import token_cluster_time
+from relay.changes import CHANGE_CODEC, token_cluster_time
 from relay.config import Settings
 from relay.contract import ENVELOPE, PAYLOAD_FIELD, SchemaError, SchemaFile, contract_of, load_folder, parse_file
 from relay.deadletter import dead_letter_message
 from relay.errors import PoisonEventError
-from relay.framing import SINGLE_OBJECT_MAGIC, Framing, framing_for
+from relay.framing import SINGLE_OBJECT_MAGIC, Framing, SingleObjectFraming, framing_for
 from relay.message import HEADER_FENCING, OutgoingMessage, valid_topic
 from relay.outbox import FieldNames, MalformedEventError, event_id_of, parse
 
@@ -204,10 +207,16 @@ def _rfc3339(moment: dt.datetime) -> str:
 class MessageBuilder:
     """Turns an insert change into the Kafka message; bad events raise PoisonEventError.
 
-    `framing` defaults to the one the settings select (`relay.framing.framing_for`).
+    `framing` defaults to the one the settings select (`relay.framing.framing_for`). With
+    `native` (the default) and single-object framing, `build_many` first hands a batch to the
+    compiled encoder (`relay._native`, native/src), which builds the generic-envelope messages
+    and declines everything else (typed event types, malformed documents, payload types it does
+    not write exactly as this module does); `build` (this module) makes the rest, so both give
+    the same bytes and the same errors (tests/unit/test_native.py).
     """
 
-    def __init__(self, settings: Settings, registry: SchemaFolder, framing: Framing | None = None) -> None:
+    def __init__(self, settings: Settings, registry: SchemaFolder, framing: Framing | None = None,
+                 native: bool = True) -> None:
         self._fields = FieldNames.from_settings(settings)
         self._registry = registry
         self._framing = framing or framing_for(settings, registry)
@@ -217,10 +226,25 @@ class MessageBuilder:
         self._collection = settings.outbox_collection
         self._max_bytes = settings.max_message_bytes
         self._settings = settings
+        self._native = _native_encoder(settings, registry, self._fields) \
+            if native and isinstance(self._framing, SingleObjectFraming) else None
+
+    @property
+    def native(self) -> bool:
+        """Whether `build_many` uses the compiled encoder."""
+        return self._native is not None
+
+    def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
+        """Messages for the changes the compiled encoder takes (`RawBSONDocument` changes of
+        event types without a typed schema), None for the others: build those with `build`."""
+        if self._native is None:
+            return [None] * len(changes)
+        return self._native.encode(changes if isinstance(changes, list) else list(changes), fencing_token)  # type: ignore[no-any-return]
 
     def build(self, change: Mapping[str, Any], fencing_token: int) -> OutgoingMessage:
-        """The message for one insert change (decoded with changes.CHANGE_CODEC); raises
+        """The message for one insert change (decoded with changes.CHANGE_CODEC, or raw); raises
         PoisonEventError naming the event."""
+        change = decoded(change)
         doc = change["fullDocument"]
         event_id = event_id_of(doc)
         try:
@@ -274,7 +298,7 @@ class MessageBuilder:
 
     def dead_letter(self, change: Mapping[str, Any], reason: str, fencing_token: int) -> OutgoingMessage:
         """The dead-letter record that stands in for a poison event (relay.deadletter)."""
-        return dead_letter_message(change, reason, fencing_token, self._settings)
+        return dead_letter_message(decoded(change), reason, fencing_token, self._settings)
 
     def _headers(self, event: Any, fencing_token: int) -> list[tuple[str, bytes]]:
         headers = [
@@ -293,3 +317,28 @@ class MessageBuilder:
                                           "uses a header name the relay reserves")
             headers.append((name, value.encode()))
         return headers
+
+
+def decoded(change: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A change as the Python path reads it: a `RawBSONDocument` decoded with CHANGE_CODEC."""
+    if isinstance(change, RawBSONDocument):
+        return bson.decode(change.raw, CHANGE_CODEC)
+    return change
+
+
+def _native_encoder(settings: Settings, folder: SchemaFolder, fields: FieldNames) -> Any:
+    """The compiled encoder for these settings, or None where it cannot match `build` exactly (a
+    topic template with format specs, conversions or attribute lookups)."""
+    from relay import _native
+
+    template: list[tuple[str, str | None]] = []
+    for literal, field, spec, conversion in string.Formatter().parse(settings.topic_template):
+        if spec or conversion or field not in (None, "aggregateType", "eventType"):
+            return None
+        template.append((literal, field))
+    generic = folder.writer_for("").name  # the generic envelope: what every untyped event gets
+    return _native.Encoder(
+        (fields.aggregate_type, fields.aggregate_id, fields.event_type, fields.payload, fields.occurred_at,
+         fields.headers, fields.topic),
+        template, folder.event_types, folder.fingerprint(generic), settings.database, settings.outbox_collection,
+        settings.cloudevents_source.encode(), settings.max_message_bytes, _RECORD_OVERHEAD, OutgoingMessage)

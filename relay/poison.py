@@ -79,20 +79,25 @@ def encode(changes: Sequence[Any], fencing_token: int, encoder: Encoder, policy:
     Under the dead-letter policy a poison event's dead letter takes its place (and
     `dead_lettered(event_id, reason)` is told); under the stop policy the messages end before the
     first poison event, which is returned with them. Messages and changes correspond one to one.
+    The encoder's batch path (`build_many`) goes first; what it declines is built one by one.
     """
-    build, messages = encoder.build, []
-    refusals = policy.remembers_refusals
-    for change in changes:
-        try:
-            if refusals:
-                event_id = event_id_of(change["fullDocument"])
-                reason = policy.refused(event_id)
-                if reason is not None:
-                    raise PoisonEventError(event_id, reason)
-            messages.append(build(change, fencing_token))
-        except PoisonEventError as exc:
-            if not policy.dead_letters:
-                return messages, exc
-            dead_lettered(exc.event_id, exc.reason)
-            messages.append(encoder.dead_letter(change, exc.reason, fencing_token))
+    fast = [None] * len(changes) if policy.remembers_refusals else encoder.build_many(changes, fencing_token)
+    if None not in fast:
+        return fast, None  # type: ignore[return-value]
+    messages: list[OutgoingMessage] = []
+    for change, message in zip(changes, fast):
+        if message is None:
+            try:
+                if policy.remembers_refusals:
+                    event_id = event_id_of(change["fullDocument"])
+                    reason = policy.refused(event_id)
+                    if reason is not None:
+                        raise PoisonEventError(event_id, reason)
+                message = encoder.build(change, fencing_token)
+            except PoisonEventError as exc:
+                if not policy.dead_letters:
+                    return messages, exc
+                dead_lettered(exc.event_id, exc.reason)
+                message = encoder.dead_letter(change, exc.reason, fencing_token)
+        messages.append(message)
     return messages, None

@@ -1,0 +1,119 @@
+"""Profile the relay's catch-up: where its CPU goes, beside the bare relay on the same backlog.
+
+Run: `.venv/bin/python -m bench.profile [--events N] [--variant default|2kb|20kb|typed]
+[--top 30] [--no-profile] [--repeat R]`.
+
+On a fresh local stack: write a backlog, then (R times) drain it with the relay and with the
+bare relay (bench/scenarios/bare_relay.py), printing events/s and the CPU microseconds per event
+of this process (the relay, its librdkafka threads included) and of mongod and Kafka. With the
+profile on, the relay's loop thread runs under cProfile (which slows it: read the rates of a run
+without it) and the top functions by own time and by cumulative time are printed. CPU per event
+is the figure to compare between changes: unlike events/s it hardly moves with the machine's
+other load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import shutil
+import threading
+import uuid
+from typing import Any
+
+from pymongo import MongoClient
+
+from bench.common import progress, warm_up_kafka
+from bench.events import variants
+from bench.relay_under_test import relay_settings
+from bench.scenarios.backlog import write_backlog
+from bench.scenarios.bare_relay import bare_relay
+from bench.scenarios.catch_up import relay_catch_up
+from relay.devstack import LocalStack
+
+
+class _ProfiledThreads:
+    """Runs cProfile in every thread named relay-* started while active (the relay's loop)."""
+
+    def __init__(self) -> None:
+        self.stats: list[cProfile.Profile] = []
+        self._original = threading.Thread.run
+
+    def __enter__(self) -> _ProfiledThreads:
+        profiles, original = self.stats, self._original
+
+        def run(thread: threading.Thread) -> None:
+            if not thread.name.startswith("relay-"):
+                return original(thread)
+            profile = cProfile.Profile()
+            profiles.append(profile)
+            profile.enable()
+            try:
+                return original(thread)
+            finally:
+                profile.disable()
+
+        threading.Thread.run = run  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.Thread.run = self._original  # type: ignore[method-assign]
+
+    def report(self, top: int) -> str:
+        if not self.stats:
+            return "(no relay thread profiled)"
+        out = io.StringIO()
+        stats = pstats.Stats(self.stats[0], stream=out)
+        for more in self.stats[1:]:
+            stats.add(more)
+        stats.strip_dirs().sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
+        return out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--events", type=int, default=50_000)
+    p.add_argument("--variant", default="default", choices=["default", "2kb", "20kb", "typed"])
+    p.add_argument("--top", type=int, default=30)
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--no-profile", dest="profile", action="store_false")
+    args = p.parse_args(argv)
+    variant = next(v for v in variants(args.events, 200, True, True) if v.key == args.variant)
+    stack = LocalStack.in_temp_dir()
+    stack.start()
+    try:
+        client: MongoClient[Any] = MongoClient(stack.mongo.uri, tz_aware=True)
+        warm_up_kafka(stack.kafka.bootstrap_servers)
+        run_id = uuid.uuid4().hex[:6]
+        backlog = write_backlog(client, f"profile_{run_id}", variant)
+        for attempt in range(args.repeat):
+            tag = f"{run_id}{attempt}"
+            if args.profile:
+                with _ProfiledThreads() as profiled:
+                    relay = relay_catch_up(stack, client, backlog, tag)
+                print(profiled.report(args.top))
+            else:
+                relay = relay_catch_up(stack, client, backlog, tag)
+            settings = relay_settings(stack, backlog.database, "unused", "now")
+            bare = bare_relay(stack, client, backlog, settings, f"profile.{tag}.bare")
+            for row in (relay, bare):
+                print(f"{row.scenario:<40} {row.events_per_s:>10,.0f} events/s  "
+                      f"{row.cpu_us_per_event:6.1f} µs/event here  "
+                      f"{row.mongod_cpu_us_per_event:6.1f} µs/event mongod  "
+                      f"{row.extra.get('kafka_cpu_us_per_event', float('nan')):6.1f} µs/event kafka  "
+                      f"other load {row.other_cores:.2f} cores", flush=True)
+            print(f"relay / bare relay: {relay.events_per_s / bare.events_per_s:.2f}  "
+                  f"(CPU here: {relay.cpu_us_per_event / bare.cpu_us_per_event:.2f}x)", flush=True)
+        client.close()
+    finally:
+        stack.stop()
+        shutil.rmtree(stack.base_dir, ignore_errors=True)
+    progress("done")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

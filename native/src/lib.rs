@@ -1,0 +1,356 @@
+//! `relay._native`: the relay's hot path in Rust, for the common case.
+//!
+//! `Encoder.encode(changes, fencing_token)` turns a batch of insert change events, each the raw
+//! BSON of a `RawBSONDocument`, into the Kafka messages the Python path
+//! (`relay.encoding.MessageBuilder.build`) would build for them: the generic envelope
+//! `io.outboxrelay.v1.OutboxEvent` in Avro single-object encoding, the key, the CloudEvents
+//! headers and the fencing token. It returns one `OutgoingMessage` per change, or `None` where it
+//! declines: anything it does not handle exactly as the Python path does (a typed event type, a
+//! malformed document, a payload value of a type `python_json` does not write, a message over the
+//! size limit, a change without raw bytes). The caller builds those with the Python path, which
+//! also raises the poison-event errors, so the two paths never disagree on what is published or
+//! on why something is not. tests/unit/test_native.py checks byte equality on random documents.
+
+mod avro;
+mod python_json;
+
+use bson::{RawBsonRef, RawDocument};
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use std::collections::HashSet;
+use std::fmt::Write;
+
+/// The earliest and latest millisecond Python's datetime holds (years 1 to 9999): outside, the
+/// Python path sees a DatetimeMS, which is not a date for `occurredAt`.
+const MIN_DATETIME_MS: i64 = -62_135_596_800_000;
+const MAX_DATETIME_MS: i64 = python_json::MAX_UTC_MS;
+/// Header names an outbox document may not use (relay.encoding._RESERVED_HEADERS).
+const RESERVED_HEADERS: [&str; 3] = ["ce_", "content-type", "relay_"];
+
+pub(crate) fn utc(ms: i64) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).ok()
+}
+
+/// One piece of the topic template: literal text, then (optionally) a field's value.
+struct TemplatePart {
+    literal: String,
+    field: Option<Field>,
+}
+
+#[derive(Clone, Copy)]
+enum Field {
+    AggregateType,
+    EventType,
+}
+
+/// What `encode` reads from an outbox document, borrowed from its raw bytes.
+struct Event<'a> {
+    id: String,
+    aggregate_type: &'a str,
+    aggregate_id: &'a str,
+    event_type: &'a str,
+    occurred_at_ms: i64,
+    payload: &'a RawDocument,
+    headers: Vec<(&'a str, &'a str)>,
+    topic: Option<&'a str>,
+}
+
+#[pyclass(module = "relay._native", frozen)]
+struct Encoder {
+    field_aggregate_type: String,
+    field_aggregate_id: String,
+    field_event_type: String,
+    field_payload: String,
+    field_occurred_at: String,
+    field_headers: String,
+    field_topic: String,
+    template: Vec<TemplatePart>,
+    typed: HashSet<String>,
+    prefix: Vec<u8>, // C3 01 and the generic envelope's fingerprint
+    database: String,
+    collection: String,
+    max_bytes: usize,
+    record_overhead: usize,
+    message: Py<PyAny>,
+    ce_source: Py<PyBytes>,
+}
+
+#[pymethods]
+impl Encoder {
+    /// `fields`: the outbox field names (aggregateType, aggregateId, eventType, payload,
+    /// occurredAt, headers, topic); `template`: the topic template as (literal, field or None)
+    /// pairs; `typed`: event types with a typed envelope (declined); `fingerprint`: the generic
+    /// envelope's 8-byte CRC-64-AVRO fingerprint; `message`: the class of the messages returned.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(py: Python<'_>, fields: (String, String, String, String, String, String, String),
+           template: Vec<(String, Option<String>)>, typed: Vec<String>, fingerprint: &[u8], database: String,
+           collection: String, ce_source: &[u8], max_bytes: usize, record_overhead: usize,
+           message: Py<PyAny>) -> PyResult<Self> {
+        if fingerprint.len() != 8 {
+            return Err(PyValueError::new_err("the fingerprint must be 8 bytes"));
+        }
+        let mut parts = Vec::new();
+        for (literal, field) in template {
+            let field = match field.as_deref() {
+                None => None,
+                Some("aggregateType") => Some(Field::AggregateType),
+                Some("eventType") => Some(Field::EventType),
+                Some(other) => return Err(PyValueError::new_err(format!("unknown template field {other:?}"))),
+            };
+            parts.push(TemplatePart { literal, field });
+        }
+        let mut prefix = vec![0xC3, 0x01];
+        prefix.extend_from_slice(fingerprint);
+        Ok(Encoder {
+            field_aggregate_type: fields.0, field_aggregate_id: fields.1, field_event_type: fields.2,
+            field_payload: fields.3, field_occurred_at: fields.4, field_headers: fields.5, field_topic: fields.6,
+            template: parts, typed: typed.into_iter().collect(), prefix, database, collection, max_bytes,
+            record_overhead, message, ce_source: PyBytes::new(py, ce_source).unbind(),
+        })
+    }
+
+    /// The message for each change (an object with the raw BSON in `raw`), or None where the
+    /// Python path must build it.
+    fn encode<'py>(&self, py: Python<'py>, changes: &Bound<'py, PyList>, fencing_token: i64)
+                   -> PyResult<Bound<'py, PyList>> {
+        let out = PyList::empty(py);
+        let fencing = PyBytes::new(py, fencing_token.to_string().as_bytes());
+        let constants = Constants {
+            ce_id: intern!(py, "ce_id"), ce_type: intern!(py, "ce_type"), ce_source: intern!(py, "ce_source"),
+            ce_specversion: intern!(py, "ce_specversion"), ce_time: intern!(py, "ce_time"),
+            ce_subject: intern!(py, "ce_subject"), content_type: intern!(py, "content-type"),
+            fencing_name: intern!(py, "relay_fencing_token"), specversion: PyBytes::new(py, b"1.0"),
+            avro: PyBytes::new(py, b"application/avro"), source: self.ce_source.bind(py).clone(), fencing,
+        };
+        let mut value = Vec::with_capacity(512);
+        let mut payload = String::with_capacity(256);
+        for change in changes.iter() {
+            let raw = match change.getattr(intern!(py, "raw")) {
+                Ok(raw) => raw,
+                Err(_) => {
+                    out.append(py.None())?;
+                    continue;
+                }
+            };
+            let bytes = raw.cast::<PyBytes>()?.as_bytes();
+            match self.message(py, bytes, &constants, &mut value, &mut payload)? {
+                Some(message) => out.append(message)?,
+                None => out.append(py.None())?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+struct Constants<'py> {
+    ce_id: &'py Bound<'py, PyString>,
+    ce_type: &'py Bound<'py, PyString>,
+    ce_source: &'py Bound<'py, PyString>,
+    ce_specversion: &'py Bound<'py, PyString>,
+    ce_time: &'py Bound<'py, PyString>,
+    ce_subject: &'py Bound<'py, PyString>,
+    content_type: &'py Bound<'py, PyString>,
+    fencing_name: &'py Bound<'py, PyString>,
+    specversion: Bound<'py, PyBytes>,
+    avro: Bound<'py, PyBytes>,
+    source: Bound<'py, PyBytes>,
+    fencing: Bound<'py, PyBytes>,
+}
+
+impl Encoder {
+    fn message<'py>(&self, py: Python<'py>, raw: &[u8], c: &Constants<'py>, value: &mut Vec<u8>,
+                    payload: &mut String) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some((event, cluster_time, position)) = self.read(raw) else { return Ok(None) };
+        if self.typed.contains(event.event_type) {
+            return Ok(None);
+        }
+        let topic = match event.topic {
+            Some(t) => t.to_string(),
+            None => self.topic(&event),
+        };
+        if !valid_topic(&topic) {
+            return Ok(None);
+        }
+        payload.clear();
+        if python_json::write_document(payload, event.payload).is_err() {
+            return Ok(None);
+        }
+        value.clear();
+        value.extend_from_slice(&self.prefix);
+        avro::write_string(value, &event.id);
+        avro::write_string(value, event.aggregate_type);
+        avro::write_string(value, event.aggregate_id);
+        avro::write_string(value, event.event_type);
+        avro::write_long(value, event.occurred_at_ms);
+        avro::write_string(value, payload);
+        avro::write_string(value, &self.database);
+        avro::write_string(value, &self.collection);
+        avro::write_long(value, cluster_time);
+        avro::write_string(value, position);
+        let ce_time = rfc3339_millis(event.occurred_at_ms);
+        let mut size = event.aggregate_id.len() + value.len() + self.record_overhead;
+        size += "ce_id".len() + event.id.len() + "ce_type".len() + event.event_type.len();
+        size += "ce_source".len() + c.source.as_bytes().len() + "ce_specversion".len() + 3;
+        size += "ce_time".len() + ce_time.len() + "ce_subject".len() + event.aggregate_id.len();
+        size += "content-type".len() + 16 + "relay_fencing_token".len() + c.fencing.as_bytes().len();
+        for (name, v) in &event.headers {
+            size += name.len() + v.len();
+        }
+        if size > self.max_bytes {
+            return Ok(None); // the Python path raises the poison error naming the size
+        }
+        let headers = PyList::empty(py);
+        let pair = |name: &Bound<'py, PyString>, v: &Bound<'py, PyBytes>| PyTuple::new(py, [name.as_any(), v.as_any()]);
+        headers.append(pair(c.ce_id, &PyBytes::new(py, event.id.as_bytes()))?)?;
+        headers.append(pair(c.ce_type, &PyBytes::new(py, event.event_type.as_bytes()))?)?;
+        headers.append(pair(c.ce_source, &c.source)?)?;
+        headers.append(pair(c.ce_specversion, &c.specversion)?)?;
+        headers.append(pair(c.ce_time, &PyBytes::new(py, ce_time.as_bytes()))?)?;
+        headers.append(pair(c.ce_subject, &PyBytes::new(py, event.aggregate_id.as_bytes()))?)?;
+        headers.append(pair(c.content_type, &c.avro)?)?;
+        headers.append(pair(c.fencing_name, &c.fencing)?)?;
+        for (name, v) in &event.headers {
+            headers.append(pair(&PyString::new(py, name), &PyBytes::new(py, v.as_bytes()))?)?;
+        }
+        let args = (PyString::new(py, &event.id), PyString::new(py, &topic),
+                    PyBytes::new(py, event.aggregate_id.as_bytes()), PyBytes::new(py, value), headers);
+        Ok(Some(self.message.bind(py).call1(args)?))
+    }
+
+    /// The change's outbox document, cluster time and position, as the Python path reads them;
+    /// None when the Python path must look at it (it may be malformed, or not yet handled here).
+    fn read<'a>(&self, raw: &'a [u8]) -> Option<(Event<'a>, i64, &'a str)> {
+        let change = RawDocument::from_bytes(raw).ok()?;
+        let position = match change.get("_id").ok()?? {
+            RawBsonRef::Document(token) => match token.get("_data").ok()?? {
+                RawBsonRef::String(s) => s,
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let cluster_time = match change.get("clusterTime").ok()?? {
+            // time << 32 | increment must fit Avro's long (the Python path fails to encode beyond).
+            RawBsonRef::Timestamp(ts) if ts.time < (1 << 31) => ((ts.time as i64) << 32) | ts.increment as i64,
+            _ => return None,
+        };
+        let doc = match change.get("fullDocument").ok()?? {
+            RawBsonRef::Document(d) => d,
+            _ => return None,
+        };
+        // One pass over the document; a repeated key is left to the Python path (its dict keeps
+        // the last value, this reader would see the first).
+        let mut seen: Vec<&str> = Vec::with_capacity(10);
+        let mut id = None;
+        let (mut aggregate_type, mut aggregate_id, mut event_type) = (None, None, None);
+        let (mut occurred_at_ms, mut payload, mut headers, mut topic) = (None, None, Vec::new(), None);
+        for element in doc.iter() {
+            let (key, value) = element.ok()?;
+            let key = key.as_str();
+            if seen.contains(&key) {
+                return None;
+            }
+            seen.push(key);
+            if key == "_id" {
+                id = Some(match value {
+                    RawBsonRef::ObjectId(oid) => oid.to_hex(),
+                    RawBsonRef::String(s) if !s.is_empty() => s.to_string(),
+                    _ => return None,
+                });
+            } else if key == self.field_aggregate_type {
+                aggregate_type = Some(non_empty(value)?);
+            } else if key == self.field_aggregate_id {
+                aggregate_id = Some(non_empty(value)?);
+            } else if key == self.field_event_type {
+                event_type = Some(non_empty(value)?);
+            } else if key == self.field_occurred_at {
+                occurred_at_ms = match value {
+                    RawBsonRef::DateTime(dt) if (MIN_DATETIME_MS..=MAX_DATETIME_MS).contains(&dt.timestamp_millis()) => {
+                        Some(dt.timestamp_millis())
+                    }
+                    _ => return None,
+                };
+            } else if key == self.field_payload {
+                payload = match value {
+                    RawBsonRef::Document(d) => Some(d),
+                    _ => return None,
+                };
+            } else if key == self.field_headers {
+                match value {
+                    RawBsonRef::Null => {}
+                    RawBsonRef::Document(d) => {
+                        for element in d.iter() {
+                            let (name, v) = element.ok()?;
+                            let name = name.as_str();
+                            if headers.iter().any(|(n, _)| *n == name)
+                                || RESERVED_HEADERS.iter().any(|r| name.starts_with(r)) {
+                                return None;
+                            }
+                            match v {
+                                RawBsonRef::String(s) => headers.push((name, s)),
+                                _ => return None,
+                            }
+                        }
+                    }
+                    _ => return None,
+                }
+            } else if key == self.field_topic {
+                topic = match value {
+                    RawBsonRef::Null => None,
+                    RawBsonRef::String(s) if !s.is_empty() => Some(s),
+                    _ => return None,
+                };
+            }
+        }
+        let event = Event {
+            id: id?, aggregate_type: aggregate_type?, aggregate_id: aggregate_id?, event_type: event_type?,
+            occurred_at_ms: occurred_at_ms?, payload: payload?, headers, topic,
+        };
+        Some((event, cluster_time, position))
+    }
+
+    fn topic(&self, event: &Event<'_>) -> String {
+        let mut topic = String::with_capacity(64);
+        for part in &self.template {
+            topic.push_str(&part.literal);
+            match part.field {
+                Some(Field::AggregateType) => topic.push_str(event.aggregate_type),
+                Some(Field::EventType) => topic.push_str(event.event_type),
+                None => {}
+            }
+        }
+        topic
+    }
+}
+
+fn non_empty(value: RawBsonRef<'_>) -> Option<&str> {
+    match value {
+        RawBsonRef::String(s) if !s.is_empty() => Some(s),
+        _ => None,
+    }
+}
+
+/// Kafka's topic names: 1 to 249 of [A-Za-z0-9._-], not "." or ".." (relay.message.valid_topic).
+fn valid_topic(topic: &str) -> bool {
+    !topic.is_empty() && topic.len() <= 249 && topic != "." && topic != ".."
+        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
+/// `ce_time`: UTC, milliseconds, "Z" (Python: isoformat(timespec="milliseconds") with "+00:00" as "Z").
+fn rfc3339_millis(ms: i64) -> String {
+    let mut out = String::with_capacity(24);
+    if let Some(t) = utc(ms) {
+        write!(out, "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z", t.year(), u8::from(t.month()), t.day(), t.hour(),
+               t.minute(), t.second(), ms.rem_euclid(1000)).unwrap();
+    }
+    out
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Encoder>()?;
+    m.add("MAX_UTC_MS", python_json::MAX_UTC_MS)?;
+    Ok(())
+}

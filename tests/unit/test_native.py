@@ -1,0 +1,182 @@
+"""The compiled encoder (relay._native, native/src) against the Python path it stands in for.
+
+For any change, `MessageBuilder.build_many` either declines it (None: the Python path builds it,
+or raises the poison error) or returns exactly the message `MessageBuilder.build` builds: same
+topic, key, value bytes and headers. And it does not decline the common case: valid generic
+events whose payloads hold the types it writes. The whole suite runs with the compiled encoder
+(`test_the_compiled_encoder_is_built_and_used` fails when it is missing).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import struct
+
+import bson
+import pytest
+from bson import Binary, Int64, ObjectId
+from bson.raw_bson import RawBSONDocument
+from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
+
+from relay.changes import RAW_CHANGE_CODEC, insert_change
+from relay.config import Settings
+from relay.encoding import MessageBuilder, SchemaFolder
+from relay.errors import PoisonEventError
+from tests.interop.bson_cases import bson_documents
+
+FOLDER = SchemaFolder.bundled()
+SETTINGS = Settings()
+NATIVE = MessageBuilder(SETTINGS, FOLDER)
+PYTHON = MessageBuilder(SETTINGS, FOLDER, native=False)
+PROPERTIES = hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TOKEN = {"_data": "826B0442CE000000012B022C0100296E5A1004" + "A" * 32 + "463C5F6964003C" + "B" * 24 + "0004"}
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _change(document: dict, cluster_time: bson.Timestamp = bson.Timestamp(0x6B0442CE, 1)) -> RawBSONDocument:
+    return insert_change(document, TOKEN, raw=True, clusterTime=cluster_time,
+                         wallTime=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+
+
+def _outbox(payload: object, /, **overrides: object) -> dict:
+    doc = {"_id": ObjectId(), "aggregateType": "order", "aggregateId": "o-1", "eventType": "Changed",
+           "payload": payload, "occurredAt": dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)}
+    doc.update(overrides)
+    return {k: v for k, v in doc.items() if v is not _ABSENT}
+
+
+_ABSENT = object()
+
+
+def _python(change: RawBSONDocument, builder: MessageBuilder = PYTHON) -> object:
+    try:
+        return builder.build(change, 7)
+    except PoisonEventError as exc:
+        return exc
+
+
+def _assert_same_or_declined(change: RawBSONDocument, native: MessageBuilder = NATIVE,
+                             python: MessageBuilder = PYTHON) -> object:
+    [fast] = native.build_many([change], 7)
+    expected = _python(change, python)
+    if fast is not None:
+        assert not isinstance(expected, PoisonEventError), f"native built what Python refuses: {expected}"
+        assert fast == expected, (fast, expected)
+    return fast
+
+
+def test_the_compiled_encoder_is_built_and_used():
+    from relay import _native  # noqa: F401 - fails when `make setup` did not build native/
+
+    assert NATIVE.native, "the generic envelope with single-object framing goes through relay._native"
+    assert not PYTHON.native
+
+
+# ---- same bytes ----------------------------------------------------------------------------------
+
+@PROPERTIES
+@given(payload=bson_documents())
+def test_any_payload_is_encoded_identically_or_left_to_python(payload):
+    _assert_same_or_declined(_change(_outbox(payload)))
+
+
+_KEYS = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=8)
+_WRITTEN = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**31), 2**31 - 1), st.integers(-(2**63), 2**63 - 1).map(Int64),
+              st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+              st.binary(min_size=12, max_size=12).map(ObjectId),
+              st.integers(-62_135_596_800_000, 253_402_300_799_999).map(lambda ms: EPOCH + dt.timedelta(milliseconds=ms)),
+              st.binary(max_size=20), st.binary(min_size=16, max_size=16).map(lambda b: Binary(b, 4))),
+    lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(_KEYS, kids, max_size=4)),
+    max_leaves=20)
+
+
+@PROPERTIES
+@given(payload=st.dictionaries(_KEYS, _WRITTEN, max_size=6))
+@example(payload={"f": 1e16, "g": 1e-5, "h": 0.0001, "i": -0.0, "j": 1e15, "k": 5e-324, "l": 1.7976931348623157e308})
+@example(payload={"s": "é\u2028\U0001F600\x7f\x00\"\\\n\t\b\f"})
+def test_payloads_of_the_written_types_take_the_compiled_path(payload):
+    assert _assert_same_or_declined(_change(_outbox(payload))) is not None, "declined a payload it writes"
+
+
+@PROPERTIES
+@given(value=st.floats(allow_nan=False, allow_infinity=False))
+def test_doubles_are_written_as_python_repr(value):
+    fast = _assert_same_or_declined(_change(_outbox({"x": value})))
+    assert fast is not None
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), bson.Decimal128("1.5"), bson.Regex("a"),
+                                   bson.Code("x"), bson.Timestamp(1, 2), bson.MinKey(), Binary(b"x", 5)])
+def test_payload_types_it_does_not_write_are_left_to_python(value):
+    assert NATIVE.build_many([_change(_outbox({"v": value}))], 7) == [None]
+
+
+# ---- the envelope ---------------------------------------------------------------------------------
+
+_FIELD_VALUES = st.one_of(st.just(_ABSENT), st.none(), st.text(max_size=5), st.integers(0, 3),
+                          st.builds(dict), st.just(dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)))
+
+
+@PROPERTIES
+@given(aggregate_type=_FIELD_VALUES, aggregate_id=_FIELD_VALUES, event_type=_FIELD_VALUES, payload=_FIELD_VALUES,
+       occurred_at=_FIELD_VALUES, headers=st.one_of(_FIELD_VALUES, st.dictionaries(_KEYS,
+                                                                                     st.one_of(st.text(max_size=4), st.integers(-5, 5)), max_size=3)),
+       topic=_FIELD_VALUES, event_id=st.one_of(st.just(_ABSENT), st.text(max_size=4), st.integers(-5, 5), st.builds(ObjectId)))
+def test_malformed_and_odd_documents_are_never_built_differently(aggregate_type, aggregate_id, event_type, payload,
+                                                                 occurred_at, headers, topic, event_id):
+    doc = _outbox({"a": 1}, aggregateType=aggregate_type, aggregateId=aggregate_id, eventType=event_type,
+                  payload=payload, occurredAt=occurred_at, headers=headers, topic=topic, _id=event_id)
+    _assert_same_or_declined(_change(doc))
+
+
+@pytest.mark.parametrize("overrides", [
+    {"headers": {"traceparent": "00-abc", "tenant": "t1"}},
+    {"topic": "custom.topic"},
+    {"_id": "evt-1"},
+    {"occurredAt": dt.datetime(1960, 5, 6, 7, 8, 9, tzinfo=dt.timezone.utc)},
+    {"occurredAt": dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)},
+    {"aggregateId": "ключ-\U0001F600"},
+])
+def test_envelope_variants_take_the_compiled_path(overrides):
+    assert _assert_same_or_declined(_change(_outbox({"n": 1}, **overrides))) is not None
+
+
+def test_typed_event_types_and_oversized_messages_are_left_to_python():
+    typed = _outbox({"orderId": "o-1", "amount": 1.5, "step": 1}, eventType="OrderCreated")
+    assert NATIVE.build_many([_change(typed)], 7) == [None]
+    small = Settings.load(env={"RELAY_KAFKA_MESSAGE_MAX_BYTES": "2000"})
+    native, python = MessageBuilder(small, FOLDER), MessageBuilder(small, FOLDER, native=False)
+    big = _change(_outbox({"blob": "x" * 3000}))
+    assert native.build_many([big], 7) == [None] and isinstance(_python(big, python), PoisonEventError)
+
+
+@pytest.mark.parametrize("template", ["{eventType}", "pre.{aggregateType}.{eventType}.post", "fixed-topic",
+                                      "{aggregateType!s}", "{{x}}.{aggregateType}"])
+def test_topic_templates_route_the_same(template):
+    settings = Settings().replace(topic_template=template)
+    _assert_same_or_declined(_change(_outbox({"n": 1})), MessageBuilder(settings, FOLDER),
+                             MessageBuilder(settings, FOLDER, native=False))
+
+
+def test_field_names_and_cluster_times_as_configured():
+    settings = Settings().replace(field_aggregate_id="key", field_payload="data", field_event_type="type")
+    doc = _outbox(_ABSENT, aggregateId=_ABSENT, eventType=_ABSENT, key="k-9", data={"x": [1, 2]}, type="Moved")
+    for cluster_time in (bson.Timestamp(1, 0), bson.Timestamp(2**31 - 1, 2**32 - 1), bson.Timestamp(2**31, 0)):
+        _assert_same_or_declined(_change(doc, cluster_time), MessageBuilder(settings, FOLDER),
+                                 MessageBuilder(settings, FOLDER, native=False))
+
+
+def test_repeated_keys_are_left_to_python():
+    elements = b"\x10n\x00\x01\x00\x00\x00\x10n\x00\x02\x00\x00\x00"  # {"n": 1, "n": 2}
+    duplicated = struct.pack("<i", len(elements) + 5) + elements + b"\x00"
+    change = _change(_outbox({"abcdefgh": 1}))
+    original = bson.encode({"abcdefgh": 1})  # same length as the duplicated document
+    assert len(original) == len(duplicated)
+    spliced = RawBSONDocument(change.raw.replace(original, duplicated), RAW_CHANGE_CODEC)
+    assert NATIVE.build_many([spliced], 7) == [None]
+    _assert_same_or_declined(spliced)
+
+
+def test_dict_changes_are_left_to_python():
+    assert NATIVE.build_many([insert_change(_outbox({"n": 1}), TOKEN)], 7) == [None]
