@@ -1,7 +1,12 @@
 """Profile the relay's catch-up: where its CPU goes, beside the bare relay on the same backlog.
 
 Run: `.venv/bin/python -m bench.profile [--events N] [--variant default|2kb|20kb|typed]
-[--top 30] [--no-profile] [--repeat R]`.
+[--top 30] [--no-profile] [--repeat R] [--config NAME:KEY=VALUE,KEY=VALUE ...]`.
+
+Each `--config` is one relay configuration to measure, by name, as RELAY_* variables
+(`depth2:RELAY_PIPELINE_DEPTH=2`, `nolinger:RELAY_KAFKA_LINGER_MS=0`); `python:` (no variables)
+is the Python path without the compiled encoder. The default is just the relay's defaults.
+Configurations alternate within each repeat, so the machine's load drifts over all of them.
 
 On a fresh local stack: write a backlog, then (R times) drain it with the relay and with the
 bare relay (bench/scenarios/bare_relay.py), printing events/s and the CPU microseconds per event
@@ -73,6 +78,20 @@ class _ProfiledThreads:
         return out.getvalue()
 
 
+def _config(text: str) -> tuple[str, dict[str, str], bool]:
+    name, _, rest = text.partition(":")
+    env = dict(item.split("=", 1) for item in rest.split(",") if item)
+    return name, env, name != "python"
+
+
+def _print(row: Any) -> None:
+    print(f"{row.scenario:<28} {row.events_per_s:>9,.0f} events/s  "
+          f"{row.cpu_us_per_event:6.1f} µs/event here  "
+          f"{row.mongod_cpu_us_per_event:6.1f} mongod  "
+          f"{row.extra.get('kafka_cpu_us_per_event', float('nan')):6.1f} kafka  "
+          f"other load {row.other_cores:.2f} cores", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--events", type=int, default=50_000)
@@ -80,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--no-profile", dest="profile", action="store_false")
+    p.add_argument("--config", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                   help="a relay configuration to measure (repeatable; default: the defaults)")
     args = p.parse_args(argv)
+    configs = [_config(text) for text in args.config] or [("defaults", {}, True)]
     variant = next(v for v in variants(args.events, 200, True, True) if v.key == args.variant)
     stack = LocalStack.in_temp_dir()
     stack.start()
@@ -90,23 +112,20 @@ def main(argv: list[str] | None = None) -> int:
         run_id = uuid.uuid4().hex[:6]
         backlog = write_backlog(client, f"profile_{run_id}", variant)
         for attempt in range(args.repeat):
-            tag = f"{run_id}{attempt}"
-            if args.profile:
-                with _ProfiledThreads() as profiled:
-                    relay = relay_catch_up(stack, client, backlog, tag)
-                print(profiled.report(args.top))
-            else:
-                relay = relay_catch_up(stack, client, backlog, tag)
+            for name, env, native in configs:
+                tag = f"{run_id}{attempt}{name}"
+                progress(f"run {attempt + 1}, {name}")
+                if args.profile:
+                    with _ProfiledThreads() as profiled:
+                        row = relay_catch_up(stack, client, backlog, tag, env=env, native=native)
+                    print(profiled.report(args.top))
+                else:
+                    row = relay_catch_up(stack, client, backlog, tag, env=env, native=native)
+                row.scenario = f"relay [{name}]"
+                _print(row)
             settings = relay_settings(stack, backlog.database, "unused", "now")
-            bare = bare_relay(stack, client, backlog, settings, f"profile.{tag}.bare")
-            for row in (relay, bare):
-                print(f"{row.scenario:<40} {row.events_per_s:>10,.0f} events/s  "
-                      f"{row.cpu_us_per_event:6.1f} µs/event here  "
-                      f"{row.mongod_cpu_us_per_event:6.1f} µs/event mongod  "
-                      f"{row.extra.get('kafka_cpu_us_per_event', float('nan')):6.1f} µs/event kafka  "
-                      f"other load {row.other_cores:.2f} cores", flush=True)
-            print(f"relay / bare relay: {relay.events_per_s / bare.events_per_s:.2f}  "
-                  f"(CPU here: {relay.cpu_us_per_event / bare.cpu_us_per_event:.2f}x)", flush=True)
+            bare = bare_relay(stack, client, backlog, settings, f"profile.{run_id}{attempt}.bare")
+            _print(bare)
         client.close()
     finally:
         stack.stop()

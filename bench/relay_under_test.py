@@ -22,14 +22,17 @@ from relay.wiring import build_relay
 from tests.support import RelayThread
 
 
-def make_relay(settings: Settings) -> Any:
-    """A relay for `settings`, not started: something with `run()` (blocks until stopped) and `stop()`."""
-    return build_relay(settings)
+def make_relay(settings: Settings, native: bool = True) -> Any:
+    """A relay for `settings`, not started: something with `run()` (blocks until stopped) and
+    `stop()`. `native=False`: every message built by the Python path (relay.encoding)."""
+    return build_relay(settings, native=native)
 
 
-def relay_settings(stack: LocalStack, database: str, topic_template: str, start_at: str) -> Settings:
-    """The relay's settings: defaults, plus the stack's addresses and this scenario's names."""
-    return Settings.load(env={}, flags={
+def relay_settings(stack: LocalStack, database: str, topic_template: str, start_at: str,
+                   env: dict[str, str] | None = None) -> Settings:
+    """The relay's settings: defaults, plus the stack's addresses and this scenario's names
+    (`env`: RELAY_* variables on top, e.g. producer properties or the pipeline depth)."""
+    return Settings.load(env=env or {}, flags={
         "mongodb_uri": stack.mongo.uri,
         "kafka_bootstrap_servers": stack.kafka.bootstrap_servers,
         "database": database,
@@ -41,9 +44,9 @@ def relay_settings(stack: LocalStack, database: str, topic_template: str, start_
 
 
 @contextmanager
-def running_relay(settings: Settings) -> Iterator[RelayThread]:
+def running_relay(settings: Settings, native: bool = True) -> Iterator[RelayThread]:
     """A relay thread, not yet started (call `start()`), stopped on exit."""
-    runner = RelayThread(settings, relay=make_relay(settings))
+    runner = RelayThread(settings, relay=make_relay(settings, native))
     try:
         yield runner
     finally:

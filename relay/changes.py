@@ -154,6 +154,7 @@ class Batch:
     changes: list[Any] = field(default_factory=list)
     token: Mapping[str, Any] | None = None
     resumed: bool = False  # the driver resumed the stream (a resumable error) while reading it
+    wall_ms: list[int] = field(default_factory=list)  # each change's wallTime (Unix ms; -1: none)
 
     def token_after(self, count: int) -> Mapping[str, Any] | None:
         """The token covering the first `count` changes: the last one's own resume token (its
@@ -168,10 +169,31 @@ def _plain(token: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if token is None else dict(token)
 
 
-def _ends_server_batch(stream: ChangeStream[Any]) -> bool:
-    # The driver buffers one server batch; when it is empty the next try_next() runs a
-    # getMore that may wait max_await_ms. pymongo exposes no public accessor for this.
-    return not stream._cursor._has_next()  # noqa: SLF001
+def inspect(changes: list[Any]) -> tuple[int, list[int]]:
+    """(index of the first change that is not an insert or -1, each change's wallTime in Unix
+    ms or -1), read from the raw bytes without decoding them (relay._native.inspect)."""
+    from relay import _native
+
+    return _native.inspect(changes)  # type: ignore[no-any-return]
+
+
+def _take_buffered(stream: ChangeStream[Any], changes: list[Any], limit: int) -> None:
+    """Append up to `limit` more changes of the server batch the driver already holds, and leave
+    the stream's resume token where `try_next` would have left it after returning them one by
+    one: the last change's `_id`, or the batch's post-batch token when it was the batch's last
+    (change streams spec; pymongo's ChangeStream.try_next). pymongo has no batch read for change
+    streams and decodes each change it returns; this takes them as they are. It reads private
+    attributes of the pinned pymongo (constraints.txt); the resume tests in tests/faults check it.
+    """
+    cursor = stream._cursor  # noqa: SLF001
+    count = min(limit, len(cursor._data))  # noqa: SLF001
+    if count <= 0:
+        return
+    cursor._next_batch(changes, count)  # noqa: SLF001 - pops `count` buffered documents, no getMore
+    if not cursor._has_next() and cursor._post_batch_resume_token:  # noqa: SLF001
+        stream._resume_token = cursor._post_batch_resume_token  # noqa: SLF001
+    else:
+        stream._resume_token = changes[-1]["_id"]  # noqa: SLF001
 
 
 class ChangeSource:
@@ -185,6 +207,7 @@ class ChangeSource:
         self._occurred_at_field = occurred_at_field
         self._stream: ChangeStream[Any] | None = None
         self._scan: Iterator[dict[str, Any]] | None = None
+        self._ended: StreamInvalidatedError | None = None  # raised by the next read
 
     def open(self, start: StartPoint) -> None:
         """Open the stream at `start`; raises HistoryLostError when that point left the oplog."""
@@ -230,27 +253,31 @@ class ChangeSource:
         assert self._stream is not None, "open() first"
         if self._scan is not None:
             return self._next_scanned(max_events)
+        if self._ended is not None:
+            raise self._ended
         stream = self._stream
-        batch = Batch()
         cursor = stream._cursor  # noqa: SLF001 - the driver swaps it when it resumes
         try:
-            while len(batch.changes) < max_events:
-                change = stream.try_next()
-                if change is None:
-                    break
-                operation = change["operationType"]
-                if operation != "insert":
-                    raise StreamInvalidatedError(
-                        f"the outbox collection saw '{operation}' (dropped or renamed?): the change "
-                        "stream ended; recreate the outbox and reset the checkpoint to continue")
-                batch.changes.append(change)
-                if _ends_server_batch(stream):
-                    break
+            first = stream.try_next()  # at most one getMore and one resume (pymongo)
         except PyMongoError as exc:
             raise translate_mongo(exc) from exc
-        batch.token = _plain(stream.resume_token)
-        batch.resumed = stream._cursor is not cursor  # noqa: SLF001
-        return batch
+        resumed = stream._cursor is not cursor  # noqa: SLF001
+        if first is None:
+            return Batch([], _plain(stream.resume_token), resumed)
+        changes = [first]
+        _take_buffered(stream, changes, max_events - 1)
+        other, wall_ms = inspect(changes)
+        if other < 0:
+            return Batch(changes, _plain(stream.resume_token), resumed, wall_ms)
+        # A drop, rename or invalidate ends the stream: the inserts before it are published and
+        # stored first, then the next read raises.
+        operation = changes[other]["operationType"]
+        self._ended = StreamInvalidatedError(
+            f"the outbox collection saw '{operation}' (dropped or renamed?): the change stream ended; "
+            "recreate the outbox and reset the checkpoint to continue")
+        if other == 0:
+            raise self._ended
+        return Batch(changes[:other], _plain(changes[other - 1]["_id"]), resumed, wall_ms[:other])
 
     def _next_scanned(self, max_events: int) -> Batch:
         assert self._scan is not None
@@ -265,6 +292,7 @@ class ChangeSource:
 
     def close(self) -> None:
         self._scan = None
+        self._ended = None
         if self._stream is not None:
             try:
                 self._stream.close()

@@ -8,10 +8,9 @@ The README's Metrics table lists every series; names follow Prometheus conventio
 from __future__ import annotations
 
 import bisect
-import datetime as dt
 import importlib.metadata
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import prometheus_client
@@ -27,23 +26,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
                    120.0, 300.0, 600.0)
 
 
-def wall_time_ms(change: Mapping[str, Any]) -> int | None:
-    """The change event's `wallTime` (its commit time on the primary) in Unix milliseconds;
-    None when the event has none (e.g. the synthetic changes of a rescan)."""
-    value = change.get("wallTime")
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        return int(value.timestamp() * 1000)
-    return None
-
-
-def latencies(changes: Iterable[Any], acked: float) -> Iterator[float]:
-    """Seconds from each change's commit (wallTime) to `acked` (Unix seconds), never negative:
-    the clocks of MongoDB and the relay may differ."""
-    for change in changes:
-        ms = wall_time_ms(change)
-        if ms is not None:
+def latencies(wall_ms: Iterable[int], acked: float) -> Iterator[float]:
+    """Seconds from each change's commit (its wallTime, Unix ms; -1: unknown, e.g. the synthetic
+    changes of a rescan) to `acked` (Unix seconds), never negative: the clocks of MongoDB and the
+    relay may differ."""
+    for ms in wall_ms:
+        if ms >= 0:
             latency = acked - ms / 1000.0
             yield latency if latency > 0.0 else 0.0
 

@@ -103,13 +103,13 @@ class Observer:
         """The producer the loop now uses; its queue depth is read at scrape time (weakly held)."""
         self._publisher = weakref.ref(publisher)  # type: ignore[assignment]
 
-    def published(self, changes: Sequence[Any], messages: Sequence[Any], seconds: float, token: Any) -> None:
-        """Kafka acknowledged every message of a batch (`changes` are its change events, `token`
-        the one covering it, stored next)."""
+    def published(self, wall_ms: Sequence[int], messages: Sequence[Any], seconds: float, token: Any) -> None:
+        """Kafka acknowledged every message of a batch (`wall_ms`: its changes' commit times in
+        Unix ms, -1 where unknown; `token`: the one covering it, stored next)."""
         m = self.metrics
         acked = time.time()
         m.count_published(messages)
-        m.latency.observe_many(latencies(changes, acked))
+        m.latency.observe_many(latencies(wall_ms, acked))
         m.batches.inc()
         m.batch_seconds.observe(seconds)
         self._published += len(messages)

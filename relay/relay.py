@@ -217,7 +217,7 @@ class Relay:
         start = 0
         for end, alone in split([len(m.value) for m in messages], self.settings.batch_max_bytes,
                                 self._poison.one_by_one):
-            delivery = Delivery(batch.changes[start:end], messages[start:end], batch.token_after(end),
+            delivery = Delivery(batch.wall_ms[start:end], messages[start:end], batch.token_after(end),
                                 self._clock.monotonic(), alone)
             s.publisher.send(delivery, lambda: self._heartbeat(s))
             s.window.add(delivery)
@@ -251,7 +251,7 @@ class Relay:
                 window.pop_acknowledged()
                 if delivery.one_by_one:
                     self._poison.sent_alone()
-                self.observer.published(delivery.changes, delivery.messages,
+                self.observer.published(delivery.wall_ms, delivery.messages,
                                         self._clock.monotonic() - delivery.sent_at, delivery.token)
                 newest = delivery.token or newest
         finally:

@@ -16,7 +16,7 @@ Token = Mapping[str, Any]
 
 
 class Delivery:
-    """One batch handed to the producer: its changes, its messages, the token that covers them
+    """One batch handed to the producer: its changes' commit times, its messages, the token that covers them
     (None for rescanned documents, which have no token of their own), and its delivery reports.
 
     `on_delivery` is the delivery callback of every message of the batch (bound once per batch,
@@ -24,11 +24,11 @@ class Delivery:
     acknowledged when every report came back without an error.
     """
 
-    __slots__ = ("changes", "messages", "token", "pending", "failure", "sent_at", "one_by_one", "failures")
+    __slots__ = ("wall_ms", "messages", "token", "pending", "failure", "sent_at", "one_by_one", "failures")
 
-    def __init__(self, changes: Sequence[Any], messages: Sequence[Any], token: Token | None,
+    def __init__(self, wall_ms: Sequence[int], messages: Sequence[Any], token: Token | None,
                  sent_at: float, one_by_one: bool = False) -> None:
-        self.changes = changes
+        self.wall_ms = wall_ms  # each change's commit time (Unix ms, -1: unknown), for latency
         self.messages = messages
         self.token = token
         self.pending = len(messages)

@@ -17,17 +17,18 @@ from relay.relay import Relay
 
 
 def build_relay(settings: Settings, observer: Observer | None = None,
-                folder: SchemaFolder | None = None) -> Relay:
+                folder: SchemaFolder | None = None, native: bool = True) -> Relay:
     """A relay for `settings`: its MongoDB client (closed when the relay stops), lease document,
-    change source and producer factories, the message builder over `folder` (default: the bundled
-    schemas/), and start-up checks (librdkafka accepts the configuration; MongoDB and Kafka
-    answer) that run first in `Relay.run()`."""
+    change source and producer factories, the message builder over `folder` (default: the
+    bundled schemas/; `native=False` builds every message in Python, for comparisons), and
+    start-up checks (librdkafka accepts the configuration; MongoDB and Kafka answer) that run
+    first in `Relay.run()`."""
     s = settings
     client = mongo_client(s)
     db = client[s.database]
     outbox = db[s.outbox_collection]
     lease = LeaseStore(db[s.lease_collection], s.namespace, s.instance_id, s.lease_ttl_s)
-    builder = MessageBuilder(s, folder or SchemaFolder.bundled())
+    builder = MessageBuilder(s, folder or SchemaFolder.bundled(), native=native)
 
     def preflight() -> None:
         check_config(s)

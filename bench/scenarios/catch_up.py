@@ -16,7 +16,8 @@ from relay.devstack import LocalStack
 
 
 def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,
-                   label: str = "relay catch-up (to checkpoint)") -> Row:
+                   label: str = "relay catch-up (to checkpoint)", env: dict[str, str] | None = None,
+                   native: bool = True) -> Row:
     """Start the relay on the backlog; time until a checkpoint covers the last backlog event.
 
     Done-condition: the lease document's `resumeToken._data` >= the `_data` of the last
@@ -38,7 +39,7 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     create_topic(stack.kafka.bootstrap_servers, topic)
     start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.timezone.utc).isoformat()
-    settings = relay_settings(stack, backlog.database, topic_template, start_at)
+    settings = relay_settings(stack, backlog.database, topic_template, start_at, env)
     leases = client[backlog.database][settings.lease_collection]
 
     def covered() -> dt.datetime | None:
@@ -46,7 +47,7 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
         return at if data is not None and data >= backlog.last_token_data else None
 
     with consumer(stack.kafka.bootstrap_servers) as c:
-        with running_relay(settings) as runner, Sampler(stack_roles(stack)) as sampler:
+        with running_relay(settings, native) as runner, Sampler(stack_roles(stack)) as sampler:
             started_wall = time.time()
             runner.start()
             checkpoint_at = wait_for(f"{label} ({variant})", covered, max(120.0, backlog.events / 500),

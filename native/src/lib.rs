@@ -16,6 +16,7 @@ mod python_json;
 
 use bson::{RawBsonRef, RawDocument};
 use pyo3::exceptions::PyValueError;
+use pyo3::buffer::PyBuffer;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
@@ -135,7 +136,14 @@ impl Encoder {
                     continue;
                 }
             };
-            let bytes = raw.cast::<PyBytes>()?.as_bytes();
+            let copied;
+            let bytes = match raw.cast::<PyBytes>() {
+                Ok(b) => b.as_bytes(),
+                Err(_) => {
+                    copied = PyBuffer::<u8>::get(&raw)?.to_vec(py)?; // a memoryview (a slice of a reply)
+                    &copied[..]
+                }
+            };
             match self.message(py, bytes, &constants, &mut value, &mut payload)? {
                 Some(message) => out.append(message)?,
                 None => out.append(py.None())?,
@@ -348,9 +356,50 @@ fn rfc3339_millis(ms: i64) -> String {
     out
 }
 
+/// What the loop needs from a batch of raw change events without decoding them: the index of the
+/// first one that is not an insert (-1 if all are; the stream ends at a drop, rename or
+/// invalidate), and each one's `wallTime` in Unix milliseconds (-1 without one). Objects without
+/// raw bytes (the rescan's synthetic inserts) count as inserts without a wall time.
+#[pyfunction]
+fn inspect<'py>(py: Python<'py>, changes: &Bound<'py, PyList>) -> PyResult<(i64, Vec<i64>)> {
+    let mut first_other = -1;
+    let mut wall = Vec::with_capacity(changes.len());
+    for (i, change) in changes.iter().enumerate() {
+        let Ok(raw) = change.getattr(intern!(py, "raw")) else {
+            wall.push(-1);
+            continue;
+        };
+        let copied;
+        let bytes = match raw.cast::<PyBytes>() {
+            Ok(b) => b.as_bytes(),
+            Err(_) => {
+                copied = PyBuffer::<u8>::get(&raw)?.to_vec(py)?;
+                &copied[..]
+            }
+        };
+        let doc = RawDocument::from_bytes(bytes)
+            .map_err(|e| PyValueError::new_err(format!("change {i} is not BSON: {e}")))?;
+        let (mut insert, mut ms) = (false, -1);
+        for element in doc.iter() {
+            let (key, value) = element.map_err(|e| PyValueError::new_err(format!("change {i}: {e}")))?;
+            match (key.as_str(), value) {
+                ("operationType", RawBsonRef::String(op)) => insert = op == "insert",
+                ("wallTime", RawBsonRef::DateTime(dt)) => ms = dt.timestamp_millis(),
+                _ => {}
+            }
+        }
+        if !insert && first_other < 0 {
+            first_other = i as i64;
+        }
+        wall.push(ms);
+    }
+    Ok((first_other, wall))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
+    m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add("MAX_UTC_MS", python_json::MAX_UTC_MS)?;
     Ok(())
 }

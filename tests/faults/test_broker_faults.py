@@ -72,8 +72,8 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env)
     publisher = Publisher(settings)
     message = lambda i: OutgoingMessage(f"e{i}", topic, b"k", f"v{i}".encode(), [])  # noqa: E731
     publisher.poll(5)  # connected
-    first = Delivery([None], [message(0)], None, 0.0)
-    later = Delivery([None] * 9, [message(i) for i in range(1, 10)], None, 0.0)
+    first = Delivery([-1], [message(0)], None, 0.0)
+    later = Delivery([-1] * 9, [message(i) for i in range(1, 10)], None, 0.0)
     broker.process.pause()
     try:
         publisher.send(first, lambda: None)

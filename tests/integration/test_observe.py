@@ -28,7 +28,7 @@ from relay.config import Settings
 from relay.devstack import free_port
 from relay.errors import ConfigError
 from relay.logs import JsonFormatter, resolve_log_format, setup_logging
-from relay.metrics import BatchHistogram, wall_time_ms
+from relay.metrics import BatchHistogram
 from relay.observe import Observer
 from tests.static.support import DOCKERFILE
 from tests.support import (
@@ -362,14 +362,17 @@ def test_json_formatter_keeps_extra_fields_and_the_traceback():
 
 # ---- the pieces the hot path relies on -----------------------------------------------------------
 
-def test_wall_time_is_read_from_a_real_change_event(env):
-    from relay.changes import CHANGE_CODEC, PIPELINE
+def test_wall_time_and_operation_are_read_from_real_raw_change_events(env):
+    from relay.changes import PIPELINE, RAW_CHANGE_CODEC, inspect
 
-    with env.outbox.with_options(codec_options=CHANGE_CODEC).watch(PIPELINE, max_await_time_ms=500) as stream:
+    with env.outbox.with_options(codec_options=RAW_CHANGE_CODEC).watch(PIPELINE, max_await_time_ms=500) as stream:
         env.outbox.insert_one({"_id": "w1", "wallTime": "a decoy in the document", "payload": {"wallTime": 1}})
         change = wait_until(stream.try_next, 30, "the change event")
-    assert wall_time_ms(change) == int(change["wallTime"].timestamp() * 1000)
-    assert wall_time_ms({"operationType": "insert"}) is None
+        env.outbox.drop()
+        dropped = wait_until(stream.try_next, 30, "the drop event")
+    assert inspect([change, dropped]) == (1, [int(change["wallTime"].timestamp() * 1000),
+                                              int(dropped["wallTime"].timestamp() * 1000)])
+    assert inspect([{"operationType": "insert"}]) == (-1, [-1]), "synthetic changes: inserts, no wall time"
 
 
 def test_batch_histogram_exposes_what_prometheus_histogram_would():

@@ -27,7 +27,7 @@ from typing import Any
 from bson import ObjectId, Timestamp
 from confluent_kafka import KafkaError
 
-from relay.changes import Batch, StartPoint, insert_change
+from relay.changes import Batch, StartPoint, insert_change, inspect
 from relay.config import Settings
 from relay.encoding import MessageBuilder, SchemaFolder
 from relay.errors import HistoryLostError, LeaseLostError
@@ -197,7 +197,7 @@ class FakeSource:
             n = min(max_events, available)  # mostly, what is there is returned
         changes = self.world.outbox.changes[self.position:self.position + n]
         self.position += n
-        return Batch(list(changes), token(self.position))
+        return Batch(list(changes), token(self.position), wall_ms=inspect(list(changes))[1])
 
     def close(self) -> None:
         self.position = None

@@ -66,7 +66,7 @@ def _assert_same_or_declined(change: RawBSONDocument, native: MessageBuilder = N
 
 
 def test_the_compiled_encoder_is_built_and_used():
-    from relay import _native  # noqa: F401 - fails when `make setup` did not build native/
+    import relay._native  # noqa: F401 - fails when `make setup` did not build native/
 
     assert NATIVE.native, "the generic envelope with single-object framing goes through relay._native"
     assert not PYTHON.native
@@ -180,3 +180,13 @@ def test_repeated_keys_are_left_to_python():
 
 def test_dict_changes_are_left_to_python():
     assert NATIVE.build_many([insert_change(_outbox({"n": 1}), TOKEN)], 7) == [None]
+
+
+def test_changes_whose_bytes_are_a_memoryview_are_read_too():
+    """pymongo hands some RawBSONDocuments a memoryview of the server's reply instead of bytes."""
+    change = _change(_outbox({"n": 1}))
+    viewed = RawBSONDocument(memoryview(bytes(change.raw)), RAW_CHANGE_CODEC)
+    assert NATIVE.build_many([viewed], 7) == NATIVE.build_many([change], 7) != [None]
+    from relay.changes import inspect
+
+    assert inspect([viewed]) == inspect([change]) == (-1, [int(change["wallTime"].timestamp() * 1000)])
