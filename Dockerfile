@@ -1,15 +1,35 @@
 # syntax=docker/dockerfile:1
 #
 # outbox-relay images (README, "Containers"). Stages:
+#   native       the relay's wheel, with its compiled hot path (native/, Rust): the only stage
+#                with a compiler (the Rust image's cargo and gcc); Debian 12's Python 3.11
+#                builds a cp311 wheel the python:3.11 stages install
 #   build        a virtual environment in /opt/venv with the relay and its dependencies
 #   spark-build  the same plus PySpark and the Spark connector jars (resolved with Maven here)
 #   pipeline     `outbox-relay pipeline ...` (docker-compose profile "spark"): JRE, no Maven
 #   relay        the default target (last stage): the relay alone, as a non-root user
 #
-# Every dependency of the relay installs from a binary wheel, so no stage has a compiler; the
-# final stages get only /opt/venv (and the pipeline its jars), not pip's caches or the sources.
-# Debian 12 (bookworm) is pinned because its OpenJDK 17 is what PySpark 4.0 is tested with.
+# Every other dependency of the relay installs from a binary wheel, so only the native stage has
+# a compiler; the final stages get only /opt/venv (and the pipeline its jars), not pip's caches,
+# the sources or a toolchain. Debian 12 (bookworm) is pinned because its OpenJDK 17 is what
+# PySpark 4.0 is tested with, and its Python is 3.11 like the python:3.11 image.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG RUST_IMAGE=rust:1.95-slim-bookworm
+
+FROM ${RUST_IMAGE} AS native
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/wheel-build
+WORKDIR /src
+COPY pyproject.toml README.md constraints.txt ./
+COPY schemas ./schemas
+COPY relay ./relay
+COPY native ./native
+RUN /opt/wheel-build/bin/pip install --no-cache-dir --upgrade pip \
+    && /opt/wheel-build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
@@ -18,10 +38,11 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
+COPY --from=native /wheels /wheels
 COPY pyproject.toml README.md constraints.txt ./
 COPY schemas ./schemas
 COPY relay ./relay
-RUN pip install --no-cache-dir -c constraints.txt .
+RUN pip install --no-cache-dir -c constraints.txt /wheels/outbox_relay-*.whl
 
 
 FROM build AS spark-build
@@ -30,7 +51,7 @@ RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends maven openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
-RUN pip install --no-cache-dir -c /src/constraints.txt "/src[spark]"
+RUN pip install --no-cache-dir -c /src/constraints.txt pyspark
 ENV RELAY_CACHE_DIR=/opt/outbox-relay-cache
 # From the source tree (sys.path[0] is /src under -m): the Maven pom lives beside the module.
 RUN python -m relay.spark.jars

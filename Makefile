@@ -2,6 +2,9 @@
 # Both create the virtual environment, install the package with its extras, and resolve the
 # Kafka broker's jars with Maven into ~/.cache/outbox-relay (once; later runs reuse them).
 
+# cargo builds the compiled hot path (native/, relay._native); rustup installs it in ~/.cargo/bin.
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +15,8 @@ BENCH_ARGS ?=
 
 .PHONY: setup demo test test-fast bench dev-up dev-down docs clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
+	@command -v cargo >/dev/null || { echo "make: cargo (Rust) is needed to build relay._native from native/; install it with rustup: https://rustup.rs" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,spark]'

@@ -89,9 +89,11 @@ def test_hadolint_would_catch_a_careless_dockerfile(tmp_path: Path):
 def test_build_is_multi_stage_with_the_relay_image_as_the_default_target():
     args, stages = _stages()
     names = [s.name for s in stages]
-    assert names == ["build", "spark-build", "pipeline", "relay"], names
+    assert names == ["native", "build", "spark-build", "pipeline", "relay"], names
     assert args["PYTHON_IMAGE"].startswith("python:3.11-slim"), args
-    for stage in stages:
+    assert args["RUST_IMAGE"].startswith("rust:") and args["RUST_IMAGE"].endswith("-bookworm"), args
+    assert stages[0].base == args["RUST_IMAGE"], "the compiled hot path is built in the Rust image"
+    for stage in stages[1:]:
         assert stage.base in ("build", args["PYTHON_IMAGE"]), f"{stage.name} starts from {stage.base}"
 
 
@@ -109,7 +111,8 @@ def test_final_image_runs_the_relay_as_a_non_root_user_without_compilers():
     copies = relay.all("COPY")
     assert copies and all(c.startswith("--from=build ") for c in copies), copies
     assert copies == ["--from=build /opt/venv /opt/venv"], "only the virtual environment enters the image"
-    assert not any(COMPILERS.search(run) for s in stages for run in s.all("RUN")), "no stage needs a compiler"
+    assert not any(COMPILERS.search(run) for s in stages[1:] for run in s.all("RUN")), \
+        "only the native stage compiles (with the Rust image's toolchain)"
 
 
 def test_healthcheck_asks_livez_with_python_urllib_on_the_relay_port():
