@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DOCS = "docs/spark.md"
-_PYTHON_ERROR = re.compile(r"^(?:\w+\.)*(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
+_ERROR_LINE = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 _SPARK_ERROR = re.compile(r"\[([A-Z_]+)\] ([^\n]+)")
 _TASK_FAILURE_LOGGERS = ("org.apache.spark.scheduler.TaskSetManager", "org.apache.spark.scheduler.TaskSchedulerImpl",
                          "org.apache.spark.executor.Executor")
@@ -56,13 +56,15 @@ def _imports(rows: Iterable[Any]) -> Iterator[str]:
 
 
 def python_error(text: str) -> str:
-    """The Python exception at the root of a failed task (`ModuleNotFoundError: No module named
-    'relay'`), out of the Java error that wraps it; else the error's first line."""
+    """The root cause of a failed Spark job as one line: the Python exception of a failed task
+    (`ModuleNotFoundError: No module named 'relay'`) out of the Java error that wraps it, a
+    PySpark error class, else the last `...Error: message` / `...Exception: message` line, else
+    the first line."""
     if (found := re.search(r"ModuleNotFoundError: [^\n]+", text)) is not None:
         return found.group(0)
     if (error := _SPARK_ERROR.search(text)) is not None and "PYTHON" in error.group(1):
         return f"[{error.group(1)}] {error.group(2)}"
-    found_all = [m for m in _PYTHON_ERROR.finditer(text) if not m.group(1).startswith("Py4J")]
+    found_all = [m for m in _ERROR_LINE.finditer(text) if not m.group(1).rsplit(".", 1)[-1].startswith("Py4J")]
     if found_all:
         return f"{found_all[-1].group(1)}: {found_all[-1].group(2)}"
     return text.strip().splitlines()[0] if text.strip() else "unknown error"
