@@ -157,7 +157,10 @@ def test_spark_submit_as_the_readme_writes_it(env, spark, cluster, tmp_path):
 
 
 def test_executors_without_the_package_stop_the_job_before_it_starts_with_one_line(env, cluster, tmp_path):
-    """PYSPARK_PYTHON names an interpreter without outbox-relay: the executors cannot import it."""
+    """PYSPARK_PYTHON names an interpreter without outbox-relay: the executors cannot import it.
+    Events are waiting, so without the check the job would write the event table, then fail in
+    the MongoDB view's writes with a page of Java and Python traces."""
+    _publish(env, 40)
     output = tmp_path / "out"
     run = _cli(env, cluster, tmp_path, "no-package", "materialize", "--output", str(output), "--once", *CLI_FLAGS,
                PYSPARK_PYTHON=str(cluster.bare_python))
