@@ -24,8 +24,12 @@ batch is rewritten, and the MongoDB upserts of equal versions change nothing. No
 The outputs belong to their checkpoints: starting with outputs but no checkpoint is refused
 (a new checkpoint would renumber batches and skip or repeat data). Delete both to rebuild.
 
-Run: `outbox-relay pipeline materialize --output DIR [--once]`, or
-`spark-submit --jars $(python -m relay.spark.jars --classpath) relay/spark/materialize.py ...`.
+Before its queries, `check_cluster` stops the job with one line when the executors cannot run
+its Python code or write where the driver sees (relay.spark.preflight).
+
+Run: `outbox-relay pipeline materialize --output DIR [--once]`, or under `spark-submit` as
+docs/spark.md shows (`PYSPARK_PYTHON` naming an interpreter with this package on every node,
+`--jars $(python -m relay.spark.jars --classpath)`, then this file and the same flags).
 """
 
 from __future__ import annotations

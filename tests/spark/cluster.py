@@ -34,6 +34,10 @@ from tests.support import wait_until
 WORKER_CORES = 2
 WORKER_MEMORY = "1g"  # spark.executor.memory defaults to 1g: one executor fits
 DAEMON_HEAP = "-Xmx256m"
+# Every JVM of the tests' Spark (daemons, executors, drivers) compiles with C1 only and collects
+# with one thread: these JVMs live for seconds on tiny data, where C2's compile threads and
+# parallel GC cost two shared cores more than they save.
+JAVA_TOOL_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def pyspark_home() -> Path:
@@ -98,6 +102,7 @@ class StandaloneCluster:
         env["SPARK_LOG_DIR"] = str(self.base_dir / "logs")
         env["SPARK_WORKER_DIR"] = str(self.work_dir)
         env["SPARK_LOCAL_DIRS"] = str(self.base_dir / "local")
+        env["JAVA_TOOL_OPTIONS"] = JAVA_TOOL_OPTIONS  # inherited by the executors the worker starts
         return env
 
     def _daemon(self, name: str, main_class: str, *args: str) -> ManagedProcess:

@@ -26,7 +26,7 @@ import pytest
 from relay.errors import EXIT_DATA, EXIT_FATAL
 from relay.outbox import Outbox, OutboxEvent
 from relay.spark.materialize import DEFAULT_VIEW_COLLECTION
-from tests.spark.cluster import Finished, StandaloneCluster, run_to_end
+from tests.spark.cluster import JAVA_TOOL_OPTIONS, Finished, StandaloneCluster, run_to_end
 from tests.spark.support import (
     VIEW_COLLECTION, assert_view_equals_outbox, mongo_view, outbox_state, parquet_view, pipeline_command,
     positions,
@@ -61,7 +61,7 @@ def _job_env(env, **extra: str) -> dict[str, str]:
     """The environment of a user's shell: the test's settings as RELAY_*, no PySpark variables."""
     base = {k: v for k, v in settings_env(env.settings).items()
             if not k.startswith(("PYSPARK_", "SPARK_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return base | extra
+    return base | {"JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS} | extra
 
 
 def _cli(env, cluster: StandaloneCluster, tmp_path: Path, name: str, job: str, *args: str,
