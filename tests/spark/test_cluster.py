@@ -57,18 +57,21 @@ def _publish(env, total: int = EVENTS) -> Written:
     return written
 
 
-def _job_env(env, **extra: str) -> dict[str, str]:
-    """The environment of a user's shell: the test's settings as RELAY_*, no PySpark variables."""
+def _job_env(env, tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment of a user's shell: the test's settings as RELAY_*, no PySpark variables;
+    temporary files under `tmp` (a job killed on a timeout skips its own clean-up)."""
     base = {k: v for k, v in settings_env(env.settings).items()
             if not k.startswith(("PYSPARK_", "SPARK_")) and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return base | {"JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS} | extra
+    tmp.mkdir(exist_ok=True)
+    return base | {"JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS, "TMPDIR": str(tmp)} | extra
 
 
 def _cli(env, cluster: StandaloneCluster, tmp_path: Path, name: str, job: str, *args: str,
          **extra_env: str) -> Finished:
     cwd = tmp_path / f"{name}-cwd"
     cwd.mkdir()
-    return run_to_end(pipeline_command(job, "--master", cluster.master_url, *args), _job_env(env, **extra_env),
+    return run_to_end(pipeline_command(job, "--master", cluster.master_url, *args),
+                      _job_env(env, tmp_path / f"{name}-tmp", **extra_env),
                       cwd, tmp_path / f"{name}.log", JOB_TIMEOUT_S)
 
 
@@ -139,7 +142,8 @@ def test_spark_submit_as_the_readme_writes_it(env, spark, cluster, tmp_path):
     script = readme_spark_submit()
     venv_bin = str(Path(sys.executable).parent)  # a shell where the environment is not activated
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
-    shell_env = _job_env(env, SPARK_MASTER=cluster.master_url, OUTPUT=str(output), PATH=path)
+    shell_env = _job_env(env, tmp_path / "submit-tmp", SPARK_MASTER=cluster.master_url, OUTPUT=str(output),
+                         PATH=path)
     artifacts = ROOT / "artifacts"
     left_before = artifacts.exists()
     try:
