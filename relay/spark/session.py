@@ -27,7 +27,6 @@ set `SPARK_LOCAL_DIRS`); nothing of the driver's file system is passed to them.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shutil
 import sys
