@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pymongo.database import Database
 
 from relay.config import Settings, env_name, kafka_env_name
@@ -264,17 +264,23 @@ class Record:
         return int(self.headers["relay_fencing_token"])
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
+def read_topic(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed") -> list[Record]:
     """Every message in `topic` up to its current end, decoded, in (partition, offset) order."""
     return [Record(msg.topic(), msg.partition(), msg.offset(), msg.key().decode(), REGISTRY.decode(msg.value()),
                    {k: v.decode() for k, v in (msg.headers() or [])})
-            for msg in read_messages(bootstrap, topic, timeout)]
+            for msg in read_messages(bootstrap, topic, timeout, isolation)]
 
 
-def read_messages(bootstrap: str, topic: str, timeout: float = 60) -> list[Message]:
-    """Every message in `topic` up to its current end, undecoded, in (partition, offset) order."""
+def read_messages(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed") -> list[Message]:
+    """Every message in `topic` up to its current end, undecoded, in (partition, offset) order.
+
+    `isolation` is the consumer's `isolation.level` (librdkafka's default, read_committed: the
+    messages of aborted Kafka transactions are skipped, and the end is the last stable offset;
+    read_uncommitted: every message appended, the end is the high watermark). A partition is read
+    once a message at or past its end, or the end-of-partition event there, was seen (the last
+    offsets of a transactional topic are commit markers, never delivered as messages)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oracle-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+                         "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
@@ -290,7 +296,9 @@ def read_messages(bootstrap: str, topic: str, timeout: float = 60) -> list[Messa
             if msg is None:
                 continue
             if msg.error() is not None:
-                continue  # partition EOF markers
+                if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
+                    pending.discard(msg.partition())
+                continue
             if msg.offset() >= ends[msg.partition()]:
                 pending.discard(msg.partition())
                 continue
