@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,3 +116,22 @@ def resume_point(checkpoint: Checkpoint, record: OffsetsRecord | None, fingerpri
     if not newer(record.token, checkpoint.token):
         return checkpoint
     return Checkpoint(record.token, token_cluster_time(record.token), record.fingerprint, EXACTLY_ONCE)
+
+
+def forgets_record(checkpoint: Checkpoint, record: OffsetsRecord | None) -> bool:
+    """Whether a new exactly-once session must tombstone the lease's offsets record before it
+    starts: there is a record, but no MongoDB checkpoint (reset, or a new lineage), so that record
+    belongs to a position the operator asked to leave."""
+    return checkpoint.token is None and record is not None
+
+
+def after_exactly_once(checkpoint: Checkpoint, read: Callable[[], OffsetsRecord | None], fingerprint: str,
+                       topic: str) -> Checkpoint:
+    """Where an at-least-once leader resumes: when the MongoDB checkpoint was stored by an
+    exactly-once relay (RELAY_DELIVERY switched back), after the newer of it and the offsets
+    topic's record, which `read()` returns (an exactly-once leader that stopped between its Kafka
+    commit and its MongoDB write left the newer one in Kafka); otherwise the checkpoint, and
+    Kafka is not read."""
+    if checkpoint.delivery != EXACTLY_ONCE or checkpoint.token is None:
+        return checkpoint
+    return resume_point(checkpoint, read(), fingerprint, topic)

@@ -194,6 +194,8 @@ class Relay:
             # No checkpoint yet: store the opening position at once, so a crash before the
             # first batch cannot move the start to a later "now" (blog post, Fig. 4b).
             self._commit(session, session.source.token)
+        elif checkpoint is not session.grant.checkpoint and checkpoint.token is not None:
+            self._commit(session, checkpoint.token)  # the resume point was newer: status shows it at once
 
     # ---- one step -----------------------------------------------------------------------------
 

@@ -46,7 +46,9 @@ from relay.errors import (
     TransactionAbortedError, TransientError, kafka_fenced,
 )
 from relay.lease import Checkpoint, Grant
-from relay.offsets import OffsetsRecord, partition_for, resume_point, transactional_id
+from relay.offsets import (
+    OffsetsRecord, after_exactly_once, forgets_record, partition_for, resume_point, transactional_id,
+)
 from relay.publisher import _config_error, _produce_error, delivery_failure
 from relay.window import Delivery
 
@@ -201,16 +203,12 @@ class OffsetsTopic:
         return OffsetsRecord.decode(lease_id, newest[1], f"{where}@{newest[0]}")
 
     def after_exactly_once(self, lease_id: str, fingerprint: str) -> Callable[[Any, Grant, Heartbeat], Checkpoint]:
-        """The resume hook of at-least-once mode: when the MongoDB checkpoint was stored by an
-        exactly-once relay, resume after the newer of it and the offsets topic's record (an
-        exactly-once leader that crashed between its Kafka commit and its MongoDB write left the
-        newer one in Kafka); otherwise the checkpoint, without reading Kafka."""
+        """The resume hook of at-least-once mode (relay.offsets.after_exactly_once): reads this
+        topic only when the lease's checkpoint was stored in exactly-once mode."""
         def resume(_publisher: Any, grant: Grant, heartbeat: Heartbeat) -> Checkpoint:
-            checkpoint = grant.checkpoint
-            if checkpoint.delivery != "exactly-once" or checkpoint.token is None:
-                return checkpoint
-            chosen = resume_point(checkpoint, self.read(lease_id, heartbeat), fingerprint, self.topic)
-            _log_choice(checkpoint, chosen, self.topic)
+            chosen = after_exactly_once(grant.checkpoint, lambda: self.read(lease_id, heartbeat), fingerprint,
+                                        self.topic)
+            _log_choice(grant.checkpoint, chosen, self.topic)
             return chosen
         return resume
 
@@ -264,7 +262,8 @@ class TransactionalPublisher:
         self._partition = self._offsets.partition(self._lease_id)
         record = self._offsets.read(self._lease_id, heartbeat)
         checkpoint = grant.checkpoint
-        if checkpoint.token is None and record is not None:
+        if forgets_record(checkpoint, record):
+            assert record is not None
             log.warning("no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at "
                         "RELAY_START_AT=%s)", self._lease_id, self._offsets.topic, short_token(record.token),
                         self._settings.start_at)
