@@ -379,7 +379,8 @@ class TransactionalPublisher:
                 self._unusable = True
                 return ProducerFencedError(f"fenced while aborting a transaction: {abort_err}")
             self._unusable = True
-            return ProducerFatalError(f"could not abort the transaction ({abort_err}) after: {err}")
+            return ProducerFatalError(f"could not abort the failed transaction ({abort_err}); the next producer "
+                                      f"of this lease aborts it when it starts. The failure: {err}")
         if delivery is not None and delivery.failure is not None:
             return delivery_failure(delivery)  # the first failed report decides, as without transactions
         if err is not None and not err.txn_requires_abort() and not err.retriable():

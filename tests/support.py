@@ -8,6 +8,7 @@ in the replay window after the last checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import contextlib
 import random
@@ -133,17 +134,22 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 class RelayProcess:
-    """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid)."""
+    """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid).
 
-    def __init__(self, settings: Settings, log_dir: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
+    `module` is what `python -m <module> run` starts: `relay`, or a test wrapper that changes
+    the relay's timing (tests/faults/slow_commit.py)."""
+
+    def __init__(self, settings: Settings, log_dir: Path, name: str, extra_env: dict[str, str] | None = None,
+                 module: str = "relay") -> None:
         self.settings = settings
         self.extra_env = extra_env or {}
+        self.module = module
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"],
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run"],
                                          env=settings_env(self.settings) | self.extra_env,
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self
@@ -321,6 +327,35 @@ def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+@functools.lru_cache(maxsize=4)
+def _admin(bootstrap: str) -> Any:
+    """One admin client per cluster for polling helpers (a new client per poll costs threads and
+    connections)."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def uncommitted_messages(bootstrap: str, topic: str) -> int:
+    """Offsets of `topic` that read_committed consumers cannot read yet: per partition, the high
+    watermark minus the last stable offset (non-zero while a Kafka transaction is open with
+    messages in the log); 0 if the topic does not exist."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = _admin(bootstrap)
+    meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return 0
+    ends = {}
+    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in meta.partitions},
+                                     isolation_level=level)
+        ends[level] = {tp.partition: f.result(timeout=10).offset for tp, f in futures.items()}
+    committed, appended = ends[IsolationLevel.READ_COMMITTED], ends[IsolationLevel.READ_UNCOMMITTED]
+    return sum(appended[p] - committed[p] for p in appended)
 
 
 def topic_size(bootstrap: str, topic: str) -> int:
