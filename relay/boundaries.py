@@ -43,7 +43,9 @@ class ChangeSource(Protocol):
 
 
 class Publisher(Protocol):
-    """One producer instance (relay.publisher.Publisher); a new one per leading session."""
+    """One producer instance (relay.publisher.Publisher, or in exactly-once mode
+    relay.transactions.TransactionalPublisher, whose `send` is one committed transaction); a new
+    one per leading session."""
 
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         """Hand every message of `delivery` to the producer, its reports to `delivery.on_delivery`

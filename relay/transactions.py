@@ -118,8 +118,7 @@ class OffsetsTopic:
                 except KafkaException as exc:
                     if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another replica was first
                         raise
-            resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
-            configs = admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+            configs = self._describe(admin)
         except KafkaException as exc:
             raise ServerUnreachableError(
                 f"cannot create or describe the offsets topic {self.topic!r} ({env_name('offsets_topic')}) at "
@@ -131,6 +130,21 @@ class OffsetsTopic:
                               "be compacted (cleanup.policy=compact), or retention deletes a lease's only "
                               "record; alter it or name another topic")
 
+    def _describe(self, admin: AdminClient) -> dict[str, Any]:
+        """The topic's configuration; a topic created a moment ago may be unknown to the broker
+        answering for a little while (metadata propagation), so that answer is retried."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        timeout = self.settings.connect_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+            except KafkaException as exc:
+                unknown = exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                if not unknown or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def partition(self, lease_id: str) -> int:
         """The partition holding `lease_id`'s records (relay.offsets.partition_for)."""
         if self._partitions is None:
@@ -141,9 +155,11 @@ class OffsetsTopic:
             self._partitions = len(topic.partitions)
         return partition_for(lease_id, self._partitions)
 
-    def _end(self, partition: int) -> int | None:
-        """The partition's high watermark (every record, committed or not), or None when the topic
-        does not exist."""
+    def _end(self, partition: int, missing_ok: bool) -> int | None:
+        """The partition's high watermark (every record, committed or not); None when the topic
+        does not exist and `missing_ok` (else that is a TransientError: a topic created a moment
+        ago can be unknown to the broker answering, and reading on as if it had no record would
+        lose the resume point)."""
         tp = TopicPartition(self.topic, partition)
         timeout = self.settings.connect_timeout_s
         try:
@@ -152,12 +168,13 @@ class OffsetsTopic:
                                                  request_timeout=timeout)
             return int(futures[tp].result(timeout=timeout).offset)
         except KafkaException as exc:
-            if exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            if missing_ok and exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 return None
             raise TransientError(f"cannot list the offsets of {self.topic}[{partition}]: {exc}") from None
 
-    def read(self, lease_id: str, heartbeat: Heartbeat) -> OffsetsRecord | None:
-        """The newest committed record under `lease_id`, or None (none, or a tombstone).
+    def read(self, lease_id: str, heartbeat: Heartbeat, missing_ok: bool = False) -> OffsetsRecord | None:
+        """The newest committed record under `lease_id`, or None (none, or a tombstone; with
+        `missing_ok`, also no such topic: an at-least-once leader reads it without creating it).
 
         Reads the lease's partition with read_committed from its beginning up to its high
         watermark as of the call. Records of other leases' open transactions hold the
@@ -166,10 +183,10 @@ class OffsetsTopic:
         was just initialized), so its newest committed record lies below it. Gives up after the
         transaction timeout plus 30 s (TransientError: the loop restarts and tries again).
         """
-        if self._partitions is None and self._end(0) is None:
-            return None  # no offsets topic (at-least-once so far)
+        if missing_ok and self._partitions is None and self._end(0, missing_ok) is None:
+            return None  # no offsets topic
         partition = self.partition(lease_id)
-        end = self._end(partition)
+        end = self._end(partition, missing_ok=False)
         if not end:
             return None
         key, where = lease_id.encode(), f"{self.topic}[{partition}]"
@@ -206,8 +223,8 @@ class OffsetsTopic:
         """The resume hook of at-least-once mode (relay.offsets.after_exactly_once): reads this
         topic only when the lease's checkpoint was stored in exactly-once mode."""
         def resume(_publisher: Any, grant: Grant, heartbeat: Heartbeat) -> Checkpoint:
-            chosen = after_exactly_once(grant.checkpoint, lambda: self.read(lease_id, heartbeat), fingerprint,
-                                        self.topic)
+            chosen = after_exactly_once(grant.checkpoint, lambda: self.read(lease_id, heartbeat, missing_ok=True),
+                                        fingerprint, self.topic)
             _log_choice(grant.checkpoint, chosen, self.topic)
             return chosen
         return resume
