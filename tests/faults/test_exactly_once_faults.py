@@ -5,9 +5,9 @@ The oracle is read with read_committed, what consumers of this mode use: every e
 (no duplicate at all, unlike at-least-once), first occurrences per key in commit order. A
 read_uncommitted reader is shown the aborted copies too; the tests report how many.
 
-The relays run `python -m tests.faults.slow_commit run` (the relay with a 0.3 s pause between a
-transaction's messages reaching the log and its commit), so that faults aimed inside a
-transaction land there.
+The relays run `python -m tests.faults.slow_commit run` (the relay with a pause between a
+transaction's messages reaching the log, or being queued, and its commit), so that faults aimed
+inside a transaction land there.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tests.support import (
 )
 
 SLOW_COMMIT = "tests.faults.slow_commit"
+MARKER = "slow_commit: transaction open"
 
 
 def eos(env, **changes):
@@ -152,20 +153,35 @@ def test_zombie_leader_is_fenced_by_the_broker_and_nothing_it_sends_after_the_ta
           f"{len(records)} visible of {appended} offsets appended")
 
 
-@pytest.mark.parametrize("delivery_timeout_ms", [30_000, 4_000])
-def test_broker_killed_and_restarted_mid_transaction_loses_and_duplicates_nothing(env, tmp_path, delivery_timeout_ms):
-    """With a 30 s delivery (and transaction) timeout the open transaction outlives the outage and
-    commits; with 4 s it times out while the broker is down: it is aborted, the relay restarts and
-    the next producer of the lease resumes after the offsets topic's record."""
+@pytest.mark.parametrize("in_the_log", [True, False], ids=["messages-in-the-log", "messages-queued"])
+def test_broker_killed_and_restarted_mid_transaction_loses_and_duplicates_nothing(env, tmp_path, in_the_log):
+    """The broker is SIGKILLed while a transaction is open, and started again.
+
+    messages-in-the-log: the transaction's messages were appended (uncommitted); with a 30 s
+    delivery timeout the transaction outlives the outage and commits once the broker is back.
+    messages-queued: they are still in the producer's queue (linger 2 s); with a 4 s delivery
+    timeout they time out during the outage, the transaction is aborted (or, the broker being
+    down, left to the next producer of the lease to abort), the relay restarts, and the next
+    producer resumes after the offsets topic's record."""
     broker = needs_local_stack(env.servers).kafka
-    settings = eos(env, instance_id="R", kafka={"message.timeout.ms": str(delivery_timeout_ms)})
-    relay = RelayProcess(settings, tmp_path, "R", module=SLOW_COMMIT).start()
+    if in_the_log:
+        kafka, extra = {"message.timeout.ms": "30000"}, {}
+    else:
+        kafka = {"message.timeout.ms": "4000", "linger.ms": "2000"}
+        extra = {"RELAY_TEST_COMMIT_FLUSH": "0", "RELAY_TEST_COMMIT_DELAY_S": "1.0"}
+    relay = RelayProcess(eos(env, instance_id="R", kafka=kafka), tmp_path, "R", module=SLOW_COMMIT,
+                         extra_env=extra).start()
     written = Written()
     try:
         _leader(env, "R")
         writer = background_writes(env, written, 4000)
         wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
-        _inside_a_transaction(env)
+        if in_the_log:
+            _inside_a_transaction(env)
+        else:
+            opened = relay.log().count(MARKER)
+            wait_until(lambda: relay.log().count(MARKER) > opened, 30, "a transaction with its messages queued",
+                       interval=0.05)
         broker.process.kill()
         time.sleep(3)
         broker.start()
@@ -176,6 +192,8 @@ def test_broker_killed_and_restarted_mid_transaction_loses_and_duplicates_nothin
         relay.stop()
     _exactly_once(records, written)
     restarts = [line for line in relay.log().splitlines() if "restarting from the checkpoint" in line]
-    print(f"\nbroker SIGKILL + restart inside a transaction, delivery timeout {delivery_timeout_ms} ms: "
+    print(f"\nbroker SIGKILL + restart inside a transaction, {'messages in the log' if in_the_log else 'queued'}: "
           f"{len(written.ids)} events, 0 duplicates visible to read_committed, {_aborted_copies(env, records)} aborted "
           f"copies visible to read_uncommitted, {len(restarts)} restarts")
+    if not in_the_log:
+        assert restarts, "the queued messages timed out during the outage: the transaction failed, the relay restarted"
