@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.support import read_messages, wait_until, watermark_sum
@@ -112,6 +112,40 @@ def in_kafka(c: Consumer, topic: str) -> int:
         return 0
 
 
+def committed_messages(bootstrap: str, topic: str, timeout_s: float = 120) -> int:
+    """How many messages a read_committed consumer reads from `topic`, up to each partition's last
+    stable offset: what an exactly-once relay published (watermarks also count the commit markers
+    and any aborted messages). Counted, not kept, with small fetch buffers, so this process's RSS
+    (the relay's, in the benchmark) does not grow by the topic's size."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": "read_committed",
+                  "queued.max.messages.kbytes": 4096, "fetch.max.bytes": 4 * 1024 * 1024})
+    try:
+        meta = c.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return 0
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in meta.partitions}
+        pending = {p for p, end in ends.items() if end > 0}
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+        count, deadline = 0, time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            for msg in c.consume(1000, 0.5):
+                p = msg.partition()
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[p]:
+                        pending.discard(p)
+                    continue
+                if msg.offset() < ends[p]:
+                    count += 1
+                if msg.offset() + 1 >= ends[p]:
+                    pending.discard(p)
+        if pending:
+            raise TimeoutError(f"could not count {topic}'s partitions {sorted(pending)} to their end")
+        return count
+    finally:
+        c.close()
+
+
 def read_topic(bootstrap: str, topic: str, expected: int, timeout_s: float = 120) -> list[Message]:
     """Every message of `topic`, once at least `expected` are there, in (partition, offset) order."""
     with consumer(bootstrap) as c:
@@ -147,3 +181,19 @@ def warm_up_kafka(bootstrap: str) -> None:
     producer.produce(topic, b"warm-up", on_delivery=lambda err, _m: errors.append(err))
     if producer.flush(90) > 0 or errors != [None]:
         raise RuntimeError(f"Kafka warm-up message not acknowledged: {errors}")
+
+
+def warm_up_transactions(bootstrap: str) -> None:
+    """Commit one transaction with a throw-away transactional id, before anything is measured.
+
+    The first `init_transactions` on a fresh broker creates the transaction state log
+    (`__transaction_state`, 50 partitions) and answers "not coordinator" until it is loaded;
+    an exactly-once relay timed first would pay for that."""
+    topic = "bench.warm-up"
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-warm-up-{uuid.uuid4().hex[:8]}",
+                         "log_level": 3})
+    producer.init_transactions(120)
+    producer.begin_transaction()
+    producer.produce(topic, b"warm-up")
+    producer.commit_transaction(60)
+

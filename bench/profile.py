@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         for attempt in range(args.repeat):
             for name, env, native in configs:
                 tag = f"{run_id}{attempt}{name}"
+                env = {**env, "RELAY_LEASE_COLLECTION": f"leases_{tag}"}  # a fresh start each run
                 progress(f"run {attempt + 1}, {name}")
                 if args.profile:
                     with _ProfiledThreads() as profiled:

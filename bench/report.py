@@ -28,6 +28,7 @@ COMPARED = [  # the ratio table's rows, in order: (row label prefix, short name)
     ("baseline: bare relay", "bare relay"),
     ("baseline: bare change stream", "bare change stream"),
     ("baseline: bare producer", "bare producer"),
+    ("relay catch-up, exactly-once", "relay, exactly-once (transactions)"),  # bench.scenarios.exactly_once
 ]
 
 

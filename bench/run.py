@@ -11,7 +11,8 @@ mongod replica-set member and one Kafka broker, topics with 3 partitions), stopp
 (`bench.relay_under_test`); the steady-state writer is a child process; each peer its own process.
 
 Order: warm up Kafka; for each payload variant (default first, then 2 KB, 20 KB, typed): write
-its backlog, relay catch-up, bare relay, bare change stream, bare producer (the long-backlog
+its backlog, relay catch-up (for the default variant also in exactly-once mode, on the same
+backlog), bare relay, bare change stream, bare producer (the long-backlog
 memory run comes before the default variant's bare producer, whose queue leaves this process
 larger); then the peers on the default backlog, one at a time; then one
 steady-state step per rate.
@@ -45,6 +46,7 @@ from bench.scenarios.backlog import Backlog, write_backlog
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
+from bench.scenarios.exactly_once import exactly_once_catch_up
 from bench.scenarios.latency import steady_state
 from bench.scenarios.memory import memory_run
 from bench.scenarios.peers import Peer, conduit_peer, connect_peer, connect_specs, peer_catch_up
@@ -53,13 +55,18 @@ from relay.devstack import LocalStack
 
 
 def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str,
-                      report: Report, long_events: int = 0) -> Backlog:
+                      report: Report, long_events: int = 0, exactly_once: bool = False) -> Backlog:
     """Backlog, relay catch-up and the three bare baselines for one payload variant (with
-    `long_events`, the long-backlog memory run before the bare producer)."""
+    `long_events`, the long-backlog memory run before the bare producer; with `exactly_once`,
+    the catch-up in exactly-once mode right after the at-least-once one, on the same backlog)."""
     progress(f"[{variant.label}] writing a backlog of {variant.events} events")
     backlog = write_backlog(client, f"bench_{run_id}_{variant.key}", variant)
     progress(f"[{variant.label}] relay catch-up")
     relay = relay_catch_up(stack, client, backlog, run_id)
+    transactional = []
+    if exactly_once:
+        progress(f"[{variant.label}] relay catch-up, exactly-once")
+        transactional.append(exactly_once_catch_up(stack, client, backlog, run_id))
     sample = first_message(stack.kafka.bootstrap_servers, relay.extra["topic"])
     relay.extra["value_bytes"] = len(sample.value() or b"")
     relay.extra["message_headers"] = len(sample.headers() or [])
@@ -77,7 +84,7 @@ def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Vari
     progress(f"[{variant.label}] baseline: bare producer")
     producer = bare_producer(stack, settings, sample, variant.events, f"bench.{run_id}.producer-{variant.key}",
                              variant.key)
-    report.rows += [backlog.row, relay, bare, stream, producer]
+    report.rows += [backlog.row, relay, *transactional, bare, stream, producer]
     return backlog
 
 
@@ -131,7 +138,8 @@ def run(args: argparse.Namespace) -> Report:
         with MongoClient(stack.mongo.uri, tz_aware=True) as client:
             runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
             report.variants = {v.key: v.label for v in runs}
-            default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events)
+            default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events,
+                                        args.exactly_once)
             for variant in runs[1:]:
                 variant_scenarios(stack, client, variant, run_id, report)
             if args.peers:
@@ -199,6 +207,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="backlog of the memory run (default 1000000; 0 skips it)")
     p.add_argument("--no-peers", dest="peers", action="store_false",
                    help="skip the peers (Debezium, MongoDB connector, Conduit)")
+    p.add_argument("--no-exactly-once", dest="exactly_once", action="store_false",
+                   help="skip the catch-up in exactly-once mode (RELAY_DELIVERY=exactly-once)")
     p.add_argument("--no-variants", dest="variants", action="store_false",
                    help="only the default payload (skip 2 KB, 20 KB and typed)")
     p.add_argument("--update-benchmarks", action="store_true",

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from relay.changes import Batch, StartPoint
 from relay.encoding import OutgoingMessage
-from relay.lease import Grant
+from relay.lease import Checkpoint, Grant
 from relay.window import Delivery
 
 Token = Mapping[str, Any]
@@ -43,7 +43,9 @@ class ChangeSource(Protocol):
 
 
 class Publisher(Protocol):
-    """One producer instance (relay.publisher.Publisher); a new one per leading session."""
+    """One producer instance (relay.publisher.Publisher, or in exactly-once mode
+    relay.transactions.TransactionalPublisher, whose `send` is one committed transaction); a new
+    one per leading session."""
 
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         """Hand every message of `delivery` to the producer, its reports to `delivery.on_delivery`
@@ -61,6 +63,23 @@ class Publisher(Protocol):
 
     def close(self) -> None:
         """Drop whatever is queued or in flight (nothing in it was checkpointed)."""
+
+
+class ResumePoint(Protocol):
+    """Where a new leading session resumes (the loop's `resume` hook).
+
+    Called once per session, after its publisher was made and before the stream opens, with the
+    session's publisher, its lease grant and a heartbeat to call while it waits. The default is
+    the lease document's checkpoint; exactly-once mode (relay.transactions) fences every earlier
+    producer of the lease first, then takes the newer of that checkpoint and the offsets topic's
+    newest committed record."""
+
+    def __call__(self, publisher: Publisher, grant: Grant, heartbeat: Callable[[], None]) -> Checkpoint: ...
+
+
+def checkpoint_of_lease(_publisher: Publisher, grant: Grant, _heartbeat: Callable[[], None]) -> Checkpoint:
+    """The default ResumePoint: the checkpoint stored in the lease document."""
+    return grant.checkpoint
 
 
 class LeaseStore(Protocol):

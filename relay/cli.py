@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     tail.add_argument("--from-beginning", action="store_true", help="start at each partition's first message")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new messages until Ctrl-C")
     tail.add_argument("--max-messages", type=int, default=None, help="stop after printing this many")
+    tail.add_argument("--isolation", choices=["read_committed", "read_uncommitted"], default="read_committed",
+                      help="read_committed (default): what consumers see, committed Kafka transactions only; "
+                           "read_uncommitted: also the messages of aborted transactions")
     return p
 
 
@@ -117,7 +120,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from relay.tail import tail
 
         return tail(settings, args.topic, from_beginning=args.from_beginning, last=args.last,
-                    follow=args.follow, max_messages=args.max_messages)
+                    follow=args.follow, max_messages=args.max_messages, isolation=args.isolation)
     if args.command == "checkpoint":
         from relay.status import reset_checkpoint
 

@@ -46,7 +46,7 @@ PRODUCER_ONLY_KAFKA = frozenset({
     "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "retries",
     "message.send.max.retries", "retry.backoff.ms", "max.in.flight.requests.per.connection",
     "max.in.flight", "transactional.id", "partitioner", "sticky.partitioning.linger.ms",
-    "enable.gapless.guarantee",
+    "enable.gapless.guarantee", "transaction.timeout.ms",
 })
 _TOPIC_FIELDS = ("aggregateType", "eventType")
 # The allowed values of the settings that take one of a few words.
@@ -55,6 +55,7 @@ SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
 POISON_POLICIES = ("stop", "dead-letter")
 HISTORY_LOST_POLICIES = ("stop", "rescan")
 LEASE_LOST_POLICIES = ("standby", "exit")
+DELIVERY_MODES = ("at-least-once", "exactly-once")
 
 
 def _default_instance_id() -> str:
@@ -101,6 +102,13 @@ class Settings:
                                       "topic for poison events when RELAY_ON_POISON=dead-letter")
     on_history_lost: str = _setting("stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)")
     on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
+    delivery: str = _setting(
+        "at-least-once", "at-least-once, or exactly-once: each batch in one Kafka transaction with its resume "
+                         "token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
+                         "(docs/exactly-once.md)")
+    offsets_topic: str = _setting(
+        "outbox-relay.offsets", "compacted topic holding each lease's committed resume token "
+                                "(RELAY_DELIVERY=exactly-once; created if missing)")
     ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
     schema_registry_url: str = _setting(
         "", "Confluent Schema Registry URL(s), comma-separated; set: values use the Confluent wire format "
@@ -221,12 +229,14 @@ class Settings:
             raise ConfigError(env_name("topic_template"),
                               f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}") from None
         for name, allowed in (("on_poison", POISON_POLICIES), ("on_history_lost", HISTORY_LOST_POLICIES),
-                              ("on_lease_lost", LEASE_LOST_POLICIES), ("log_format", LOG_FORMATS),
+                              ("on_lease_lost", LEASE_LOST_POLICIES), ("delivery", DELIVERY_MODES),
+                              ("log_format", LOG_FORMATS),
                               ("schema_registry_subject_strategy", SUBJECT_STRATEGIES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(env_name(name), f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         if not valid_topic(self.dead_letter_topic):
             raise ConfigError(env_name("dead_letter_topic"), f"not a valid Kafka topic name: {self.dead_letter_topic!r}")
+        self._validate_delivery()
         for url in filter(None, (u.strip() for u in self.schema_registry_url.split(","))):
             if not url.startswith(("http://", "https://", "mock://")):
                 raise ConfigError(env_name("schema_registry_url"),
@@ -249,6 +259,37 @@ class Settings:
             raise ConfigError(kafka_env_name("message.max.bytes"), "must be an integer") from None
         if mmb < 1000:
             raise ConfigError(kafka_env_name("message.max.bytes"), "must be at least 1000")
+
+    def _validate_delivery(self) -> None:
+        """The exactly-once mode's constraints (docs/exactly-once.md)."""
+        if not valid_topic(self.offsets_topic):
+            raise ConfigError(env_name("offsets_topic"), f"not a valid Kafka topic name: {self.offsets_topic!r}")
+        if "transactional.id" in self.kafka:
+            raise ConfigError(kafka_env_name("transactional.id"),
+                              "set by the relay (outbox-relay:<lease id>) in RELAY_DELIVERY=exactly-once; remove it")
+        if self.delivery != "exactly-once":
+            return
+        if self.pipeline_depth != 1:
+            raise ConfigError(env_name("pipeline_depth"),
+                              f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "
+                              f"got {self.pipeline_depth}")
+        timeouts = {"message.timeout.ms": self.kafka_config()["message.timeout.ms"],
+                    "transaction.timeout.ms": self.kafka.get("transaction.timeout.ms")}
+        for prop, value in timeouts.items():
+            if value is not None and not value.strip().isdigit():
+                raise ConfigError(kafka_env_name(prop), f"must be an integer, got {value!r}")
+        if timeouts["transaction.timeout.ms"] is not None:
+            message_timeout = int(timeouts["message.timeout.ms"])
+            if int(timeouts["transaction.timeout.ms"]) < message_timeout:
+                raise ConfigError(kafka_env_name("transaction.timeout.ms"),
+                                  f"must be at least message.timeout.ms ({message_timeout}): librdkafka refuses "
+                                  "a delivery timeout longer than the transaction's")
+
+    @property
+    def transaction_timeout_ms(self) -> int:
+        """The producer's `transaction.timeout.ms` in exactly-once mode: the user's, else
+        `message.timeout.ms` (librdkafka needs message.timeout.ms <= transaction.timeout.ms)."""
+        return int(self.kafka.get("transaction.timeout.ms", self.kafka_config()["message.timeout.ms"]))
 
 
 def _public_fields() -> list[dataclasses.Field[Any]]:

@@ -9,7 +9,8 @@ the loop's outcome table (`relay.relay.Relay._outcome`) says what each action do
 - POISON: an event cannot be published (or the broker refused a record batch); the poison
   policy (`relay.poison.PoisonPolicy`) decides: stop at the event, dead-letter it, or replay
   the batch one message per request to find it;
-- STANDBY: the lease was lost; stop publishing and go back to standby;
+- STANDBY: the lease was lost (a fenced MongoDB write, or in exactly-once mode the broker fenced
+  the transactional producer); stop publishing and go back to standby;
 - STOP: an operator must act (bad configuration, history lost, invalidated stream, pipeline
   changed); the relay exits with the error's `exit_code`.
 """
@@ -127,6 +128,18 @@ class LeaseLostError(RelayError):
     """Raised when a fenced write matched nothing: another replica holds the lease."""
 
 
+class ProducerFencedError(LeaseLostError):
+    """Raised when the broker fenced this relay's transactional producer (exactly-once mode): a
+    newer producer with the same `transactional.id` (a new leader of the lease) initialized its
+    transactions, so nothing this producer sends can be committed any more."""
+
+
+class TransactionAbortedError(TransientError):
+    """Raised when a Kafka transaction failed in a way that aborting it cures (exactly-once mode):
+    it was aborted, so none of its messages is visible to read_committed consumers, and the relay
+    restarts from its resume point."""
+
+
 class StopError(RelayError):
     """Base for conditions an operator must resolve; the relay exits with EXIT_DATA."""
 
@@ -156,6 +169,11 @@ class PipelineMismatchError(StopError):
 
 class RepeatedStreamError(StopError):
     """Raised when a reopenable change stream error repeats without any progress."""
+
+
+class OffsetsRecordError(StopError):
+    """Raised when the offsets topic holds a record under this lease's key that the relay cannot
+    read (not written by the relay, or for another lease); names the topic, partition and offset."""
 
 
 class SchemaRegistryUnavailableError(TransientError):
@@ -209,8 +227,21 @@ def classify(exc: BaseException) -> Action:
     from confluent_kafka import KafkaException
 
     if isinstance(exc, KafkaException):
-        return Action.RESTART
+        # A producer error that escaped its boundary's translation: a fenced transactional
+        # producer means a newer leader took over; abortable and fatal ones are cured by a new
+        # producer and a restart from the resume point.
+        return Action.STANDBY if kafka_fenced(exc.args[0] if exc.args else None) else Action.RESTART
     return Action.STOP
+
+
+def kafka_fenced(err: Any) -> bool:
+    """Whether a confluent-kafka `KafkaError` says a newer producer with the same transactional.id
+    fenced this one (librdkafka raises `_FENCED`; the broker answers PRODUCER_FENCED or, before
+    KIP-588, INVALID_PRODUCER_EPOCH)."""
+    from confluent_kafka import KafkaError
+
+    fenced = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+    return isinstance(err, KafkaError) and err.code() in fenced
 
 
 def translate_mongo(exc: BaseException) -> BaseException:

@@ -34,11 +34,16 @@ MAJORITY = WriteConcern("majority")
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """The stored position: the change stream token and what it was made with."""
+    """The stored position: the change stream token and what it was made with.
+
+    `delivery` is the RELAY_DELIVERY of the relay that stored it (None before that was recorded):
+    after `exactly-once` the offsets topic may hold a newer token (relay.offsets.resume_point).
+    """
 
     token: Mapping[str, Any] | None
     cluster_time: Timestamp | None
     fingerprint: str | None
+    delivery: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,12 @@ class Grant:
 class LeaseStore:
     """The lease document for one outbox (its `_id` is the outbox namespace)."""
 
-    def __init__(self, collection: Collection[Any], lease_id: str, owner: str, ttl_s: float) -> None:
+    def __init__(self, collection: Collection[Any], lease_id: str, owner: str, ttl_s: float,
+                 delivery: str = "at-least-once") -> None:
         self._coll = collection.with_options(write_concern=MAJORITY)
         self.lease_id = lease_id
         self.owner = owner
+        self.delivery = delivery  # RELAY_DELIVERY, stored beside every checkpoint
         self._ttl_ms = int(ttl_s * 1000)
         self._ensured = False
         self._replicas = collection.database[f"{collection.name}_replicas"]
@@ -117,6 +124,7 @@ class LeaseStore:
             "resumeToken": {"$literal": dict(token)},
             "tokenClusterTime": {"$literal": token_cluster_time(token)},
             "pipelineFingerprint": fingerprint,
+            "delivery": self.delivery,
             "checkpointAt": "$$NOW",
             "expiresAt": self._expires(),
             "renewedAt": "$$NOW",
@@ -174,7 +182,7 @@ class LeaseStore:
         freed, so the holder's next fenced write fails. Returns the holder (None if none).
         """
         self._ensure_document()
-        forget = {"$unset": {"resumeToken": "", "tokenClusterTime": "", "pipelineFingerprint": ""}}
+        forget = {"$unset": {"resumeToken": "", "tokenClusterTime": "", "pipelineFingerprint": "", "delivery": ""}}
         free = {"$expr": {"$or": [{"$eq": [{"$ifNull": ["$owner", None]}, None]},
                                   {"$lte": ["$expiresAt", "$$NOW"]}]}}
         if self._coll.update_one({"_id": self.lease_id, **free}, forget).matched_count:
@@ -182,7 +190,7 @@ class LeaseStore:
         holder = (self._coll.find_one({"_id": self.lease_id}) or {}).get("owner")
         if force:
             self._coll.update_one({"_id": self.lease_id}, [
-                {"$unset": ["resumeToken", "tokenClusterTime", "pipelineFingerprint"]},
+                {"$unset": ["resumeToken", "tokenClusterTime", "pipelineFingerprint", "delivery"]},
                 {"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW",
                           "fencingToken": {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]}}}])
         return str(holder) if holder is not None else None
@@ -194,5 +202,5 @@ def _grant(doc: Mapping[str, Any]) -> Grant:
         fencing_token=int(doc["fencingToken"]),
         expires_at=doc["expiresAt"],
         checkpoint=Checkpoint(doc.get("resumeToken"), doc.get("tokenClusterTime"),
-                              doc.get("pipelineFingerprint")),
+                              doc.get("pipelineFingerprint"), doc.get("delivery")),
     )

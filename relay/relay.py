@@ -39,7 +39,9 @@ from typing import Any
 
 from tenacity import RetryCallState, wait_exponential_jitter
 
-from relay.boundaries import ChangeSource, Clock, Encoder, LeaseStore, Observer, Publisher, SystemClock, Token
+from relay.boundaries import (
+    ChangeSource, Clock, Encoder, LeaseStore, Observer, Publisher, ResumePoint, SystemClock, Token, checkpoint_of_lease,
+)
 from relay.changes import Batch, short_token, start_point
 from relay.config import Settings
 from relay.errors import (
@@ -75,13 +77,16 @@ class Relay:
     for every leading session; `lease` is the lease document; `encoder` builds messages;
     `fingerprint` identifies the source's pipeline (stored beside every token); `preflight` runs
     once at the start of `run()` (configuration and reachability checks); `close` releases the
-    clients after the lease. `relay.wiring.build_relay` passes the real ones.
+    clients after the lease; `resume` says where a new session resumes (default: the lease
+    document's checkpoint; exactly-once mode: relay.transactions). `relay.wiring.build_relay`
+    passes the real ones.
     """
 
     def __init__(self, settings: Settings, *, source: Callable[[], ChangeSource],
                  publisher: Callable[[], Publisher], lease: LeaseStore, encoder: Encoder,
                  observer: Observer, fingerprint: str, clock: Clock | None = None,
-                 preflight: Callable[[], None] = _nothing, close: Callable[[], None] = _nothing) -> None:
+                 preflight: Callable[[], None] = _nothing, close: Callable[[], None] = _nothing,
+                 resume: ResumePoint = checkpoint_of_lease) -> None:
         self.settings = settings
         self.observer = observer
         self._sources = source
@@ -92,6 +97,7 @@ class Relay:
         self._clock: Clock = clock or SystemClock()
         self._preflight = preflight
         self._close = close
+        self._resume = resume
         self._stopping = threading.Event()
         self._poison = PoisonPolicy(settings.on_poison)
         self._session: Session | None = None
@@ -170,8 +176,9 @@ class Relay:
         self._clock.wait(self.settings.standby_poll_s, self._stopping)
 
     def _open(self, session: Session) -> None:
-        """Open the stream where the checkpoint (or RELAY_START_AT) says."""
-        s, checkpoint = self.settings, session.grant.checkpoint
+        """Open the stream where the resume point (the checkpoint, or RELAY_START_AT) says."""
+        s = self.settings
+        checkpoint = self._resume(session.publisher, session.grant, lambda: self._heartbeat(session))
         start = start_point(checkpoint.token, checkpoint.fingerprint, self._fingerprint, s.start_at,
                             s.start_at_time())
         try:
@@ -187,6 +194,8 @@ class Relay:
             # No checkpoint yet: store the opening position at once, so a crash before the
             # first batch cannot move the start to a later "now" (blog post, Fig. 4b).
             self._commit(session, session.source.token)
+        elif checkpoint is not session.grant.checkpoint and checkpoint.token is not None:
+            self._commit(session, checkpoint.token)  # the resume point was newer: status shows it at once
 
     # ---- one step -----------------------------------------------------------------------------
 

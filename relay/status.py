@@ -53,6 +53,7 @@ def status(settings: Settings) -> dict[str, Any]:
             "lagSeconds": round((now - at).total_seconds(), 3) if at else None,
             "storedAt": doc.get("checkpointAt"),
             "pipelineFingerprint": doc.get("pipelineFingerprint"),
+            "delivery": doc.get("delivery"),
         }
     return out
 

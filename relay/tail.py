@@ -4,6 +4,12 @@ Like `tail(1)`: the last `--last N` messages of each partition (or all, `--from-
 then exit once the ends seen at start are reached, or keep printing new messages (`--follow`)
 until Ctrl-C. It reads with its own consumer group and commits nothing.
 
+`--isolation` is the consumer's isolation level. The default, read_committed (librdkafka's
+default, and what the Spark jobs use), shows what consumers of an exactly-once relay see: the
+messages of committed Kafka transactions and every non-transactional one; its end is the last
+stable offset (an open transaction holds it back). read_uncommitted also shows the messages of
+aborted transactions (a killed or fenced exactly-once relay's), to look at what the broker holds.
+
 Each line holds the Kafka coordinates, the key, the headers, the framing (`single-object` or
 `confluent`), the writer schema's full name and fingerprint or registry id, and the decoded
 value as JSON: timestamps as RFC 3339 text, decimals as text (exact), bytes as base64. The
@@ -88,28 +94,33 @@ def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
     return line
 
 
-def consumer_config(settings: Settings) -> dict[str, Any]:
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+
+
+def consumer_config(settings: Settings, isolation: str = "read_committed") -> dict[str, Any]:
     """A consumer configuration for `settings`' cluster: the relay's client properties minus
-    producer-only ones, a throw-away group, no commits."""
+    producer-only ones, a throw-away group, no commits, the given isolation level."""
+    if isolation not in ISOLATION_LEVELS:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {isolation!r}")
     conf: dict[str, Any] = settings.kafka_client_config()
     conf.update({"group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
-                 "enable.auto.commit": False, "enable.partition.eof": True})
+                 "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
     return conf
 
 
 def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: int = 10, follow: bool = False,
          max_messages: int | None = None, out: TextIO | None = None, decoder: MessageDecoder | None = None,
-         registry: SchemaRegistry | None = None) -> int:
+         registry: SchemaRegistry | None = None, isolation: str = "read_committed") -> int:
     """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
     An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     from relay.connections import check_kafka
 
     check_kafka(settings)
     out = out or sys.stdout
     decoder = decoder or MessageDecoder.from_settings(settings, registry or SchemaRegistry.bundled())
-    consumer = Consumer(consumer_config(settings))
+    consumer = Consumer(consumer_config(settings, isolation))
     try:
         meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
@@ -129,7 +140,12 @@ def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: 
             if msg is None:
                 continue
             if msg.error() is not None:
-                continue  # partition EOF markers and transient errors (librdkafka retries)
+                # The end of a partition (its last offsets may be transaction markers, never
+                # delivered as messages; read_committed ends at the last stable offset), or a
+                # transient error (librdkafka retries).
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending = {(p, end) for p, end in pending if p != msg.partition()}
+                continue
             print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
             printed += 1
             pending = {(p, end) for p, end in pending if not (p == msg.partition() and msg.offset() + 1 >= end)}

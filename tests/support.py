@@ -8,6 +8,7 @@ in the replay window after the last checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import contextlib
 import random
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pymongo.database import Database
 
 from relay.config import Settings, env_name, kafka_env_name
@@ -133,17 +134,22 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 class RelayProcess:
-    """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid)."""
+    """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid).
 
-    def __init__(self, settings: Settings, log_dir: Path, name: str, extra_env: dict[str, str] | None = None) -> None:
+    `module` is what `python -m <module> run` starts: `relay`, or a test wrapper that changes
+    the relay's timing (tests/faults/slow_commit.py)."""
+
+    def __init__(self, settings: Settings, log_dir: Path, name: str, extra_env: dict[str, str] | None = None,
+                 module: str = "relay") -> None:
         self.settings = settings
         self.extra_env = extra_env or {}
+        self.module = module
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"],
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run"],
                                          env=settings_env(self.settings) | self.extra_env,
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         return self
@@ -264,17 +270,23 @@ class Record:
         return int(self.headers["relay_fencing_token"])
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 60) -> list[Record]:
+def read_topic(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed") -> list[Record]:
     """Every message in `topic` up to its current end, decoded, in (partition, offset) order."""
     return [Record(msg.topic(), msg.partition(), msg.offset(), msg.key().decode(), REGISTRY.decode(msg.value()),
                    {k: v.decode() for k, v in (msg.headers() or [])})
-            for msg in read_messages(bootstrap, topic, timeout)]
+            for msg in read_messages(bootstrap, topic, timeout, isolation)]
 
 
-def read_messages(bootstrap: str, topic: str, timeout: float = 60) -> list[Message]:
-    """Every message in `topic` up to its current end, undecoded, in (partition, offset) order."""
+def read_messages(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed") -> list[Message]:
+    """Every message in `topic` up to its current end, undecoded, in (partition, offset) order.
+
+    `isolation` is the consumer's `isolation.level` (librdkafka's default, read_committed: the
+    messages of aborted Kafka transactions are skipped, and the end is the last stable offset;
+    read_uncommitted: every message appended, the end is the high watermark). A partition is read
+    once a message at or past its end, or the end-of-partition event there, was seen (the last
+    offsets of a transactional topic are commit markers, never delivered as messages)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oracle-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+                         "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
@@ -290,7 +302,9 @@ def read_messages(bootstrap: str, topic: str, timeout: float = 60) -> list[Messa
             if msg is None:
                 continue
             if msg.error() is not None:
-                continue  # partition EOF markers
+                if msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= ends[msg.partition()]:
+                    pending.discard(msg.partition())
+                continue
             if msg.offset() >= ends[msg.partition()]:
                 pending.discard(msg.partition())
                 continue
@@ -313,6 +327,35 @@ def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
+
+
+@functools.lru_cache(maxsize=4)
+def _admin(bootstrap: str) -> Any:
+    """One admin client per cluster for polling helpers (a new client per poll costs threads and
+    connections)."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def uncommitted_messages(bootstrap: str, topic: str) -> int:
+    """Offsets of `topic` that read_committed consumers cannot read yet: per partition, the high
+    watermark minus the last stable offset (non-zero while a Kafka transaction is open with
+    messages in the log); 0 if the topic does not exist."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = _admin(bootstrap)
+    meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return 0
+    ends = {}
+    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in meta.partitions},
+                                     isolation_level=level)
+        ends[level] = {tp.partition: f.result(timeout=10).offset for tp, f in futures.items()}
+    committed, appended = ends[IsolationLevel.READ_COMMITTED], ends[IsolationLevel.READ_UNCOMMITTED]
+    return sum(appended[p] - committed[p] for p in appended)
 
 
 def topic_size(bootstrap: str, topic: str) -> int:

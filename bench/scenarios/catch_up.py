@@ -8,7 +8,10 @@ from typing import Any
 
 from pymongo import MongoClient
 
-from bench.common import AGGREGATE_TYPE, Row, consumer, create_topic, in_kafka, log, rate, wait_for
+from bench.common import (
+    AGGREGATE_TYPE, Row, committed_messages, consumer, create_topic, in_kafka, log, rate, wait_for,
+    warm_up_transactions,
+)
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.sampling import Sampler, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
@@ -16,8 +19,8 @@ from relay.devstack import LocalStack
 
 
 def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,
-                   label: str = "relay catch-up (to checkpoint)", env: dict[str, str] | None = None,
-                   native: bool = True) -> Row:
+                   label: str = "relay catch-up (to checkpoint)", delivery: str = "at-least-once",
+                   env: dict[str, str] | None = None, native: bool = True) -> Row:
     """Start the relay on the backlog; time until a checkpoint covers the last backlog event.
 
     Done-condition: the lease document's `resumeToken._data` >= the `_data` of the last
@@ -33,13 +36,31 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     it, so at that moment the topic must already hold all N messages (acks=all: the high
     watermark has moved before the ack). The benchmark checks this instead of trusting it:
     if fewer are there, the row says so and the time runs until the last message is in Kafka.
+
+    `delivery="exactly-once"` runs the relay with RELAY_DELIVERY=exactly-once (a Kafka transaction
+    per batch, bench.scenarios.exactly_once); the messages are then counted as a read_committed
+    consumer reads them (the watermarks also count commit markers), after the sampled interval.
     """
     variant = backlog.variant.key
-    topic_template = f"bench.{run_id}.catchup-{variant}.{{aggregateType}}"
+    exactly_once = delivery == "exactly-once"
+    name = f"catchup-eos-{variant}" if exactly_once else f"catchup-{variant}"
+    topic_template = f"bench.{run_id}.{name}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     create_topic(stack.kafka.bootstrap_servers, topic)
     start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.timezone.utc).isoformat()
     settings = relay_settings(stack, backlog.database, topic_template, start_at, env)
+    if exactly_once:
+        # A lease document of its own: in the at-least-once run's, the checkpoint already covers
+        # the backlog (and the relay would resume after it, as a switch of modes does).
+        settings = settings.replace(delivery=delivery, offsets_topic=f"bench.{run_id}.offsets-{variant}",
+                                    lease_collection=f"{settings.lease_collection}_exactly_once")
+        warm_up_transactions(stack.kafka.bootstrap_servers)
+
+    def count(c: Any) -> int:
+        if exactly_once:
+            return committed_messages(stack.kafka.bootstrap_servers, topic)
+        return in_kafka(c, topic)
+
     leases = client[backlog.database][settings.lease_collection]
 
     def covered() -> dt.datetime | None:
@@ -53,17 +74,17 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
             checkpoint_at = wait_for(f"{label} ({variant})", covered, max(120.0, backlog.events / 500),
                                      runner.check_alive)
             ended = checkpoint_at.timestamp()
-            at_checkpoint = in_kafka(c, topic)
+            usage = sampler.stop()
+            at_checkpoint = count(c)
             if at_checkpoint < backlog.events:
                 log.error("catch-up: the checkpoint covered the backlog while only %d of %d events "
                           "were in Kafka", at_checkpoint, backlog.events)
-                wait_for("catch-up events in Kafka", lambda: in_kafka(c, topic) >= backlog.events, 120,
+                wait_for("catch-up events in Kafka", lambda: count(c) >= backlog.events, 120,
                          runner.check_alive)
                 ended = max(ended, time.time())
-            usage = sampler.stop()
-        final = in_kafka(c, topic)
+        final = count(c)
     seconds = ended - started_wall
-    note = "incl. relay start-up"
+    note = "incl. relay start-up" + ("; a Kafka transaction per batch" if exactly_once else "")
     if at_checkpoint < backlog.events:
         note += f"; CHECKPOINT AHEAD OF KAFKA ({at_checkpoint} in topic)"
     if final != backlog.events:

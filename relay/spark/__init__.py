@@ -5,8 +5,10 @@ Modules, one concern each:
   jars.py         the Kafka and Avro connector jars for the pinned PySpark, resolved once with
                   Maven (`python -m relay.spark.jars`), passed to Spark via `spark.jars`
   session.py      the SparkSession: connector jars, UTC, temp dirs, RocksDB state store
+  preflight.py    checks before a query starts on a cluster: the executors import this package,
+                  the output is storage every node shares
   schemas.py      the writer schemas of the registry folder, with their fingerprints
-  decode.py       Kafka rows -> the common event columns (Avro single-object decoding)
+  decode.py       Kafka rows -> the common event columns (single-object or Confluent framing)
   state.py        the per-aggregate state: its definition, the Parquet snapshots, the MongoDB
                   read model with version-conditioned upserts
   materialize.py  the streaming job; audit.py the batch job; options.py their shared flags

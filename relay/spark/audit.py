@@ -280,10 +280,11 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the audit, print the summary (stderr when the JSON goes to stdout), write the JSON;
     0 when it passes, EXIT_DATA (4) on a missing event or an order violation."""
-    from relay.spark.session import active_session, spark_session
+    from relay.spark.session import active_session, setup_job_logging, spark_session
 
     args = _parser().parse_args(argv)
     cfg = config_from_args(args)
+    setup_job_logging(load(args))
     spark_opts = spark_options(args)
     owned = active_session() is None
     spark = spark_session("outbox-relay audit", spark_opts.master, spark_opts.shuffle_partitions, spark_opts.conf)

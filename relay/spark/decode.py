@@ -54,8 +54,14 @@ def topic_pattern(template: str) -> str:
 def kafka_options(bootstrap_servers: str, topics: Sequence[str] | None, pattern: str | None,
                   client: Mapping[str, str] | None = None) -> dict[str, str]:
     """Kafka source options: the given topics, else the pattern; always with headers; `client`
-    holds Java Kafka client properties (security, ...), passed as `kafka.<property>`."""
-    options = {f"kafka.{k}": v for k, v in (client or {}).items()}
+    holds Java Kafka client properties (security, ...), passed as `kafka.<property>`.
+
+    The isolation level is read_committed unless `client` sets `isolation.level`: the messages of
+    aborted Kafka transactions (an exactly-once relay that was killed or fenced mid-transaction,
+    docs/exactly-once.md) are never read, and a batch read ends at the last stable offset. For a
+    relay in at-least-once mode it changes nothing (no transactions)."""
+    options = {"kafka.isolation.level": "read_committed"}
+    options.update({f"kafka.{k}": v for k, v in (client or {}).items()})
     options.update({"kafka.bootstrap.servers": bootstrap_servers, "includeHeaders": "true"})
     if topics:
         options["subscribe"] = ",".join(topics)

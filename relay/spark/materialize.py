@@ -24,18 +24,24 @@ batch is rewritten, and the MongoDB upserts of equal versions change nothing. No
 The outputs belong to their checkpoints: starting with outputs but no checkpoint is refused
 (a new checkpoint would renumber batches and skip or repeat data). Delete both to rebuild.
 
-Run: `outbox-relay pipeline materialize --output DIR [--once]`, or
-`spark-submit --jars $(python -m relay.spark.jars --classpath) relay/spark/materialize.py ...`.
+Before its queries, `check_cluster` stops the job with one line when the executors cannot run
+its Python code or write where the driver sees (relay.spark.preflight).
+
+Run: `outbox-relay pipeline materialize --output DIR [--once]`, or under `spark-submit` as
+docs/spark.md shows (`PYSPARK_PYTHON` naming an interpreter with this package on every node,
+`--jars $(python -m relay.spark.jars --classpath)`, then this file and the same flags).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from relay.spark import PipelineError
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import SparkOptions, job_parser, load, run_job, spark_options
+from relay.spark.preflight import check_executor_python, check_shared_folder, is_local_master
 from relay.spark.schemas import RegistryAccess, writer_schemas
 from relay.spark.state import HadoopFs, MongoStateView, ParquetStateSnapshots, aggregate_state
 
@@ -215,6 +222,23 @@ def check_outputs_have_checkpoints(spark: SparkSession, cfg: MaterializeConfig) 
                             "no checkpoint; restore the checkpoint, or delete the output to rebuild it")
 
 
+def check_cluster(spark: SparkSession, cfg: MaterializeConfig) -> None:
+    """Raises PipelineError, before any query starts, when the executors cannot run the job's
+    Python code (the MongoDB view's writes) or, on a cluster, when what they write under the
+    output or the checkpoint is not visible to the driver (relay.spark.preflight)."""
+    if cfg.view is not None:
+        log.info("executors run %s", check_executor_python(spark))
+    if is_local_master(spark):
+        return
+    check_shared_folder(spark, cfg.output, "--output")
+    if not _inside(cfg.checkpoint, cfg.output):
+        check_shared_folder(spark, cfg.checkpoint, "--checkpoint")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path.rstrip("/").startswith(folder.rstrip("/") + "/")
+
+
 def _failure(query: StreamingQuery) -> PipelineError | None:
     exc = query.exception()
     if exc is None:
@@ -262,6 +286,7 @@ def materialize(spark: SparkSession, cfg: MaterializeConfig, stop: threading.Eve
     With `log_progress`, one log line per micro-batch. Returns what each query did."""
     stop = stop or threading.Event()
     check_outputs_have_checkpoints(spark, cfg)
+    check_cluster(spark, cfg)
     listener = _progress_listener() if log_progress else None
     if listener is not None:
         spark.streams.addListener(listener)
@@ -320,18 +345,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def absolute(path: str) -> str:
+    """`path` made absolute against this process's working directory when it is a relative local
+    path (no URI scheme): the driver and the executors would each resolve it against their own
+    working directory."""
+    if urllib.parse.urlparse(path).scheme or os.path.isabs(path):
+        return path
+    return os.path.abspath(path)
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, SparkOptions, Settings]:
     """The job's configuration from parsed flags and the relay settings (validated)."""
     settings = load(args)
     spark_opts = spark_options(args)
+    output = absolute(args.output)
     view = None if args.no_mongo_view else MongoView(
         args.view_uri or settings.mongodb_uri, args.view_database or settings.database, args.view_collection)
     cfg = MaterializeConfig(
         bootstrap_servers=settings.kafka_bootstrap_servers,
         topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
-        output=args.output,
-        checkpoint=args.checkpoint or f"{args.output.rstrip('/')}/_checkpoints",
+        output=output,
+        checkpoint=absolute(args.checkpoint) if args.checkpoint else f"{output.rstrip('/')}/_checkpoints",
         view=view, once=args.once, interval_s=args.interval,
         max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
         dedup_window=args.dedup_window, schemas_dir=spark_opts.schemas_dir, kafka_client=spark_opts.kafka,
@@ -343,12 +378,11 @@ def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, Spark
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse, build the session, run until done (`--once`) or SIGTERM/SIGINT (then the running
     micro-batch is abandoned; the restart replays it)."""
-    from relay.logs import setup_logging
-    from relay.spark.session import active_session, spark_session
+    from relay.spark.session import active_session, setup_job_logging, spark_session
 
     args = _parser().parse_args(argv)
     cfg, spark_opts, settings = config_from_args(args)
-    setup_logging(settings.log_level)
+    setup_job_logging(settings)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -1,0 +1,188 @@
+"""Exactly-once mode against the real servers: transactions, the offsets topic, mode switches,
+poison events inside transactions, and `tail --isolation` (docs/exactly-once.md).
+
+The kill, zombie and broker tests of this mode are in tests/faults/test_exactly_once_faults.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from relay.errors import PoisonEventError
+from relay.offsets import transactional_id
+from relay.outbox import Outbox, OutboxEvent
+from relay.tail import tail
+from relay.transactions import OffsetsTopic
+from tests.faults.test_outbox_faults import _incompressible, _limit_topic
+from tests.support import (
+    ROOT, CheckpointWatcher, RelayThread, Written, all_published, assert_complete_and_ordered, background_writes,
+    lease_doc, read_messages, read_topic, settings_env, wait_until, write_events,
+)
+
+
+def eos(env, **changes):
+    """The test's settings in exactly-once mode, with an offsets topic of its own."""
+    prefix = env.settings.topic_template.split(".")[0]
+    return env.settings.replace(delivery="exactly-once", offsets_topic=f"{prefix}.offsets", **changes)
+
+
+def _no_record_twice(records, written) -> None:
+    verdict = assert_complete_and_ordered(records, written)
+    assert not verdict.duplicates, f"{len(verdict.duplicates)} events visible twice to read_committed"
+
+
+def test_every_event_is_published_once_and_its_token_committed_to_the_compacted_offsets_topic(env):
+    settings = eos(env)
+    written = Written()
+    with RelayThread(settings) as relay:
+        writer = background_writes(env, written, 2000, writers=2, pause=0.005)
+        writer.join()
+        records = all_published(env, written)
+    assert relay.error is None, relay.error
+    _no_record_twice(records, written)
+    uncommitted = read_topic(env.servers.kafka_bootstrap, env.topic(), isolation="read_uncommitted")
+    assert len(uncommitted) == len(records), "no transaction was aborted: read_uncommitted sees the same"
+
+    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
+    resource = ConfigResource(ConfigResource.Type.TOPIC, settings.offsets_topic)
+    config = admin.describe_configs([resource])[resource].result(timeout=30)
+    cluster = admin.list_topics(timeout=10)
+    replicas = min(3, len(cluster.brokers))  # the test broker: one node, so 1 and min.insync.replicas 1
+    assert config["cleanup.policy"].value == "compact"
+    assert config["min.insync.replicas"].value == str(max(1, replicas - 1))
+    meta = cluster.topics[settings.offsets_topic]
+    assert len(meta.partitions) == 1 and len(meta.partitions[0].replicas) == replicas
+
+    record = OffsetsTopic(settings).read(settings.namespace, lambda: None)
+    doc = lease_doc(env.db, settings)
+    assert record is not None and record.fingerprint == doc["pipelineFingerprint"]
+    assert record.token["_data"] >= max(r.position for r in records), "the record covers every event"
+    assert doc["resumeToken"]["_data"] >= record.token["_data"], "the MongoDB checkpoint is stored after it"
+    assert doc["delivery"] == "exactly-once" and record.owner == settings.instance_id
+
+
+def test_an_offsets_topic_that_is_not_compacted_is_refused_naming_the_setting(env):
+    settings = eos(env)
+    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
+    admin.create_topics([NewTopic(settings.offsets_topic, 1, 1, config={"cleanup.policy": "delete"})])[
+        settings.offsets_topic].result(timeout=30)
+    run = subprocess.run([sys.executable, "-m", "relay", "run"], env=settings_env(settings), cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    [stop] = [json.loads(line) for line in run.stderr.splitlines() if '"ERROR"' in line]
+    assert stop["error_kind"] == "ConfigError" and "RELAY_OFFSETS_TOPIC" in stop["reason"]
+    assert "cleanup.policy=delete" in stop["reason"]
+
+
+def test_switching_at_least_once_to_exactly_once_starts_from_the_mongodb_checkpoint(env):
+    written = Written()
+    write_events(env.db, env.settings.outbox_collection, 600, writers=2, written=written)
+    with RelayThread(env.settings.replace(instance_id="alo")):
+        wait_until(lambda: len(read_topic(env.servers.kafka_bootstrap, env.topic())) >= 600, 60, "the first 600")
+    checkpoint = lease_doc(env.db, env.settings)["resumeToken"]["_data"]
+    write_events(env.db, env.settings.outbox_collection, 600, writers=2, written=written, seed=2)
+    with RelayThread(eos(env, instance_id="eos")) as relay:
+        records = all_published(env, written)
+    assert relay.error is None, relay.error
+    _no_record_twice(records, written)
+    by_eos = [r for r in records if r.fencing == 2]
+    assert len(by_eos) == 600 and min(r.position for r in by_eos) > checkpoint, \
+        "the exactly-once leader published exactly the events after the at-least-once checkpoint"
+
+
+def _rewind_checkpoint(env, settings, token_data: str) -> None:
+    """Move the MongoDB checkpoint back, as a leader killed between its Kafka commits and its
+    MongoDB writes would leave it (the offsets topic is ahead)."""
+    env.db[settings.lease_collection].update_one({"_id": settings.namespace},
+                                                 {"$set": {"resumeToken": {"_data": token_data}}})
+
+
+def test_mongodb_checkpoint_lagging_the_offsets_topic_is_passed_by_either_mode_without_a_duplicate(env):
+    """An exactly-once run, then its MongoDB checkpoint moved back some transactions (what a kill
+    between a Kafka commit and the MongoDB write leaves, one transaction back, made larger here).
+    A new exactly-once leader resumes after the offsets topic's record; so does an at-least-once
+    leader, because the lease document says the checkpoint was stored in exactly-once mode."""
+    settings = eos(env, batch_max_events=50)
+    written = Written()
+    with CheckpointWatcher(env.db, settings, interval=0.01) as watcher, RelayThread(settings):
+        writer = background_writes(env, written, 1500, writers=2, pause=0.005)
+        writer.join()
+        all_published(env, written)
+    for mode, more in (("exactly-once", 300), ("at-least-once", 300)):
+        assert len(watcher.seen) > 3
+        _rewind_checkpoint(env, settings, watcher.seen[len(watcher.seen) // 2])
+        write_events(env.db, env.settings.outbox_collection, more, writers=2, written=written, seed=len(written.ids))
+        with RelayThread(settings.replace(delivery=mode, instance_id=mode)) as relay:
+            records = all_published(env, written)
+        assert relay.error is None, relay.error
+        _no_record_twice(records, written)
+        assert lease_doc(env.db, settings)["delivery"] == mode
+
+
+def test_a_poison_event_in_exactly_once_mode_stops_after_the_events_before_it_committed(env):
+    """The broker refuses the big event's record batch: the transaction is aborted, the batch is
+    replayed one message per transaction, the events before it commit, and the relay stops naming
+    it. read_committed consumers see those events once; the aborted copies only read_uncommitted."""
+    _limit_topic(env, 20_000)
+    outbox = Outbox(env.outbox)
+    before = [OutboxEvent.new("order", f"k{i % 3}", "Changed", {"seq": i}) for i in range(5)]
+    big = OutboxEvent.new("order", "big", "Changed", {"blob": _incompressible(50_000)})
+    outbox.add_many(before)
+    outbox.add(big)
+    outbox.add_many([OutboxEvent.new("order", "after", "Changed", {"seq": i}) for i in range(5)])
+    with RelayThread(eos(env)) as relay:
+        relay.thread.join(timeout=120)
+    assert isinstance(relay.error, PoisonEventError), relay.error
+    assert relay.error.event_id == big.id_str and relay.error.exit_code == 4
+    visible = read_topic(env.servers.kafka_bootstrap, env.topic())
+    assert sorted(r.id for r in visible) == sorted(e.id_str for e in before)
+    uncommitted = read_topic(env.servers.kafka_bootstrap, env.topic(), isolation="read_uncommitted")
+    assert len(uncommitted) > len(visible), "the refused transaction's messages were appended, then aborted"
+    print(f"\npoison in a transaction: {len(visible)} visible, {len(uncommitted) - len(visible)} aborted copies")
+
+
+def test_dead_letters_are_published_inside_the_transaction_of_their_batch(env):
+    _limit_topic(env, 20_000)
+    settings = eos(env, on_poison="dead-letter", dead_letter_topic=f"{env.topic()}.dlq")
+    outbox = Outbox(env.outbox)
+    good = [OutboxEvent.new("order", f"k{i % 3}", "Changed", {"seq": i}) for i in range(6)]
+    big = OutboxEvent.new("order", "k1", "Changed", {"blob": _incompressible(50_000)})
+    outbox.add_many(good[:3])
+    outbox.add(big)
+    outbox.add_many(good[3:])
+    written = Written()
+    written.add(good)
+    with RelayThread(settings) as relay:
+        records = all_published(env, written)
+        dead = wait_until(lambda: read_messages(env.servers.kafka_bootstrap, settings.dead_letter_topic), 60,
+                          "the dead letter")
+    assert relay.error is None, relay.error
+    _no_record_twice(records, written)
+    assert [dict(m.headers())["ce_id"].decode() for m in dead] == [big.id_str], "one dead letter, committed once"
+
+
+def test_tail_shows_committed_transactions_only_unless_asked_for_read_uncommitted(env):
+    topic = env.topic()
+    producer = Producer({"bootstrap.servers": env.servers.kafka_bootstrap,
+                         "transactional.id": transactional_id(f"tail-test.{topic}")})
+    producer.init_transactions(30)
+    for commit, n in ((True, 3), (False, 2), (True, 1)):
+        producer.begin_transaction()
+        for i in range(n):
+            producer.produce(topic, b"not avro", f"{commit}-{i}".encode(), partition=0)
+        producer.flush(30)
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    counts = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        out = io.StringIO()
+        assert tail(env.settings, topic, from_beginning=True, out=out, isolation=isolation) == 0
+        counts[isolation] = [json.loads(line)["key"] for line in out.getvalue().splitlines()]
+    # Without --follow tail ends at each partition's end although the last offsets are markers.
+    assert counts["read_committed"] == ["True-0", "True-1", "True-2", "True-0"]
+    assert counts["read_uncommitted"] == ["True-0", "True-1", "True-2", "False-0", "False-1", "True-0"]

@@ -1,0 +1,419 @@
+"""Exactly-once mode's rules, fast: the real `Relay` on in-memory fakes (tests/unit/txn_fakes.py),
+and the pure rules of relay.offsets.
+
+The state machine drives writes, loop passes, failed reports, takeovers (with and without the
+new leader's `init_transactions` yet), kills inside a transaction and between the Kafka commit
+and the MongoDB write, graceful stops and clock jumps, and checks after every step:
+- what a read_committed consumer sees holds every event at most once, first copies in commit
+  order per key;
+- the MongoDB checkpoint covers only committed events, never moves back, and a leader opens the
+  stream right after the last committed event (or at a newer idle checkpoint);
+and at the end every event is visible exactly once. The real-server tests
+(tests/integration/test_exactly_once.py, tests/faults/test_exactly_once_faults.py) check the same
+against Kafka and MongoDB.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from relay.config import Settings
+from relay.errors import (
+    Action, ConfigError, LeaseLostError, OffsetsRecordError, PipelineMismatchError, PoisonEventError,
+    ProducerFencedError, classify,
+)
+from relay.lease import Checkpoint
+from relay.offsets import OffsetsRecord, after_exactly_once, newer, partition_for, resume_point, transactional_id
+from tests.unit.fakes import FINGERPRINT, World, covered_by, fake_settings, outbox_document, token
+from tests.unit.txn_fakes import LEASE_ID, TOPIC, Crashed, TxnRelay, calm_world, txn_log, txn_relay
+
+KEYS = ["k0", "k1", "k2", "k3", "k4"]
+
+
+def eos_settings(**changes: object) -> Settings:
+    return fake_settings(delivery="exactly-once", **changes)
+
+
+def _write(world: World, n: int, **overrides: object) -> list[str]:
+    ids = []
+    for _ in range(n):
+        seq = len(world.outbox.changes)
+        change = world.outbox.add(outbox_document(seq, KEYS[seq % len(KEYS)], **overrides))
+        ids.append(str(change["fullDocument"]["_id"]))
+    return ids
+
+
+def _visible(world: World) -> list[str]:
+    return [m.event_id for m in txn_log(world).committed()]
+
+
+def _turn(tr: TxnRelay, done: object, turns: int = 3000) -> None:
+    for _ in range(turns):
+        if done():  # type: ignore[operator]
+            return
+        tr.relay.turn()
+    raise AssertionError("the loop did not get there")
+
+
+def _exactly_once_in_commit_order(world: World, complete: bool = False) -> None:
+    visible = txn_log(world).committed()
+    ids = [m.event_id for m in visible]
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} events visible twice to read_committed"
+    order = {event_id: i for i, event_id in enumerate(world.outbox.event_ids())}
+    by_key: dict[bytes, list[str]] = {}
+    for m in visible:
+        by_key.setdefault(m.key, []).append(m.event_id)
+    for key, key_ids in by_key.items():
+        assert key_ids == sorted(key_ids, key=order.__getitem__), f"key {key!r} out of commit order"
+    if complete:
+        assert set(ids) == set(world.outbox.event_ids()), "not every event is visible"
+
+
+# ---- the state machine ------------------------------------------------------------------------
+
+class ExactlyOnceMachine(RuleBasedStateMachine):
+    """One outbox, one relay at a time in exactly-once mode (replaced after stops and kills)."""
+
+    @initialize(seed=st.integers(0, 2**32 - 1), max_events=st.integers(1, 12),
+                max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]))
+    def start(self, seed: int, max_events: int, max_bytes: int) -> None:
+        self.world = World(random.Random(seed))
+        self.settings = eos_settings(batch_max_events=max_events, batch_max_bytes=max_bytes)
+        self.generation = 0
+        self.tr = txn_relay(self.world, self.settings)
+
+    def _replace_relay(self) -> None:
+        self.generation += 1
+        self.tr = txn_relay(self.world, self.settings.replace(instance_id=f"A{self.generation}"))
+
+    @rule(n=st.integers(1, 15))
+    def write(self, n: int) -> None:
+        _write(self.world, n)
+
+    @rule(turns=st.integers(1, 4))
+    def turn(self, turns: int) -> None:
+        try:
+            for _ in range(turns):
+                self.tr.relay.turn()
+        except Crashed:
+            self._replace_relay()
+
+    @rule(n=st.integers(1, 3))
+    def fail_reports(self, n: int) -> None:
+        self.world.broker.fail_next += n
+
+    @rule(initialized=st.booleans())
+    def take_over(self, initialized: bool) -> None:
+        """Another replica takes the lease; with `initialized` it also ran init_transactions."""
+        self.world.take_over()
+        if initialized:
+            txn_log(self.world).epoch += 1
+
+    @rule()
+    def kill_inside_a_transaction(self) -> None:
+        txn_log(self.world).crash_inside = True
+
+    @rule()
+    def kill_between_kafka_commit_and_mongodb_write(self) -> None:
+        txn_log(self.world).crash_after_commit = True
+
+    @rule(seconds=st.floats(0.1, 6.0))
+    def clock_jumps(self, seconds: float) -> None:
+        self.world.clock.advance(seconds)
+
+    @rule()
+    def graceful_stop(self) -> None:
+        relay = self.tr.relay
+        relay.stop()
+        try:
+            relay.run()
+        except Crashed:
+            pass
+        self._replace_relay()
+
+    @invariant()
+    def guarantees_hold(self) -> None:
+        assert not self.world.violations, self.world.violations
+        _exactly_once_in_commit_order(self.world)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "world"):
+            return
+        w, t = self.world, txn_log(self.world)
+        w.broker.fail_next, t.crash_inside, t.crash_after_commit = 0, False, False
+        w.clock.advance(10)  # any other holder's lease expires
+        _turn(self.tr, lambda: set(w.outbox.event_ids()) <= set(_visible(w)) and w.lease.token is not None
+              and covered_by(w.lease.token) == len(w.outbox.changes))
+        assert not w.violations, w.violations
+        _exactly_once_in_commit_order(w, complete=True)
+
+
+TestExactlyOnceMachine = ExactlyOnceMachine.TestCase
+TestExactlyOnceMachine.settings = hsettings(max_examples=120, stateful_step_count=40, deadline=None,
+                                            suppress_health_check=[HealthCheck.too_slow])
+
+
+# ---- transactions: visibility, kills, fencing --------------------------------------------------
+
+def test_a_transaction_killed_halfway_leaves_nothing_visible_and_the_next_leader_publishes_it_once():
+    world = calm_world()
+    ids = _write(world, 10)
+    t = txn_log(world)
+    t.crash_inside = True
+    first = txn_relay(world, eos_settings(batch_max_events=10))
+    with pytest.raises(Crashed):
+        _turn(first, lambda: False)
+    aborted = len(t.log)
+    assert 0 < aborted < 10 and _visible(world) == [], "half the batch appended, none of it committed"
+    world.clock.advance(10)
+    second = txn_relay(world, eos_settings(batch_max_events=10, instance_id="B"))
+    _turn(second, lambda: set(ids) <= set(_visible(world)))
+    assert len(t.log) == 10 + aborted, "a read_uncommitted consumer sees the aborted copies too"
+    _exactly_once_in_commit_order(world, complete=True)
+    assert not world.violations
+
+
+def test_a_leader_killed_between_its_kafka_commit_and_its_mongodb_write_is_resumed_from_the_offsets_record():
+    world = calm_world()
+    ids = _write(world, 10)
+    t = txn_log(world)
+    t.crash_after_commit = True
+    first = txn_relay(world, eos_settings(batch_max_events=10))
+    with pytest.raises(Crashed):
+        _turn(first, lambda: False)
+    assert set(_visible(world)) == set(ids) and covered_by(world.lease.token) == 0, \
+        "committed in Kafka; the MongoDB checkpoint still at the opening token"
+    world.clock.advance(10)
+    second = txn_relay(world, eos_settings(batch_max_events=10, instance_id="B"))
+    more = _write(world, 5)
+    _turn(second, lambda: set(more) <= set(_visible(world)))
+    assert covered_by(world.opens[-1].resume_after) == 10, "resumed after the offsets record, not the checkpoint"
+    _exactly_once_in_commit_order(world, complete=True)
+    assert not world.violations
+
+
+def test_a_zombie_is_fenced_at_its_next_commit_and_goes_back_to_standby():
+    """A leads; B takes the lease and runs init_transactions; A's next transaction cannot commit,
+    so nothing A sends after that is visible, and A goes back to standby."""
+    world = calm_world()
+    _write(world, 12)
+    a = txn_relay(world, eos_settings(batch_max_events=4))
+    _turn(a, lambda: len(_visible(world)) >= 4)
+    world.take_over("B")
+    txn_log(world).epoch += 1  # B's init_transactions
+    fenced_from = len(txn_log(world).log)
+    _write(world, 4)
+    held = lambda: a.relay.observer.registry.get_sample_value("relay_lease_held")  # noqa: E731
+    _turn(a, lambda: held() == 0, turns=50)
+    t = txn_log(world)
+    late = t.log[fenced_from:]
+    assert late, "A tried to publish after B's init_transactions"
+    assert not any(m.txn in t.committed_txns for m in late), "none of A's later transactions committed"
+    assert t.commits_by_stale_fencing == 0
+    errors = a.relay.observer.registry.get_sample_value(
+        "relay_errors_total", {"kind": "ProducerFencedError", "action": "standby"})
+    mongo_fenced = a.relay.observer.registry.get_sample_value(
+        "relay_errors_total", {"kind": "LeaseLostError", "action": "standby"})
+    assert (errors or 0) + (mongo_fenced or 0) == 1, "one fenced error, then standby"
+    assert not world.violations
+
+
+def test_a_zombie_that_commits_before_the_new_leaders_init_is_resumed_after():
+    """B took the lease but has not initialized its producer yet: A's commit still succeeds; B's
+    init then reads A's record and resumes after it, so nothing is repeated."""
+    world = calm_world()
+    ids = _write(world, 8)
+    a = txn_relay(world, eos_settings(batch_max_events=8))
+    a.relay.turn()  # A leads, opens
+    world.take_over("B")  # lease only: B has not run init_transactions
+    a.relay.turn()  # A commits its transaction, then its MongoDB write is fenced
+    assert set(ids) <= set(_visible(world)) and covered_by(world.lease.token) == 0
+    world.clock.advance(10)
+    b = txn_relay(world, eos_settings(batch_max_events=8, instance_id="B"))
+    more = _write(world, 3)
+    _turn(b, lambda: set(more) <= set(_visible(world)))
+    _exactly_once_in_commit_order(world, complete=True)
+    assert not world.violations
+
+
+# ---- poison events ----------------------------------------------------------------------------
+
+def test_a_poison_event_stops_after_the_events_before_it_committed_in_their_own_transaction():
+    world = calm_world()
+    before = _write(world, 5)
+    bad = str(world.outbox.add(outbox_document(99, "k9", eventType=None))["fullDocument"]["_id"])
+    _write(world, 5)
+    for generation in range(2):
+        tr = txn_relay(world, eos_settings(batch_max_events=100, instance_id=f"A{generation}"))
+        with pytest.raises(PoisonEventError) as stopped:
+            tr.relay.run()
+        assert stopped.value.event_id == bad
+        assert _visible(world) == before, "the 5 before it, once, after a restart too"
+        assert covered_by(txn_log(world).newest_record().token) == 5 == covered_by(world.lease.token)
+    assert not world.violations
+
+
+def test_dead_letters_are_written_inside_the_transaction_and_refused_batches_replayed_one_per_transaction():
+    world = calm_world()
+    settings = eos_settings(on_poison="dead-letter", dead_letter_topic="dlq", batch_max_events=50)
+    good = _write(world, 4)
+    malformed = str(world.outbox.add(outbox_document(99, "k9", eventType=None))["fullDocument"]["_id"])
+    good += _write(world, 3)
+    refused = _write(world, 1)[0]
+    world.broker.refuse.add(("outbox.event.order", refused))
+    good += _write(world, 3)
+    tr = txn_relay(world, settings)
+    _turn(tr, lambda: set(good + [malformed, refused]) <= set(_visible(world)))
+    t = txn_log(world)
+    dead = [m for m in t.committed() if m.topic == "dlq"]
+    assert sorted(m.event_id for m in dead) == sorted([malformed, refused])
+    _exactly_once_in_commit_order(world, complete=True)
+    assert not world.violations
+
+
+# ---- switching modes ----------------------------------------------------------------------------
+
+def test_switching_at_least_once_to_exactly_once_starts_from_the_mongodb_checkpoint():
+    world = calm_world()
+    first = _write(world, 6)
+    alo = txn_relay(world, fake_settings(batch_max_events=6))
+    _turn(alo, lambda: world.lease.token is not None and covered_by(world.lease.token) == 6)
+    alo.relay.stop()
+    alo.relay.run()
+    assert txn_log(world).newest_record() is None
+    later = _write(world, 4)
+    eos = txn_relay(world, eos_settings(batch_max_events=6, instance_id="B"))
+    _turn(eos, lambda: set(later) <= set(_visible(world)))
+    assert covered_by(world.opens[-1].resume_after) == 6
+    assert _visible(world) == later, "exactly-once mode publishes only what follows the checkpoint"
+    assert set(first) <= world.broker.acked
+    assert not world.violations
+
+
+@pytest.mark.parametrize("mongodb_lags", [False, True])
+def test_switching_exactly_once_to_at_least_once_resumes_after_the_offsets_record(mongodb_lags):
+    """After a graceful stop both positions agree; after a kill between the Kafka commit and the
+    MongoDB write the offsets record is newer, and the at-least-once leader reads it (the lease
+    document says an exactly-once relay stored the checkpoint): nothing is published twice."""
+    world = calm_world()
+    first = _write(world, 6)
+    eos = txn_relay(world, eos_settings(batch_max_events=6))
+    if mongodb_lags:
+        txn_log(world).crash_after_commit = True
+        with pytest.raises(Crashed):
+            _turn(eos, lambda: False)
+        world.clock.advance(10)
+    else:
+        _turn(eos, lambda: covered_by(world.lease.token or token(0)) == 6)
+        eos.relay.stop()
+        eos.relay.run()
+    assert world.lease.delivery == "exactly-once" and set(first) == set(_visible(world))
+    later = _write(world, 4)
+    alo = txn_relay(world, fake_settings(batch_max_events=6, instance_id="B"))
+    _turn(alo, lambda: set(later) <= world.broker.acked)
+    assert covered_by(world.opens[-1].resume_after) == 6
+    assert sorted(m.event_id for m in world.broker.messages()) == sorted(later), "nothing of the exactly-once run again"
+    assert world.lease.delivery == "at-least-once"
+    assert not world.violations
+
+
+def test_after_a_checkpoint_reset_the_old_offsets_record_is_forgotten():
+    world = calm_world()
+    _write(world, 6)
+    eos = txn_relay(world, eos_settings(batch_max_events=6))
+    _turn(eos, lambda: covered_by(world.lease.token or token(0)) == 6)
+    eos.relay.stop()
+    eos.relay.run()
+    world.lease.token = None  # `outbox-relay checkpoint reset`
+    world.lease.delivery = None
+    again = txn_relay(world, eos_settings(batch_max_events=6, instance_id="B", start_at="oplog-start"))
+    again.relay.turn()
+    assert world.opens[-1].oplog_start, "RELAY_START_AT, not the offsets record"
+    assert txn_log(world).newest_record() is None, "the record from before the reset is a tombstone now"
+
+
+# ---- the pure rules ---------------------------------------------------------------------------------
+
+def _record(position: int, fingerprint: str = FINGERPRINT) -> OffsetsRecord:
+    return OffsetsRecord(LEASE_ID, token(position), fingerprint, 3, "A")
+
+
+@pytest.mark.parametrize("mongo, kafka, expected", [
+    (None, None, None),   # first start: RELAY_START_AT
+    (None, 5, None),      # after a checkpoint reset: RELAY_START_AT, the record is forgotten
+    (5, None, 5),         # at-least-once so far: the MongoDB checkpoint
+    (5, 7, 7),            # MongoDB lags the last commit (a kill between the two writes)
+    (7, 5, 7),            # MongoDB is newer (idle heartbeat, or an at-least-once run in between)
+    (5, 5, 5),
+])
+def test_resume_point_is_the_newer_of_the_mongodb_checkpoint_and_the_offsets_record(mongo, kafka, expected):
+    checkpoint = Checkpoint(None if mongo is None else token(mongo), None, FINGERPRINT, "exactly-once")
+    record = None if kafka is None else _record(kafka)
+    chosen = resume_point(checkpoint, record, FINGERPRINT, TOPIC)
+    assert (None if chosen.token is None else covered_by(chosen.token)) == expected
+
+
+def test_an_offsets_record_of_another_pipeline_is_refused_naming_the_topic():
+    with pytest.raises(PipelineMismatchError, match="RELAY_OFFSETS_TOPIC"):
+        resume_point(Checkpoint(token(1), None, FINGERPRINT), _record(2, "other"), FINGERPRINT, TOPIC)
+
+
+def test_at_least_once_reads_the_offsets_topic_only_after_an_exactly_once_checkpoint():
+    reads = []
+
+    def read() -> OffsetsRecord:
+        reads.append(1)
+        return _record(9)
+
+    alo = Checkpoint(token(4), None, FINGERPRINT, "at-least-once")
+    assert after_exactly_once(alo, read, FINGERPRINT, TOPIC) is alo and not reads
+    eos = Checkpoint(token(4), None, FINGERPRINT, "exactly-once")
+    assert covered_by(after_exactly_once(eos, read, FINGERPRINT, TOPIC).token) == 9 and reads
+
+
+def test_offsets_records_round_trip_and_a_foreign_record_names_where_it_is():
+    record = _record(12)
+    assert OffsetsRecord.decode(LEASE_ID, record.encode(), "t[0]@3") == record
+    with pytest.raises(OffsetsRecordError, match=r"t\[0\]@3.*not an outbox-relay offsets record"):
+        OffsetsRecord.decode(LEASE_ID, b"hello", "t[0]@3")
+    with pytest.raises(OffsetsRecordError, match="holds lease 'other.outbox'"):
+        OffsetsRecord.decode(LEASE_ID, OffsetsRecord("other.outbox", token(1), "f", 1, "A").encode(), "t[0]@4")
+
+
+def test_token_order_and_stable_names():
+    assert newer(token(10), token(9)) and not newer(token(9), token(9))
+    assert newer({"_data": "826B0450A1000000012B"}, {"_data": "826B0450A00000006C2B0229296E04"})
+    assert transactional_id("app.outbox#2/4") == "outbox-relay:app.outbox#2/4"
+    assert partition_for("app.outbox", 1) == 0
+    assert partition_for("app.outbox", 25) == partition_for("app.outbox", 25) < 25
+
+
+def test_fenced_and_abortable_kafka_errors_are_classified():
+    fenced = KafkaException(KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True))
+    abortable = KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True))
+    assert classify(fenced) is Action.STANDBY
+    assert classify(ProducerFencedError("x")) is Action.STANDBY and issubclass(ProducerFencedError, LeaseLostError)
+    assert classify(abortable) is Action.RESTART
+
+
+@pytest.mark.parametrize("env, setting", [
+    ({"RELAY_PIPELINE_DEPTH": "2"}, "RELAY_PIPELINE_DEPTH"),
+    ({"RELAY_KAFKA_TRANSACTIONAL_ID": "mine"}, "RELAY_KAFKA_TRANSACTIONAL_ID"),
+    ({"RELAY_KAFKA_TRANSACTION_TIMEOUT_MS": "1000"}, "RELAY_KAFKA_TRANSACTION_TIMEOUT_MS"),
+    ({"RELAY_OFFSETS_TOPIC": "bad topic"}, "RELAY_OFFSETS_TOPIC"),
+])
+def test_exactly_once_settings_are_checked_naming_the_setting(env, setting):
+    with pytest.raises(ConfigError) as err:
+        Settings.load(env={"RELAY_DELIVERY": "exactly-once", **env})
+    assert err.value.setting == setting
+
+
+def test_exactly_once_defaults():
+    s = Settings.load(env={"RELAY_DELIVERY": "exactly-once"})
+    assert s.offsets_topic == "outbox-relay.offsets" and Settings().delivery == "at-least-once"
+    assert s.transaction_timeout_ms == 120000  # follows message.timeout.ms
