@@ -211,6 +211,10 @@ class Settings:
                               "so the lease is renewed before it expires")
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ConfigError(env_name("partitions"), f"must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")
+        if self.partitions > 1 and self.standby_poll_s * 2 > self.lease_ttl_s:
+            raise ConfigError(env_name("standby_poll_s"),
+                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) with RELAY_PARTITIONS > 1: "
+                              "replicas heartbeat this often and stop counting as live after the TTL")
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(env_name("http_port"), f"not a port number: {self.http_port}")
         if not self.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):

@@ -205,11 +205,6 @@ class Observer:
         """Connected and turning: leader publishing or standby polling, not restarting or stalled."""
         return self.health.ready()
 
-    def summary(self) -> dict[str, Any]:
-        """Role, fencing token and counters (for the group's status in tests and logs)."""
-        return {"role": self._role, "fencing": self._fencing, "published": self._published,
-                "batches": self._batches, "restarts": self._restarts, "errors": self._errors}
-
     # ---- the summary line ---------------------------------------------------------------------------
 
     def _summary(self, now: float) -> None:

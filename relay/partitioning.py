@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,18 +135,3 @@ def targets(live: Iterable[str], count: int) -> dict[str, int]:
 def target_of(me: str, live: Sequence[str], count: int) -> int:
     """This replica's target; it counts itself live even if its own heartbeat is not visible yet."""
     return targets([*live, me], count)[me]
-
-
-def partition_counts(namespace: str, lease_ids: Iterable[str]) -> dict[int, list[Partition]]:
-    """The lease ids of `namespace` grouped by partition count."""
-    out: dict[int, list[Partition]] = {}
-    for value in lease_ids:
-        p = parse_lease_id(namespace, value)
-        if p is not None:
-            out.setdefault(p.count, []).append(p)
-    return out
-
-
-def describe(doc: Mapping[str, Any]) -> str:
-    """A lease document in a few words for messages: its id and holder."""
-    return f"{doc.get('_id')} (held by {doc.get('owner')})"

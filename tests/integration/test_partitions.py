@@ -4,14 +4,20 @@ under running relays, and moving from one count to another without loss (docs/pa
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import random
 import subprocess
 import sys
 import time
+import urllib.request
 
 from bson import Timestamp
 
 from relay.changes import pipeline, token_cluster_time
+from relay.devstack import free_port
+from relay.logs import setup_logging
 from relay.outbox import Outbox, OutboxEvent
 from relay.partitioning import Partition, hashed_index_key, lease_id, partition_expression, partition_of
 from relay.status import reset_checkpoint, status
@@ -85,15 +91,32 @@ def _leases(env, n: int) -> list[dict]:
 
 
 def test_a_group_publishes_every_event_in_order_through_one_lease_per_partition(env):
-    settings = env.settings.replace(partitions=3)
+    settings = env.settings.replace(partitions=3, http_port=free_port())
     written = Written()
-    with RelayThread(settings) as relay:
-        background_writes(env, written, 3000, writers=3).join()
-        records = all_published(env, written)
-        wait_until(lambda: all(d.get("resumeToken") for d in _leases(env, 3)), 30, "a checkpoint per partition")
-        shown = status(settings)
-        held = [relay.metric("relay_lease_held", partition=str(k)) for k in range(3)]
-        led = relay.metric("relay_partitions_led")
+    stream = io.StringIO()
+    handler = setup_logging("INFO", "json", stream)
+    try:
+        with RelayThread(settings) as relay:
+            server = relay.relay.observer.serve()
+            try:
+                background_writes(env, written, 3000, writers=3).join()
+                records = all_published(env, written)
+                wait_until(lambda: all(d.get("resumeToken") for d in _leases(env, 3)), 30, "a checkpoint per partition")
+                shown = status(settings)
+                held = [relay.metric("relay_lease_held", partition=str(k)) for k in range(3)]
+                led = relay.metric("relay_partitions_led")
+                base = f"http://127.0.0.1:{settings.http_port}"
+                ready = json.loads(urllib.request.urlopen(f"{base}/readyz", timeout=10).read())
+                exposed = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+            finally:
+                server.shutdown()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    lines = [json.loads(x) for x in stream.getvalue().splitlines()]
+    opened = sorted(x["partition"] for x in lines if x["message"].startswith("change stream opened"))
+    assert opened == [0, 1, 2], "each partition's loop logs with its partition"
+    assert ready == {"ok": True, "role": "leader", "reason": "leader"}
+    assert all(f'relay_lease_held{{partition="{k}"}} 1.0' in exposed for k in range(3)), exposed
     verdict = assert_complete_and_ordered(records, written)
     assert held == [1, 1, 1] and led == 3, "one replica alone leads every partition"
     assert env.db[settings.lease_collection].find_one({"_id": settings.namespace}) is None, \

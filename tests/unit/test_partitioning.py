@@ -81,6 +81,8 @@ def test_partitions_setting_is_validated():
     with pytest.raises(ConfigError, match="RELAY_PARTITIONS: must be an integer"):
         Settings.load(env={"RELAY_PARTITIONS": "four"})
     assert Settings.load(env={"RELAY_PARTITIONS": "4"}).partitions == 4
+    with pytest.raises(ConfigError, match="RELAY_STANDBY_POLL_S: must be at most half of RELAY_LEASE_TTL_S"):
+        Settings.load(env={"RELAY_PARTITIONS": "4", "RELAY_STANDBY_POLL_S": "20"})
 
 
 @pytest.mark.parametrize("live, n, expected", [
