@@ -124,6 +124,7 @@ class Group:
         self._stopping = threading.Event()
         self._errors: list[BaseException] = []
         self._beat_failed = False
+        self._joined = False  # a heartbeat was written: leave() on the way out
 
     def stop(self) -> None:
         """Ask the group to shut down (thread- and signal-safe): `run()` marks this replica stopped,
@@ -156,7 +157,8 @@ class Group:
             while not self._stopping.wait(self.settings.standby_poll_s):
                 self._beat()
         finally:
-            self._membership.leave()
+            if self._joined:
+                self._membership.leave()
             for _, relay in self.relays:
                 relay.stop()
             for thread in threads:
@@ -184,7 +186,7 @@ class Group:
         else:
             if self._beat_failed:
                 log.info("group heartbeat recovered")
-            self._beat_failed = False
+            self._beat_failed, self._joined = False, True
             target = target_of(self.settings.instance_id, live, self.settings.partitions)
             if target != self.balance.target:
                 log.info("share: %d of %d partitions (%d live replicas)", target, self.settings.partitions,

@@ -76,7 +76,7 @@ def _nothing() -> None:
 
 
 class Relay:
-    """Publishes one outbox collection to Kafka while it holds the lease.
+    """Publishes one outbox collection (or one partition of it) to Kafka while it holds the lease.
 
     Its boundaries are given: `source` and `publisher` make a fresh change source and producer
     for every leading session; `lease` is the lease document; `encoder` builds messages;
