@@ -2,7 +2,7 @@
 
 The relay runs in this process, in a thread (`tests.support.RelayThread`), with its default
 settings except addresses, database, topic, start point and `http_port=0`. `make_relay` is the
-only function in `bench/` that builds a relay (through `relay.wiring.build_relay`, as
+only function in `bench/` that builds a relay (through `relay.wiring.build`, as
 `outbox-relay run` does).
 """
 
@@ -18,14 +18,14 @@ from pymongo.collection import Collection
 
 from relay.config import Settings
 from relay.devstack import LocalStack
-from relay.wiring import build_relay
+from relay.wiring import build
 from tests.support import RelayThread
 
 
 def make_relay(settings: Settings, native: bool = True) -> Any:
     """A relay for `settings`, not started: something with `run()` (blocks until stopped) and
     `stop()`. `native=False`: every message built by the Python path (relay.encoding)."""
-    return build_relay(settings, native=native)
+    return build(settings, native=native)
 
 
 def relay_settings(stack: LocalStack, database: str, topic_template: str, start_at: str,

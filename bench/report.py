@@ -39,11 +39,12 @@ class Report:
     latency: list[Latency] = field(default_factory=list)
     long_run: list[Row] = field(default_factory=list)
     variants: dict[str, str] = field(default_factory=dict)   # key -> label, in run order
+    partition_rows: list[Row] = field(default_factory=list)  # --partitions: backlog, group catch-ups, streams
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "variants": self.variants, "rows": [asdict(r) for r in self.rows],
                 "latency": [asdict(x) for x in self.latency], "long_run": [asdict(r) for r in self.long_run],
-                "goals": goals(self)}
+                "partitions": [asdict(r) for r in self.partition_rows], "goals": goals(self)}
 
     def row(self, prefix: str, variant: str = "default") -> Row | None:
         return next((r for r in self.rows if r.scenario.startswith(prefix) and r.variant == variant), None)
@@ -67,7 +68,11 @@ def _f(value: float, spec: str = ".0f", width: int = 0) -> str:
 
 def format_report(report: Report) -> str:
     p = report.params
+    only_partitions = bool(report.partition_rows) and not report.rows
     lines = [
+        f"outbox-relay benchmark  partitioned outbox only: partition-events={p.get('partition_events')}  "
+        f"cpus={p['host']['cpus']}  (relays as processes; 1 mongod, 1 Kafka broker, topics of {PARTITIONS} partitions)"
+        if only_partitions else
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
         f"(relay in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)",
         f"relay code: {p['relay_source']}",
@@ -77,7 +82,8 @@ def format_report(report: Report) -> str:
         lines.append("load average (1/5/15 min) at start " + "/".join(f"{x:.2f}" for x in p["load_average_at_start"])
                      + (", at end " + "/".join(f"{x:.2f}" for x in p["load_average_at_end"])
                         if "load_average_at_end" in p else ""))
-    for block in (_ratio_table, _variant_table, _rows_table, _peer_table, _latency_table, _long_table, _goal_table):
+    for block in (_ratio_table, _variant_table, _rows_table, _peer_table, _latency_table, _long_table,
+                  _partition_table, _goal_table):
         text = block(report)
         if text:
             lines += ["", *text]
@@ -136,6 +142,8 @@ def _variant_table(report: Report) -> list[str]:
 
 
 def _rows_table(report: Report) -> list[str]:
+    if not report.rows and not report.long_run:
+        return []
     width = max([36, *(len(r.scenario) for r in report.rows)])
     lines = [f"{'every row':<{width}} {'variant':<8} {'events':>8} {'seconds':>8} {'events/s':>9} "
              f"{'other cores':>11} {'iowait':>6}  note"]
@@ -198,6 +206,53 @@ def _long_table(report: Report) -> list[str]:
             f"mongod {_f(relay.mongod_cpu_us_per_event, '.0f')} µs/event, {relay.seconds:.0f} s"]
 
 
+def _partition_table(report: Report) -> list[str]:
+    groups = [r for r in report.partition_rows if r.kind == "partitions"]
+    streams = [r for r in report.partition_rows if r.kind == "streams"]
+    if not groups and not streams:
+        return []
+    lines: list[str] = []
+    setup = next((r for r in report.partition_rows if r.kind == "set-up"), None)
+    if groups:
+        base = next((r for r in groups if r.extra.get("partitions") == 1), None)
+        written = f" (written in {setup.seconds:.0f} s, {setup.events_per_s:,.0f}/s)" if setup else ""
+        lines += [f"partitioned outbox: catch-up of a {groups[0].events:,}-event backlog{written} by relay processes "
+                  "(`outbox-relay run`) started together, RELAY_STANDBY_POLL_S=0.5; relays µs/ev = CPU per event of "
+                  "every relay process summed, busiest = the one that used most",
+                  f"{'':<36} {'events/s':>9} {'vs N=1':>7} {'drain ev/s':>10} {'relays µs/ev':>12} {'busiest':>8} "
+                  f"{'mongod µs/ev':>12} {'kafka µs/ev':>11} {'other cores':>11}  note"]
+        for r in groups:
+            if r.error:
+                lines.append(f"{r.scenario:<36} FAILED: {r.error.splitlines()[0][:300]}")
+                continue
+            per = [x for x in r.extra.get("cpu_us_per_event_per_process", []) if x is not None]
+            drain = r.extra.get("drain_s") or math.nan
+            lines.append(f"{r.scenario:<36} {_f(r.events_per_s, ',.0f', 9)} {_f(ratio(r, base), '.2f', 7)} "
+                         f"{_f(r.events / drain if drain else math.nan, ',.0f', 10)} {_f(r.cpu_us_per_event, '.0f', 12)} "
+                         f"{_f(max(per) if per else math.nan, '.0f', 8)} {_f(r.mongod_cpu_us_per_event, '.0f', 12)} "
+                         f"{_f(r.extra.get('kafka_cpu_us_per_event') or math.nan, '.0f', 11)} "
+                         f"{_f(r.other_cores, '.2f', 11)}  {r.note}")
+    if streams:
+        one = next((r for r in streams if r.extra.get("streams") == 1), None)
+        if lines:
+            lines.append("")
+        lines += ["change streams open at once on that backlog (partition pipelines): mongod's CPU",
+                  f"{'streams':>7} {'seconds':>8} {'events/s':>9} {'mongod µs/event':>15} {'per stream':>10} "
+                  f"{'vs 1 stream':>11} {'other cores':>11}"]
+        for r in streams:
+            k = r.extra.get("streams", 1)
+            if r.error:
+                lines.append(f"{k:>7} FAILED: {r.error.splitlines()[0][:300]}")
+                continue
+            vs = r.mongod_cpu_us_per_event / one.mongod_cpu_us_per_event if one and one.mongod_cpu_us_per_event else math.nan
+            lines.append(f"{k:>7} {_f(r.seconds, '.2f', 8)} {_f(r.events_per_s, ',.0f', 9)} "
+                         f"{_f(r.mongod_cpu_us_per_event, '.1f', 15)} {_f(r.mongod_cpu_us_per_event / k, '.1f', 10)} "
+                         f"{_f(vs, '.2f', 11)} {_f(r.other_cores, '.2f', 11)}")
+        lines.append("  every stream reads the whole oplog: mongod's CPU per event grows with the streams open, "
+                     "while each relay process's CPU per event does not depend on them")
+    return lines
+
+
 # ---- goals (issue 15), reported, never asserted -----------------------------------------------
 
 def goals(report: Report) -> list[dict[str, Any]]:
@@ -221,7 +276,7 @@ def goals(report: Report) -> list[dict[str, Any]]:
 
 
 def _goal_table(report: Report) -> list[str]:
-    rows = goals(report)
+    rows = goals(report) if report.rows else []
     if not rows:
         return []
     lines = ["issue 15 goals (reported, not asserted)"]

@@ -1,8 +1,9 @@
 """The relay benchmark: catch-up beside a bare relay, bare clients and three peers; latency; memory.
 
 Run: `.venv/bin/python -m bench.run [--events N] [--payload-bytes B] [--rates 1000,10000]
-[--seconds S] [--long-events N] [--no-peers] [--no-variants] [--update-benchmarks]`
-(`make bench` runs it with the defaults). BENCHMARKS.md shows a run and says what each figure
+[--seconds S] [--long-events N] [--no-peers] [--no-variants] [--partitions | --only-partitions
+[--partition-events N]] [--update-benchmarks]` (`make bench` runs it with the defaults; the
+partitioned-outbox scenarios, about 6 minutes, only with `--partitions`). BENCHMARKS.md shows a run and says what each figure
 means; `bench/scenarios/` has one module per scenario, each documenting what it measures.
 
 Everything runs on a fresh local stack (`relay.devstack.LocalStack` in a temporary folder, one
@@ -15,7 +16,9 @@ its backlog, relay catch-up (for the default variant also in exactly-once mode, 
 backlog), bare relay, bare change stream, bare producer (the long-backlog
 memory run comes before the default variant's bare producer, whose queue leaves this process
 larger); then the peers on the default backlog, one at a time; then one
-steady-state step per rate.
+steady-state step per rate; with `--partitions`, last, the partitioned outbox
+(bench/scenarios/partitions.py): a backlog of `--partition-events`, drained by one relay process
+at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from bench.scenarios.change_stream import bare_change_stream
 from bench.scenarios.exactly_once import exactly_once_catch_up
 from bench.scenarios.latency import steady_state
 from bench.scenarios.memory import memory_run
+from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.scenarios.peers import Peer, conduit_peer, connect_peer, connect_specs, peer_catch_up
 from bench.scenarios.producer import bare_producer
 from relay.devstack import LocalStack
@@ -88,6 +92,25 @@ def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Vari
     return backlog
 
 
+GROUPS = [(1, 1), (4, 1), (4, 2), (4, 4)]  # (RELAY_PARTITIONS, relay processes) of the group catch-up
+STREAMS = [1, 2, 4, 8]
+
+
+def partition_scenarios(stack: LocalStack, client: MongoClient[Any], events: int, run_id: str,
+                        report: Report) -> None:
+    """One backlog; the group catch-ups (GROUPS) and the change stream cost (STREAMS) on it."""
+    variant = Variant("partitions", "200 B generic", 200, False, events)
+    progress(f"[partitions] writing a backlog of {events} events")
+    backlog = write_backlog(client, f"bench_{run_id}_partitions", variant)
+    report.partition_rows.append(backlog.row)
+    for partitions, processes in GROUPS:
+        progress(f"[partitions] catch-up: {processes} relay process(es), RELAY_PARTITIONS={partitions}")
+        report.partition_rows.append(group_catch_up(stack, client, backlog, run_id, partitions, processes))
+    for streams in STREAMS:
+        progress(f"[partitions] mongod with {streams} change stream(s)")
+        report.partition_rows.append(stream_cost(stack, client, backlog, streams))
+
+
 def prepare_peers(args: argparse.Namespace, report: Report) -> dict[str, Any]:
     """Resolve the Connect peers' jars and build Conduit before the stack starts (never timed)."""
     from bench.peers import DEBEZIUM_VERSION, KAFKA_CONNECT_VERSION, MONGO_KAFKA_VERSION, fetch_jars
@@ -122,6 +145,7 @@ def run(args: argparse.Namespace) -> Report:
     report = Report(params={
         "events": args.events, "payload_bytes": args.payload_bytes, "rates": args.rates, "seconds": args.seconds,
         "long_events": args.long_events, "run_id": run_id, "command": args.command,
+        "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
                  "pymongo": pymongo.version, "confluent_kafka": confluent_kafka.__version__,
@@ -129,13 +153,17 @@ def run(args: argparse.Namespace) -> Report:
         "relay_source": relay_source(),
         "load_average_at_start": os.getloadavg(),
     })
-    prepared = prepare_peers(args, report) if args.peers else {}
+    only_partitions = args.only_partitions
+    prepared = prepare_peers(args, report) if args.peers and not only_partitions else {}
     stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
     progress(f"starting MongoDB and Kafka in {stack.base_dir}")
     try:
         stack.start()
         warm_up_kafka(stack.kafka.bootstrap_servers)
         with MongoClient(stack.mongo.uri, tz_aware=True) as client:
+            if only_partitions:
+                partition_scenarios(stack, client, args.partition_events, run_id, report)
+                return report
             runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
             report.variants = {v.key: v.label for v in runs}
             default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events,
@@ -156,6 +184,8 @@ def run(args: argparse.Namespace) -> Report:
                 progress(f"steady state: {rate:g} events/s for {args.seconds:g} s ({batch} per insert)")
                 report.latency.append(steady_state(stack, client, factory, args.payload_bytes, rate, args.seconds,
                                                    batch, run_id))
+            if args.partitions:
+                partition_scenarios(stack, client, args.partition_events, run_id, report)
     finally:
         progress("stopping the stack")
         stack.stop()
@@ -211,6 +241,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="skip the catch-up in exactly-once mode (RELAY_DELIVERY=exactly-once)")
     p.add_argument("--no-variants", dest="variants", action="store_false",
                    help="only the default payload (skip 2 KB, 20 KB and typed)")
+    p.add_argument("--partitions", action="store_true",
+                   help="also run the partitioned-outbox scenarios (RELAY_PARTITIONS; about 6 minutes)")
+    p.add_argument("--only-partitions", action="store_true",
+                   help="run only the partitioned-outbox scenarios")
+    p.add_argument("--partition-events", type=int, default=200_000,
+                   help="backlog of the partitioned-outbox scenarios (default 200000)")
     p.add_argument("--update-benchmarks", action="store_true",
                    help="also write this run into BENCHMARKS.md (the section between the bench-latest markers)")
     args = p.parse_args(argv)
@@ -218,6 +254,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
     except ValueError:
         p.error(f"--rates: comma-separated numbers expected, got {args.rates!r}")
+    if args.partition_events < 1:
+        p.error("--partition-events must be at least 1")
     if args.events < 1 or args.seconds <= 0 or args.payload_bytes < 32 or args.long_events < 0 \
             or any(r <= 0 for r in args.rates):
         p.error("--events >= 1, --seconds > 0, --payload-bytes >= 32, --long-events >= 0 and rates > 0 are required")

@@ -1,8 +1,9 @@
 """The loop's boundaries: small interfaces it is given, never builds.
 
-`relay.relay.Relay` talks to MongoDB, Kafka and time only through these. `relay.wiring` passes
-the real implementations (pymongo's change stream, confluent-kafka's producer, the lease
-document, the system clock); the fast loop tests pass in-memory fakes (tests/unit/fakes.py).
+`relay.relay.Relay` talks to MongoDB, Kafka, time and its group of replicas only through these.
+`relay.wiring` passes the real implementations (pymongo's change stream, confluent-kafka's
+producer, the lease document, the system clock, the group's balancing); the fast loop tests pass
+in-memory fakes (tests/unit/fakes.py).
 """
 
 from __future__ import annotations
@@ -128,6 +129,38 @@ class Observer(Protocol):
     def restart(self, exc: BaseException, delay_s: float) -> None: ...
     def lease_lost(self, exc: BaseException) -> None: ...
     def stopped(self, exc: BaseException) -> None: ...
+
+
+class Assignment(Protocol):
+    """Whether this relay should lead its lease now: the share of a group of replicas over the
+    partitions of one outbox (relay.group). A relay alone on an outbox uses `ALWAYS`."""
+
+    def may_lead(self) -> bool:
+        """Asked on every standby pass, before trying the lease: False skips the attempt."""
+
+    def led(self, held: bool) -> None:
+        """The relay now holds the lease (True), or no longer does (False: none was free, it was
+        lost, handed over or released on stop)."""
+
+    def hand_over(self) -> bool:
+        """Asked by a leader between steps: True to hand the lease over now (settle what is in
+        flight, store the final checkpoint, release the lease, go back to standby)."""
+
+
+class Always:
+    """The assignment of a relay alone on its outbox: always try the lease, never hand it over."""
+
+    def may_lead(self) -> bool:
+        return True
+
+    def led(self, held: bool) -> None:
+        pass
+
+    def hand_over(self) -> bool:
+        return False
+
+
+ALWAYS = Always()
 
 
 class Clock(Protocol):

@@ -38,6 +38,7 @@ from pymongo.errors import PyMongoError
 from relay.errors import (
     HistoryLostError, PipelineMismatchError, StreamInvalidatedError, TransientError, translate_mongo,
 )
+from relay.partitioning import Partition, partition_predicate
 
 # Inserts are the events; the other types end the stream and must not pass unseen. The
 # projection keeps only what the relay reads (the resume token `_id` always stays), which
@@ -47,6 +48,20 @@ PIPELINE: list[dict[str, Any]] = [
     {"$match": {"operationType": {"$in": WATCHED_OPERATIONS}}},
     {"$project": {"operationType": 1, "clusterTime": 1, "wallTime": 1, "fullDocument": 1}},
 ]
+
+
+def pipeline(partition: Partition | None = None, aggregate_id_field: str = "aggregateId") -> list[dict[str, Any]]:
+    """The change stream pipeline: PIPELINE for the whole outbox (RELAY_PARTITIONS=1, unchanged),
+    or, for one partition, the same with inserts kept only when their aggregate id hashes to it
+    (relay.partitioning; computed by the server). Every partition still sees the operations that
+    end the stream, so each of them stops on a drop or rename."""
+    if partition is None or partition.count == 1:
+        return PIPELINE
+    ending = [op for op in WATCHED_OPERATIONS if op != "insert"]
+    own = {"operationType": "insert",
+           **partition_predicate(partition, f"$fullDocument.{aggregate_id_field}")}
+    return [{"$match": {"$or": [{"operationType": {"$in": ending}}, own]}}, *PIPELINE[1:]]
+
 
 # Changes are decoded once, by the driver's C decoder, into dicts. Dates outside years 1-9999
 # decode as DatetimeMS instead of failing the whole batch: the generic envelope carries them as
@@ -200,8 +215,13 @@ class ChangeSource:
     """Reads the outbox collection's change stream in batches (relay.boundaries.ChangeSource)."""
 
     def __init__(self, collection: Collection[Any], max_await_ms: int, server_batch_size: int,
-                 occurred_at_field: str = "occurredAt") -> None:
+                 occurred_at_field: str = "occurredAt", pipeline: list[dict[str, Any]] = PIPELINE,
+                 scan_filter: Mapping[str, Any] | None = None) -> None:
+        """`pipeline` is the stream's (see `pipeline()`); `scan_filter` selects the documents a
+        rescan serves (one partition's, with RELAY_PARTITIONS > 1)."""
         self._collection = collection.with_options(codec_options=RAW_CHANGE_CODEC)
+        self._pipeline = pipeline
+        self._scan_filter = scan_filter
         self._max_await_ms = max_await_ms
         self._server_batch_size = server_batch_size
         self._occurred_at_field = occurred_at_field
@@ -216,7 +236,7 @@ class ChangeSource:
             at_time = oplog_start(self._collection.database.client)
         try:
             self._stream = self._collection.watch(
-                PIPELINE, resume_after=start.resume_after, start_at_operation_time=at_time,
+                self._pipeline, resume_after=start.resume_after, start_at_operation_time=at_time,
                 max_await_time_ms=self._max_await_ms, batch_size=self._server_batch_size,
             )
         except PyMongoError as exc:
@@ -235,7 +255,7 @@ class ChangeSource:
         if self.token is None:
             raise TransientError("no opening token for the stream before the rescan; retrying")
         self._scan = rescan_changes(self._collection.with_options(codec_options=CHANGE_CODEC),
-                                    self._occurred_at_field, self._server_batch_size)
+                                    self._occurred_at_field, self._server_batch_size, self._scan_filter)
 
     @property
     def token(self) -> Mapping[str, Any] | None:

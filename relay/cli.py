@@ -130,12 +130,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _run(settings: cfg.Settings) -> int:
-    from relay.observe import Observer
-    from relay.wiring import build_relay
+    from relay.wiring import build
 
-    observer = Observer(settings)
-    server = observer.serve()
-    relay = build_relay(settings, observer)
+    relay = build(settings)  # one relay, or a group of one per partition (RELAY_PARTITIONS)
+    server = relay.observer.serve()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: finishing the batch in flight, then stopping", signum)

@@ -25,6 +25,7 @@ from typing import Any
 
 from relay.errors import ConfigError
 from relay.message import valid_topic
+from relay.partitioning import MAX_PARTITIONS
 
 ENV_PREFIX = "RELAY_"
 KAFKA_ENV_PREFIX = "RELAY_KAFKA_"
@@ -83,6 +84,9 @@ class Settings:
                              "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
     instance_id: str = _setting(_default_instance_id, "this replica's name in the lease (default: host name and pid)")
     http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)")
+    partitions: int = _setting(1, "split the outbox into this many partitions by a hash of aggregateId, each with "
+                                  "its own lease and checkpoint, shared by the replicas (1: one lease, as before; "
+                                  "change it only as docs/partitions.md says)")
     lease_collection: str = _setting("outbox_relay_leases",
                                      "collection holding the lease and checkpoint documents")
     lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)")
@@ -213,6 +217,12 @@ class Settings:
             raise ConfigError(env_name("heartbeat_interval_s"),
                               f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
                               "so the lease is renewed before it expires")
+        if not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ConfigError(env_name("partitions"), f"must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")
+        if self.partitions > 1 and self.standby_poll_s * 2 > self.lease_ttl_s:
+            raise ConfigError(env_name("standby_poll_s"),
+                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) with RELAY_PARTITIONS > 1: "
+                              "replicas heartbeat this often and stop counting as live after the TTL")
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(env_name("http_port"), f"not a port number: {self.http_port}")
         if not self.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):

@@ -102,8 +102,9 @@ def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int |
 
 def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     from relay.devstack import LocalStack
+    from relay.group import Group
     from relay.relay import Relay
-    from relay.wiring import build_relay
+    from relay.wiring import build
 
     stack: LocalStack | None = None
     if not (os.environ.get("RELAY_MONGODB_URI") or os.environ.get("RELAY_KAFKA_BOOTSTRAP_SERVERS")):
@@ -116,7 +117,7 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
         print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
     stop = threading.Event()
     threads: list[threading.Thread] = []
-    relay: Relay | None = None
+    relay: Relay | Group | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
         AdminClient(settings.kafka_client_config()).create_topics(
@@ -125,7 +126,7 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
             db = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
             service = DemoService(db, settings.outbox_collection, FieldNames.from_settings(settings))
-            relay = build_relay(settings.replace(http_port=0))
+            relay = build(settings.replace(http_port=0))
             threads = [threading.Thread(target=relay.run, name="relay", daemon=True),
                        threading.Thread(target=service.run, args=(stop, rate, events), name="service",
                                         daemon=True)]

@@ -101,7 +101,62 @@ class Health:
         return self.readiness()[0]
 
 
-def serve(port: int, health: Health, registry: CollectorRegistry) -> ThreadingHTTPServer | None:
+class GroupHealth:
+    """Liveness and readiness of a process running one relay per partition (relay.group).
+
+    Live while the group's coordinator and every partition's loop turn; ready while every
+    partition's relay is ready (a publishing leader or a ready standby). `role` is `leader` while
+    this replica leads at least one partition.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._coordinator = Health(settings, lambda: 0.0)
+        self._coordinator.became("standby")
+        self.parts: dict[int, Health] = {}
+        self._stopped: str | None = None
+
+    def add(self, index: int, health: Health) -> None:
+        self.parts[index] = health
+
+    def turned(self, now: float) -> None:
+        self._coordinator.turned(now)
+
+    def stopped(self, kind: str) -> None:
+        self._stopped = kind
+
+    @property
+    def role(self) -> str:
+        roles = {h.role for h in self.parts.values()}
+        if self._stopped is not None or "stopped" in roles:
+            return "stopped"
+        if "leader" in roles:
+            return "leader"
+        return "standby" if roles == {"standby"} else "starting"
+
+    @property
+    def last_turn(self) -> float:
+        return min([self._coordinator.last_turn, *(h.last_turn for h in self.parts.values())])
+
+    def live(self) -> bool:
+        return self._coordinator.live() and all(h.live() for h in self.parts.values())
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._stopped is not None:
+            return False, f"stopped on {self._stopped}"
+        ok, why = self._coordinator.readiness()
+        if not ok:
+            return False, f"group: {why}"
+        for index, health in sorted(self.parts.items()):
+            ok, why = health.readiness()
+            if not ok:
+                return False, f"partition {index}: {why}"
+        return True, self.role
+
+    def ready(self) -> bool:
+        return self.readiness()[0]
+
+
+def serve(port: int, health: Health | GroupHealth, registry: CollectorRegistry) -> ThreadingHTTPServer | None:
     """Serve /metrics, /livez, /readyz on `port` in a daemon thread (0: off).
 
     /livez and /readyz answer 200 or 503 with a small JSON body that says why. Raises
@@ -118,7 +173,7 @@ def serve(port: int, health: Health, registry: CollectorRegistry) -> ThreadingHT
     return server
 
 
-def _handler(health: Health, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _handler(health: Health | GroupHealth, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             path = self.path.split("?", 1)[0]

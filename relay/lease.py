@@ -1,4 +1,5 @@
-"""The lease, its fencing token, and the fenced checkpoint, in one MongoDB document per outbox.
+"""The lease, its fencing token, and the fenced checkpoint, in one MongoDB document per outbox
+(per partition of it with RELAY_PARTITIONS > 1: relay.partitioning).
 
 Design from the blog post in shared/reference (004): find-and-modify with upsert and majority
 write concern takes or renews the lease; the fencing token (a version) grows by one whenever
@@ -11,6 +12,11 @@ Invariants enforced here:
 - `commit` and `renew` match only while (owner, fencing token) are still ours; a write with a
   stale fencing token matches nothing and raises LeaseLostError, so a paused replica can never
   move the checkpoint, forward or back.
+
+A partition's document (`<db>.<collection>#<k>/<N>`) also holds `outbox`, `partition`,
+`partitions` and `acquiredAt` (server time of the last change of owner), and, after a change of
+RELAY_PARTITIONS (relay.repartition), `startAtClusterTime`: where the partition starts while it
+has no checkpoint of its own. The unpartitioned document (`<db>.<collection>`) is as it always was.
 """
 
 from __future__ import annotations
@@ -28,8 +34,11 @@ from pymongo.write_concern import WriteConcern
 
 from relay.changes import token_cluster_time
 from relay.errors import LeaseLostError
+from relay.partitioning import Partition
 
 MAJORITY = WriteConcern("majority")
+# What `checkpoint reset` forgets: the stored position, and where a new partition count starts.
+_CHECKPOINT_FIELDS = ("resumeToken", "tokenClusterTime", "pipelineFingerprint", "delivery", "startAtClusterTime")
 
 
 @dataclass(frozen=True)
@@ -38,12 +47,15 @@ class Checkpoint:
 
     `delivery` is the RELAY_DELIVERY of the relay that stored it (None before that was recorded):
     after `exactly-once` the offsets topic may hold a newer token (relay.offsets.resume_point).
+    `seed`, while there is no token, is where a changed partition count starts this lease
+    (relay.repartition).
     """
 
     token: Mapping[str, Any] | None
     cluster_time: Timestamp | None
     fingerprint: str | None
     delivery: str | None = None
+    seed: Timestamp | None = None
 
 
 @dataclass(frozen=True)
@@ -57,9 +69,15 @@ class Grant:
 
 
 class LeaseStore:
-    """The lease document for one outbox (its `_id` is the outbox namespace)."""
+    """The lease document for one outbox (its `_id` is the outbox namespace), or for one
+    partition of it (`partition`; its `_id` is `lease_id`, see relay.partitioning.lease_id).
+
+    `lease_id` is the identity of whatever this lease guards (the exactly-once mode names its
+    transactional producer and offsets after it).
+    """
 
     def __init__(self, collection: Collection[Any], lease_id: str, owner: str, ttl_s: float,
+                 partition: Partition | None = None, namespace: str | None = None,
                  delivery: str = "at-least-once") -> None:
         self._coll = collection.with_options(write_concern=MAJORITY)
         self.lease_id = lease_id
@@ -68,17 +86,22 @@ class LeaseStore:
         self._ttl_ms = int(ttl_s * 1000)
         self._ensured = False
         self._replicas = collection.database[f"{collection.name}_replicas"]
+        # A partition's fields; none for the unpartitioned document, which stays as it was.
+        self._partition = partition if partition is not None and partition.count > 1 else None
+        self._fields: dict[str, Any] = {} if self._partition is None else {
+            "outbox": namespace, "partition": self._partition.index, "partitions": self._partition.count}
 
     def _expires(self) -> dict[str, Any]:
         return {"$add": ["$$NOW", self._ttl_ms]}
 
-    def _ensure_document(self) -> None:
+    def ensure(self) -> None:
+        """Create the lease document if it does not exist (idempotent)."""
         # A find-and-modify that compares with $$NOW needs $expr, which an upsert refuses, so
         # the document is created first (idempotently) and then only ever updated.
         if not self._ensured:
             self._coll.update_one(
                 {"_id": self.lease_id},
-                {"$setOnInsert": {"owner": None, "fencingToken": 0, "expiresAt": None}},
+                {"$setOnInsert": {"owner": None, "fencingToken": 0, "expiresAt": None, **self._fields}},
                 upsert=True,
             )
             self._ensured = True
@@ -89,7 +112,7 @@ class LeaseStore:
         Returns None while another owner holds an unexpired lease. The fencing token grows by
         one on every change of owner and stays the same on renewal.
         """
-        self._ensure_document()
+        self.ensure()
         me = self.owner
         free_or_mine = {"$expr": {"$or": [
             {"$eq": ["$owner", me]},
@@ -105,6 +128,9 @@ class LeaseStore:
             "expiresAt": self._expires(),
             "renewedAt": "$$NOW",
         }}]
+        if self._partition is not None:
+            # When the partition changed hands (balancing, takeovers): `status` shows it.
+            update[0]["$set"]["acquiredAt"] = {"$cond": [{"$eq": ["$owner", me]}, "$acquiredAt", "$$NOW"]}
         doc = self._coll.find_one_and_update(
             {"_id": self.lease_id, **free_or_mine}, update, return_document=ReturnDocument.AFTER,
         )
@@ -150,8 +176,11 @@ class LeaseStore:
     def announce(self, role: str) -> None:
         """Record this replica's role and the server time it was seen (for `status`).
 
-        Best effort: it is bookkeeping for operators, so a failure never stops publishing.
+        Best effort: it is bookkeeping for operators, so a failure never stops publishing. A
+        partition's relay announces nothing: its group's heartbeat does (relay.membership).
         """
+        if self._partition is not None:
+            return
         try:
             self._replicas.update_one(
                 {"_id": f"{self.lease_id}/{self.owner}"},
@@ -163,7 +192,8 @@ class LeaseStore:
 
     def replicas(self) -> list[dict[str, Any]]:
         """Every replica that announced itself for this outbox, newest first."""
-        return list(self._replicas.find({"outbox": self.lease_id}, sort=[("seenAt", -1)]))
+        return list(self._replicas.find({"outbox": self.lease_id, "partitions": {"$exists": False}},
+                                        sort=[("seenAt", -1)]))
 
     def read(self) -> dict[str, Any] | None:
         """The lease document as stored, with the server's current time (for `status`)."""
@@ -181,8 +211,8 @@ class LeaseStore:
         forgotten anyway and the holder fenced out: the fencing token grows and the lease is
         freed, so the holder's next fenced write fails. Returns the holder (None if none).
         """
-        self._ensure_document()
-        forget = {"$unset": {"resumeToken": "", "tokenClusterTime": "", "pipelineFingerprint": "", "delivery": ""}}
+        self.ensure()
+        forget = {"$unset": {name: "" for name in _CHECKPOINT_FIELDS}}
         free = {"$expr": {"$or": [{"$eq": [{"$ifNull": ["$owner", None]}, None]},
                                   {"$lte": ["$expiresAt", "$$NOW"]}]}}
         if self._coll.update_one({"_id": self.lease_id, **free}, forget).matched_count:
@@ -190,7 +220,7 @@ class LeaseStore:
         holder = (self._coll.find_one({"_id": self.lease_id}) or {}).get("owner")
         if force:
             self._coll.update_one({"_id": self.lease_id}, [
-                {"$unset": ["resumeToken", "tokenClusterTime", "pipelineFingerprint", "delivery"]},
+                {"$unset": list(_CHECKPOINT_FIELDS)},
                 {"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW",
                           "fencingToken": {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]}}}])
         return str(holder) if holder is not None else None
@@ -202,5 +232,5 @@ def _grant(doc: Mapping[str, Any]) -> Grant:
         fencing_token=int(doc["fencingToken"]),
         expires_at=doc["expiresAt"],
         checkpoint=Checkpoint(doc.get("resumeToken"), doc.get("tokenClusterTime"),
-                              doc.get("pipelineFingerprint"), doc.get("delivery")),
+                              doc.get("pipelineFingerprint"), doc.get("delivery"), doc.get("startAtClusterTime")),
     )

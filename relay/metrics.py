@@ -3,6 +3,11 @@
 Every relay has its own registry, so several relays can run in one process (tests, the demo).
 The README's Metrics table lists every series; names follow Prometheus conventions
 (`relay_..._total`, `_seconds`, `_bytes`). There are no `_created` series.
+
+A process that runs one relay per partition (RELAY_PARTITIONS > 1, relay.group) has one registry
+for all of them (`GroupMetrics`): the series about one lease (held, fencing token, checkpoint
+time and lag, batches, producer queue) carry a `partition` label, bound once per partition
+(`PartitionMetrics`), never looked up per event; the rest are shared.
 """
 
 from __future__ import annotations
@@ -103,7 +108,59 @@ class ScrapeTimeGauge(Collector):
         yield family
 
 
-class RelayMetrics:
+class LabeledScrapeTimeGauge(Collector):
+    """A gauge computed when scraped, one sample per value of `label` (`add` registers each);
+    a sample is absent while its function returns None."""
+
+    def __init__(self, name: str, documentation: str, label: str, registry: CollectorRegistry) -> None:
+        self._name, self._doc, self._label = name, documentation, label
+        self._values: dict[str, Callable[[], float | None]] = {}
+        registry.register(self)
+
+    def add(self, label_value: str, value: Callable[[], float | None]) -> None:
+        self._values[label_value] = value
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self._name, self._doc, labels=[self._label])
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self._name, self._doc, labels=[self._label])
+        for label_value, value in sorted(self._values.items(), key=lambda kv: int(kv[0])):
+            v = value()
+            if v is not None:
+                family.add_metric([label_value], v)
+        yield family
+
+
+class _TopicCounting:
+    """`count_published` over `events` and `bytes` (families labelled by topic)."""
+
+    events: Counter
+    bytes: Counter
+    _topics: dict[str, tuple[Any, Any]]
+
+    def count_published(self, messages: Iterable[Any]) -> int:
+        """Add acknowledged messages to the per-topic event and byte counters (one counter update
+        per topic, not per message); returns how many there were."""
+        per_topic: dict[str, list[int]] = {}
+        n = 0
+        for m in messages:
+            totals = per_topic.get(m.topic)
+            if totals is None:
+                totals = per_topic[m.topic] = [0, 0]
+            totals[0] += 1
+            totals[1] += len(m.value)
+            n += 1
+        for topic, (count, size) in per_topic.items():
+            children = self._topics.get(topic)
+            if children is None:
+                children = self._topics[topic] = (self.events.labels(topic), self.bytes.labels(topic))
+            children[0].inc(count)
+            children[1].inc(size)
+        return n
+
+
+class RelayMetrics(_TopicCounting):
     """The series of one relay, in their own registry.
 
     `checkpoint_lag` and `queued` are read at scrape time (the lease holder's checkpoint lag; the
@@ -148,27 +205,80 @@ class RelayMetrics:
         Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version", registry=r).info({
             "replica": replica, "outbox": outbox, "version": _version()})
         prometheus_client.ProcessCollector(registry=r)
-        self._topics: dict[str, tuple[Any, Any]] = {}
+        self._topics = {}
 
-    def count_published(self, messages: Iterable[Any]) -> int:
-        """Add acknowledged messages to the per-topic event and byte counters (one counter update
-        per topic, not per message); returns how many there were."""
-        per_topic: dict[str, list[int]] = {}
-        n = 0
-        for m in messages:
-            totals = per_topic.get(m.topic)
-            if totals is None:
-                totals = per_topic[m.topic] = [0, 0]
-            totals[0] += 1
-            totals[1] += len(m.value)
-            n += 1
-        for topic, (count, size) in per_topic.items():
-            children = self._topics.get(topic)
-            if children is None:
-                children = self._topics[topic] = (self.events.labels(topic), self.bytes.labels(topic))
-            children[0].inc(count)
-            children[1].inc(size)
-        return n
+
+class GroupMetrics:
+    """The series of a process running one relay per partition, in one registry (see the module
+    docstring for which carry `partition`); `partition()` gives one partition's view."""
+
+    def __init__(self, replica: str, outbox: str, partitions: int) -> None:
+        self.registry = r = CollectorRegistry()
+        self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic",
+                              ["topic"], registry=r)
+        self.bytes = Counter("relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic",
+                             ["topic"], registry=r)
+        self.batches = Counter("relay_batches", "Batches acknowledged by Kafka, by partition", ["partition"],
+                               registry=r)
+        self.batch_seconds = Histogram("relay_batch_seconds",
+                                       "From handing a batch to the producer until Kafka acknowledged all of it",
+                                       registry=r)
+        self.latency = BatchHistogram("relay_delivery_latency_seconds",
+                                      "Per event: from its commit in MongoDB (change event wallTime) "
+                                      "to Kafka's acknowledgement", LATENCY_BUCKETS, r)
+        self.checkpoint_time = Gauge("relay_checkpoint_cluster_time_seconds",
+                                     "Cluster time of the last checkpoint this replica stored (Unix seconds), "
+                                     "by partition", ["partition"], registry=r)
+        self.checkpoint_lag = LabeledScrapeTimeGauge(
+            "relay_checkpoint_lag_seconds",
+            "Now minus the cluster time of the stored checkpoint, by partition (only where this replica leads)",
+            "partition", r)
+        self.lease_held = Gauge("relay_lease_held", "1 while this replica holds the partition's lease",
+                                ["partition"], registry=r)
+        self.fencing = Gauge("relay_fencing_token", "Fencing token of the partition's held lease (0 when not held)",
+                             ["partition"], registry=r)
+        self.errors = Counter("relay_errors", "Errors by exception name and what the relay did "
+                              "(restart, standby, stop, dead-letter)", ["kind", "action"], registry=r)
+        self.restarts = Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"],
+                                registry=r)
+        self.dead_letters = Counter("relay_dead_letters", "Poison events sent to the dead-letter topic",
+                                    registry=r)
+        self.resumes = Counter("relay_stream_resumes",
+                               "Change stream resumes by the driver after resumable errors", registry=r)
+        self.producer_queue = LabeledScrapeTimeGauge(
+            "relay_producer_queue_messages", "Messages in the partition's producer awaiting a delivery report",
+            "partition", r)
+        self.partitions_led = Gauge("relay_partitions_led", "Partitions this replica leads", registry=r)
+        self.partitions_target = Gauge("relay_partitions_target",
+                                       "Partitions this replica should lead (its share of the live replicas)",
+                                       registry=r)
+        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version, partitions", registry=r).info({
+            "replica": replica, "outbox": outbox, "version": _version(), "partitions": str(partitions)})
+        prometheus_client.ProcessCollector(registry=r)
+
+    def partition(self, index: int, checkpoint_lag: Callable[[], float | None],
+                  queued: Callable[[], float]) -> PartitionMetrics:
+        return PartitionMetrics(self, str(index), checkpoint_lag, queued)
+
+
+class PartitionMetrics(_TopicCounting):
+    """One partition's view of `GroupMetrics`: the same attributes as `RelayMetrics`, with the
+    `partition` children bound here, once."""
+
+    def __init__(self, group: GroupMetrics, partition: str, checkpoint_lag: Callable[[], float | None],
+                 queued: Callable[[], float]) -> None:
+        self.registry = group.registry
+        self.events, self.bytes = group.events, group.bytes
+        self.batches = group.batches.labels(partition)
+        self.batch_seconds, self.latency = group.batch_seconds, group.latency
+        self.checkpoint_time = group.checkpoint_time.labels(partition)
+        self.lease_held = group.lease_held.labels(partition)
+        self.fencing = group.fencing.labels(partition)
+        self.errors, self.restarts = group.errors, group.restarts
+        self.dead_letters, self.resumes = group.dead_letters, group.resumes
+        group.checkpoint_lag.add(partition, checkpoint_lag)
+        group.producer_queue.add(partition, queued)
+        self._topics = {}
 
 
 def _version() -> str:

@@ -17,6 +17,10 @@ Contracts:
   `event_id`.
 - `stopped()` writes the one ERROR line of a stop: `error_kind`, `event_id` (when an event is
   to blame), `reason` and `exit_code` as fields, before any shutdown line.
+
+With RELAY_PARTITIONS > 1 a process runs one relay per partition (relay.group); `GroupObserver`
+gives each its own `Observer` (log lines carry `partition`; metrics are the partition's view of
+one shared registry, relay.metrics.GroupMetrics) and answers the health checks for all of them.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from typing import Any, Protocol
 from relay.changes import short_token, token_cluster_time
 from relay.config import Settings
 from relay.errors import EXIT_FATAL
-from relay.health import Health, serve
+from relay.health import GroupHealth, Health, serve
 from relay.logs import bind_loop_context
-from relay.metrics import RelayMetrics, latencies
+from relay.metrics import GroupMetrics, RelayMetrics, latencies
+from relay.partitioning import Partition
 
 log = logging.getLogger("relay.observe")  # lines about batches of events
 stop_log = logging.getLogger("relay")
@@ -51,11 +56,18 @@ class Observer:
     """Counts and logs what the loop reports; answers the health checks.
 
     `summary_every_s` (an attribute, so tests can shorten it) is the period of the summary line.
+    For one partition of a group (`partition`), `metrics` makes its metrics from this observer's
+    checkpoint lag and producer queue (GroupObserver passes the partition's view).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, partition: Partition | None = None,
+                 metrics: Callable[[Callable[[], float | None], Callable[[], float]], Any] | None = None) -> None:
         self.settings = settings
-        self.metrics = RelayMetrics(settings.instance_id, settings.namespace, self.checkpoint_lag, self._queued)
+        self.partition = partition
+        if metrics is None:
+            self.metrics = RelayMetrics(settings.instance_id, settings.namespace, self.checkpoint_lag, self._queued)
+        else:
+            self.metrics = metrics(self.checkpoint_lag, self._queued)
         self.health = Health(settings, self._queued)
         self.summary_every_s = SUMMARY_EVERY_S
         self._publisher: Callable[[], _Queued | None] = lambda: None
@@ -64,6 +76,8 @@ class Observer:
         self._token: Any = None  # the last checkpoint this replica stored
         self._checkpoint_unix: int | None = None  # its cluster time, while holding the lease
         self._log_fields: dict[str, Any] = {"instance": settings.instance_id}
+        if partition is not None:
+            self._log_fields["partition"] = partition.index
         self._published = self._batches = self._restarts = self._dead = self._errors = 0
         self._last_summary = time.monotonic()
         self._summary_published = 0
@@ -164,16 +178,11 @@ class Observer:
         """The relay stops on `exc`: one ERROR line with the kind, the event, the reason and the
         exit code (before the shutdown lines)."""
         kind = type(exc).__name__
-        exit_code = getattr(exc, "exit_code", EXIT_FATAL)
         self.metrics.errors.labels(kind, "stop").inc()
         self._errors += 1
         self.health.stopped(kind)
         self._role = "stopped"
-        event_id = getattr(exc, "event_id", None)
-        reason = getattr(exc, "reason", None) or str(exc)
-        stop_log.error("stopping on %s: %s", kind, exc, exc_info=exit_code == EXIT_FATAL,
-                       extra={"error_kind": kind, "event_id": event_id, "reason": reason,
-                              "exit_code": exit_code})
+        write_stop_line(exc)
 
     # ---- derived values ---------------------------------------------------------------------------
 
@@ -215,3 +224,54 @@ class Observer:
                    "batches_total": self._batches, "restarts_total": self._restarts,
                    "dead_letters_total": self._dead, "errors_total": self._errors,
                    "checkpoint_lag_s": None if lag is None else round(lag, 3), "producer_queue": queued})
+
+
+def write_stop_line(exc: BaseException) -> None:
+    """The one ERROR line of a stop: the kind, the event, the reason and the exit code."""
+    kind = type(exc).__name__
+    exit_code = getattr(exc, "exit_code", EXIT_FATAL)
+    event_id = getattr(exc, "event_id", None)
+    reason = getattr(exc, "reason", None) or str(exc)
+    stop_log.error("stopping on %s: %s", kind, exc, exc_info=exit_code == EXIT_FATAL,
+                   extra={"error_kind": kind, "event_id": event_id, "reason": reason, "exit_code": exit_code})
+
+
+class GroupObserver:
+    """What a process running one relay per partition reports (relay.group.Group): one registry,
+    one Observer per partition, the group's health, and the group's own stop line."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.metrics = GroupMetrics(settings.instance_id, settings.namespace, settings.partitions)
+        self.health = GroupHealth(settings)
+        self.partitions: dict[int, Observer] = {}
+
+    @property
+    def registry(self) -> Any:
+        return self.metrics.registry
+
+    def partition(self, partition: Partition) -> Observer:
+        """The observer of `partition`'s relay."""
+        observer = Observer(self.settings, partition,
+                            lambda lag, queued: self.metrics.partition(partition.index, lag, queued))
+        self.partitions[partition.index] = observer
+        self.health.add(partition.index, observer.health)
+        return observer
+
+    def serve(self) -> ThreadingHTTPServer | None:
+        return serve(self.settings.http_port, self.health, self.metrics.registry)
+
+    def tick(self, led: int, target: int) -> None:
+        """The group's coordinator turned: this replica leads `led` partitions, its share is `target`."""
+        self.health.turned(time.monotonic())
+        self.metrics.partitions_led.set(led)
+        self.metrics.partitions_target.set(target)
+
+    def stopped(self, exc: BaseException) -> None:
+        """The group stops on `exc` before any partition's relay ran (preflight)."""
+        self.metrics.errors.labels(type(exc).__name__, "stop").inc()
+        self.health.stopped(type(exc).__name__)
+        write_stop_line(exc)
+
+    def ready(self) -> bool:
+        return self.health.ready()

@@ -12,9 +12,12 @@ One step (`_step`), while holding the lease:
 An idle step first settles everything in flight, then stores the post-batch token at most every
 heartbeat interval (guarantee 7).
 
-`turn()` is one pass of the loop: a standby tries to take the lease; a new leader opens the
-stream at the checkpoint; a leader takes one step. An exception ends the pass and goes through
-the outcome table (`_outcome`), keyed by the one classifier, `errors.classify`:
+`turn()` is one pass of the loop: a standby tries to take the lease (when its assignment says
+so: boundaries.Assignment, the share of a group of replicas over the partitions of an outbox); a
+new leader opens the stream at the checkpoint; a leader takes one step, or, between steps, hands
+the lease over when its assignment asks (`_hand_over`: the shutdown below without closing the
+clients, then standby). An exception ends the pass and goes through the outcome table
+(`_outcome`), keyed by the one classifier, `errors.classify`:
 
 | action  | what the loop does |
 | ------- | ------------------ |
@@ -39,10 +42,13 @@ from typing import Any
 
 from tenacity import RetryCallState, wait_exponential_jitter
 
+from bson import Timestamp
+
 from relay.boundaries import (
-    ChangeSource, Clock, Encoder, LeaseStore, Observer, Publisher, ResumePoint, SystemClock, Token, checkpoint_of_lease,
+    ALWAYS, Assignment, ChangeSource, Clock, Encoder, LeaseStore, Observer, Publisher, ResumePoint, SystemClock,
+    Token, checkpoint_of_lease,
 )
-from relay.changes import Batch, short_token, start_point
+from relay.changes import Batch, StartPoint, short_token, start_point
 from relay.config import Settings
 from relay.errors import (
     Action, HistoryLostError, RelayError, ReopenableStreamError, RepeatedStreamError, classify,
@@ -71,14 +77,16 @@ def _nothing() -> None:
 
 
 class Relay:
-    """Publishes one outbox collection to Kafka while it holds the lease.
+    """Publishes one outbox collection (or one partition of it) to Kafka while it holds the lease.
 
     Its boundaries are given: `source` and `publisher` make a fresh change source and producer
     for every leading session; `lease` is the lease document; `encoder` builds messages;
     `fingerprint` identifies the source's pipeline (stored beside every token); `preflight` runs
     once at the start of `run()` (configuration and reachability checks); `close` releases the
     clients after the lease; `resume` says where a new session resumes (default: the lease
-    document's checkpoint; exactly-once mode: relay.transactions). `relay.wiring.build_relay`
+    document's checkpoint; exactly-once mode: relay.transactions); `assignment` says when to try
+    the lease and when to hand it over (a relay alone on its outbox: always try, never hand
+    over). `relay.wiring.build_relay`
     passes the real ones.
     """
 
@@ -86,7 +94,7 @@ class Relay:
                  publisher: Callable[[], Publisher], lease: LeaseStore, encoder: Encoder,
                  observer: Observer, fingerprint: str, clock: Clock | None = None,
                  preflight: Callable[[], None] = _nothing, close: Callable[[], None] = _nothing,
-                 resume: ResumePoint = checkpoint_of_lease) -> None:
+                 resume: ResumePoint = checkpoint_of_lease, assignment: Assignment = ALWAYS) -> None:
         self.settings = settings
         self.observer = observer
         self._sources = source
@@ -98,6 +106,7 @@ class Relay:
         self._preflight = preflight
         self._close = close
         self._resume = resume
+        self._assignment = assignment
         self._stopping = threading.Event()
         self._poison = PoisonPolicy(settings.on_poison)
         self._session: Session | None = None
@@ -142,6 +151,8 @@ class Relay:
         try:
             if self._session is None:
                 self._lead_if_free()
+            elif self._assignment.hand_over():
+                self._hand_over()
             else:
                 self._step(self._session)
         except Exception as exc:  # noqa: BLE001 - every error goes through classify()
@@ -150,9 +161,13 @@ class Relay:
     # ---- taking the lease and opening the stream --------------------------------------------------
 
     def _lead_if_free(self) -> None:
+        if not self._assignment.may_lead():
+            self._wait_as_standby("the lease is above this replica's share")
+            return
         grant = self._lease.try_acquire()
+        self._assignment.led(grant is not None)
         if grant is None:
-            self._wait_as_standby()
+            self._wait_as_standby(f"another replica holds the lease on {self.settings.namespace}")
             return
         self._last_write = self._clock.monotonic()  # acquiring renewed the lease
         self.observer.role("leader", grant.fencing_token)
@@ -166,9 +181,9 @@ class Relay:
         self.observer.watch_publisher(session.publisher)
         self._open(session)
 
-    def _wait_as_standby(self) -> None:
+    def _wait_as_standby(self, why: str) -> None:
         if self._role != "standby":
-            log.info("standby: another replica holds the lease on %s", self.settings.namespace)
+            log.info("standby: %s", why)
             self._role = "standby"
             self.observer.role("standby", None)
         self._lease.announce("standby")
@@ -179,8 +194,13 @@ class Relay:
         """Open the stream where the resume point (the checkpoint, or RELAY_START_AT) says."""
         s = self.settings
         checkpoint = self._resume(session.publisher, session.grant, lambda: self._heartbeat(session))
-        start = start_point(checkpoint.token, checkpoint.fingerprint, self._fingerprint, s.start_at,
-                            s.start_at_time())
+        if checkpoint.token is None and checkpoint.seed is not None:
+            # A new partition count: every partition starts at the oldest checkpoint of the
+            # previous ones (relay.repartition); startAtOperationTime includes that time.
+            start = StartPoint(at_time=Timestamp(checkpoint.seed.time, checkpoint.seed.inc))
+        else:
+            start = start_point(checkpoint.token, checkpoint.fingerprint, self._fingerprint, s.start_at,
+                                s.start_at_time())
         try:
             session.source.open(start)
         except HistoryLostError:
@@ -344,6 +364,7 @@ class Relay:
 
     def _standby(self, exc: Exception) -> None:
         self._close_session()
+        self._assignment.led(False)
         self.observer.lease_lost(exc)
         if self.settings.on_lease_lost == "exit":
             raise exc
@@ -378,6 +399,11 @@ class Relay:
                         "them from the checkpoint", exc)
 
     def _shutdown(self) -> None:
+        self._release()
+        self._close()
+
+    def _release(self) -> None:
+        """Close the session and release its lease (a failure leaves it to expire)."""
         session = self._session
         self._close_session()
         if session is not None:
@@ -386,4 +412,13 @@ class Relay:
                 log.info("lease released (fencing token %d)", session.grant.fencing_token)
             except Exception as exc:  # noqa: BLE001 - it expires on its own
                 log.warning("could not release the lease (it will expire): %s", exc)
-        self._close()
+            self._assignment.led(False)
+
+    def _hand_over(self) -> None:
+        """Give the lease to another replica at a batch boundary, as a stop would: deliver and store
+        what is in flight, release the lease; then wait as a standby (the clients stay open)."""
+        self._finish()
+        self._release()
+        log.info("handed the lease over")
+        self._role = "standby"
+        self.observer.role("standby", None)

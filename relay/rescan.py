@@ -17,7 +17,7 @@ stores once everything before it is acknowledged. Consequences, documented in th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pymongo.collection import Collection
@@ -25,11 +25,12 @@ from pymongo.collection import Collection
 from relay.changes import CHANGE_CODEC, insert_change
 
 
-def rescan_changes(outbox: Collection[Any], occurred_at_field: str,
-                   batch_size: int) -> Iterator[dict[str, Any]]:
-    """Every outbox document as a synthetic insert change, in (occurredAt, _id) order."""
+def rescan_changes(outbox: Collection[Any], occurred_at_field: str, batch_size: int,
+                   document_filter: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Every outbox document (matching `document_filter`: one partition's) as a synthetic insert
+    change, in (occurredAt, _id) order."""
     scan = f"00{int(time.time()):08x}"
     cursor = outbox.with_options(codec_options=CHANGE_CODEC).find(
-        {}, sort=[(occurred_at_field, 1), ("_id", 1)], batch_size=batch_size)
+        dict(document_filter or {}), sort=[(occurred_at_field, 1), ("_id", 1)], batch_size=batch_size)
     for index, doc in enumerate(cursor):
         yield insert_change(doc, {"_data": f"{scan}{index:012x}"})

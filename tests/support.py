@@ -32,7 +32,7 @@ from pymongo.database import Database
 from relay.config import Settings, env_name, kafka_env_name
 from relay.encoding import SchemaFolder
 from relay.outbox import Outbox, OutboxEvent
-from relay.wiring import build_relay
+from relay.wiring import build
 
 REGISTRY = SchemaFolder.bundled()
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,11 +74,12 @@ class RelayThread:
     """The relay in this process, for tests that do not kill it (and for the benchmarks).
 
     `relay`: a relay built elsewhere (the benchmarks build theirs in one place); without it,
-    `build_relay(settings, **kwargs)`. As a context manager: started on enter, stopped on exit.
+    `build(settings, **kwargs)` (a group of partition relays with RELAY_PARTITIONS > 1). As a
+    context manager: started on enter, stopped on exit.
     """
 
     def __init__(self, settings: Settings, relay: Any = None, **kwargs: Any) -> None:
-        self.relay = relay if relay is not None else build_relay(settings, **kwargs)
+        self.relay = relay if relay is not None else build(settings, **kwargs)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"relay-{settings.database}", daemon=True)
 
@@ -473,6 +474,68 @@ class CheckpointWatcher:
     def assert_never_went_backwards(self) -> None:
         for a, b in zip(self.seen, self.seen[1:]):
             assert b > a, f"checkpoint went backwards: {a} -> {b}"
+
+
+class LeaseHistory:
+    """Every version of every lease document, exactly, from a change stream on the lease
+    collection with post-images (the collection is created with `changeStreamPreAndPostImages`
+    before the relays start; MongoDB 6.0+). Unlike polling, it cannot miss a checkpoint stored
+    between two looks, so it gives, per lease, the checkpoint each fencing token resumed from.
+    """
+
+    def __init__(self, db: Database[Any], settings: Settings) -> None:
+        name = settings.lease_collection
+        if name not in db.list_collection_names():
+            db.create_collection(name, changeStreamPreAndPostImages={"enabled": True})
+        else:
+            db.command("collMod", name, changeStreamPreAndPostImages={"enabled": True})
+        self._coll = db[name]
+        self.versions: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._stop = threading.Event()
+        self._stream = self._coll.watch(full_document="required", max_await_time_ms=200)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                change = self._stream.try_next()
+                if change is None or "fullDocument" not in change:
+                    continue
+                doc = change["fullDocument"]
+                token = (doc.get("resumeToken") or {}).get("_data")
+                self.versions[str(doc["_id"])].append(
+                    {"owner": doc.get("owner"), "fencing": int(doc.get("fencingToken") or 0), "token": token})
+        except BaseException as exc:  # noqa: BLE001 - reported by the checks
+            self.error = exc
+
+    def __enter__(self) -> LeaseHistory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.5)  # the last versions still on their way
+        self._stop.set()
+        self._thread.join()
+        self._stream.close()
+
+    def resumed_from(self, lease: str) -> dict[int, str | None]:
+        """Fencing token -> the checkpoint the lease held when that token took it (None: none)."""
+        out: dict[int, str | None] = {}
+        for v in self.versions.get(lease, []):
+            out.setdefault(v["fencing"], v["token"])
+        return out
+
+    def assert_never_went_backwards(self) -> int:
+        """Every lease's stored checkpoint only ever moved forward; returns how many stores were seen."""
+        assert self.error is None, self.error
+        seen = 0
+        for lease, versions in self.versions.items():
+            tokens = [v["token"] for v in versions if v["token"] is not None]
+            for a, b in zip(tokens, tokens[1:]):
+                assert b >= a, f"checkpoint of {lease} went backwards: {a} -> {b}"
+            seen += len(set(tokens))
+        return seen
 
 
 def needs_local_stack(servers: Servers) -> Any:

@@ -200,7 +200,11 @@ class FakeSource:
         return Batch(list(changes), token(self.position), wall_ms=inspect(list(changes))[1])
 
     def close(self) -> None:
+        if self.position is not None:
+            self.closed_at = self.position
         self.position = None
+
+    closed_at: int | None = None  # the position when the stream was last closed
 
 
 class _Report:
@@ -303,6 +307,8 @@ class FakeLease:
     """The lease document in `world.lease`, fenced like relay.lease.LeaseStore (server time is
     the world's clock)."""
 
+    lease_id = "db.outbox"
+
     def __init__(self, world: World, owner: str, ttl_s: float) -> None:
         self.world = world
         self.owner = owner
@@ -352,6 +358,37 @@ class FakeLease:
         pass
 
 
+class FakeAssignment:
+    """A group's say over one relay (relay.boundaries.Assignment): `allow` gates lease attempts,
+    `release` asks a leader to hand over at its next batch boundary (once). `held` follows what
+    the relay reports, and `violations` what breaks the contract: a relay that reports holding
+    a lease it was not allowed to try."""
+
+    def __init__(self) -> None:
+        self.allow = True
+        self.release = False
+        self.held = False
+        self.handed_over = 0
+        self.violations: list[str] = []
+        self._asked = False
+
+    def may_lead(self) -> bool:
+        self._asked = self.allow
+        return self.allow
+
+    def led(self, held: bool) -> None:
+        if held and not self.held and not self._asked:
+            self.violations.append("took the lease without asking may_lead()")
+        self.held = held
+
+    def hand_over(self) -> bool:
+        if self.release:
+            self.release = False
+            self.handed_over += 1
+            return True
+        return False
+
+
 # ---- a relay on the fakes ------------------------------------------------------------------------
 
 def fake_settings(**changes: Any) -> Settings:
@@ -367,7 +404,8 @@ class FakeRelay:
     sources: list[FakeSource]
 
 
-def fake_relay(world: World, settings: Settings, observer: Observer | None = None) -> FakeRelay:
+def fake_relay(world: World, settings: Settings, observer: Observer | None = None,
+               assignment: FakeAssignment | None = None) -> FakeRelay:
     """A real `Relay` (and the real MessageBuilder) on the world's fakes."""
     world.max_events = settings.batch_max_events
     publishers: list[FakePublisher] = []
@@ -384,5 +422,6 @@ def fake_relay(world: World, settings: Settings, observer: Observer | None = Non
     relay = Relay(settings, source=new_source, publisher=new_publisher,
                   lease=FakeLease(world, settings.instance_id, settings.lease_ttl_s),
                   encoder=MessageBuilder(settings, FOLDER), observer=observer or Observer(settings),
-                  fingerprint=FINGERPRINT, clock=world.clock)
+                  fingerprint=FINGERPRINT, clock=world.clock,
+                  **({} if assignment is None else {"assignment": assignment}))
     return FakeRelay(relay, publishers, sources)

@@ -15,7 +15,7 @@ import pytest
 
 from bench.common import Row
 from bench.events import EventFactory, variants
-from bench.report import MARK_END, MARK_START, Report, goals, update_benchmarks_md
+from bench.report import MARK_END, MARK_START, Report, format_report, goals, update_benchmarks_md
 from bench.sampling import Sampler
 from bench.writer import RateWriter
 
@@ -126,3 +126,26 @@ def test_benchmarks_md_section_is_replaced_and_nothing_else(tmp_path: Path) -> N
     path.write_text("# no markers\n")
     with pytest.raises(RuntimeError, match="bench-latest"):
         update_benchmarks_md(report, "the table", path)
+
+
+def test_partition_table_compares_each_group_with_one_relay_at_one_partition() -> None:
+    def group(partitions: int, processes: int, events_per_s: float, per_process: list[float]) -> Row:
+        return Row(f"{processes} relay processes, {partitions} partitions", 200_000, 200_000 / events_per_s,
+                   events_per_s, kind="partitions", cpu_us_per_event=sum(per_process), mongod_cpu_us_per_event=20.0,
+                   extra={"partitions": partitions, "processes": processes, "drain_s": 10.0,
+                          "cpu_us_per_event_per_process": per_process})
+
+    def streams(k: int, mongod: float) -> Row:
+        return Row(f"{k} change streams", 200_000, 1.0, 200_000, kind="streams", mongod_cpu_us_per_event=mongod,
+                   extra={"streams": k})
+
+    report = Report(params={"host": {"cpus": 2}, "relay_source": "x", "command": "c", "partition_events": 200_000},
+                    partition_rows=[group(1, 1, 5_000, [120.0]), group(4, 2, 7_500, [60.0, 50.0]),
+                                    streams(1, 17.0), streams(4, 68.0)])
+    text = format_report(report)
+    lines = {line.split("  ")[0].strip(): line for line in text.splitlines()}
+    assert "partitioned outbox only: partition-events=200000" in text
+    assert "1.50" in lines["2 relay processes, 4 partitions"] and " 110 " in lines["2 relay processes, 4 partitions"]
+    four = next(line for line in text.splitlines() if line.strip().startswith("4 ") and "68.0" in line)
+    assert "17.0" in four and "4.00" in four, four  # per stream, and 4x one stream
+    assert "issue 15 goals" not in text and "every row" not in text

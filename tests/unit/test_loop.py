@@ -9,7 +9,9 @@ jumps, graceful stops and crashes, and checks after every step what the guarante
 - at most RELAY_BATCH_MAX_EVENTS messages are unacknowledged, and after a takeover the old
   holder sends at most that many with its stale fencing token;
 and at the end, with the faults healed, every event is published, first copies in commit order
-per key. The real-server tests (tests/faults, tests/integration) check the same against mongod
+per key. The group's assignment (relay.group, for partitioned outboxes) is in it too: a hand-over
+asked at a batch boundary stores the final checkpoint and releases the lease, and a relay whose
+assignment says no never takes the lease. The real-server tests (tests/faults, tests/integration) check the same against mongod
 and Kafka.
 """
 
@@ -30,7 +32,9 @@ from relay.errors import (
 )
 from relay.logs import setup_logging
 from relay.observe import Observer
-from tests.unit.fakes import FakeRelay, World, covered_by, fake_relay, fake_settings, outbox_document, token
+from tests.unit.fakes import (
+    FakeAssignment, FakeRelay, World, covered_by, fake_relay, fake_settings, outbox_document, token,
+)
 
 KEYS = ["k0", "k1", "k2", "k3", "k4"]
 
@@ -76,11 +80,14 @@ class LoopMachine(RuleBasedStateMachine):
         self.settings = fake_settings(batch_max_events=max_events, pipeline_depth=depth,
                                       batch_max_bytes=max_bytes)
         self.generation = 0
-        self.fr = fake_relay(self.world, self.settings)
+        self.assignment = FakeAssignment()
+        self.fr = fake_relay(self.world, self.settings, assignment=self.assignment)
 
     def _replace_relay(self) -> None:
         self.generation += 1
-        self.fr = fake_relay(self.world, self.settings.replace(instance_id=f"A{self.generation}"))
+        self.assignment = FakeAssignment()
+        self.fr = fake_relay(self.world, self.settings.replace(instance_id=f"A{self.generation}"),
+                             assignment=self.assignment)
 
     @rule(n=st.integers(1, 15))
     def write(self, n: int) -> None:
@@ -98,6 +105,30 @@ class LoopMachine(RuleBasedStateMachine):
     @rule()
     def take_over(self) -> None:
         self.world.take_over()
+
+    @rule()
+    def hand_over(self) -> None:
+        """The group asks for the lease back (balancing): at its next batch boundary the leader
+        settles what is in flight, stores the final checkpoint and releases the lease."""
+        w, a = self.world, self.assignment
+        me = self.fr.relay.settings.instance_id
+        holder, failing = w.lease.owner == me, w.broker.fail_next > 0
+        before = a.handed_over
+        a.release = True
+        self.fr.relay.turn()
+        if a.handed_over == before:
+            a.release = False  # it was not leading: nothing to hand over
+            return
+        if holder and not failing:
+            assert w.lease.owner is None and w.lease.released, "the lease is released at once"
+            source = self.fr.sources[-1]
+            assert covered_by(w.lease.token) == source.closed_at, \
+                "the final checkpoint covers everything the session read"
+
+    @rule(allow=st.booleans())
+    def assign(self, allow: bool) -> None:
+        """The group lets this replica try the lease, or not (above its share)."""
+        self.assignment.allow = allow
 
     @rule(seconds=st.floats(0.1, 6.0))
     def clock_jumps(self, seconds: float) -> None:
@@ -119,12 +150,14 @@ class LoopMachine(RuleBasedStateMachine):
     @invariant()
     def guarantees_hold(self) -> None:
         assert not self.world.violations, self.world.violations
+        assert not self.assignment.violations, self.assignment.violations
 
     def teardown(self) -> None:
         if not hasattr(self, "world"):
             return
         w = self.world
         w.broker.fail_next = 0
+        self.assignment.allow = True
         w.clock.advance(10)  # any other holder's lease expires
         _turn_until(self.fr, lambda: set(w.outbox.event_ids()) <= w.broker.acked
                     and w.lease.token is not None and covered_by(w.lease.token) == len(w.outbox.changes))
@@ -234,6 +267,31 @@ def test_lost_lease_stops_publishing_and_waits_as_a_standby():
     assert world.lease.owner == "A" and world.lease.fencing == fenced + 1
     assert any(m.fencing < fenced for m in world.broker.messages()), "earlier messages carry the old token"
     assert not world.violations
+
+
+def test_hand_over_settles_what_is_in_flight_stores_the_final_checkpoint_and_releases_the_lease():
+    """A group asks its leader for the lease back at a batch boundary (relay.group): the deliveries
+    in flight are settled, their token stored, the lease released at once; then the relay waits
+    as a standby until its assignment lets it try again."""
+    world = World(random.Random(7))
+    ids = _write(world, 40)
+    assignment = FakeAssignment()
+    fr = fake_relay(world, fake_settings(batch_max_events=12, pipeline_depth=3), assignment=assignment)
+    _turn_until(fr, lambda: fr.publishers and fr.publishers[-1].queued > 0)
+    assert assignment.held and world.lease.owner == "A"
+    assignment.release = True
+    fr.relay.turn()
+    assert world.lease.owner is None and world.lease.released
+    assert covered_by(world.lease.token) == fr.sources[-1].closed_at > 0, "the final checkpoint covers the read"
+    assert not assignment.held and fr.publishers[-1].closed
+    assignment.allow = False
+    for _ in range(5):
+        fr.relay.turn()
+    assert world.lease.owner is None, "a relay its assignment holds back does not take the lease"
+    assignment.allow = True
+    _turn_until(fr, lambda: set(ids) <= world.broker.acked)
+    assert world.lease.fencing == 2 and not world.violations
+    _first_copies_in_commit_order(world)
 
 
 def test_lease_lost_with_the_exit_policy_stops_the_relay():
