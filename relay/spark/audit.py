@@ -19,7 +19,9 @@ Findings (each with a count and a sample):
 - fencing regressions: along one partition in offset order, a message whose
   `relay_fencing_token` is lower than a token seen earlier in that partition: a message from a
   stale writer (a relay that had lost its lease). Reported for messages whose event is in the
-  range; the earlier tokens come from the whole partition.
+  range; the earlier tokens come from the whole partition. With RELAY_PARTITIONS > 1 each outbox
+  partition has its own lease and tokens, and several write into one Kafka partition, so tokens
+  are compared per key (a key belongs to one outbox partition) instead of per Kafka partition.
 - undecodable messages, messages without a fencing token.
 
 The report is JSON (`--json PATH`, `-` for stdout) and a readable summary. Exit code 0 when the
@@ -71,6 +73,7 @@ class AuditConfig:
     schemas_dir: str | None = None
     kafka_client: Mapping[str, str] = field(default_factory=dict)  # `kafka.*` source options
     schema_registry: RegistryAccess | None = None  # for values in the Confluent wire format
+    relay_partitions: int = 1  # RELAY_PARTITIONS: > 1 compares fencing tokens per key
 
 
 # ---- the two sides ---------------------------------------------------------------------------
@@ -152,12 +155,15 @@ def keys_on_several_partitions(firsts: DataFrame) -> DataFrame:
             .where(F.size("partitions") > 1).orderBy("topic", "key"))
 
 
-def fencing_regressions(messages: DataFrame) -> DataFrame:
-    """Messages whose fencing token is lower than one earlier in the same partition."""
+def fencing_regressions(messages: DataFrame, per_key: bool = False) -> DataFrame:
+    """Messages whose fencing token is lower than one earlier in the same partition (with
+    `per_key`, earlier in the same partition for the same key: one writer's token sequence when
+    several outbox partitions, each with its own lease, write into one Kafka partition)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    w = (Window.partitionBy("topic", "partition").orderBy("offset")
+    scope = ("topic", "partition", "key") if per_key else ("topic", "partition")
+    w = (Window.partitionBy(*scope).orderBy("offset")
          .rowsBetween(Window.unboundedPreceding, -1))
     return (messages.withColumn("highestEarlierToken", F.max("fencingToken").over(w))
             .where(F.col("fencingToken") < F.col("highestEarlierToken"))
@@ -184,7 +190,7 @@ def audit(spark: SparkSession, cfg: AuditConfig) -> dict[str, Any]:
     try:
         decoded_ids = messages.where(F.col("decodeError").isNull()).select("id").distinct()
         dups = firsts.where("occurrences > 1")
-        stale = fencing_regressions(messages.where(F.col("decodeError").isNull()))
+        stale = fencing_regressions(messages.where(F.col("decodeError").isNull()), per_key=cfg.relay_partitions > 1)
         report: dict[str, Any] = {
             "range": {"since": cfg.since.isoformat(), "until": cfg.until.isoformat()},
             "topics": list(cfg.topics) or cfg.topic_pattern,
@@ -274,7 +280,8 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
         bootstrap_servers=settings.kafka_bootstrap_servers, topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
         since=since, until=until, sample=args.sample, schemas_dir=spark_opts.schemas_dir,
-        kafka_client=spark_opts.kafka, schema_registry=RegistryAccess.from_settings(settings))
+        kafka_client=spark_opts.kafka, schema_registry=RegistryAccess.from_settings(settings),
+        relay_partitions=settings.partitions)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

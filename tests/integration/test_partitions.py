@@ -175,10 +175,11 @@ def test_moving_from_one_to_three_to_two_partitions_under_load_loses_nothing(env
             assert sorted(d["_id"] for d in docs) == sorted(
                 lease_id(env.settings.namespace, Partition(k, count)) for k in range(count)), "old documents removed"
             seeds = {d.get("startAtClusterTime") for d in docs}
-            if count == 1:  # the unpartitioned document has the fields it always had, no more
+            if count == 1:  # the unpartitioned document has the fields it had before partitions, no more
                 wait_until(lambda: (leases.find_one() or {}).get("resumeToken"), 60, "the first checkpoint")
                 assert set(leases.find_one()) <= {"_id", "owner", "fencingToken", "expiresAt", "renewedAt", "resumeToken",
-                                                  "tokenClusterTime", "pipelineFingerprint", "checkpointAt"}
+                                                  "tokenClusterTime", "pipelineFingerprint", "checkpointAt",
+                                                  "delivery"}
             if count == 3:
                 wait_until(lambda: (leases.find_one({"_id": stuck}) or {}).get("resumeToken"), 60,
                            "partition 0's first checkpoint")

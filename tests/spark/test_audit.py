@@ -89,3 +89,20 @@ def test_audit_catches_a_missing_event_an_out_of_order_pair_and_a_stale_fencing_
     assert report["duplicates"]["count"] == 1 and report["duplicates"]["sample"][0]["id"] == victim.id
     assert report["notInOutbox"]["count"] == 0 and report["keysOnSeveralPartitions"]["count"] == 0
     assert "result: FAIL (missing, orderViolations)" in summary and "planted-missing" in summary
+
+
+def test_fencing_tokens_are_compared_per_key_when_several_outbox_partitions_share_a_kafka_partition(spark):
+    """RELAY_PARTITIONS > 1: partition 0's writer (token 7) and partition 1's (token 2) interleave
+    in one Kafka partition; neither is stale. A lower token after a higher one for the same key is."""
+    from relay.spark.audit import fencing_regressions
+
+    rows = [("t", 0, 0, "a", "e0", 7), ("t", 0, 1, "b", "e1", 2), ("t", 0, 2, "a", "e2", 7),
+            ("t", 0, 3, "b", "e3", 2), ("t", 0, 4, "a", "e4", 6)]
+    messages = spark.createDataFrame(
+        [(*r, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)) for r in rows],
+        "topic string, partition int, offset long, key string, id string, fencingToken long, occurredAt timestamp")
+    per_key = [(r["offset"], r["fencingToken"], r["highestEarlierToken"])
+               for r in fencing_regressions(messages, per_key=True).collect()]
+    per_partition = [r["offset"] for r in fencing_regressions(messages).collect()]
+    assert per_key == [(4, 6, 7)]
+    assert per_partition == [1, 3, 4]  # the single-lease reading of the same messages
