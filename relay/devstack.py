@@ -210,6 +210,9 @@ class MongoReplicaSet:
             str(mongod_binary()), "--replSet", self.name, "--port", str(self.ports[i]),
             "--dbpath", str(self.base_dir / f"node{i}"), "--bind_ip", "127.0.0.1",
             "--setParameter", "enableTestCommands=1", "--quiet",
+            # On SIGTERM mongod waits this long (default 15 s) in "quiesce mode" for clients to
+            # notice before shutting down: 45 s to stop a three-member set in the tests.
+            "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=500",
         ]
         if self.oplog_size_mb is not None:
             argv += ["--oplogSize", str(self.oplog_size_mb)]
