@@ -200,9 +200,9 @@ def _long_table(report: Report) -> list[str]:
         return []
     x = relay.extra
     return [f"long backlog: {relay.scenario}: {_f(relay.events_per_s, ',.0f')} events/s, peak RSS "
-            f"{_f(relay.peak_rss_mb, '.1f')} MB (sampled; RSS {_f(x.get('rss_before_mb') or math.nan, '.1f')} MB "
-            f"before, {_f(x.get('rss_after_mb') or math.nan, '.1f')} MB after; ru_maxrss of the process so far "
-            f"{_f(x.get('ru_maxrss_mb') or math.nan, '.1f')} MB), {_f(relay.cpu_us_per_event, '.0f')} µs CPU/event, "
+            f"{_f(relay.peak_rss_mb, '.1f')} MB (sampled every 25 ms; last sample "
+            f"{_f(x.get('rss_after_mb') or math.nan, '.1f')} MB), "
+            f"{_f(relay.cpu_us_per_event, '.0f')} µs CPU/event, "
             f"mongod {_f(relay.mongod_cpu_us_per_event, '.0f')} µs/event, {relay.seconds:.0f} s"]
 
 

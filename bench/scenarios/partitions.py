@@ -102,6 +102,7 @@ def group_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
                       "cpu_us_per_event_per_process": per_process,
                       "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", backlog.events),
                       "peak_rss_mb_per_process": [usage.peak_rss_mb.get(f"relay-{i}") for i in range(processes)],
+                      "rss_last_mb_per_process": [usage.rss_end_mb.get(f"relay-{i}") for i in range(processes)],
                       "topic": topic})
 
 
