@@ -190,14 +190,7 @@ class RelayMetrics(_TopicCounting):
         self.lease_held = Gauge("relay_lease_held", "1 while this replica holds the lease", registry=r)
         self.fencing = Gauge("relay_fencing_token", "Fencing token of the held lease (0 when not held)",
                              registry=r)
-        self.errors = Counter("relay_errors", "Errors by exception name and what the relay did "
-                              "(restart, standby, stop, dead-letter)", ["kind", "action"], registry=r)
-        self.restarts = Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"],
-                                registry=r)
-        self.dead_letters = Counter("relay_dead_letters", "Poison events sent to the dead-letter topic",
-                                    registry=r)
-        self.resumes = Counter("relay_stream_resumes",
-                               "Change stream resumes by the driver after resumable errors", registry=r)
+        self.errors, self.restarts, self.dead_letters, self.resumes = _outcome_counters(r)
         self.producer_queue = Gauge("relay_producer_queue_messages",
                                     "Messages in the producer awaiting a delivery report", registry=r)
         self.producer_queue.set_function(queued)
@@ -206,6 +199,17 @@ class RelayMetrics(_TopicCounting):
             "replica": replica, "outbox": outbox, "version": _version()})
         prometheus_client.ProcessCollector(registry=r)
         self._topics = {}
+
+
+def _outcome_counters(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]:
+    """The counters of what happened to the loop, the same with or without partitions: errors,
+    restarts, dead letters, driver resumes."""
+    return (Counter("relay_errors", "Errors by exception name and what the relay did "
+                    "(restart, standby, stop, dead-letter)", ["kind", "action"], registry=r),
+            Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"], registry=r),
+            Counter("relay_dead_letters", "Poison events sent to the dead-letter topic", registry=r),
+            Counter("relay_stream_resumes", "Change stream resumes by the driver after resumable errors",
+                    registry=r))
 
 
 class GroupMetrics:
@@ -237,14 +241,7 @@ class GroupMetrics:
                                 ["partition"], registry=r)
         self.fencing = Gauge("relay_fencing_token", "Fencing token of the partition's held lease (0 when not held)",
                              ["partition"], registry=r)
-        self.errors = Counter("relay_errors", "Errors by exception name and what the relay did "
-                              "(restart, standby, stop, dead-letter)", ["kind", "action"], registry=r)
-        self.restarts = Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"],
-                                registry=r)
-        self.dead_letters = Counter("relay_dead_letters", "Poison events sent to the dead-letter topic",
-                                    registry=r)
-        self.resumes = Counter("relay_stream_resumes",
-                               "Change stream resumes by the driver after resumable errors", registry=r)
+        self.errors, self.restarts, self.dead_letters, self.resumes = _outcome_counters(r)
         self.producer_queue = LabeledScrapeTimeGauge(
             "relay_producer_queue_messages", "Messages in the partition's producer awaiting a delivery report",
             "partition", r)

@@ -30,7 +30,7 @@ def memory_run(stack: LocalStack, client: MongoClient[Any], variant: Variant, ev
     long_variant = Variant("long", f"{variant.label}, {events:,} backlog", variant.payload_bytes,
                            variant.typed, events)
     backlog = write_backlog(client, f"bench_{run_id}_long", long_variant)
-    row = group_catch_up(stack, client, backlog, run_id, partitions=1, processes=1)
+    row = group_catch_up(stack, client, backlog, run_id, partitions=1, processes=1, tag="long")
     x = row.extra
     return backlog.row, dataclasses.replace(
         row, scenario=f"relay process (outbox-relay run) catch-up, {events:,} backlog", kind="relay",

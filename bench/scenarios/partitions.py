@@ -46,9 +46,10 @@ RAW = CodecOptions(document_class=RawBSONDocument)
 
 
 def group_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,
-                   partitions: int, processes: int) -> Row:
-    """`processes` relay processes with RELAY_PARTITIONS=`partitions` drain the backlog (above)."""
-    tag = f"n{partitions}x{processes}"
+                   partitions: int, processes: int, tag: str | None = None) -> Row:
+    """`processes` relay processes with RELAY_PARTITIONS=`partitions` drain the backlog (above);
+    `tag` names the run's topic and lease collection (default: from the counts)."""
+    tag = tag or f"n{partitions}x{processes}"
     topic_template = f"bench.{run_id}.group-{tag}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     create_topic(stack.kafka.bootstrap_servers, topic)
