@@ -133,11 +133,28 @@ class LabeledScrapeTimeGauge(Collector):
 
 
 class _TopicCounting:
-    """`count_published` over `events` and `bytes` (families labelled by topic)."""
+    """The acknowledged-delivery series (`_published_series`) and `count_published` over `events`
+    and `bytes` (families labelled by topic)."""
 
     events: Counter
     bytes: Counter
+    batch_seconds: Histogram
+    latency: BatchHistogram
     _topics: dict[str, tuple[Any, Any]]
+
+    def _published_series(self, r: CollectorRegistry) -> None:
+        """The series of acknowledged deliveries, the same with or without partitions."""
+        self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic",
+                              ["topic"], registry=r)
+        self.bytes = Counter("relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic",
+                             ["topic"], registry=r)
+        self.batch_seconds = Histogram("relay_batch_seconds",
+                                       "From handing a batch to the producer until Kafka acknowledged all of it",
+                                       registry=r)
+        self.latency = BatchHistogram("relay_delivery_latency_seconds",
+                                      "Per event: from its commit in MongoDB (change event wallTime) "
+                                      "to Kafka's acknowledgement", LATENCY_BUCKETS, r)
+        self._topics = {}
 
     def count_published(self, messages: Iterable[Any]) -> int:
         """Add acknowledged messages to the per-topic event and byte counters (one counter update
@@ -170,17 +187,8 @@ class RelayMetrics(_TopicCounting):
     def __init__(self, replica: str, outbox: str, checkpoint_lag: Callable[[], float | None],
                  queued: Callable[[], float]) -> None:
         self.registry = r = CollectorRegistry()
-        self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic",
-                              ["topic"], registry=r)
-        self.bytes = Counter("relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic",
-                             ["topic"], registry=r)
+        self._published_series(r)
         self.batches = Counter("relay_batches", "Batches acknowledged by Kafka", registry=r)
-        self.batch_seconds = Histogram("relay_batch_seconds",
-                                       "From handing a batch to the producer until Kafka acknowledged all of it",
-                                       registry=r)
-        self.latency = BatchHistogram("relay_delivery_latency_seconds",
-                                      "Per event: from its commit in MongoDB (change event wallTime) "
-                                      "to Kafka's acknowledgement", LATENCY_BUCKETS, r)
         self.checkpoint_time = Gauge("relay_checkpoint_cluster_time_seconds",
                                      "Cluster time of the last checkpoint this replica stored (Unix seconds)",
                                      registry=r)
@@ -198,7 +206,6 @@ class RelayMetrics(_TopicCounting):
         Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version", registry=r).info({
             "replica": replica, "outbox": outbox, "version": _version()})
         prometheus_client.ProcessCollector(registry=r)
-        self._topics = {}
 
 
 def _outcome_counters(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]:
@@ -212,24 +219,15 @@ def _outcome_counters(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, 
                     registry=r))
 
 
-class GroupMetrics:
+class GroupMetrics(_TopicCounting):
     """The series of a process running one relay per partition, in one registry (see the module
     docstring for which carry `partition`); `partition()` gives one partition's view."""
 
     def __init__(self, replica: str, outbox: str, partitions: int) -> None:
         self.registry = r = CollectorRegistry()
-        self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic",
-                              ["topic"], registry=r)
-        self.bytes = Counter("relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic",
-                             ["topic"], registry=r)
+        self._published_series(r)
         self.batches = Counter("relay_batches", "Batches acknowledged by Kafka, by partition", ["partition"],
                                registry=r)
-        self.batch_seconds = Histogram("relay_batch_seconds",
-                                       "From handing a batch to the producer until Kafka acknowledged all of it",
-                                       registry=r)
-        self.latency = BatchHistogram("relay_delivery_latency_seconds",
-                                      "Per event: from its commit in MongoDB (change event wallTime) "
-                                      "to Kafka's acknowledgement", LATENCY_BUCKETS, r)
         self.checkpoint_time = Gauge("relay_checkpoint_cluster_time_seconds",
                                      "Cluster time of the last checkpoint this replica stored (Unix seconds), "
                                      "by partition", ["partition"], registry=r)

