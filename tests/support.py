@@ -409,6 +409,18 @@ def check(records: list[Record], written: Written) -> Verdict:
                    order_violations=violations, duplicates=duplicates, first=first)
 
 
+def written_after_first_of(records: list[Any], fencing: int) -> list[Any]:
+    """Per Kafka partition, the records after the first one carrying `fencing` that carry another
+    token: what an older writer got in after the new one had started (in offset order)."""
+    late = []
+    for partition in {r.partition for r in records}:
+        in_partition = [r for r in records if r.partition == partition]
+        first = next((r.offset for r in in_partition if r.fencing == fencing), None)
+        if first is not None:
+            late += [r for r in in_partition if r.offset > first and r.fencing != fencing]
+    return late
+
+
 def assert_complete_and_ordered(records: list[Record], written: Written) -> Verdict:
     verdict = check(records, written)
     assert not verdict.missing, f"{len(verdict.missing)} events lost, e.g. {sorted(verdict.missing)[:5]}"

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import (
     RelayProcess, Written, assert_complete_and_ordered, background_writes, lease_doc, needs_local_stack, read_topic,
-    topic_size, uncommitted_messages, wait_until, write_events,
+    topic_size, uncommitted_messages, wait_until, write_events, written_after_first_of,
 )
 
 SLOW_COMMIT = "tests.faults.slow_commit"
@@ -137,12 +137,7 @@ def test_zombie_leader_is_fenced_by_the_broker_and_nothing_it_sends_after_the_ta
     assert how in a.log(), a.log()[-3000:]
     assert b_token > a_token
     _exactly_once(records, written)
-    late = []
-    for partition in {r.partition for r in records}:
-        in_partition = [r for r in records if r.partition == partition]
-        first_b = next((r.offset for r in in_partition if r.fencing == b_token), None)
-        if first_b is not None:
-            late += [r for r in in_partition if r.offset > first_b and r.fencing != b_token]
+    late = written_after_first_of(records, b_token)
     assert late == [], f"{len(late)} of A's messages after B's first are visible to read_committed"
     visible = {(r.partition, r.offset) for r in records}
     uncommitted = read_topic(env.servers.kafka_bootstrap, env.topic(), isolation="read_uncommitted")

@@ -11,7 +11,7 @@ import time
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
     ROOT, CheckpointWatcher, RelayProcess, Written, all_published, assert_complete_and_ordered,
-    background_writes, lease_doc, settings_env, topic_size, wait_until,
+    background_writes, lease_doc, settings_env, topic_size, wait_until, written_after_first_of,
 )
 
 
@@ -64,12 +64,7 @@ def test_zombie_replica_cannot_move_the_checkpoint_and_stops_within_one_batch(en
     watcher.assert_never_went_backwards()
     verdict = assert_complete_and_ordered(records, written)
     # A's messages written after B's first message, per partition: the zombie's late batch.
-    late = []
-    for partition in {r.partition for r in records}:
-        in_partition = [r for r in records if r.partition == partition]
-        first_b = next((r.offset for r in in_partition if r.fencing == b_token), None)
-        if first_b is not None:
-            late += [r for r in in_partition if r.offset > first_b and r.fencing != b_token]
+    late = written_after_first_of(records, b_token)
     assert all(r.fencing == a_token for r in late), "late messages carry the zombie's old fencing token"
     assert len(late) <= batch, f"A published {len(late)} messages after losing the lease (> one batch)"
     print(f"\nzombie: fencing A={a_token} B={b_token}; A's late messages: {len(late)}; "
