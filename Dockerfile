@@ -54,7 +54,7 @@ RUN mkdir -p /usr/share/man/man1 \
 RUN pip install --no-cache-dir -c /src/constraints.txt pyspark
 ENV RELAY_CACHE_DIR=/opt/outbox-relay-cache
 # From the source tree (sys.path[0] is /src under -m): the Maven pom lives beside the module.
-RUN python -m relay.spark.jars
+RUN python -m relay.dev.spark_jars
 
 
 FROM ${PYTHON_IMAGE} AS pipeline

@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt native/Cargo.toml native/Cargo.lock $(w
 
 setup: $(STAMP)
 	$(PY) -m relay dev fetch
-	$(PY) -m relay.spark.jars
+	$(PY) -m relay.dev.spark_jars
 
 demo: setup
 	$(PY) -m relay demo --events $(EVENTS)

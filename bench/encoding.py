@@ -31,10 +31,11 @@ from bson import Binary, Decimal128, ObjectId, json_util
 from bson.int64 import Int64
 from bson.json_util import RELAXED_JSON_OPTIONS
 
-from relay.changes import CHANGE_CODEC, insert_change
+from relay.mongo.codecs import CHANGE_CODEC, insert_change
 from relay.config import Settings
-from relay.contract import ENVELOPE
-from relay.encoding import MessageBuilder, SchemaFolder
+from relay.avro.contract import ENVELOPE
+from relay.wiring import message_builder
+from relay.avro.folder import SchemaFolder
 from relay.outbox import OutboxEvent
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
@@ -116,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     n, repeat = args.events, args.repeat
     registry = _registry()
-    single = MessageBuilder(Settings(), registry)
-    confluent = MessageBuilder(Settings.load(env={"RELAY_SCHEMA_REGISTRY_URL": "mock://bench"}), registry)
+    single = message_builder(Settings(), registry)
+    confluent = message_builder(Settings.load(env={"RELAY_SCHEMA_REGISTRY_URL": "mock://bench"}), registry)
 
     cases = [
         ("generic envelope, demo payload (3 fields)", single, "OrderPaid", _demo_payload),

@@ -36,7 +36,7 @@ from bench.relay_under_test import relay_settings
 from bench.scenarios.backlog import write_backlog
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 
 class _ProfiledThreads:

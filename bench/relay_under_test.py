@@ -17,14 +17,14 @@ from typing import Any
 from pymongo.collection import Collection
 
 from relay.config import Settings
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 from relay.wiring import build
 from tests.support import RelayThread
 
 
 def make_relay(settings: Settings, native: bool = True) -> Any:
     """A relay for `settings`, not started: something with `run()` (blocks until stopped) and
-    `stop()`. `native=False`: every message built by the Python path (relay.encoding)."""
+    `stop()`. `native=False`: every message built by the Python path (relay.avro.encoding)."""
     return build(settings, native=native)
 
 

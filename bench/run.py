@@ -6,7 +6,7 @@ Run: `.venv/bin/python -m bench.run [--events N] [--payload-bytes B] [--rates 10
 partitioned-outbox scenarios, about 6 minutes, only with `--partitions`). BENCHMARKS.md shows a run and says what each figure
 means; `bench/scenarios/` has one module per scenario, each documenting what it measures.
 
-Everything runs on a fresh local stack (`relay.devstack.LocalStack` in a temporary folder, one
+Everything runs on a fresh local stack (`relay.dev.stack.LocalStack` in a temporary folder, one
 mongod replica-set member and one Kafka broker, topics with 3 partitions), stopped by its own
 `stop()` and deleted at the end. The relay runs in this process, in a thread
 (`bench.relay_under_test`); the steady-state writer is a child process; each peer its own process.
@@ -55,7 +55,7 @@ from bench.scenarios.memory import memory_run
 from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.scenarios.peers import Peer, conduit_peer, connect_peer, connect_specs, peer_catch_up
 from bench.scenarios.producer import bare_producer
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 
 def variant_scenarios(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str,

@@ -173,7 +173,7 @@ class Sampler:
 
 
 def stack_roles(stack: Any, extra: Roles | None = None) -> Roles:
-    """Roles of a `relay.devstack.LocalStack` run: this process ("bench"), mongod, the broker,
+    """Roles of a `relay.dev.stack.LocalStack` run: this process ("bench"), mongod, the broker,
     plus `extra()` (e.g. a peer's process, known only once it is started)."""
     def roles() -> dict[str, int | None]:
         mongo = [p.pid for p in stack.mongo.processes if p is not None]

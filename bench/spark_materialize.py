@@ -3,7 +3,7 @@
 Run: `.venv/bin/python -m bench.spark_materialize [--events N] [--aggregates A]
 [--duplicates F] [--batch B] [--json PATH]` (a few minutes on two cores with the defaults).
 
-Set-up (not measured): a fresh local stack (`relay.devstack.LocalStack` in a temporary folder:
+Set-up (not measured): a fresh local stack (`relay.dev.stack.LocalStack` in a temporary folder:
 one mongod replica-set member, one Kafka broker, topics of 3 partitions), stopped and deleted at
 the end. N outbox events over A aggregates are produced to one topic as the relay writes them:
 values from the relay's own encoder (`SchemaRegistry.encode`, generic envelope, payload of about
@@ -48,8 +48,10 @@ from bson.json_util import RELAXED_JSON_OPTIONS
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from relay.devstack import LocalStack
-from relay.encoding import ENVELOPE, HEADER_FENCING, SchemaRegistry
+from relay.dev.stack import LocalStack
+from relay.avro.contract import ENVELOPE
+from relay.core.message import HEADER_FENCING
+from relay.avro.folder import SchemaRegistry
 
 log = logging.getLogger("bench.spark")
 TOPIC = "bench.spark.order"

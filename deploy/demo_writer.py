@@ -22,8 +22,8 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from relay.config import Settings
-from relay.demo import DemoService
-from relay.errors import EXIT_UNREACHABLE, RelayError
+from relay.dev.demo import DemoService
+from relay.core.errors import EXIT_UNREACHABLE, RelayError
 from relay.outbox import FieldNames, Outbox
 
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    fields = FieldNames.from_settings(settings)
+    fields = settings.parts().encoding.fields
     timeout_ms = int(settings.connect_timeout_s * 1000)
     try:
         client: MongoClient[Any] = MongoClient(settings.mongodb_uri, serverSelectionTimeoutMS=timeout_ms)

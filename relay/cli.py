@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
-from relay.errors import EXIT_CONFIG, EXIT_FATAL, run_command
+from relay.core.errors import EXIT_CONFIG, EXIT_FATAL, run_command
 
 log = logging.getLogger("relay")
 
@@ -77,16 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from relay.logs import setup_logging
+    from relay.ops.logs import setup_logging
 
     if args.command == "dev":
         return _dev(args.action, args.schema_registry)
     if args.command == "pipeline":
-        from relay.spark.options import main as pipeline
+        from relay.spark.pipeline import main as pipeline
 
         return pipeline(args.job, args.job_args)
     if args.command == "schemas":
-        from relay.schemas_check import run as check_schemas
+        from relay.avro.schemas_check import run as check_schemas
 
         return check_schemas(args.dir, args.baseline, args.git_ref, args.keep_history)
     settings = cfg.load_settings(args)
@@ -94,12 +94,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         return _run(settings)
     if args.command == "status":
-        from relay.status import status
+        from relay.commands.status import status
 
         print(json.dumps(status(settings), indent=2, default=str))
         return 0
     if args.command == "demo":
-        from relay.demo import run_demo
+        from relay.dev.demo import run_demo
 
         def interrupt(signum: int, _frame: Any) -> None:
             raise KeyboardInterrupt  # the demo's finally stops everything it started
@@ -107,22 +107,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, interrupt)
         return run_demo(settings, events=args.events, rate=args.rate)
     if args.command == "outbox":
-        from relay.connections import check_mongodb, mongo_client
-        from relay.outbox import FieldNames, Outbox
+        from relay.commands.outbox import init_outbox
 
-        with mongo_client(settings) as client:
-            check_mongodb(client, settings)
-            coll = client[settings.database][settings.outbox_collection]
-            for line in Outbox(coll, FieldNames.from_settings(settings)).init(args.ttl_seconds):
-                print(line)
+        for line in init_outbox(settings, args.ttl_seconds):
+            print(line)
         return 0
     if args.command == "tail":
-        from relay.tail import tail
+        from relay.commands.tail import tail
 
         return tail(settings, args.topic, from_beginning=args.from_beginning, last=args.last,
                     follow=args.follow, max_messages=args.max_messages, isolation=args.isolation)
     if args.command == "checkpoint":
-        from relay.status import reset_checkpoint
+        from relay.commands.status import reset_checkpoint
 
         print(reset_checkpoint(settings, force=args.force))
         return 0
@@ -152,13 +148,13 @@ def _run(settings: cfg.Settings) -> int:
 
 
 def _dev(action: str, schema_registry: bool = False) -> int:
-    from relay import devstack
+    from relay.dev import stack as devstack
 
     if action == "fetch":
         print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
         print(f"mongod at {devstack.mongod_binary()}")
         if schema_registry:
-            from relay.registry_server import APICURIO_VERSION, registry_home
+            from relay.dev.registry import APICURIO_VERSION, registry_home
 
             print(f"Apicurio Registry {APICURIO_VERSION} in {registry_home()}")
         return 0

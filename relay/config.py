@@ -4,8 +4,10 @@ Sources, later ones win: defaults < TOML file (`--config` / `RELAY_CONFIG_FILE`)
 environment (`RELAY_<FIELD>`) < command-line flags (`--<field-with-dashes>`).
 Kafka client properties pass through: `RELAY_KAFKA_COMPRESSION_TYPE=zstd` sets
 `compression.type`; so do `--kafka-property compression.type=zstd` and a `[kafka]` table in
-the TOML file. `Settings.load()` validates everything once; any problem raises `ConfigError`
-naming the setting. The README's configuration table is generated from `SETTINGS_DOC` and a
+the TOML file. `Settings.load()` validates everything once: `parts()` makes each part's own
+small configuration (the loop's, MongoDB's, Kafka's, the encoder's, ...), which checks its
+values where they are used; any problem raises `ConfigError` naming the setting. Only the wiring
+(relay.wiring) and the commands read Settings; every part below them gets its own configuration. The README's configuration table is generated from `SETTINGS_DOC` and a
 test checks the two agree. `settings_parser()` gives every command (and the Spark jobs) the
 same flags, and `load_settings()` turns parsed flags into Settings.
 """
@@ -23,40 +25,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from relay.errors import ConfigError
-from relay.message import valid_topic
-from relay.partitioning import MAX_PARTITIONS
+from relay.avro.config import EncodingConfig, RegistryConfig
+from relay.core.config import LoopConfig, parse_start_time
+from relay.core.errors import ENV_PREFIX, KAFKA_ENV_PREFIX, ConfigError, env_name, kafka_env_name
+from relay.group.config import GroupConfig
+from relay.kafka.config import KafkaConfig
+from relay.mongo.config import MongoConfig
+from relay.ops.config import HealthConfig, ObserverConfig, check_logging
+from relay.outbox import FieldNames
 
-ENV_PREFIX = "RELAY_"
-KAFKA_ENV_PREFIX = "RELAY_KAFKA_"
-
-# Producer properties the relay's guarantees depend on: forced, and refused if contradicted.
-FORCED_KAFKA: dict[str, str] = {"enable.idempotence": "true", "acks": "all"}
-_EQUIVALENT = {"acks": {"all", "-1"}, "enable.idempotence": {"true"}}
-# Defaults for the producer that users may override.
-DEFAULT_KAFKA: dict[str, str] = {
-    "linger.ms": "5",
-    "compression.type": "lz4",
-    "message.timeout.ms": "120000",
-    "message.max.bytes": "1000000",
-}
-# Producer-only properties the relay's settings may carry; a consumer would warn about them.
-PRODUCER_ONLY_KAFKA = frozenset({
-    "acks", "request.required.acks", "enable.idempotence", "linger.ms", "queue.buffering.max.ms",
-    "compression.type", "compression.codec", "message.timeout.ms", "delivery.timeout.ms", "batch.size",
-    "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "retries",
-    "message.send.max.retries", "retry.backoff.ms", "max.in.flight.requests.per.connection",
-    "max.in.flight", "transactional.id", "partitioner", "sticky.partitioning.linger.ms",
-    "enable.gapless.guarantee", "transaction.timeout.ms",
-})
-_TOPIC_FIELDS = ("aggregateType", "eventType")
-# The allowed values of the settings that take one of a few words.
-LOG_FORMATS = ("auto", "json", "text")
-SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
-POISON_POLICIES = ("stop", "dead-letter")
-HISTORY_LOST_POLICIES = ("stop", "rescan")
-LEASE_LOST_POLICIES = ("standby", "exit")
-DELIVERY_MODES = ("at-least-once", "exactly-once")
+__all__ = ["Parts", "SETTINGS_DOC", "Settings", "env_name", "flag_name", "kafka_env_name", "load_settings",
+           "markdown_table", "parse_pairs", "settings_parser"]
 
 
 def _default_instance_id() -> str:
@@ -136,36 +115,54 @@ class Settings:
     kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)",
                                         internal=True)
 
-    # ---- derived values -------------------------------------------------------------------
+    # ---- the parts' configurations ------------------------------------------------------------
+
+    def parts(self) -> Parts:
+        """Each part's own configuration, made from these settings and checked by the part
+        (ConfigError names the setting). `relay.wiring` hands each part its own."""
+        kafka = KafkaConfig(self.kafka_bootstrap_servers, dict(self.kafka), self.connect_timeout_s, self.delivery,
+                            self.offsets_topic)
+        fields = FieldNames(self.field_aggregate_type, self.field_aggregate_id, self.field_event_type,
+                            self.field_payload, self.field_occurred_at, self.field_headers, self.field_topic)
+        auto_register = self.schema_registry_auto_register.lower()
+        if auto_register not in ("true", "false"):
+            raise ConfigError(env_name("schema_registry_auto_register"),
+                              f"must be true or false, got {self.schema_registry_auto_register!r}")
+        health = HealthConfig(self.connect_timeout_s, self.restart_backoff_max_s, self.standby_poll_s,
+                              self.max_await_ms)
+        return Parts(
+            loop=LoopConfig(self.namespace, self.batch_max_events, self.batch_max_bytes, self.pipeline_depth,
+                            self.lease_ttl_s, self.heartbeat_interval_s, self.standby_poll_s,
+                            self.restart_backoff_max_s, self.on_poison, self.on_history_lost, self.on_lease_lost,
+                            self.start_at),
+            mongo=MongoConfig(self.mongodb_uri, self.database, self.outbox_collection, self.lease_collection,
+                              self.connect_timeout_s, self.max_await_ms),
+            kafka=kafka,
+            encoding=EncodingConfig(self.database, self.outbox_collection, fields, self.topic_template,
+                                    self.ce_source, kafka.max_message_bytes, self.dead_letter_topic),
+            registry=RegistryConfig(self.schema_registry_url, self.schema_registry_subject_strategy,
+                                    auto_register == "true", self.schema_registry_basic_auth),
+            observer=ObserverConfig(self.instance_id, self.namespace, self.http_port, self.dead_letter_topic,
+                                    self.partitions, health),
+            group=GroupConfig(self.instance_id, self.namespace, self.partitions, self.standby_poll_s,
+                              self.lease_ttl_s),
+        )
 
     @property
     def namespace(self) -> str:
         return f"{self.database}.{self.outbox_collection}"
 
-    @property
-    def cloudevents_source(self) -> str:
-        return self.ce_source or f"/outbox-relay/{self.database}/{self.outbox_collection}"
-
-    @property
-    def max_message_bytes(self) -> int:
-        return int(self.kafka_config()["message.max.bytes"])
-
     def kafka_config(self) -> dict[str, str]:
-        """The producer configuration: defaults, then user properties, then the forced ones."""
-        return {**DEFAULT_KAFKA, **self.kafka, **FORCED_KAFKA,
-                "bootstrap.servers": self.kafka_bootstrap_servers}
+        """The producer configuration (relay.kafka.config.KafkaConfig.producer_config)."""
+        return self.parts().kafka.producer_config()
 
     def kafka_client_config(self) -> dict[str, str]:
-        """For the relay's other Kafka clients (the reachability check, `tail`): the user's
-        properties that any client takes (security, client id, ...), without producer-only ones."""
-        return {**{k: v for k, v in self.kafka.items() if k not in PRODUCER_ONLY_KAFKA},
-                "bootstrap.servers": self.kafka_bootstrap_servers}
+        """The configuration of the relay's other Kafka clients (KafkaConfig.client_config)."""
+        return self.parts().kafka.client_config()
 
     def start_at_time(self) -> dt.datetime | None:
         """The operator-given start time, or None for `oplog-start` / `now`."""
-        if self.start_at in ("oplog-start", "now"):
-            return None
-        return _parse_time(self.start_at)
+        return None if self.start_at in ("oplog-start", "now") else parse_start_time(self.start_at)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -207,111 +204,31 @@ class Settings:
         return settings
 
     def validate(self) -> None:
-        """Check ranges, formats and conflicts; each failure names the setting."""
-        positive = ("lease_ttl_s", "heartbeat_interval_s", "standby_poll_s", "batch_max_events", "pipeline_depth",
-                    "batch_max_bytes", "max_await_ms", "connect_timeout_s", "restart_backoff_max_s")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(env_name(name), f"must be greater than 0, got {getattr(self, name)}")
-        if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
-            raise ConfigError(env_name("heartbeat_interval_s"),
-                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
-                              "so the lease is renewed before it expires")
-        if not 1 <= self.partitions <= MAX_PARTITIONS:
-            raise ConfigError(env_name("partitions"), f"must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")
-        if self.partitions > 1 and self.standby_poll_s * 2 > self.lease_ttl_s:
-            raise ConfigError(env_name("standby_poll_s"),
-                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) with RELAY_PARTITIONS > 1: "
-                              "replicas heartbeat this often and stop counting as live after the TTL")
-        if not 0 <= self.http_port <= 65535:
-            raise ConfigError(env_name("http_port"), f"not a port number: {self.http_port}")
-        if not self.mongodb_uri.startswith(("mongodb://", "mongodb+srv://")):
-            raise ConfigError(env_name("mongodb_uri"), "must start with mongodb:// or mongodb+srv://")
-        for name in ("database", "outbox_collection", "kafka_bootstrap_servers", "instance_id",
-                     "lease_collection"):
-            if not getattr(self, name).strip():
-                raise ConfigError(env_name(name), "must not be empty")
-        if self.start_at not in ("oplog-start", "now"):
-            _parse_time(self.start_at)  # raises ConfigError
-        try:
-            self.topic_template.format(**{k: "x" for k in _TOPIC_FIELDS})
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(env_name("topic_template"),
-                              f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}") from None
-        for name, allowed in (("on_poison", POISON_POLICIES), ("on_history_lost", HISTORY_LOST_POLICIES),
-                              ("on_lease_lost", LEASE_LOST_POLICIES), ("delivery", DELIVERY_MODES),
-                              ("log_format", LOG_FORMATS),
-                              ("schema_registry_subject_strategy", SUBJECT_STRATEGIES)):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(env_name(name), f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        if not valid_topic(self.dead_letter_topic):
-            raise ConfigError(env_name("dead_letter_topic"), f"not a valid Kafka topic name: {self.dead_letter_topic!r}")
-        self._validate_delivery()
-        for url in filter(None, (u.strip() for u in self.schema_registry_url.split(","))):
-            if not url.startswith(("http://", "https://", "mock://")):
-                raise ConfigError(env_name("schema_registry_url"),
-                                  f"must be http://, https:// (or mock:// in tests) URLs, got {url!r}")
-        if self.schema_registry_auto_register.lower() not in ("true", "false"):
-            raise ConfigError(env_name("schema_registry_auto_register"),
-                              f"must be true or false, got {self.schema_registry_auto_register!r}")
-        if self.schema_registry_basic_auth and ":" not in self.schema_registry_basic_auth:
-            raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
-        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-            raise ConfigError(env_name("log_level"), f"unknown level {self.log_level!r}")
-        for key, forced in FORCED_KAFKA.items():
-            given = self.kafka.get(key)
-            if given is not None and given.lower() not in _EQUIVALENT[key]:
-                raise ConfigError(kafka_env_name(key),
-                                  f"must be {forced}: the relay's ordering and no-loss guarantees need it")
-        try:
-            mmb = int(self.kafka_config()["message.max.bytes"])
-        except ValueError:
-            raise ConfigError(kafka_env_name("message.max.bytes"), "must be an integer") from None
-        if mmb < 1000:
-            raise ConfigError(kafka_env_name("message.max.bytes"), "must be at least 1000")
-
-    def _validate_delivery(self) -> None:
-        """The exactly-once mode's constraints (docs/exactly-once.md)."""
-        if not valid_topic(self.offsets_topic):
-            raise ConfigError(env_name("offsets_topic"), f"not a valid Kafka topic name: {self.offsets_topic!r}")
-        if "transactional.id" in self.kafka:
-            raise ConfigError(kafka_env_name("transactional.id"),
-                              "set by the relay (outbox-relay:<lease id>) in RELAY_DELIVERY=exactly-once; remove it")
-        if self.delivery != "exactly-once":
-            return
-        if self.pipeline_depth != 1:
+        """Check every part's configuration (each failure names the setting), the logging
+        settings, and what no single part can: exactly-once mode needs one delivery in flight."""
+        self.parts()
+        check_logging(self.log_level, self.log_format)
+        if self.delivery == "exactly-once" and self.pipeline_depth != 1:
             raise ConfigError(env_name("pipeline_depth"),
                               f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "
                               f"got {self.pipeline_depth}")
-        timeouts = {"message.timeout.ms": self.kafka_config()["message.timeout.ms"],
-                    "transaction.timeout.ms": self.kafka.get("transaction.timeout.ms")}
-        for prop, value in timeouts.items():
-            if value is not None and not value.strip().isdigit():
-                raise ConfigError(kafka_env_name(prop), f"must be an integer, got {value!r}")
-        if timeouts["transaction.timeout.ms"] is not None:
-            message_timeout = int(timeouts["message.timeout.ms"])
-            if int(timeouts["transaction.timeout.ms"]) < message_timeout:
-                raise ConfigError(kafka_env_name("transaction.timeout.ms"),
-                                  f"must be at least message.timeout.ms ({message_timeout}): librdkafka refuses "
-                                  "a delivery timeout longer than the transaction's")
 
-    @property
-    def transaction_timeout_ms(self) -> int:
-        """The producer's `transaction.timeout.ms` in exactly-once mode: the user's, else
-        `message.timeout.ms` (librdkafka needs message.timeout.ms <= transaction.timeout.ms)."""
-        return int(self.kafka.get("transaction.timeout.ms", self.kafka_config()["message.timeout.ms"]))
+
+@dataclass(frozen=True)
+class Parts:
+    """The configuration of each part, made from the settings (`Settings.parts`)."""
+
+    loop: LoopConfig
+    mongo: MongoConfig
+    kafka: KafkaConfig
+    encoding: EncodingConfig
+    registry: RegistryConfig
+    observer: ObserverConfig
+    group: GroupConfig
 
 
 def _public_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
-
-
-def env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
-
-
-def kafka_env_name(prop: str) -> str:
-    return KAFKA_ENV_PREFIX + prop.upper().replace(".", "_")
 
 
 def flag_name(name: str) -> str:
@@ -331,17 +248,8 @@ def _parse(name: str, raw: Any, source: str) -> Any:
         if kind is float:
             return float(str(raw).strip())
         return str(raw)
-    except ValueError:
-        raise ConfigError(source, f"must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
-
-
-def _parse_time(text: str) -> dt.datetime:
-    try:
-        value = dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise ConfigError(env_name("start_at"),
-                          f"must be oplog-start, now, or an ISO-8601 time; got {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    except ValueError as exc:
+        raise ConfigError(source, f"must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from exc
 
 
 def _read_toml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -349,9 +257,9 @@ def _read_toml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except OSError as exc:
-        raise ConfigError("RELAY_CONFIG_FILE", f"cannot read {path}: {exc.strerror}") from None
+        raise ConfigError("RELAY_CONFIG_FILE", f"cannot read {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("RELAY_CONFIG_FILE", f"{path} is not valid TOML: {exc}") from None
+        raise ConfigError("RELAY_CONFIG_FILE", f"{path} is not valid TOML: {exc}") from exc
     names = {f.name for f in _public_fields()}
     kafka = {str(k): str(v) for k, v in data.pop("kafka", {}).items()}
     values: dict[str, Any] = {}

@@ -5,7 +5,7 @@ in a temporary folder and stopped by process id at the end. With RELAY_TEST_MONG
 RELAY_TEST_KAFKA_BOOTSTRAP set, those servers are used instead. With RELAY_TEST_DOCKER=1 (and a
 Docker engine), testcontainers start them.
 
-A Schema Registry (Apicurio, Confluent API; relay.registry_server) is started only for the tests
+A Schema Registry (Apicurio, Confluent API; relay.dev.registry) is started only for the tests
 that ask for the `schema_registry` fixture (the first run fetches it with Maven, about 110 MB);
 RELAY_TEST_SCHEMA_REGISTRY_URL points them at an existing one instead.
 """
@@ -48,7 +48,7 @@ def servers() -> Iterator[Servers]:
     if os.environ.get("RELAY_TEST_DOCKER") == "1":
         yield from _docker_servers()
         return
-    from relay.devstack import LocalStack
+    from relay.dev.stack import LocalStack
 
     stack = LocalStack.in_temp_dir()
     stack.start()
@@ -65,7 +65,7 @@ class Registry:
     started it themselves (tests that pause or kill it need that)."""
 
     url: str
-    server: Any  # relay.registry_server.SchemaRegistryServer, or None for RELAY_TEST_SCHEMA_REGISTRY_URL
+    server: Any  # relay.dev.registry.SchemaRegistryServer, or None for RELAY_TEST_SCHEMA_REGISTRY_URL
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +74,7 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Regist
     if url:
         yield Registry(url, None)
         return
-    from relay.registry_server import SchemaRegistryServer
+    from relay.dev.registry import SchemaRegistryServer
 
     server = SchemaRegistryServer(tmp_path_factory.mktemp("schema-registry"))
     server.start()

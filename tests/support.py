@@ -30,7 +30,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from pymongo.database import Database
 
 from relay.config import Settings, env_name, kafka_env_name
-from relay.encoding import SchemaFolder
+from relay.avro.folder import SchemaFolder
 from relay.outbox import Outbox, OutboxEvent
 from relay.wiring import build
 
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Servers:
     mongodb_uri: str
     kafka_bootstrap: str
-    stack: Any  # relay.devstack.LocalStack when the tests started the servers themselves
+    stack: Any  # relay.dev.stack.LocalStack when the tests started the servers themselves
 
 
 class WaitTimeout(AssertionError, TimeoutError):
@@ -581,7 +581,7 @@ def all_published(env: Any, written: Written, timeout: float = 180) -> list[Reco
 @contextlib.contextmanager
 def replica_set(prefix: str, **kwargs: Any) -> Iterator[Any]:
     """A mongod replica set of its own in a fresh folder, stopped by pid and removed after."""
-    from relay.devstack import MongoReplicaSet
+    from relay.dev.stack import MongoReplicaSet
 
     rs = MongoReplicaSet(Path(tempfile.mkdtemp(prefix=prefix)), **kwargs)
     rs.start()

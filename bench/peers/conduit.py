@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.peers.process import PeerError, PeerProcess
-from relay.devstack import ManagedProcess, cache_dir, free_port
+from relay.dev.stack import ManagedProcess, cache_dir, free_port
 
 CONDUIT_MODULE = "github.com/conduitio/conduit/cmd/conduit"
 CONDUIT_VERSION = os.environ.get("BENCH_CONDUIT_VERSION", "v0.21.2")

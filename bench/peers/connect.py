@@ -36,8 +36,8 @@ from typing import Any
 from bson import Timestamp
 
 from bench.peers.process import PeerError, PeerProcess
-from relay.devstack import KAFKA_VERSION, ManagedProcess, cache_dir, free_port
-from relay.maven import MavenError, copy_dependencies, is_resolved
+from relay.dev.stack import KAFKA_VERSION, ManagedProcess, cache_dir, free_port
+from relay.dev.maven import MavenError, copy_dependencies, is_resolved
 
 KAFKA_CONNECT_VERSION = KAFKA_VERSION     # the Connect worker runs the broker's own version
 DEBEZIUM_VERSION = "3.5.0.Final"          # newest Debezium built against Kafka 4.1.1
@@ -96,7 +96,7 @@ def peers_cache_dir() -> Path:
 def fetch_jars(fetch: bool = True) -> PeerJars:
     """The peers' jars, resolving each missing profile once with Maven (`copy-dependencies`).
 
-    A profile's `lib` folder is complete once it holds `.complete` (`relay.maven`); a failed
+    A profile's `lib` folder is complete once it holds `.complete` (`relay.dev.maven`); a failed
     resolution leaves nothing behind. With `fetch=False` a missing folder raises instead of running Maven.
     """
     jars = PeerJars(peers_cache_dir())

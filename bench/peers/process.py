@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 
-from relay.devstack import ManagedProcess
+from relay.dev.stack import ManagedProcess
 
 
 class PeerError(RuntimeError):

@@ -23,7 +23,7 @@ from bench.common import Row, create_topic, rate
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
 from relay.config import Settings
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 RAW = CodecOptions(document_class=RawBSONDocument)
 

@@ -15,7 +15,7 @@ from bench.common import (
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.sampling import Sampler, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 
 def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,

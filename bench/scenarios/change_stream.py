@@ -12,7 +12,7 @@ from pymongo import MongoClient
 from bench.common import Row, rate
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 
 def bare_change_stream(stack: LocalStack, client: MongoClient[Any], backlog: Backlog) -> Row:

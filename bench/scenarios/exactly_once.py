@@ -19,7 +19,7 @@ from pymongo import MongoClient
 from bench.common import Row
 from bench.scenarios.backlog import Backlog
 from bench.scenarios.catch_up import relay_catch_up
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 LABEL = "relay catch-up, exactly-once (to checkpoint)"
 

@@ -22,7 +22,7 @@ from bench.events import EventFactory
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.sampling import Sampler, stack_roles
 from bench.writer import receive, writer_child
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 from relay.outbox import Outbox
 
 WARM_UP_EVENTS = 100   # published and awaited before the measured ones

@@ -21,7 +21,7 @@ from bench.common import Row
 from bench.events import Variant
 from bench.scenarios.backlog import write_backlog
 from bench.scenarios.partitions import group_catch_up
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 
 def memory_run(stack: LocalStack, client: MongoClient[Any], variant: Variant, events: int,

@@ -37,9 +37,9 @@ from bench.events import aggregate_id
 from bench.relay_under_test import relay_settings
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
-from relay.changes import pipeline
-from relay.devstack import LocalStack
-from relay.partitioning import Partition, partition_of
+from relay.mongo.pipeline import pipeline
+from relay.dev.stack import LocalStack
+from relay.core.partitions import Partition, partition_of
 from tests.support import RelayProcess
 
 RAW = CodecOptions(document_class=RawBSONDocument)

@@ -33,7 +33,7 @@ from bench.common import AGGREGATE_TYPE, RESULTS_DIR, Row, consumer, create_topi
 from bench.peers.connect import ConnectorSpec, PeerError, PeerJars, StandaloneWorker
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 
 class PeerProcess(Protocol):

@@ -11,7 +11,7 @@ from bench.common import AGGREGATES, Row, create_topic, rate
 from bench.events import aggregate_id
 from bench.sampling import Sampler, stack_roles
 from relay.config import Settings
-from relay.devstack import LocalStack
+from relay.dev.stack import LocalStack
 
 
 def bare_producer(stack: LocalStack, settings: Settings, sample: Message, events: int, topic: str,

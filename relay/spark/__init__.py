@@ -18,7 +18,7 @@ Nothing here is imported by the relay itself; `pyspark` comes with the `spark` e
 
 from __future__ import annotations
 
-from relay.errors import EXIT_FATAL, RelayError
+from relay.core.errors import EXIT_FATAL, RelayError
 
 
 class PipelineError(RelayError):

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from relay.errors import EXIT_DATA, ConfigError
+from relay.core.errors import EXIT_DATA, ConfigError
 from relay.outbox import FieldNames
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import job_parser, load, run_job, spark_options
@@ -276,7 +276,7 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
         raise ConfigError("--until", "must be later than --since")
     return AuditConfig(
         mongodb_uri=settings.mongodb_uri, database=settings.database,
-        outbox_collection=settings.outbox_collection, fields=FieldNames.from_settings(settings),
+        outbox_collection=settings.outbox_collection, fields=settings.parts().encoding.fields,
         bootstrap_servers=settings.kafka_bootstrap_servers, topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
         since=since, until=until, sample=args.sample, schemas_dir=spark_opts.schemas_dir,

@@ -24,7 +24,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from relay.encoding import HEADER_FENCING, SINGLE_OBJECT_MAGIC
+from relay.core.message import HEADER_FENCING
+from relay.avro.wire import SINGLE_OBJECT_MAGIC
 from relay.spark.schemas import WriterSchema
 
 if TYPE_CHECKING:

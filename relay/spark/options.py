@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from relay.config import Settings, load_settings, parse_pairs, settings_parser
-from relay.errors import ConfigError, run_command
+from relay.core.errors import ConfigError, run_command
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,3 @@ def load(args: argparse.Namespace) -> Settings:
 def run_job(job: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
     """Run a job's `main`, turning the relay's errors into their exit codes with a message."""
     return run_command("outbox-relay pipeline", lambda: job(argv))
-
-
-def main(job: str, argv: Sequence[str]) -> int:
-    """`outbox-relay pipeline materialize|audit [options]`."""
-    if job == "materialize":
-        from relay.spark import materialize as module
-    elif job == "audit":
-        from relay.spark import audit as module  # type: ignore[no-redef]
-    else:
-        raise ConfigError("pipeline", f"unknown job {job!r}; materialize or audit")
-    return run_job(module.main, argv)

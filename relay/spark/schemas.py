@@ -1,6 +1,6 @@
 """The writer schemas the pipeline can decode: every `.avsc` file of the registry folder.
 
-`schemas/` is the registry (see relay.encoding and relay.contract): a message names its writer
+`schemas/` is the registry (see relay.avro.encoding and relay.avro.contract): a message names its writer
 schema by the 8-byte CRC-64-AVRO fingerprint after the `C3 01` marker. The folder holds the
 generic envelope at the top level, typed envelopes under `events/`, and earlier versions of
 changed schemas under `history/` (never written, still decoded). This module reads every `.avsc`
@@ -37,7 +37,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import SchemaParseException, UnknownType, fingerprint, to_parsing_canonical_form
 
-from relay.errors import ServerUnreachableError
+from relay.core.errors import ServerUnreachableError
 from relay.spark import PipelineError
 
 log = logging.getLogger("relay.spark.schemas")
@@ -163,7 +163,7 @@ def registry_schemas(registry: RegistryAccess) -> dict[int, str]:
     fetched once). Raises ServerUnreachableError naming the URL when the registry cannot be read."""
     from confluent_kafka.schema_registry import SchemaRegistryError
 
-    from relay.framing import registry_client
+    from relay.avro.framing import registry_client
 
     client = registry_client(registry.url, registry.basic_auth)
     try:

@@ -126,8 +126,8 @@ def spark_session(app_name: str, master: str | None = None, shuffle_partitions: 
 
 
 def setup_job_logging(settings: Settings) -> None:
-    """The relay's log set-up for a job (`RELAY_LOG_LEVEL`, `RELAY_LOG_FORMAT`); relay.logs leaves
+    """The relay's log set-up for a job (`RELAY_LOG_LEVEL`, `RELAY_LOG_FORMAT`); relay.ops.logs leaves
     out py4j's INFO lines (one per gateway connection opened or closed)."""
-    from relay.logs import setup_logging
+    from relay.ops.logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_format)

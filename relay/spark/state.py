@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from relay.errors import DUPLICATE_KEY
+from relay.mongo.errors import DUPLICATE_KEY
 
 if TYPE_CHECKING:
     from pymongo import MongoClient

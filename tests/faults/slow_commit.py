@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from relay import transactions
+from relay.kafka import transactions
 from relay.cli import main
 
 DELAY_S = float(os.environ.get("RELAY_TEST_COMMIT_DELAY_S", "0.3"))

@@ -60,9 +60,9 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env)
     partition is written ahead of the replay of the earlier one (docs/faults.md, row 11)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from relay.message import OutgoingMessage
-    from relay.publisher import Publisher
-    from relay.window import Delivery
+    from relay.core.message import OutgoingMessage
+    from relay.kafka.producer import Publisher
+    from relay.core.window import Delivery
 
     broker = needs_local_stack(env.servers).kafka
     topic = env.topic()

@@ -11,8 +11,9 @@ import pymongo
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from relay.changes import oplog_start, token_cluster_time
-from relay.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
+from relay.mongo.changes import oplog_start
+from relay.core.positions import token_cluster_time
+from relay.core.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
     RelayProcess, RelayThread, Written, assert_complete_and_ordered, lease_doc, read_messages, read_topic, replica_set,

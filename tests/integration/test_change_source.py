@@ -4,7 +4,8 @@ took, so a checkpoint stored after it resumes at the first change it did not tak
 
 from __future__ import annotations
 
-from relay.changes import ChangeSource, StartPoint
+from relay.mongo.changes import ChangeSource
+from relay.core.positions import StartPoint
 from relay.outbox import Outbox, OutboxEvent
 
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from relay.devstack import free_port
+from relay.dev.stack import free_port
 from tests.support import ROOT, RelayThread, lease_doc, settings_env, topic_size, wait_until
 from relay.outbox import Outbox, OutboxEvent
 
@@ -90,7 +90,7 @@ def test_unreachable_mongodb_message_gives_the_whole_cause_in_one_line(env):
 
 
 def test_a_mongodb_that_is_not_a_replica_set_is_a_configuration_error(env, tmp_path):
-    from relay.devstack import ManagedProcess, mongod_binary
+    from relay.dev.stack import ManagedProcess, mongod_binary
 
     port = free_port()
     (tmp_path / "db").mkdir()

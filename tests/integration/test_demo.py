@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relay.devstack import pid_alive
+from relay.dev.stack import pid_alive
 from tests.support import ROOT, settings_env, wait_until
 
 EVENT_LINE = re.compile(r"^\S+\[\d+\]@\d+ (\S+) +(\S+) +id=(\S+) fencing=(\d+) payload=(\{.*\})$")

@@ -14,11 +14,11 @@ import sys
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from relay.errors import PoisonEventError
-from relay.offsets import transactional_id
+from relay.core.errors import PoisonEventError
+from relay.kafka.offsets_record import transactional_id
 from relay.outbox import Outbox, OutboxEvent
-from relay.tail import tail
-from relay.transactions import OffsetsTopic
+from relay.commands.tail import tail
+from relay.kafka.offsets_topic import OffsetsTopic
 from tests.faults.test_outbox_faults import _incompressible, _limit_topic
 from tests.support import (
     ROOT, CheckpointWatcher, RelayThread, Written, all_published, assert_complete_and_ordered, background_writes,

@@ -9,7 +9,7 @@ import time
 import pytest
 from bson import json_util
 
-from relay.changes import token_cluster_time
+from relay.core.positions import token_cluster_time
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
     RelayThread, assert_complete_and_ordered, lease_doc, read_topic, topic_size, wait_until,
@@ -87,7 +87,7 @@ def test_start_at_now_skips_earlier_events_and_stores_the_opening_token(env):
 
 
 def test_changed_pipeline_fingerprint_is_refused_with_a_clear_error(env):
-    from relay.errors import PipelineMismatchError
+    from relay.core.errors import PipelineMismatchError
 
     with RelayThread(env.settings):
         wait_until(lambda: (lease_doc(env.db, env.settings) or {}).get("resumeToken"), 30, "a checkpoint")
@@ -105,7 +105,7 @@ def test_changed_pipeline_fingerprint_is_refused_with_a_clear_error(env):
     ("occurredAt", "yesterday", "field 'occurredAt' must be a date"),
 ])
 def test_malformed_outbox_document_stops_the_relay_naming_the_event(env, bad_field, value, message):
-    from relay.errors import PoisonEventError
+    from relay.core.errors import PoisonEventError
 
     Outbox(env.outbox).add(OutboxEvent.new("order", "ok-1", "Created", {"n": 1}))
     bad = OutboxEvent.new("order", "bad", "Created", {"n": 2}).to_document()
@@ -125,7 +125,7 @@ def test_malformed_outbox_document_stops_the_relay_naming_the_event(env, bad_fie
 
 
 def test_oversized_event_stops_the_relay_naming_it(env):
-    from relay.errors import PoisonEventError
+    from relay.core.errors import PoisonEventError
 
     big = OutboxEvent.new("order", "big", "Created", {"blob": "x" * 2_000_000})
     Outbox(env.outbox).add(big)

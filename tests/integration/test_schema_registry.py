@@ -1,5 +1,5 @@
 """The Confluent wire format against a real Schema Registry server (Apicurio Registry serving the
-Confluent API, started by relay.registry_server; the `schema_registry` fixture).
+Confluent API, started by relay.dev.registry; the `schema_registry` fixture).
 
 The relay publishes from a real MongoDB to a real Kafka broker; the values are read back with a
 plain confluent-kafka consumer and `AvroDeserializer` against the server (its own client, not
@@ -27,9 +27,9 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.devstack import free_port
-from relay.encoding import SchemaRegistry
-from relay.errors import EXIT_DATA
+from relay.dev.stack import free_port
+from relay.avro.folder import SchemaRegistry
+from relay.core.errors import EXIT_DATA
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
     ROOT, Record, RelayProcess, RelayThread, Written, assert_complete_and_ordered, read_messages, settings_env,
@@ -295,7 +295,7 @@ def test_registry_paused_mid_run_the_relay_restarts_with_backoff_and_loses_nothi
 def test_registry_killed_mid_run_and_restarted_the_relay_loses_nothing(env, tmp_path):
     """Its own registry with durable (H2 file) storage, so the restarted server keeps its ids, as
     a production registry does."""
-    from relay.registry_server import SchemaRegistryServer
+    from relay.dev.registry import SchemaRegistryServer
 
     server = SchemaRegistryServer(Path(tempfile.mkdtemp(prefix="registry-kill-", dir=tmp_path)), persistent=True)
     server.start()
@@ -331,8 +331,8 @@ def test_tail_decodes_confluent_framed_messages_through_the_server(env, schema_r
 # ---- the dev stack -----------------------------------------------------------------------------
 
 def test_dev_up_with_schema_registry_prints_its_url_and_down_stops_it(tmp_path):
-    from relay.devstack import KAFKA_VERSION, cache_dir, pid_alive
-    from relay.registry_server import APICURIO_VERSION, registry_home
+    from relay.dev.stack import KAFKA_VERSION, cache_dir, pid_alive
+    from relay.dev.registry import APICURIO_VERSION, registry_home
 
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -13,8 +13,8 @@ from typing import Any
 from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
 
-from relay.changes import insert_change
-from relay.encoding import SchemaFolder
+from relay.mongo.codecs import insert_change
+from relay.avro.folder import SchemaFolder
 from tests.interop.bson_cases import n_bytes, n_decimal, n_double, n_ts
 
 HERE = Path(__file__).resolve().parent

@@ -31,7 +31,7 @@ from bson.errors import InvalidBSON
 from bson.int64 import Int64
 from hypothesis import strategies as st
 
-from relay.contract import ENVELOPE
+from relay.avro.contract import ENVELOPE
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 MIN_DATE = dt.datetime(1, 1, 1)

@@ -26,8 +26,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 
 from relay.config import Settings
-from relay.contract import ENVELOPE, SchemaFile, history_file_name, parse_file
-from relay.encoding import MessageBuilder, SchemaFolder
+from relay.avro.contract import ENVELOPE, SchemaFile, history_file_name, parse_file
+from relay.wiring import message_builder
+from relay.avro.folder import SchemaFolder
 from relay.outbox import Outbox, OutboxEvent
 from tests.interop.all_types import (
     ALL_TYPES, all_types_documents, change_for, generic_payload, registry_with_all_types,
@@ -140,7 +141,7 @@ def test_java_decodes_arbitrary_typed_payloads_equal_to_what_was_written(java, t
         registry = SchemaFolder.bundled()
         registry.add(envelope)
         doc = OutboxEvent.new("order", f"a{i}", f"Case{i}", case.payload).to_document()
-        values.append(MessageBuilder(Settings(), registry).build(change_for(doc), 1).value)
+        values.append(message_builder(Settings(), registry).build(change_for(doc), 1).value)
         expected.append((f"io.outboxrelay.test.Case{i}", case))
     decoded = java.decode(values, readers)
     for out, (name, case) in zip(decoded, expected):

@@ -20,7 +20,8 @@ import pytest
 pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra, issue 6)")
 
 from relay.config import Settings  # noqa: E402
-from relay.encoding import MessageBuilder  # noqa: E402
+
+from relay.wiring import message_builder  # noqa: E402
 from relay.outbox import OutboxEvent  # noqa: E402
 from tests.interop.all_types import (  # noqa: E402
     TOKEN, UID, all_types_documents, change_for, generic_payload, registry_with_all_types,
@@ -50,7 +51,7 @@ def test_spark_from_avro_decodes_every_writer_schema_and_selects_the_common_colu
     from pyspark.sql.avro.functions import from_avro
 
     registry = registry_with_all_types()
-    builder = MessageBuilder(Settings(), registry)
+    builder = message_builder(Settings(), registry)
     events = [OutboxEvent.new("order", f"all-{i}", "AllTypes", payload) for i, (payload, _) in enumerate(
         all_types_documents())]
     events += [OutboxEvent.new("order", "g", "NoSchema", generic_payload()),

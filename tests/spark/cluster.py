@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relay.devstack import ManagedProcess, free_port
+from relay.dev.stack import ManagedProcess, free_port
 from tests.support import wait_until
 
 WORKER_CORES = 2

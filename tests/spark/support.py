@@ -20,7 +20,9 @@ from bson.json_util import RELAXED_JSON_OPTIONS
 from confluent_kafka import Producer
 
 from relay.config import Settings
-from relay.encoding import ENVELOPE, HEADER_FENCING, SchemaRegistry
+from relay.avro.contract import ENVELOPE
+from relay.core.message import HEADER_FENCING
+from relay.avro.folder import SchemaRegistry
 from relay.outbox import OutboxEvent
 from relay.spark.materialize import MaterializeConfig, MongoView
 from relay.spark.state import read_state

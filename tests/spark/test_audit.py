@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from relay.errors import EXIT_DATA
+from relay.core.errors import EXIT_DATA
 from relay.outbox import FieldNames, Outbox, OutboxEvent
 from relay.spark import audit as audit_job
 from relay.spark.audit import AuditConfig, audit
@@ -27,7 +27,7 @@ def test_audit_passes_on_a_clean_relay_run(env, spark):
     written = _publish(env, 1200)
     s = env.settings
     report = audit(spark, AuditConfig(
-        s.mongodb_uri, s.database, s.outbox_collection, FieldNames.from_settings(s), s.kafka_bootstrap_servers,
+        s.mongodb_uri, s.database, s.outbox_collection, s.parts().encoding.fields, s.kafka_bootstrap_servers,
         (), topic_pattern(s.topic_template), since, dt.datetime.now(dt.timezone.utc)))
     assert report["passed"] and report["failures"] == []
     assert report["outbox"]["events"] == report["kafka"]["eventsInRange"] == len(written.ids)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.errors import EXIT_DATA, EXIT_FATAL
+from relay.core.errors import EXIT_DATA, EXIT_FATAL
 from relay.outbox import Outbox, OutboxEvent
 from relay.spark.materialize import DEFAULT_VIEW_COLLECTION
 from tests.spark.cluster import JAVA_TOOL_OPTIONS, Finished, StandaloneCluster, run_to_end

@@ -11,16 +11,17 @@ import json
 import fastavro
 import pytest
 
-from relay.encoding import ENVELOPE, SchemaRegistry
-from relay.devstack import free_port
-from relay.errors import EXIT_DATA, ServerUnreachableError
-from relay.framing import MessageDecoder, registry_client
+from relay.avro.contract import ENVELOPE
+from relay.avro.folder import SchemaRegistry
+from relay.dev.stack import free_port
+from relay.core.errors import EXIT_DATA, ServerUnreachableError
+from relay.avro.framing import MessageDecoder, registry_client
 from relay.outbox import Outbox, OutboxEvent
 from relay.spark import audit as audit_job
 from relay.spark import materialize as materialize_job
 from relay.spark.decode import decode_events
 from relay.spark.schemas import RegistryAccess, with_registry_ids, writer_schemas
-from relay.status import reset_checkpoint
+from relay.commands.status import reset_checkpoint
 from tests.spark.support import (
     SPARK_FLAGS, VIEW_COLLECTION, assert_view_equals_outbox, mongo_view, outbox_state, parquet_view,
 )

@@ -10,7 +10,8 @@ from importlib import resources
 
 import pytest
 
-from relay.encoding import ENVELOPE, SchemaRegistry
+from relay.avro.contract import ENVELOPE
+from relay.avro.folder import SchemaRegistry
 from relay.spark.decode import decode_events, topic_pattern
 from relay.spark.schemas import writer_schemas
 

@@ -14,7 +14,7 @@ from relay.outbox import Outbox, OutboxEvent
 from relay.spark import PipelineError
 from relay.spark.materialize import EVENTS_QUERY, STATE_QUERY, materialize
 from relay.spark.state import conditional_upsert
-from relay.status import reset_checkpoint
+from relay.commands.status import reset_checkpoint
 from tests.spark.support import (
     SPARK_FLAGS, VIEW_COLLECTION, PipelineProcess, assert_view_equals_outbox, copies_of, materialize_config,
     mongo_view, outbox_state, parquet_view, positions,

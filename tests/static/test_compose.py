@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import jsonschema
 import pytest
 
-from relay import devstack
+from relay.dev import stack as devstack
 from tests.static.support import COMPOSE, DOCKERFILE, load_yaml, relay_settings
 from tests.support import ROOT
 

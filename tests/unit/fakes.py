@@ -1,4 +1,4 @@
-"""In-memory fakes of the loop's boundaries (relay.boundaries), sharing one `World`.
+"""In-memory fakes of the loop's boundaries (relay.core.boundaries), sharing one `World`.
 
 The world holds an outbox (a list of events, each with its resume token), a broker (partitions,
 the messages appended to them, the events whose report came back successful), one lease document
@@ -27,19 +27,23 @@ from typing import Any
 from bson import ObjectId, Timestamp
 from confluent_kafka import KafkaError
 
-from relay.changes import Batch, StartPoint, insert_change, inspect
+from relay.avro.encoding import decoded
+from relay.avro.folder import SchemaFolder
 from relay.config import Settings
-from relay.encoding import MessageBuilder, SchemaFolder
-from relay.errors import HistoryLostError, LeaseLostError
-from relay.lease import Checkpoint, Grant
-from relay.message import HEADER_FENCING
-from relay.observe import Observer
-from relay.publisher import delivery_failure
-from relay.relay import Relay
-from relay.window import Delivery
+from relay.core.errors import HistoryLostError, LeaseLostError
+from relay.core.loop import Relay
+from relay.core.message import HEADER_FENCING
+from relay.core.positions import Batch, Checkpoint, Grant, StartPoint
+from relay.core.window import Delivery
+from relay.kafka.producer import delivery_failure
+from relay.mongo.changes import inspect
+from relay.mongo.codecs import insert_change
+from relay.ops.observe import Observer
+from relay.wiring import message_builder
 
 FOLDER = SchemaFolder.bundled()
 FINGERPRINT = "fake-pipeline"
+AWAIT_S = 0.2  # how long an empty read waits (RELAY_MAX_AWAIT_MS)
 EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
@@ -143,7 +147,7 @@ class World:
         self.broker = Broker()
         self.lease = LeaseDoc()
         self.violations: list[str] = []
-        self.opens: list[StartPoint] = []
+        self.opens: list[StartPoint | str] = []  # "rescan" for a rescan
         self.stale_sent = 0  # messages sent with a stale fencing token since the last takeover
         self.max_events = 0  # RELAY_BATCH_MAX_EVENTS of the relay under test
         self.history_lost_before: int | None = None  # tokens covering fewer events left the oplog
@@ -183,7 +187,14 @@ class FakeSource:
             self.position = len(w.outbox.changes) if start == StartPoint() else 0
 
     def rescan(self) -> None:
-        raise NotImplementedError("the fakes do not rescan")
+        """Open at "now", serve every outbox document as a batch without a token, then the
+        opening token (RELAY_ON_HISTORY_LOST=rescan; relay.mongo.changes.ChangeSource.rescan)."""
+        w = self.world
+        w.opens.append("rescan")
+        self.position = len(w.outbox.changes)
+        scan = f"00{len(w.opens):08x}"
+        self.scan = deque(insert_change(decoded(c)["fullDocument"], {"_data": f"{scan}{i:012x}"}, raw=True)
+                          for i, c in enumerate(w.outbox.changes))
 
     @property
     def token(self) -> dict[str, str] | None:
@@ -191,20 +202,30 @@ class FakeSource:
 
     def next_batch(self, max_events: int) -> Batch:
         assert self.position is not None, "open() first"
+        if self.scan is not None:
+            if not self.scan:
+                self.scan = None
+                return Batch([], token(self.position))  # the scan is done: the opening token covers it
+            changes = [self.scan.popleft() for _ in range(min(max_events, len(self.scan)))]
+            return Batch(changes, None, wall_ms=[-1] * len(changes))
         available = len(self.world.outbox.changes) - self.position
         n = self.world.rng.randint(0, min(max_events, available)) if available else 0
         if available and n == 0 and self.world.rng.random() < 0.7:
             n = min(max_events, available)  # mostly, what is there is returned
         changes = self.world.outbox.changes[self.position:self.position + n]
         self.position += n
+        if not changes:
+            self.world.clock.advance(AWAIT_S)  # a getMore with nothing new waits RELAY_MAX_AWAIT_MS
         return Batch(list(changes), token(self.position), wall_ms=inspect(list(changes))[1])
 
     def close(self) -> None:
         if self.position is not None:
-            self.closed_at = self.position
+            self.closed_at = None if self.scan is not None else self.position  # mid-scan: nothing covered
         self.position = None
+        self.scan = None
 
     closed_at: int | None = None  # the position when the stream was last closed
+    scan: deque[Any] | None = None  # the documents a rescan still has to serve
 
 
 class _Report:
@@ -218,7 +239,7 @@ class _Report:
 
 
 class FakePublisher:
-    """relay.publisher.Publisher over `world.broker`: reports come back in send order per
+    """relay.kafka.producer.Publisher over `world.broker`: reports come back in send order per
     partition, the partitions interleaved at random; `world.broker.fail_next` makes reports fail
     (the message may or may not have been appended: idempotence keeps no promise about a timed-out
     message). As librdkafka does, a partition whose message timed out sends nothing more until its
@@ -304,7 +325,7 @@ class FakePublisher:
 
 
 class FakeLease:
-    """The lease document in `world.lease`, fenced like relay.lease.LeaseStore (server time is
+    """The lease document in `world.lease`, fenced like relay.mongo.lease.LeaseStore (server time is
     the world's clock)."""
 
     lease_id = "db.outbox"
@@ -359,7 +380,7 @@ class FakeLease:
 
 
 class FakeAssignment:
-    """A group's say over one relay (relay.boundaries.Assignment): `allow` gates lease attempts,
+    """A group's say over one relay (relay.core.boundaries.Assignment): `allow` gates lease attempts,
     `release` asks a leader to hand over at its next batch boundary (once). `held` follows what
     the relay reports, and `violations` what breaks the contract: a relay that reports holding
     a lease it was not allowed to try."""
@@ -389,6 +410,19 @@ class FakeAssignment:
         return False
 
 
+class FakeProducers:
+    """At-least-once mode (relay.core.boundaries.Producers): a new FakePublisher per leading
+    session, resuming at the lease document's checkpoint."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.publishers: list[Any] = []
+
+    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Any, Checkpoint]:
+        self.publishers.append(FakePublisher(self.world))
+        return self.publishers[-1], grant.checkpoint
+
+
 # ---- a relay on the fakes ------------------------------------------------------------------------
 
 def fake_settings(**changes: Any) -> Settings:
@@ -404,24 +438,27 @@ class FakeRelay:
     sources: list[FakeSource]
 
 
+def relay_on(world: World, settings: Settings, producers: Any, source: Callable[[], FakeSource],
+             lease: FakeLease, observer: Observer | None = None, assignment: FakeAssignment | None = None) -> Relay:
+    """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes."""
+    world.max_events = settings.batch_max_events
+    parts = settings.parts()
+    return Relay(parts.loop, source=source, producers=producers, lease=lease,
+                 encoder=message_builder(parts, FOLDER), observer=observer or Observer(parts.observer),
+                 fingerprint=FINGERPRINT, clock=world.clock,
+                 **({} if assignment is None else {"assignment": assignment}))
+
+
 def fake_relay(world: World, settings: Settings, observer: Observer | None = None,
                assignment: FakeAssignment | None = None) -> FakeRelay:
-    """A real `Relay` (and the real MessageBuilder) on the world's fakes."""
-    world.max_events = settings.batch_max_events
-    publishers: list[FakePublisher] = []
+    """A real `Relay` (and the real MessageBuilder) on the world's fakes, at-least-once."""
+    producers = FakeProducers(world)
     sources: list[FakeSource] = []
-
-    def new_publisher() -> FakePublisher:
-        publishers.append(FakePublisher(world))
-        return publishers[-1]
 
     def new_source() -> FakeSource:
         sources.append(FakeSource(world))
         return sources[-1]
 
-    relay = Relay(settings, source=new_source, publisher=new_publisher,
-                  lease=FakeLease(world, settings.instance_id, settings.lease_ttl_s),
-                  encoder=MessageBuilder(settings, FOLDER), observer=observer or Observer(settings),
-                  fingerprint=FINGERPRINT, clock=world.clock,
-                  **({} if assignment is None else {"assignment": assignment}))
-    return FakeRelay(relay, publishers, sources)
+    relay = relay_on(world, settings, producers, new_source, FakeLease(world, settings.instance_id, settings.lease_ttl_s),
+                     observer, assignment)
+    return FakeRelay(relay, producers.publishers, sources)

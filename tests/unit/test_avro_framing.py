@@ -10,16 +10,17 @@ import uuid
 
 import pytest
 
-from relay.changes import insert_change
+from relay.mongo.codecs import insert_change
 from relay.config import Settings
-from relay.contract import ENVELOPE
-from relay.encoding import MessageBuilder, SchemaFolder
-from relay.errors import (
-    ConfigError, SchemaRegistryRefusedError, SchemaRegistryUnavailableError, StopError, TransientError,
+from relay.avro.contract import ENVELOPE
+from relay.wiring import message_builder
+from relay.avro.folder import SchemaFolder
+from relay.core.errors import (
+    ConfigError, SchemaRegistryRefusedError, SchemaRegistryUnavailableError, OperatorActionError as StopError, TransientError,
 )
-from relay.framing import (
-    CONFLUENT, SINGLE_OBJECT, ConfluentFraming, MessageDecoder, SingleObjectFraming, framing_for,
-    registry_client,
+from relay.avro.wire import CONFLUENT, SINGLE_OBJECT
+from relay.avro.framing import (
+    ConfluentFraming, MessageDecoder, SingleObjectFraming, framing_for, registry_client,
 )
 from relay.outbox import OutboxEvent
 
@@ -45,14 +46,14 @@ def generic() -> dict:
 
 
 def test_without_a_registry_url_values_use_single_object_encoding():
-    assert isinstance(framing_for(Settings(), REGISTRY), SingleObjectFraming)
-    value = MessageBuilder(Settings(), REGISTRY).build(change_for(generic()), 1).value
+    assert isinstance(framing_for(Settings().parts().registry, REGISTRY), SingleObjectFraming)
+    value = message_builder(Settings(), REGISTRY).build(change_for(generic()), 1).value
     assert value[:2] == b"\xc3\x01" and value[2:10] == REGISTRY.fingerprint(ENVELOPE)
 
 
 def test_with_a_registry_url_values_use_the_confluent_wire_format_with_the_registered_id():
     settings = mock_settings()
-    builder = MessageBuilder(settings, REGISTRY)
+    builder = message_builder(settings, REGISTRY)
     typed = builder.build(change_for(order_created()), 1)
     plain = builder.build(change_for(generic()), 1)
     client = registry_client(settings.schema_registry_url)
@@ -68,8 +69,8 @@ def test_with_a_registry_url_values_use_the_confluent_wire_format_with_the_regis
 
 
 def test_both_framings_carry_the_same_avro_body():
-    single = MessageBuilder(Settings(), REGISTRY).build(change_for(doc := order_created()), 1).value
-    confluent = MessageBuilder(mock_settings(), REGISTRY).build(change_for(doc), 1).value
+    single = message_builder(Settings(), REGISTRY).build(change_for(doc := order_created()), 1).value
+    confluent = message_builder(mock_settings(), REGISTRY).build(change_for(doc), 1).value
     assert single[10:] == confluent[5:]
 
 
@@ -80,14 +81,14 @@ def test_both_framings_carry_the_same_avro_body():
 ])
 def test_the_subject_naming_strategy_is_configurable(strategy, subject):
     settings = mock_settings(RELAY_SCHEMA_REGISTRY_SUBJECT_STRATEGY=strategy)
-    MessageBuilder(settings, REGISTRY).build(change_for(order_created()), 1)
+    message_builder(settings, REGISTRY).build(change_for(order_created()), 1)
     assert registry_client(settings.schema_registry_url).get_subjects() == [subject]
 
 
 def test_with_auto_registration_off_an_unregistered_schema_stops_the_relay_naming_the_subject():
     settings = mock_settings(RELAY_SCHEMA_REGISTRY_AUTO_REGISTER="false")
     with pytest.raises(SchemaRegistryRefusedError) as err:
-        MessageBuilder(settings, REGISTRY).build(change_for(order_created()), 1)
+        message_builder(settings, REGISTRY).build(change_for(order_created()), 1)
     assert isinstance(err.value, StopError) and f"outbox.event.order-{TYPED}" in str(err.value)
 
 
@@ -97,7 +98,7 @@ def test_with_auto_registration_off_a_pre_registered_schema_is_used():
     settings = mock_settings(RELAY_SCHEMA_REGISTRY_AUTO_REGISTER="false")
     client = registry_client(settings.schema_registry_url)
     schema_id = client.register_schema(f"outbox.event.order-{ENVELOPE}", Schema(json.dumps(REGISTRY.raw(ENVELOPE)), "AVRO"))
-    value = MessageBuilder(settings, REGISTRY).build(change_for(generic()), 1).value
+    value = message_builder(settings, REGISTRY).build(change_for(generic()), 1).value
     assert int.from_bytes(value[1:5], "big") == schema_id
 
 
@@ -121,7 +122,7 @@ def test_registry_errors_are_classified_transient_or_stop():
     for exc, kind in cases:
         framing = ConfluentFraming(REGISTRY, Failing(exc))  # type: ignore[arg-type]
         with pytest.raises(kind):
-            MessageBuilder(Settings(), REGISTRY, framing).build(change_for(generic()), 1)
+            message_builder(Settings(), REGISTRY, framing=framing).build(change_for(generic()), 1)
     assert issubclass(SchemaRegistryUnavailableError, TransientError)
 
 
@@ -131,7 +132,7 @@ def test_decoder_names_unknown_or_foreign_values():
         decoder.decode(b"\x00\x00\x00\x00\x01\x02")
     with pytest.raises(ValueError, match="neither Avro single-object"):
         decoder.decode(b"{}")
-    single = decoder.decode(MessageBuilder(Settings(), REGISTRY).build(change_for(generic()), 1).value)
+    single = decoder.decode(message_builder(Settings(), REGISTRY).build(change_for(generic()), 1).value)
     assert (single.framing, single.schema) == (SINGLE_OBJECT, ENVELOPE)
 
 

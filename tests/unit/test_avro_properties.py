@@ -11,10 +11,11 @@ from bson.codec_options import DatetimeConversion
 from bson.json_util import JSONOptions, JSONMode
 from hypothesis import HealthCheck, given, settings
 
-from relay.changes import insert_change
+from relay.mongo.codecs import insert_change
 from relay.config import Settings
-from relay.contract import ENVELOPE
-from relay.encoding import MessageBuilder, SchemaFolder
+from relay.avro.contract import ENVELOPE
+from relay.wiring import message_builder
+from relay.avro.folder import SchemaFolder
 from relay.outbox import OutboxEvent
 from tests.interop.bson_cases import (
     Case, bson_documents, normalize_python, same_bson, typed_cases,
@@ -42,7 +43,7 @@ def registry_with(case: Case, event_type: str = "PropertyEvent") -> SchemaFolder
 @given(bson_documents())
 def test_generic_envelope_round_trips_any_bson_payload_as_relaxed_extended_json(payload):
     doc = OutboxEvent.new("order", "o1", "NoSchemaForThis", payload).to_document()
-    value = MessageBuilder(Settings(), BUNDLED).build(change_for(doc), 1).value
+    value = message_builder(Settings(), BUNDLED).build(change_for(doc), 1).value
     name, record = BUNDLED.decode_named(value)
     assert name == ENVELOPE
     assert record["payload"] == json_util.dumps(doc["payload"], json_options=json_util.RELAXED_JSON_OPTIONS)
@@ -54,7 +55,7 @@ def test_generic_envelope_round_trips_any_bson_payload_as_relaxed_extended_json(
 def test_typed_envelope_round_trips_any_payload_that_fits_its_schema(case):
     registry = registry_with(case)
     doc = OutboxEvent.new("order", "o1", "PropertyEvent", case.payload).to_document()
-    builder = MessageBuilder(Settings(), registry)
+    builder = message_builder(Settings(), registry)
     value = builder.build(change_for(doc), 1).value
     name, record = registry.decode_named(value)
     assert name == "io.outboxrelay.test.PropertyEvent"

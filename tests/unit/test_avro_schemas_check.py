@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import pytest
 
-from relay.errors import EXIT_DATA
-from relay.schemas_check import run
+from relay.core.errors import EXIT_DATA
+from relay.avro.schemas_check import run
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"

@@ -1,4 +1,4 @@
-"""The BSON -> Avro mapping (relay.avro_types): each row of the table, and each value that has no
+"""The BSON -> Avro mapping (relay.avro.mapping): each row of the table, and each value that has no
 exact mapping refused with the field path."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from bson import Binary, Code, Decimal128, MaxKey, MinKey, ObjectId, Regex, Time
 from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 
-from relay.avro_types import PayloadMapper, UnmappableValueError, UnsupportedSchemaError
+from relay.avro.mapping import PayloadMapper, UnmappableValueError, UnsupportedSchemaError
 
 UTC = dt.timezone.utc
 OID = ObjectId("65f0c0ffee00000000000001")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from relay.config import Settings, markdown_table
-from relay.errors import ConfigError
+from relay.core.errors import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -9,10 +9,13 @@ import pytest
 from bson import ObjectId
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from relay.changes import insert_change
+from relay.mongo.codecs import insert_change
 from relay.config import Settings
-from relay.encoding import ENVELOPE, HEADER_FENCING, MessageBuilder, SchemaFolder
-from relay.errors import PoisonEventError
+from relay.avro.contract import ENVELOPE
+from relay.core.message import HEADER_FENCING
+from relay.wiring import message_builder
+from relay.avro.folder import SchemaFolder
+from relay.core.errors import PoisonEventError
 from relay.outbox import OutboxEvent
 
 REGISTRY = SchemaFolder.bundled()
@@ -27,7 +30,7 @@ def change_for(doc: dict) -> dict:
 def test_single_object_header_is_c301_and_the_little_endian_crc64_fingerprint():
     schema = REGISTRY.schema(ENVELOPE)
     expected = bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
-    value = MessageBuilder(Settings(), REGISTRY).build(change_for(
+    value = message_builder(Settings(), REGISTRY).build(change_for(
         OutboxEvent.new("order", "o1", "Created", {"a": 1}).to_document()), 3).value
     assert value[:2] == b"\xc3\x01" and value[2:10] == expected
 
@@ -36,7 +39,7 @@ def test_message_round_trips_and_carries_cloudevents_headers():
     when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
     event = OutboxEvent.new("order", "o-9", "OrderPaid", {"amount": 12.5, "id": ObjectId("6b0220000000000000000001")},
                             occurred_at=when, headers={"traceparent": "00-abc"})
-    msg = MessageBuilder(Settings(), REGISTRY).build(change_for(event.to_document()), 7)
+    msg = message_builder(Settings(), REGISTRY).build(change_for(event.to_document()), 7)
     assert msg.topic == "outbox.event.order" and msg.key == b"o-9"
     decoded = REGISTRY.decode(msg.value)
     assert decoded["id"] == event.id_str and decoded["occurredAt"] == when
@@ -52,7 +55,7 @@ def test_message_round_trips_and_carries_cloudevents_headers():
 
 def test_topic_field_overrides_the_template():
     doc = OutboxEvent.new("order", "o1", "Created", {}, topic="custom.topic").to_document()
-    assert MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1).topic == "custom.topic"
+    assert message_builder(Settings(), REGISTRY).build(change_for(doc), 1).topic == "custom.topic"
 
 
 @pytest.mark.parametrize("mutate, fragment", [
@@ -69,7 +72,7 @@ def test_malformed_documents_are_poison_naming_event_and_field(mutate, fragment)
     doc = OutboxEvent.new("order", "o1", "Created", {}).to_document()
     mutate(doc)
     with pytest.raises(PoisonEventError) as err:
-        MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1)
+        message_builder(Settings(), REGISTRY).build(change_for(doc), 1)
     assert err.value.event_id == str(doc["_id"]) and fragment in str(err.value)
 
 
@@ -77,7 +80,7 @@ def test_event_larger_than_message_max_bytes_is_poison():
     settings = Settings.load(env={"RELAY_KAFKA_MESSAGE_MAX_BYTES": "5000"})
     doc = OutboxEvent.new("order", "o1", "Created", {"blob": "x" * 6000}).to_document()
     with pytest.raises(PoisonEventError, match="exceeds message.max.bytes"):
-        MessageBuilder(settings, REGISTRY).build(change_for(doc), 1)
+        message_builder(settings, REGISTRY).build(change_for(doc), 1)
 
 
 def test_decode_rejects_unknown_fingerprints_and_foreign_bytes():
@@ -90,13 +93,13 @@ def test_decode_rejects_unknown_fingerprints_and_foreign_bytes():
 # ---- typed envelopes ----------------------------------------------------------------------------
 
 def test_event_types_with_a_schema_use_their_typed_envelope_and_others_the_generic_one():
-    typed = MessageBuilder(Settings(), REGISTRY).build(change_for(OutboxEvent.new(
+    typed = message_builder(Settings(), REGISTRY).build(change_for(OutboxEvent.new(
         "order", "o1", "OrderCreated", {"orderId": "o1", "amount": 12.5, "step": 1}).to_document()), 1)
     name, record = REGISTRY.decode_named(typed.value)
     assert name == "io.outboxrelay.v1.events.OrderCreated"
     assert record["payload"] == {"orderId": "o1", "amount": 12.5, "step": 1}
     assert typed.value[2:10] == REGISTRY.fingerprint(name)
-    plain = MessageBuilder(Settings(), REGISTRY).build(change_for(OutboxEvent.new(
+    plain = message_builder(Settings(), REGISTRY).build(change_for(OutboxEvent.new(
         "order", "o1", "OrderShipped", {"n": 1}).to_document()), 1)
     assert REGISTRY.decode_named(plain.value) == (ENVELOPE, REGISTRY.decode(plain.value))
     assert REGISTRY.decode(plain.value)["payload"] == '{"n": 1}'
@@ -114,7 +117,7 @@ def test_typed_and_generic_envelopes_share_every_top_level_field_but_payload():
 def test_a_typed_payload_that_does_not_fit_its_schema_is_poison_naming_the_field_path():
     doc = OutboxEvent.new("order", "o1", "OrderCreated", {"orderId": "o1", "amount": "12.50", "step": 1}).to_document()
     with pytest.raises(PoisonEventError) as err:
-        MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1)
+        message_builder(Settings(), REGISTRY).build(change_for(doc), 1)
     assert err.value.event_id == str(doc["_id"])
     assert "field 'payload.amount' holds string, which does not map to Avro double" in str(err.value)
     assert "schemas/events/OrderCreated.avsc" in str(err.value)
@@ -125,7 +128,7 @@ def test_dates_outside_years_1_to_9999_stay_in_the_generic_payload_as_extended_j
 
     doc = OutboxEvent.new("order", "o1", "Created", {"far": DatetimeMS(2**50), "pre": dt.datetime(
         1969, 7, 20, 20, 17, 40, tzinfo=dt.timezone.utc)}).to_document()
-    payload = REGISTRY.decode(MessageBuilder(Settings(), REGISTRY).build(change_for(doc), 1).value)["payload"]
+    payload = REGISTRY.decode(message_builder(Settings(), REGISTRY).build(change_for(doc), 1).value)["payload"]
     assert payload == '{"far": {"$date": {"$numberLong": "1125899906842624"}}, ' \
                       '"pre": {"$date": {"$numberLong": "-14182940000"}}}'
 
@@ -134,7 +137,7 @@ def test_a_schema_folder_breaking_the_envelope_rules_is_refused_naming_the_file(
     import json
     import shutil
 
-    from relay.contract import SchemaError
+    from relay.avro.contract import SchemaError
 
     shutil.copy(Path(REGISTRY_DIR, "outbox_event.avsc"), tmp_path)
     (tmp_path / "events").mkdir()

@@ -9,7 +9,7 @@ jumps, graceful stops and crashes, and checks after every step what the guarante
 - at most RELAY_BATCH_MAX_EVENTS messages are unacknowledged, and after a takeover the old
   holder sends at most that many with its stale fencing token;
 and at the end, with the faults healed, every event is published, first copies in commit order
-per key. The group's assignment (relay.group, for partitioned outboxes) is in it too: a hand-over
+per key. The group's assignment (relay.group.runner, for partitioned outboxes) is in it too: a hand-over
 asked at a batch boundary stores the final checkpoint and releases the lease, and a relay whose
 assignment says no never takes the lease. The real-server tests (tests/faults, tests/integration) check the same against mongod
 and Kafka.
@@ -21,32 +21,24 @@ import io
 import json
 import logging
 import random
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings as hsettings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from relay.errors import (
-    LeaseLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError, RepeatedStreamError,
-    StreamInvalidatedError,
+from relay.config import Settings
+from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis.stateful import invariant, rule
+
+from relay.core.errors import (
+    LeaseLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError, RepeatedStreamError, StreamInvalidatedError,
 )
-from relay.logs import setup_logging
-from relay.observe import Observer
+from relay.ops.logs import setup_logging
+from relay.ops.observe import Observer
 from tests.unit.fakes import (
     FakeAssignment, FakeRelay, World, covered_by, fake_relay, fake_settings, outbox_document, token,
 )
-
-KEYS = ["k0", "k1", "k2", "k3", "k4"]
-
-
-def _write(world: World, n: int, **overrides: object) -> list[str]:
-    ids = []
-    for _ in range(n):
-        seq = len(world.outbox.changes)
-        change = world.outbox.add(outbox_document(seq, KEYS[seq % len(KEYS)], **overrides))
-        ids.append(str(change["fullDocument"]["_id"]))
-    return ids
-
+from tests.unit.machine import RelayMachine, first_copies_in_commit_order
+from tests.unit.machine import write as _write
 
 def _turn_until(fr: FakeRelay, done: object, turns: int = 2000) -> None:
     for _ in range(turns):
@@ -57,71 +49,43 @@ def _turn_until(fr: FakeRelay, done: object, turns: int = 2000) -> None:
 
 
 def _first_copies_in_commit_order(world: World) -> None:
-    by_key: dict[bytes, list[str]] = {}
-    seen: set[str] = set()
-    for m in world.broker.messages():
-        if m.event_id not in seen:
-            seen.add(m.event_id)
-            by_key.setdefault(m.key, []).append(m.event_id)
-    order = {event_id: i for i, event_id in enumerate(world.outbox.event_ids())}
-    for key, ids in by_key.items():
-        assert ids == sorted(ids, key=order.__getitem__), f"key {key!r} out of commit order"
+    first_copies_in_commit_order(world.broker.messages(), world)
 
 
 # ---- the state machine ----------------------------------------------------------------------------
 
-class LoopMachine(RuleBasedStateMachine):
-    """One outbox, one relay at a time (restarted after graceful stops and crashes)."""
+class LoopMachine(RelayMachine):
+    """At-least-once (tests/unit/machine.py's rules), plus the group's assignment: a hand-over asked
+    at a batch boundary stores the final checkpoint and releases the lease, and a relay whose
+    assignment says no never takes the lease. Consumers see the broker's log: every event at
+    least once, first copies in commit order per key."""
 
-    @initialize(seed=st.integers(0, 2**32 - 1), max_events=st.integers(1, 12), depth=st.integers(1, 3),
-                max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]))
-    def start(self, seed: int, max_events: int, depth: int, max_bytes: int) -> None:
-        self.world = World(random.Random(seed))
-        self.settings = fake_settings(batch_max_events=max_events, pipeline_depth=depth,
-                                      batch_max_bytes=max_bytes)
-        self.generation = 0
+    def settings(self, **changes: object) -> Settings:
+        return fake_settings(**changes)
+
+    def new_relay(self, settings: Settings) -> FakeRelay:
         self.assignment = FakeAssignment()
-        self.fr = fake_relay(self.world, self.settings, assignment=self.assignment)
+        return fake_relay(self.world, settings, assignment=self.assignment)
 
-    def _replace_relay(self) -> None:
-        self.generation += 1
-        self.assignment = FakeAssignment()
-        self.fr = fake_relay(self.world, self.settings.replace(instance_id=f"A{self.generation}"),
-                             assignment=self.assignment)
-
-    @rule(n=st.integers(1, 15))
-    def write(self, n: int) -> None:
-        _write(self.world, n)
-
-    @rule(turns=st.integers(1, 4))
-    def turn(self, turns: int) -> None:
-        for _ in range(turns):
-            self.fr.relay.turn()
-
-    @rule(n=st.integers(1, 3))
-    def fail_reports(self, n: int) -> None:
-        self.world.broker.fail_next += n
-
-    @rule()
-    def take_over(self) -> None:
-        self.world.take_over()
+    def seen(self) -> list[Any]:
+        return self.world.broker.messages()
 
     @rule()
     def hand_over(self) -> None:
         """The group asks for the lease back (balancing): at its next batch boundary the leader
         settles what is in flight, stores the final checkpoint and releases the lease."""
         w, a = self.world, self.assignment
-        me = self.fr.relay.settings.instance_id
-        holder, failing = w.lease.owner == me, w.broker.fail_next > 0
+        me = self.handle.relay.observer.config.instance_id
+        holder, failing = w.lease.owner == me, w.broker.fail_next > 0 or bool(w.broker.refuse)
         before = a.handed_over
         a.release = True
-        self.fr.relay.turn()
+        self.handle.relay.turn()
         if a.handed_over == before:
             a.release = False  # it was not leading: nothing to hand over
             return
-        if holder and not failing:
+        source = self.handle.sources[-1]
+        if holder and not failing and source.closed_at is not None:
             assert w.lease.owner is None and w.lease.released, "the lease is released at once"
-            source = self.fr.sources[-1]
             assert covered_by(w.lease.token) == source.closed_at, \
                 "the final checkpoint covers everything the session read"
 
@@ -130,39 +94,13 @@ class LoopMachine(RuleBasedStateMachine):
         """The group lets this replica try the lease, or not (above its share)."""
         self.assignment.allow = allow
 
-    @rule(seconds=st.floats(0.1, 6.0))
-    def clock_jumps(self, seconds: float) -> None:
-        self.world.clock.advance(seconds)
-
-    @rule()
-    def graceful_stop(self) -> None:
-        relay = self.fr.relay
-        relay.stop()
-        relay.run()  # finishes the deliveries in flight, stores, releases
-        self._replace_relay()
-
-    @rule()
-    def crash(self) -> None:
-        for publisher in self.fr.publishers:
-            publisher.close()  # what was on its way may still land, without a report
-        self._replace_relay()
-
     @invariant()
-    def guarantees_hold(self) -> None:
-        assert not self.world.violations, self.world.violations
+    def assignment_respected(self) -> None:
         assert not self.assignment.violations, self.assignment.violations
 
-    def teardown(self) -> None:
-        if not hasattr(self, "world"):
-            return
-        w = self.world
-        w.broker.fail_next = 0
+    def heal(self) -> None:
+        super().heal()
         self.assignment.allow = True
-        w.clock.advance(10)  # any other holder's lease expires
-        _turn_until(self.fr, lambda: set(w.outbox.event_ids()) <= w.broker.acked
-                    and w.lease.token is not None and covered_by(w.lease.token) == len(w.outbox.changes))
-        assert not w.violations, w.violations
-        _first_copies_in_commit_order(w)
 
 
 TestLoopMachine = LoopMachine.TestCase
@@ -270,7 +208,7 @@ def test_lost_lease_stops_publishing_and_waits_as_a_standby():
 
 
 def test_hand_over_settles_what_is_in_flight_stores_the_final_checkpoint_and_releases_the_lease():
-    """A group asks its leader for the lease back at a batch boundary (relay.group): the deliveries
+    """A group asks its leader for the lease back at a batch boundary (relay.group.runner): the deliveries
     in flight are settled, their token stored, the lease released at once; then the relay waits
     as a standby until its assignment lets it try again."""
     world = World(random.Random(7))
@@ -341,7 +279,7 @@ class _FailingSource:
 def test_a_reopenable_stream_error_that_repeats_without_progress_stops_the_relay():
     world = World()
     fr = fake_relay(world, fake_settings())
-    source = _FailingSource(ReopenableStreamError(280, "ChangeStreamFatalError"))
+    source = _FailingSource(ReopenableStreamError(280, "ChangeStreamFatalError", "fatal"))
     fr.relay._sources = lambda: source  # noqa: SLF001 - the one boundary this test replaces
     with pytest.raises(RepeatedStreamError, match="280"):
         fr.relay.run()
@@ -354,7 +292,7 @@ def _stop_line(error: Exception, on_open: bool = False, **settings_changes: obje
     stream = io.StringIO()
     handler = setup_logging("INFO", "json", stream)
     try:
-        fr = fake_relay(world, settings, Observer(settings))
+        fr = fake_relay(world, settings, Observer(settings.parts().observer))
         fr.relay._sources = lambda: _FailingSource(error, on_open)  # noqa: SLF001
         with pytest.raises(type(error)):
             fr.relay.run()
@@ -377,6 +315,20 @@ def test_every_stop_writes_one_structured_error_line(error, on_open, exit_code):
     line = _stop_line(error, on_open)
     assert line["error_kind"] == type(error).__name__ and line["exit_code"] == exit_code
     assert line["reason"] == str(error) and line["logger"] == "relay"
+
+
+def test_the_stop_line_keeps_the_drivers_error_that_caused_the_stop():
+    """The message a user reads stays short; the driver's error is the line's `cause`."""
+    try:
+        raise OSError("the server closed the connection")
+    except OSError as driver:
+        try:
+            raise StreamInvalidatedError("the outbox collection saw 'drop'") from driver
+        except StreamInvalidatedError as exc:
+            error = exc
+    line = _stop_line(error)
+    assert line["reason"] == "the outbox collection saw 'drop'"
+    assert line["cause"] == "OSError: the server closed the connection"
 
 
 def test_the_stop_line_of_a_poison_event_names_the_event():
@@ -403,7 +355,7 @@ def test_history_lost_stops_with_its_line():
     stream = io.StringIO()
     handler = setup_logging("INFO", "json", stream)
     try:
-        from relay.errors import HistoryLostError
+        from relay.core.errors import HistoryLostError
 
         with pytest.raises(HistoryLostError):
             fake_relay(world, fake_settings()).relay.run()
@@ -414,7 +366,7 @@ def test_history_lost_stops_with_its_line():
 
 
 def test_window_split_groups_by_bytes_and_isolates_first():
-    from relay.window import split
+    from relay.core.window import split
 
     assert split([10, 10, 10], 15) == [(2, False), (3, False)]
     assert split([10, 10, 10], 1000) == [(3, False)]

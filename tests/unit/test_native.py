@@ -18,16 +18,17 @@ from bson import Binary, Int64, ObjectId
 from bson.raw_bson import RawBSONDocument
 from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
 
-from relay.changes import RAW_CHANGE_CODEC, insert_change
+from relay.mongo.codecs import RAW_CHANGE_CODEC, insert_change
 from relay.config import Settings
-from relay.encoding import MessageBuilder, SchemaFolder
-from relay.errors import PoisonEventError
+from relay.wiring import message_builder
+from relay.avro.folder import SchemaFolder
+from relay.core.errors import PoisonEventError
 from tests.interop.bson_cases import bson_documents
 
 FOLDER = SchemaFolder.bundled()
 SETTINGS = Settings()
-NATIVE = MessageBuilder(SETTINGS, FOLDER)
-PYTHON = MessageBuilder(SETTINGS, FOLDER, native=False)
+NATIVE = message_builder(SETTINGS, FOLDER)
+PYTHON = message_builder(SETTINGS, FOLDER, native=False)
 PROPERTIES = hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOKEN = {"_data": "826B0442CE000000012B022C0100296E5A1004" + "A" * 32 + "463C5F6964003C" + "B" * 24 + "0004"}
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -146,7 +147,7 @@ def test_typed_event_types_and_oversized_messages_are_left_to_python():
     typed = _outbox({"orderId": "o-1", "amount": 1.5, "step": 1}, eventType="OrderCreated")
     assert NATIVE.build_many([_change(typed)], 7) == [None]
     small = Settings.load(env={"RELAY_KAFKA_MESSAGE_MAX_BYTES": "2000"})
-    native, python = MessageBuilder(small, FOLDER), MessageBuilder(small, FOLDER, native=False)
+    native, python = message_builder(small, FOLDER), message_builder(small, FOLDER, native=False)
     big = _change(_outbox({"blob": "x" * 3000}))
     assert native.build_many([big], 7) == [None] and isinstance(_python(big, python), PoisonEventError)
 
@@ -155,16 +156,16 @@ def test_typed_event_types_and_oversized_messages_are_left_to_python():
                                       "{aggregateType!s}", "{{x}}.{aggregateType}"])
 def test_topic_templates_route_the_same(template):
     settings = Settings().replace(topic_template=template)
-    _assert_same_or_declined(_change(_outbox({"n": 1})), MessageBuilder(settings, FOLDER),
-                             MessageBuilder(settings, FOLDER, native=False))
+    _assert_same_or_declined(_change(_outbox({"n": 1})), message_builder(settings, FOLDER),
+                             message_builder(settings, FOLDER, native=False))
 
 
 def test_field_names_and_cluster_times_as_configured():
     settings = Settings().replace(field_aggregate_id="key", field_payload="data", field_event_type="type")
     doc = _outbox(_ABSENT, aggregateId=_ABSENT, eventType=_ABSENT, key="k-9", data={"x": [1, 2]}, type="Moved")
     for cluster_time in (bson.Timestamp(1, 0), bson.Timestamp(2**31 - 1, 2**32 - 1), bson.Timestamp(2**31, 0)):
-        _assert_same_or_declined(_change(doc, cluster_time), MessageBuilder(settings, FOLDER),
-                                 MessageBuilder(settings, FOLDER, native=False))
+        _assert_same_or_declined(_change(doc, cluster_time), message_builder(settings, FOLDER),
+                                 message_builder(settings, FOLDER, native=False))
 
 
 def test_repeated_keys_are_left_to_python():
@@ -187,6 +188,6 @@ def test_changes_whose_bytes_are_a_memoryview_are_read_too():
     change = _change(_outbox({"n": 1}))
     viewed = RawBSONDocument(memoryview(bytes(change.raw)), RAW_CHANGE_CODEC)
     assert NATIVE.build_many([viewed], 7) == NATIVE.build_many([change], 7) != [None]
-    from relay.changes import inspect
+    from relay.mongo.changes import inspect
 
     assert inspect([viewed]) == inspect([change]) == (-1, [int(change["wallTime"].timestamp() * 1000)])

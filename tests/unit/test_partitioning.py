@@ -2,7 +2,7 @@
 
 The formula is checked against MongoDB itself in tests/integration/test_partitions.py; here the
 known value from MongoDB's manual, the properties the relay relies on, and the convergence of
-the balancing rule (the real `relay.group.Balance` for each replica over a simulated lease table)
+the balancing rule (the real `relay.group.balance.Balance` for each replica over a simulated lease table)
 under joins, graceful leaves and crashes.
 """
 
@@ -15,14 +15,15 @@ import pytest
 from hypothesis import HealthCheck, settings as hsettings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from relay.changes import PIPELINE, pipeline, pipeline_fingerprint
+from relay.mongo.pipeline import PIPELINE, pipeline, pipeline_fingerprint
 from relay.config import Settings
-from relay.errors import ConfigError
-from relay.group import Balance
-from relay.partitioning import (
-    Partition, hashed_index_key, lease_id, lease_id_pattern, parse_lease_id, partition_of, partition_predicate,
-    target_of, targets,
+from relay.core.errors import ConfigError
+from relay.group.balance import Balance
+from relay.core.partitions import (
+    Partition, hashed_index_key, lease_id, lease_id_pattern, parse_lease_id, partition_of,
 )
+from relay.mongo.pipeline import partition_predicate
+from relay.group.balance import target_of, targets
 
 
 def test_hashed_index_key_matches_the_value_in_mongodbs_manual():

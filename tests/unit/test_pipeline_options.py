@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from relay.errors import ConfigError
+from relay.core.errors import ConfigError
 from relay.spark.decode import kafka_options
 from relay.spark.options import job_parser, spark_options
 

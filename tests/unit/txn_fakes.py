@@ -7,7 +7,7 @@ epoch (each `init_transactions` bumps it; a producer of an older epoch can commi
 
 `FakeTxnPublisher` is a transactional producer on it: `send()` runs one transaction (append the
 messages, then the offsets record, then commit, checking the epoch), `resume_point()` fences and
-reads like relay.transactions.TransactionalPublisher, with the same pure rules (relay.offsets).
+reads like relay.kafka.transactions.TransactionalPublisher, with the same pure rules (relay.kafka.offsets_record).
 Faults: `crash_inside` kills the process halfway through a transaction's messages,
 `crash_after_commit` right after a commit (before the MongoDB write); both raise `Crashed`, a
 BaseException that no `except Exception` of the loop catches, as a SIGKILL would end it.
@@ -21,27 +21,25 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from relay.changes import Batch
-from relay.errors import ProducerFencedError
-from relay.lease import Checkpoint, Grant
-from relay.message import HEADER_FENCING
-from relay.observe import Observer
-from relay.offsets import OffsetsRecord, after_exactly_once, forgets_record, resume_point
-from relay.publisher import delivery_failure
-from relay.relay import Relay
+from relay.core.positions import Batch
+from relay.core.errors import ProducerFencedError
+from relay.core.positions import Checkpoint, Grant
+from relay.core.message import HEADER_FENCING
+from relay.ops.observe import Observer
+from relay.kafka.offsets_record import OffsetsRecord
+from relay.core.resume import after_exactly_once, forgets_record, resume_point
+from relay.kafka.producer import delivery_failure
+from relay.core.loop import Relay
 from relay.config import Settings
-from relay.encoding import MessageBuilder
-from relay.window import Delivery
+from relay.wiring import message_builder
+from relay.core.window import Delivery
+from tests.unit.machine import Crashed
 from tests.unit.fakes import (
-    FINGERPRINT, FOLDER, FakeLease, FakePublisher, FakeSource, World, _Report, covered_by, token,
+    FINGERPRINT, FakeLease, FakePublisher, FakeSource, World, _Report, covered_by, relay_on, token,
 )
 
 LEASE_ID = "app.outbox"
 TOPIC = "outbox-relay.offsets"
-
-
-class Crashed(BaseException):
-    """The relay process died here (SIGKILL): nothing after this line of the loop runs."""
 
 
 @dataclass
@@ -89,7 +87,7 @@ def txn_log(world: World) -> TxnLog:
 
 
 class FakeTxnPublisher:
-    """A transactional producer on the world's TxnLog (relay.boundaries.Publisher)."""
+    """A transactional producer on the world's TxnLog (relay.core.boundaries.Publisher)."""
 
     def __init__(self, world: World) -> None:
         self.world = world
@@ -171,7 +169,7 @@ class FakeTxnPublisher:
 
 
 class DeliveryLease(FakeLease):
-    """FakeLease that also stores the delivery mode beside the checkpoint, as relay.lease does."""
+    """FakeLease that also stores the delivery mode beside the checkpoint, as relay.mongo.lease does."""
 
     def __init__(self, world: World, owner: str, ttl_s: float, delivery: str) -> None:
         super().__init__(world, owner, ttl_s)
@@ -217,6 +215,27 @@ class TxnSource(FakeSource):
             w.lease.token = saved
 
 
+class FakeTxnProducers:
+    """The two delivery modes on the fakes (relay.core.boundaries.Producers): exactly-once, a
+    FakeTxnPublisher that fences and resumes like relay.kafka.modes.ExactlyOnce; at-least-once,
+    the FakePublisher resuming after the newer of the checkpoint and the fake offsets topic's
+    record when the checkpoint was stored in exactly-once mode (relay.kafka.modes.AtLeastOnce)."""
+
+    def __init__(self, world: World, exactly_once: bool) -> None:
+        self.world = world
+        self.exactly_once = exactly_once
+        self.publishers: list[Any] = []
+
+    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Any, Checkpoint]:
+        if self.exactly_once:
+            publisher = FakeTxnPublisher(self.world)
+            self.publishers.append(publisher)
+            return publisher, publisher.resume_point(grant, heartbeat)
+        self.publishers.append(FakePublisher(self.world))
+        return self.publishers[-1], after_exactly_once(grant.checkpoint, txn_log(self.world).newest_record,
+                                                       FINGERPRINT, TOPIC)
+
+
 @dataclass
 class TxnRelay:
     relay: Relay
@@ -224,27 +243,9 @@ class TxnRelay:
 
 
 def txn_relay(world: World, settings: Settings, observer: Observer | None = None) -> TxnRelay:
-    """A real `Relay` with the real MessageBuilder on the fakes: exactly-once mode when
-    `settings.delivery` says so (FakeTxnPublisher), else the idempotent FakePublisher with the
-    at-least-once resume hook over the fake offsets topic."""
-    world.max_events = settings.batch_max_events
-    publishers: list[Any] = []
-    exactly_once = settings.delivery == "exactly-once"
-
-    def new_publisher() -> Any:
-        publishers.append(FakeTxnPublisher(world) if exactly_once else FakePublisher(world))
-        return publishers[-1]
-
-    def resume(publisher: Any, grant: Grant, heartbeat: Callable[[], None]) -> Checkpoint:
-        if exactly_once:
-            return publisher.resume_point(grant, heartbeat)  # type: ignore[no-any-return]
-        return after_exactly_once(grant.checkpoint, txn_log(world).newest_record, FINGERPRINT, TOPIC)
-
-    relay = Relay(settings, source=lambda: TxnSource(world), publisher=new_publisher,
-                  lease=DeliveryLease(world, settings.instance_id, settings.lease_ttl_s, settings.delivery),
-                  encoder=MessageBuilder(settings, FOLDER), observer=observer or Observer(settings),
-                  fingerprint=FINGERPRINT, clock=world.clock, resume=resume)
-    return TxnRelay(relay, publishers)
-
-
-__all__ = ["Crashed", "FakeTxnPublisher", "TxnLog", "TxnRelay", "token", "txn_log", "txn_relay"]
+    """A real `Relay` with the real MessageBuilder on the fakes, in the mode `settings.delivery`
+    names (FakeTxnProducers)."""
+    producers = FakeTxnProducers(world, settings.delivery == "exactly-once")
+    lease = DeliveryLease(world, settings.instance_id, settings.lease_ttl_s, settings.delivery)
+    relay = relay_on(world, settings, producers, lambda: TxnSource(world), lease, observer)
+    return TxnRelay(relay, producers.publishers)

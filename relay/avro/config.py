@@ -1,0 +1,70 @@
+"""What the encoder and the framing take from the settings, checked where they are used."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relay.core.errors import ConfigError, env_name
+from relay.core.message import valid_topic
+from relay.outbox import FieldNames
+
+TOPIC_FIELDS = ("aggregateType", "eventType")
+SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
+
+
+@dataclass(frozen=True)
+class EncodingConfig:
+    """How an outbox document becomes a Kafka message (relay.avro.encoding.MessageBuilder) or a
+    dead letter (relay.avro.deadletter)."""
+
+    database: str
+    collection: str
+    fields: FieldNames = FieldNames()
+    topic_template: str = "outbox.event.{aggregateType}"
+    ce_source: str = ""  # CloudEvents source; empty: /outbox-relay/<database>/<collection>
+    max_message_bytes: int = 1_000_000
+    dead_letter_topic: str = "outbox.deadletter"
+
+    def __post_init__(self) -> None:
+        try:
+            self.topic_template.format(**{k: "x" for k in TOPIC_FIELDS})
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(env_name("topic_template"),
+                              f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}") from exc
+        if not valid_topic(self.dead_letter_topic):
+            raise ConfigError(env_name("dead_letter_topic"),
+                              f"not a valid Kafka topic name: {self.dead_letter_topic!r}")
+
+    @property
+    def namespace(self) -> str:
+        return f"{self.database}.{self.collection}"
+
+    @property
+    def cloudevents_source(self) -> str:
+        return self.ce_source or f"/outbox-relay/{self.database}/{self.collection}"
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    """The Schema Registry (RELAY_SCHEMA_REGISTRY_*): with a URL, values use the Confluent wire
+    format; without, Avro single-object encoding (relay.avro.framing)."""
+
+    url: str = ""
+    subject_strategy: str = "topic-record"
+    auto_register: bool = True
+    basic_auth: str = ""
+
+    def __post_init__(self) -> None:
+        for url in self.urls:
+            if not url.startswith(("http://", "https://", "mock://")):
+                raise ConfigError(env_name("schema_registry_url"),
+                                  f"must be http://, https:// (or mock:// in tests) URLs, got {url!r}")
+        if self.subject_strategy not in SUBJECT_STRATEGIES:
+            raise ConfigError(env_name("schema_registry_subject_strategy"),
+                              f"must be one of {', '.join(SUBJECT_STRATEGIES)}; got {self.subject_strategy!r}")
+        if self.basic_auth and ":" not in self.basic_auth:
+            raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
+
+    @property
+    def urls(self) -> list[str]:
+        return [u.strip() for u in self.url.split(",") if u.strip()]

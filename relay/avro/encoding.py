@@ -1,0 +1,225 @@
+"""Outbox events as Kafka messages: the envelope record, its Avro value, the headers.
+
+Every event is written with one of the schema folder's writer schemas (relay.avro.folder,
+relay.avro.contract): the typed envelope for its event type when `schemas/events/` has one (the
+payload converted by the BSON -> Avro mapping of relay.avro.mapping, checked at publish time),
+else the generic envelope `io.outboxrelay.v1.OutboxEvent` with the payload as relaxed Extended
+JSON text. Every value identifies its writer schema (relay.avro.framing): Avro single-object
+encoding by default (`schemas/` is the registry: readers find the writer schema by
+fingerprint), the Confluent wire format when a Schema Registry URL is configured.
+
+Headers follow CloudEvents' Kafka binary mode (ce_id, ce_type, ce_source, ce_specversion,
+ce_time, ce_subject, content-type), then the fencing token (`relay_fencing_token`), then the
+outbox document's own headers (relay.core.message names them all).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import string
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import bson
+from bson import Code, json_util
+from bson.json_util import RELAXED_JSON_OPTIONS
+from bson.raw_bson import RawBSONDocument
+
+from relay.avro.config import EncodingConfig
+from relay.avro.deadletter import dead_letter_message
+from relay.avro.folder import SchemaFolder
+from relay.avro.framing import Framing, SingleObjectFraming
+from relay.avro.mapping import UnmappableValueError
+from relay.core.errors import PoisonEventError
+from relay.core.message import (
+    CE_SPECVERSION, CONTENT_TYPE_AVRO, HEADER_FENCING, RESERVED_HEADER_PREFIXES, OutgoingMessage, event_id_of,
+    valid_topic,
+)
+from relay.core.positions import token_cluster_time
+from relay.mongo.codecs import CHANGE_CODEC
+from relay.outbox import MalformedEventError, parse
+
+# Bytes Kafka adds around key, value and headers in a record batch; kept generous.
+RECORD_OVERHEAD = 512
+
+
+_JSON_DEFAULT = functools.partial(json_util.default, json_options=RELAXED_JSON_OPTIONS)
+
+
+def _holds_code(payload: Mapping[str, Any]) -> bool:
+    """Whether a decoded document holds JavaScript code anywhere (a `str` subclass)."""
+    stack: list[Any] = [payload]
+    while stack:
+        value = stack.pop()
+        kind = value.__class__
+        if kind is dict:
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif kind is Code:
+            return True
+    return False
+
+
+def relaxed_json(payload: Mapping[str, Any]) -> str:
+    """The payload as relaxed Extended JSON v2, exactly as `json_util.dumps` writes it.
+
+    Fast path: the standard library's C encoder handles plain values and calls
+    `json_util.default` only for BSON types (ObjectId, dates, Decimal128, binary, ...). Two
+    cases take json_util's own, slower path: NaN and infinities (relaxed mode writes
+    {"$numberDouble": ...}) and JavaScript code, a `str` subclass the C encoder would write as
+    a plain string.
+    """
+    if not _holds_code(payload):
+        try:
+            return json.dumps(payload, default=_JSON_DEFAULT, allow_nan=False)
+        except ValueError:
+            pass
+    return json_util.dumps(payload, json_options=RELAXED_JSON_OPTIONS)
+
+
+def _rfc3339(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class MessageBuilder:
+    """Turns an insert change into the Kafka message; bad events raise PoisonEventError.
+
+    `framing` defaults to single-object encoding with the folder (relay.avro.framing). With
+    `native` (the default) and single-object framing, `build_many` first hands a batch to the
+    compiled encoder (`relay._native`, native/src), which builds the generic-envelope messages
+    and declines everything else (typed event types, malformed documents, payload types it does
+    not write exactly as this module does); `build` (this module) makes the rest, so both give
+    the same bytes and the same errors (tests/unit/test_native.py).
+    """
+
+    def __init__(self, config: EncodingConfig, registry: SchemaFolder, framing: Framing | None = None,
+                 native: bool = True) -> None:
+        self._config = config
+        self._fields = config.fields
+        self._registry = registry
+        self._framing = framing or SingleObjectFraming(registry)
+        self._template = config.topic_template
+        self._source = config.cloudevents_source.encode()
+        self._database = config.database
+        self._collection = config.collection
+        self._max_bytes = config.max_message_bytes
+        self._native = _native_encoder(config, registry) \
+            if native and isinstance(self._framing, SingleObjectFraming) else None
+
+    @property
+    def native(self) -> bool:
+        """Whether `build_many` uses the compiled encoder."""
+        return self._native is not None
+
+    def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
+        """Messages for the changes the compiled encoder takes (`RawBSONDocument` changes of
+        event types without a typed schema), None for the others: build those with `build`."""
+        if self._native is None:
+            return [None] * len(changes)
+        return self._native.encode(changes if isinstance(changes, list) else list(changes), fencing_token)  # type: ignore[no-any-return]
+
+    def build(self, change: Mapping[str, Any], fencing_token: int) -> OutgoingMessage:
+        """The message for one insert change (decoded with changes.CHANGE_CODEC, or raw); raises
+        PoisonEventError naming the event."""
+        change = decoded(change)
+        doc = change["fullDocument"]
+        event_id = event_id_of(doc)
+        try:
+            event = parse(doc, self._fields)
+            topic = event.topic or self._template.format(
+                aggregateType=event.aggregate_type, eventType=event.event_type)
+            if not valid_topic(topic):
+                raise MalformedEventError(self._fields.topic if event.topic else self._fields.aggregate_type,
+                                          f"gives an invalid Kafka topic name {topic!r}")
+            headers = self._headers(event, fencing_token)
+        except MalformedEventError as exc:
+            raise PoisonEventError(event_id, f"malformed outbox document: {exc}") from None
+        writer = self._registry.writer_for(event.event_type)
+        if writer.mapper is None:
+            payload: Any = relaxed_json(event.payload)
+        else:
+            try:
+                payload = writer.mapper.convert(event.payload)
+            except UnmappableValueError as exc:
+                raise PoisonEventError(event_id, f"payload does not match schema {writer.name} "
+                                                 f"(schemas/{writer.path}): {exc}") from None
+        token = change["_id"]
+        cluster_time = change.get("clusterTime") or token_cluster_time(token)
+        record = {
+            "id": event_id,
+            "aggregateType": event.aggregate_type,
+            "aggregateId": event.aggregate_id,
+            "eventType": event.event_type,
+            "occurredAt": event.occurred_at,
+            "payload": payload,
+            "source": {
+                "database": self._database,
+                "collection": self._collection,
+                "clusterTime": (cluster_time.time << 32 | cluster_time.inc) if cluster_time else 0,
+                "position": token["_data"],
+            },
+        }
+        try:
+            value = self._framing.encode(writer.name, record, topic)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise PoisonEventError(event_id, f"cannot be Avro-encoded with {writer.name}: {exc}") from None
+        key = event.aggregate_id.encode()
+        size = len(key) + len(value) + RECORD_OVERHEAD
+        for k, v in headers:
+            size += len(k) + len(v)
+        if size > self._max_bytes:
+            raise PoisonEventError(
+                event_id, f"message of about {size} bytes exceeds message.max.bytes "
+                          f"({self._max_bytes}, RELAY_KAFKA_MESSAGE_MAX_BYTES)")
+        return OutgoingMessage(event_id, topic, key, value, headers)
+
+    def dead_letter(self, change: Mapping[str, Any], reason: str, fencing_token: int) -> OutgoingMessage:
+        """The dead-letter record that stands in for a poison event (relay.avro.deadletter)."""
+        return dead_letter_message(decoded(change), reason, fencing_token, self._config)
+
+    def _headers(self, event: Any, fencing_token: int) -> list[tuple[str, bytes]]:
+        headers = [
+            ("ce_id", event.id_str.encode()),
+            ("ce_type", event.event_type.encode()),
+            ("ce_source", self._source),
+            ("ce_specversion", CE_SPECVERSION),
+            ("ce_time", _rfc3339(event.occurred_at).encode()),
+            ("ce_subject", event.aggregate_id.encode()),
+            ("content-type", CONTENT_TYPE_AVRO),
+            (HEADER_FENCING, str(fencing_token).encode()),
+        ]
+        for name, value in (event.headers or {}).items():
+            if name.startswith(RESERVED_HEADER_PREFIXES):
+                raise MalformedEventError(f"{self._fields.headers}.{name}",
+                                          "uses a header name the relay reserves")
+            headers.append((name, value.encode()))
+        return headers
+
+
+def decoded(change: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A change as the Python path reads it: a `RawBSONDocument` decoded with CHANGE_CODEC."""
+    if isinstance(change, RawBSONDocument):
+        return bson.decode(change.raw, CHANGE_CODEC)
+    return change
+
+
+def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
+    """The compiled encoder for this configuration, or None where it cannot match `build` exactly (a
+    topic template with format specs, conversions or attribute lookups)."""
+    from relay import _native
+
+    template: list[tuple[str, str | None]] = []
+    for literal, field, spec, conversion in string.Formatter().parse(config.topic_template):
+        if spec or conversion or field not in (None, "aggregateType", "eventType"):
+            return None
+        template.append((literal, field))
+    generic = folder.writer_for("").name  # the generic envelope: what every untyped event gets
+    fields = config.fields
+    return _native.Encoder(
+        (fields.aggregate_type, fields.aggregate_id, fields.event_type, fields.payload, fields.occurred_at,
+         fields.headers, fields.topic),
+        template, folder.event_types, folder.fingerprint(generic), config.database, config.collection,
+        config.cloudevents_source.encode(), config.max_message_bytes, RECORD_OVERHEAD, OutgoingMessage)

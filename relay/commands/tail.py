@@ -1,0 +1,156 @@
+"""`outbox-relay tail TOPIC`: print a topic's messages as JSON lines, decoded, for operators.
+
+Like `tail(1)`: the last `--last N` messages of each partition (or all, `--from-beginning`),
+then exit once the ends seen at start are reached, or keep printing new messages (`--follow`)
+until Ctrl-C. It reads with its own consumer group and commits nothing.
+
+`--isolation` is the consumer's isolation level. The default, read_committed (librdkafka's
+default, and what the Spark jobs use), shows what consumers of an exactly-once relay see: the
+messages of committed Kafka transactions and every non-transactional one; its end is the last
+stable offset (an open transaction holds it back). read_uncommitted also shows the messages of
+aborted transactions (a killed or fenced exactly-once relay's), to look at what the broker holds.
+
+Each line holds the Kafka coordinates, the key, the headers, the framing (`single-object` or
+`confluent`), the writer schema's full name and fingerprint or registry id, and the decoded
+value as JSON: timestamps as RFC 3339 text, decimals as text (exact), bytes as base64. The
+generic envelope's payload (Extended JSON text) is printed as the JSON it holds. A value that
+cannot be decoded is printed with an `error` and its bytes in base64; tail goes on.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import sys
+import uuid
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, TextIO
+
+from relay.avro.contract import ENVELOPE
+from relay.avro.folder import SchemaFolder
+from relay.avro.framing import MessageDecoder
+from relay.config import Settings
+
+
+
+def to_json(value: Any) -> Any:
+    """A decoded Avro value as JSON-ready data (exact: decimals and big numbers stay exact)."""
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dt.datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return moment.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)
+    return value
+
+
+def _payload_json(schema: str, record: dict[str, Any]) -> dict[str, Any]:
+    if schema == ENVELOPE and isinstance(record.get("payload"), str):
+        try:
+            record = {**record, "payload": json.loads(record["payload"])}
+        except ValueError:
+            pass
+    return record
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", errors="backslashreplace")
+
+
+def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
+    """One consumed message as the JSON object tail prints."""
+    _kind, millis = msg.timestamp()
+    line: dict[str, Any] = {
+        "topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset(),
+        "timestamp": to_json(dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)) if millis > 0 else None,
+        "key": _text(msg.key()),
+        "headers": {k: _text(v) for k, v in (msg.headers() or [])},
+    }
+    value = msg.value()
+    if value is None:
+        line["value"] = None
+        return line
+    try:
+        decoded = decoder.decode(value, msg.topic())
+    except ValueError as exc:
+        line["error"] = str(exc)
+        line["valueBase64"] = base64.b64encode(value).decode()
+        return line
+    line.update(framing=decoded.framing, schema=decoded.schema, schemaRef=decoded.schema_ref,
+                value=to_json(_payload_json(decoded.schema, decoded.record)))
+    return line
+
+
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+
+
+def consumer_config(settings: Settings, isolation: str = "read_committed") -> dict[str, Any]:
+    """A consumer configuration for `settings`' cluster: the relay's client properties minus
+    producer-only ones, a throw-away group, no commits, the given isolation level."""
+    if isolation not in ISOLATION_LEVELS:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {isolation!r}")
+    conf: dict[str, Any] = settings.kafka_client_config()
+    conf.update({"group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
+                 "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
+    return conf
+
+
+def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: int = 10, follow: bool = False,
+         max_messages: int | None = None, out: TextIO | None = None, decoder: MessageDecoder | None = None,
+         registry: SchemaFolder | None = None, isolation: str = "read_committed") -> int:
+    """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
+    An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    from relay.kafka.admin import check_kafka
+
+    check_kafka(settings.parts().kafka)
+    out = out or sys.stdout
+    decoder = decoder or MessageDecoder.from_config(settings.parts().registry, registry or SchemaFolder.bundled())
+    consumer = Consumer(consumer_config(settings, isolation))
+    try:
+        meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            print(f"outbox-relay tail: no topic {topic!r} at {settings.kafka_bootstrap_servers}", file=sys.stderr)
+            return 2
+        assignment, pending = [], set()
+        for p in sorted(meta.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout_s)
+            start = low if from_beginning else max(low, high - last)
+            assignment.append(TopicPartition(topic, p, start))
+            if start < high:
+                pending.add((p, high))
+        consumer.assign(assignment)
+        printed = 0
+        while (follow or pending) and (max_messages is None or printed < max_messages):
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                # The end of a partition (its last offsets may be transaction markers, never
+                # delivered as messages; read_committed ends at the last stable offset), or a
+                # transient error (librdkafka retries).
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    pending = {(p, end) for p, end in pending if p != msg.partition()}
+                continue
+            print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
+            printed += 1
+            pending = {(p, end) for p, end in pending if not (p == msg.partition() and msg.offset() + 1 >= end)}
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        consumer.close()

@@ -1,0 +1,180 @@
+"""The loop's boundaries: small interfaces it is given, never builds.
+
+`relay.core.loop.Relay` talks to MongoDB, Kafka, time and its group of replicas only through
+these. `relay.wiring` passes the real implementations (relay.mongo's change source and lease
+document, relay.kafka's delivery modes, relay.avro's message builder, relay.ops' observer, the
+system clock, relay.group's balancing); the fast loop tests pass in-memory fakes
+(tests/unit/fakes.py). Nothing here imports a driver.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from relay.core.message import OutgoingMessage
+from relay.core.positions import Batch, Checkpoint, Grant, StartPoint, Token
+from relay.core.window import Delivery
+
+
+class ChangeSource(Protocol):
+    """The outbox's change stream (relay.mongo.changes.ChangeSource)."""
+
+    def open(self, start: StartPoint) -> None:
+        """Open the stream at `start`; raises HistoryLostError when that point left the oplog."""
+
+    def rescan(self) -> None:
+        """Open the stream at "now", then serve every outbox document as a batch without a token,
+        then an empty batch carrying the stream's opening token (RELAY_ON_HISTORY_LOST=rescan)."""
+
+    @property
+    def token(self) -> Token | None:
+        """The stream's current token (the opening post-batch token right after `open`)."""
+
+    def next_batch(self, max_events: int) -> Batch:
+        """The changes available now, at most `max_events`, and the token that covers exactly
+        them and everything before; waits at most about RELAY_MAX_AWAIT_MS when none are."""
+
+    def close(self) -> None:
+        """Release the stream; safe to call twice."""
+
+
+class Publisher(Protocol):
+    """One producer instance of one leading session (relay.kafka.producer.Publisher, or in
+    exactly-once mode relay.kafka.transactions.TransactionalPublisher, whose `send` is one
+    committed transaction)."""
+
+    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+        """Hand every message of `delivery` to the producer, its reports to `delivery.on_delivery`
+        (blocking, and calling `while_waiting`, only while the producer's queue is full)."""
+
+    def poll(self, timeout: float) -> None:
+        """Run the delivery callbacks that are due, waiting up to `timeout` for one."""
+
+    def failure(self, delivery: Delivery) -> Exception:
+        """The error for the first failed report of `delivery` (it carries its action)."""
+
+    @property
+    def queued(self) -> int:
+        """Messages still awaiting a delivery report."""
+
+    def close(self) -> None:
+        """Drop whatever is queued or in flight (nothing in it was checkpointed)."""
+
+
+class Producers(Protocol):
+    """The Kafka side of every leading session: the delivery mode (relay.kafka.modes).
+
+    `start` is called once per session, after the lease was taken and before the stream opens,
+    with the session's grant and a heartbeat to call while it waits. It returns a fresh producer
+    and the checkpoint the session resumes after: the lease document's, or, where the offsets
+    topic holds a newer committed position (exactly-once mode, or right after it), that one.
+    Exactly-once mode fences every earlier producer of the lease first. The loop closes the
+    producer when the session ends; `start` closes it itself if it fails.
+    """
+
+    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Publisher, Checkpoint]: ...
+
+
+class LeaseStore(Protocol):
+    """The lease, its fencing token and the fenced checkpoint (relay.mongo.lease.LeaseStore)."""
+
+    def try_acquire(self) -> Grant | None:
+        """Take or renew the lease; None while another owner holds an unexpired one."""
+
+    def renew(self, grant: Grant) -> None:
+        """Extend the lease; raises LeaseLostError if the fencing token is no longer current."""
+
+    def commit(self, grant: Grant, token: Token, fingerprint: str) -> None:
+        """Store `token` as the checkpoint, fenced like `renew`."""
+
+    def release(self, grant: Grant) -> None:
+        """Give the lease up so a standby can take it at once."""
+
+    def announce(self, role: str) -> None:
+        """Record this replica's role for `status` (best effort)."""
+
+
+class Encoder(Protocol):
+    """Turns a change into its Kafka message (relay.avro.encoding.MessageBuilder)."""
+
+    def build(self, change: Any, fencing_token: int) -> OutgoingMessage:
+        """The message for one insert change; raises PoisonEventError naming the event."""
+
+    def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
+        """Messages for a batch where a fast path can build them; None where `build` must."""
+
+    def dead_letter(self, change: Any, reason: str, fencing_token: int) -> OutgoingMessage:
+        """The dead-letter record that stands in for a poison event."""
+
+
+class Observer(Protocol):
+    """What the loop reports (relay.ops.observe.Observer)."""
+
+    def tick(self) -> None: ...
+    def role(self, role: str, fencing_token: int | None) -> None: ...
+    def watch_publisher(self, publisher: Any) -> None: ...
+    def published(self, wall_ms: Sequence[int], messages: Sequence[OutgoingMessage], seconds: float,
+                  token: Token | None, read_seconds: float) -> None:
+        """Kafka acknowledged a delivery: its changes' commit times, its messages, the seconds
+        since it was handed to the producer and since its changes were read, its token."""
+    def committed(self, token: Any) -> None: ...
+    def resumed(self) -> None: ...
+    def dead_lettered(self, event_id: str, reason: str) -> None: ...
+    def restart(self, exc: BaseException, delay_s: float) -> None: ...
+    def lease_lost(self, exc: BaseException) -> None: ...
+    def stopped(self, exc: BaseException) -> None: ...
+
+
+class Assignment(Protocol):
+    """Whether this relay should lead its lease now: the share of a group of replicas over the
+    partitions of one outbox (relay.group.balance). A relay alone on an outbox uses `ALWAYS`."""
+
+    def may_lead(self) -> bool:
+        """Asked on every standby pass, before trying the lease: False skips the attempt."""
+
+    def led(self, held: bool) -> None:
+        """The relay now holds the lease (True), or no longer does (False: none was free, it was
+        lost, handed over or released on stop)."""
+
+    def hand_over(self) -> bool:
+        """Asked by a leader between steps: True to hand the lease over now (settle what is in
+        flight, store the final checkpoint, release the lease, go back to standby)."""
+
+
+class Always:
+    """The assignment of a relay alone on its outbox: always try the lease, never hand it over."""
+
+    def may_lead(self) -> bool:
+        return True
+
+    def led(self, held: bool) -> None:
+        pass
+
+    def hand_over(self) -> bool:
+        return False
+
+
+ALWAYS = Always()
+
+
+class Clock(Protocol):
+    """Time as the loop sees it: a monotonic clock and an interruptible wait."""
+
+    def monotonic(self) -> float: ...
+
+    def wait(self, seconds: float, until: threading.Event) -> None:
+        """Sleep `seconds`, or less if `until` is set meanwhile."""
+
+
+class SystemClock:
+    """The real clock."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def wait(self, seconds: float, until: threading.Event) -> None:
+        if seconds > 0:
+            until.wait(seconds)

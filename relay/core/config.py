@@ -1,0 +1,67 @@
+"""What the loop takes from the settings, checked where it is used (each failure names the
+RELAY_ setting; relay.config maps the settings onto this)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, fields
+
+from relay.core.errors import ConfigError, env_name
+
+POISON_POLICIES = ("stop", "dead-letter")
+HISTORY_LOST_POLICIES = ("stop", "rescan")
+LEASE_LOST_POLICIES = ("standby", "exit")
+
+
+def parse_start_time(text: str) -> dt.datetime:
+    """RELAY_START_AT as a time (UTC when it names no zone); ConfigError if it is not ISO-8601."""
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ConfigError(env_name("start_at"),
+                          f"must be oplog-start, now, or an ISO-8601 time; got {text!r}") from exc
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The loop's limits, timing and policies (relay.core.loop.Relay).
+
+    Invariants checked here: every size and period is positive; the lease is renewed at least
+    twice per TTL (`heartbeat_interval_s` <= `lease_ttl_s` / 2), so a healthy leader never loses
+    it; the policies are ones the loop knows.
+    """
+
+    namespace: str = "app.outbox"  # what the loop's log lines name
+    batch_max_events: int = 1000
+    batch_max_bytes: int = 4 * 1024 * 1024
+    pipeline_depth: int = 1
+    lease_ttl_s: float = 30.0
+    heartbeat_interval_s: float = 5.0
+    standby_poll_s: float = 2.0
+    restart_backoff_max_s: float = 30.0
+    on_poison: str = "stop"
+    on_history_lost: str = "stop"
+    on_lease_lost: str = "standby"
+    start_at: str = "oplog-start"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and value <= 0:
+                raise ConfigError(env_name(f.name), f"must be greater than 0, got {value}")
+        if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
+            raise ConfigError(env_name("heartbeat_interval_s"),
+                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
+                              "so the lease is renewed before it expires")
+        for name, allowed in (("on_poison", POISON_POLICIES), ("on_history_lost", HISTORY_LOST_POLICIES),
+                              ("on_lease_lost", LEASE_LOST_POLICIES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(env_name(name), f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
+        self.start_at_time()  # raises ConfigError
+
+    def start_at_time(self) -> dt.datetime | None:
+        """The operator-given start time, or None for `oplog-start` / `now`."""
+        if self.start_at in ("oplog-start", "now"):
+            return None
+        return parse_start_time(self.start_at)

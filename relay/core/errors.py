@@ -1,0 +1,267 @@
+"""One error tree, rooted at `RelayError`; every kind carries the action the loop takes for it.
+
+The loop never inspects exceptions itself: it asks `classify()` for an `Action`, and its outcome
+table (`relay.core.loop.Relay._outcome`) says what each action does:
+- RESTART: drop the producer and the change stream, back off, reopen from the stored checkpoint
+  (delivery errors, fatal producer errors, lost connections, elections);
+- REOPEN: the same, for a non-resumable change stream error a fresh cursor may not hit again;
+  if the same code repeats without progress the relay stops (RepeatedStreamError);
+- POISON: an event cannot be published (or the broker refused a record batch); the poison
+  policy (`relay.core.poison.PoisonPolicy`) decides: stop at the event, dead-letter it, or
+  replay the batch one message per request to find it;
+- FENCED: the lease was lost (a fenced MongoDB write, or in exactly-once mode the broker fenced
+  the transactional producer); stop publishing and go back to standby;
+- STOP: an operator must act (bad configuration, history lost, invalidated stream, pipeline
+  changed); the relay exits with the error's `exit_code`.
+
+The action is a class attribute of each kind, never derived from where a class sits in the tree.
+Exceptions of the drivers (pymongo, confluent-kafka) are classified by the driver layers
+(`relay.mongo.errors.action_for`, `relay.kafka.errors.action_for`), which the wiring hands to the
+loop; an exception nobody recognises stops the relay (exit 1). Errors raised while translating a
+driver's exception keep it as their cause (`raise ... from exc`): the stop line logs it.
+
+This module imports no driver: it is the bottom of the tree.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import ClassVar
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_CONFIG = 2
+EXIT_UNREACHABLE = 3
+EXIT_DATA = 4
+
+ENV_PREFIX = "RELAY_"
+KAFKA_ENV_PREFIX = "RELAY_KAFKA_"
+
+
+def env_name(name: str) -> str:
+    """The environment variable of a setting: `batch_max_events` -> RELAY_BATCH_MAX_EVENTS."""
+    return ENV_PREFIX + name.upper()
+
+
+def kafka_env_name(prop: str) -> str:
+    """The environment variable of a Kafka client property: `linger.ms` -> RELAY_KAFKA_LINGER_MS."""
+    return KAFKA_ENV_PREFIX + prop.upper().replace(".", "_")
+
+
+class Action(enum.Enum):
+    """What the loop does after an error ended a pass (the table in the module docstring)."""
+
+    RESTART = "restart"
+    REOPEN = "reopen"
+    POISON = "poison"
+    FENCED = "fenced"
+    STOP = "stop"
+
+
+class RelayError(Exception):
+    """Base of every error the relay raises on purpose."""
+
+    action: ClassVar[Action] = Action.STOP
+    exit_code: ClassVar[int] = EXIT_FATAL
+    # Set once the error was written to the relay's log as its stop line, so the command line
+    # does not print it a second time.
+    logged = False
+
+
+# ---- start-up and operator errors: stop ---------------------------------------------------------
+
+class ConfigError(RelayError):
+    """Raised when a setting is missing, malformed or conflicting; names the setting."""
+
+    action = Action.STOP
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(f"{setting}: {message}")
+        self.setting = setting
+
+
+class DevStackError(RelayError):
+    """Raised when a local server (mongod, Kafka, a Schema Registry) cannot be prepared or started."""
+
+    action = Action.STOP
+
+
+class ServerUnreachableError(RelayError):
+    """Raised when MongoDB or Kafka cannot be reached within the connect timeout."""
+
+    action = Action.STOP
+    exit_code = EXIT_UNREACHABLE
+
+
+class LeaseHeldError(RelayError):
+    """Raised when an operator action needs the lease to be free (e.g. `checkpoint reset`) and
+    another replica holds it; names the holder."""
+
+    action = Action.STOP
+    exit_code = EXIT_CONFIG
+
+
+class OperatorActionError(RelayError):
+    """Base for conditions in the data an operator must resolve; the relay exits with EXIT_DATA."""
+
+    action = Action.STOP
+    exit_code = EXIT_DATA
+
+
+class HistoryLostError(OperatorActionError):
+    """Raised when the stored checkpoint is no longer in the oplog (ChangeStreamHistoryLost)."""
+
+
+class StreamInvalidatedError(OperatorActionError):
+    """Raised when the outbox collection was dropped or renamed under the change stream."""
+
+
+class PipelineMismatchError(OperatorActionError):
+    """Raised when the stored token was produced by a different change stream pipeline."""
+
+
+class RepeatedStreamError(OperatorActionError):
+    """Raised when a reopenable change stream error repeats without any progress."""
+
+
+class OffsetsRecordError(OperatorActionError):
+    """Raised when the offsets topic holds a record under this lease's key that the relay cannot
+    read (not written by the relay, or for another lease); names the topic, partition and offset."""
+
+
+class SchemaRegistryRefusedError(OperatorActionError):
+    """Raised when the Schema Registry refuses a writer schema (incompatible, unregistered,
+    unauthorized); names the subject and the schema."""
+
+
+# ---- transient errors: restart from the checkpoint ----------------------------------------------
+
+class TransientError(RelayError):
+    """Raised when a step failed in a way a restart from the checkpoint can fix."""
+
+    action = Action.RESTART
+
+
+class ServerError(TransientError):
+    """Raised when MongoDB or Kafka failed a request in a way a later attempt can succeed after
+    (a lost connection, an election, a timeout); the driver's error is its cause."""
+
+
+class DeliveryError(TransientError):
+    """Raised when Kafka reported a failed delivery for an event of the current batch."""
+
+    def __init__(self, event_id: str, error: object) -> None:
+        super().__init__(f"delivery of event {event_id} failed: {error}")
+        self.event_id = event_id
+        self.error = error
+
+
+class ProducerFatalError(TransientError):
+    """Raised when the producer instance is unusable (librdkafka fatal error)."""
+
+
+class TransactionAbortedError(TransientError):
+    """Raised when a Kafka transaction failed in a way that aborting it cures (exactly-once mode):
+    it was aborted, so none of its messages is visible to read_committed consumers, and the relay
+    restarts from its resume point."""
+
+
+class SchemaRegistryUnavailableError(TransientError):
+    """Raised when the Schema Registry cannot be reached or answers with a transient error."""
+
+
+class ReopenableStreamError(RelayError):
+    """Raised when the change stream failed with a code a fresh cursor may not hit again."""
+
+    action = Action.REOPEN
+
+    def __init__(self, code: int, name: str, message: str) -> None:
+        super().__init__(f"change stream error {code} ({name}): {message}")
+        self.code = code
+
+
+# ---- events that cannot be published: the poison policy decides ------------------------------
+
+class PoisonEventError(RelayError):
+    """Raised when an outbox event cannot be published (malformed, not encodable, too large)."""
+
+    action = Action.POISON
+    exit_code = EXIT_DATA
+
+    def __init__(self, event_id: str, reason: str) -> None:
+        super().__init__(f"poison event {event_id}: {reason}")
+        self.event_id = event_id
+        self.reason = reason
+
+
+class BatchRefusedError(RelayError):
+    """Raised when the broker refused a record batch for good (e.g. too large for the topic):
+    the batch is replayed one message per request to find the event responsible."""
+
+    action = Action.POISON
+
+    def __init__(self, message: str, events: int) -> None:
+        super().__init__(message)
+        self.events = events  # how many events the refused batch held
+
+
+# ---- the lease was lost: back to standby ------------------------------------------------------
+
+class LeaseLostError(RelayError):
+    """Raised when a fenced write matched nothing: another replica holds the lease."""
+
+    action = Action.FENCED
+
+
+class ProducerFencedError(LeaseLostError):
+    """Raised when the broker fenced this relay's transactional producer (exactly-once mode): a
+    newer producer with the same `transactional.id` (a new leader of the lease) initialized its
+    transactions, so nothing this producer sends can be committed any more."""
+
+
+# ---- classification ---------------------------------------------------------------------------
+
+ForeignClassifier = Callable[[BaseException], "Action | None"]
+
+
+def classify(exc: BaseException, foreign: ForeignClassifier | None = None) -> Action:
+    """The action for an exception: a relay error's own; for any other, what `foreign` (the
+    driver layers' classifiers, passed by the wiring) says; STOP when nobody recognises it."""
+    if isinstance(exc, RelayError):
+        return exc.action
+    action = foreign(exc) if foreign is not None else None
+    return Action.STOP if action is None else action
+
+
+def first_of(*classifiers: ForeignClassifier) -> ForeignClassifier:
+    """One classifier asking each of `classifiers` in turn; the first answer wins."""
+    def classify_foreign(exc: BaseException) -> Action | None:
+        for c in classifiers:
+            action = c(exc)
+            if action is not None:
+                return action
+        return None
+    return classify_foreign
+
+
+def cause_of(exc: BaseException) -> str | None:
+    """`Kind: message` of the error that caused `exc` (its `__cause__`), for the stop line."""
+    cause = exc.__cause__
+    return None if cause is None else f"{type(cause).__name__}: {cause}"
+
+
+def run_command(prog: str, command: Callable[[], int]) -> int:
+    """Run a command, turning the relay's errors into their exit codes with a one-line message
+    on stderr (no traceback), and Ctrl-C into 130."""
+    import sys
+
+    try:
+        return command()
+    except RelayError as exc:
+        if not exc.logged:
+            print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130

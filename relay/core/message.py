@@ -1,0 +1,47 @@
+"""The Kafka record the relay hands to the producer, and the names and rules every record shares.
+
+These are the one source of the message format's fixed names: the encoders (the Python path in
+relay.avro.encoding and the compiled one, relay._native, which receives them when it is built),
+dead letters and the Spark jobs read them from here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# The header that carries the lease's fencing token on every record (events and dead letters).
+HEADER_FENCING = "relay_fencing_token"
+# Header names an outbox document may not use in its own `headers`: CloudEvents' (`ce_`), the
+# content type, and the relay's own (`relay_`).
+RESERVED_HEADER_PREFIXES = ("ce_", "content-type", "relay_")
+CONTENT_TYPE_AVRO = b"application/avro"
+CONTENT_TYPE_JSON = b"application/json"
+CE_SPECVERSION = b"1.0"
+
+# Kafka's rule for topic names: legal characters, 1-249 long, not "." or "..".
+TOPIC_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+_TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN)
+
+
+def valid_topic(name: str) -> bool:
+    """Whether Kafka accepts `name` as a topic name (legal characters, 1-249 long, not . or ..)."""
+    return bool(_TOPIC_NAME.match(name)) and name not in (".", "..")
+
+
+def event_id_of(doc: Mapping[str, Any]) -> str:
+    """The event id of an outbox document as text, for messages and logs, even for a malformed one."""
+    return str(doc.get("_id", "<no _id>"))
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """One Kafka record, ready for the producer."""
+
+    event_id: str
+    topic: str
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]]

@@ -1,0 +1,100 @@
+"""Partitions of one outbox (RELAY_PARTITIONS): which events a partition holds and its lease id.
+Pure: no I/O. (The server-side predicate is relay.mongo.pipeline's; how replicas share the
+partitions, relay.group.balance.)
+
+**The partition of an event** is computed by MongoDB in each partition's change stream, so
+outboxes written by any service work unchanged:
+
+    h = $toHashedIndexKey(aggregateId)   # MongoDB's hashed-index hash, a signed 64-bit integer
+    k = h mod N                          # the non-negative remainder, 0 <= k < N (Python's h % N)
+
+`h` is the hash of a hashed index (and of hashed sharding), so it cannot change between MongoDB
+versions without breaking every hashed index on disk. For a string it is the first 8 bytes,
+read as a little-endian signed integer, of MD5 over: the seed 0 (int32 LE), the canonical type
+15 (int32 LE), the string's BSON value (int32 LE length including the NUL, the UTF-8 bytes, a
+NUL). A null or missing `aggregateId` hashes as BSON null (canonical type 5, no value bytes):
+such an event still falls in exactly one partition, where the relay stops on it as malformed
+(or dead-letters it), as it does without partitions. `hashed_index_key` and `partition_of`
+compute the same in Python (tests/integration/test_partitions.py checks them against the
+server); consumers can use them to find the partition of a key. MongoDB's `$mod` keeps the
+sign of the dividend, so the stage matches `h mod N` in {k, k - N}.
+
+**Leases**: with N = 1 the lease document's id is the namespace `<db>.<collection>`, as it has
+always been; with N > 1 partition k has its own, `<db>.<collection>#<k>/<N>`, with its own
+fencing token and checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from dataclasses import dataclass
+
+MAX_PARTITIONS = 64
+
+_SEED = struct.pack("<i", 0)
+_STRING = struct.pack("<i", 15)  # BSON canonical type of strings (and symbols)
+_NULL = struct.pack("<i", 5)  # BSON canonical type of null (and missing)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Partition `index` of `count` (0 <= index < count)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"partition {self.index} of {self.count}")
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def partitions(count: int) -> list[Partition]:
+    return [Partition(k, count) for k in range(count)]
+
+
+def hashed_index_key(value: str | None) -> int:
+    """MongoDB's `$toHashedIndexKey` of a string (or of null / a missing field), in Python."""
+    if value is None:
+        data = _SEED + _NULL
+    else:
+        raw = value.encode("utf-8")
+        data = _SEED + _STRING + struct.pack("<i", len(raw) + 1) + raw + b"\x00"
+    return int(struct.unpack("<q", hashlib.md5(data).digest()[:8])[0])
+
+
+def partition_of(aggregate_id: str | None, count: int) -> int:
+    """The partition (0 <= k < count) whose change stream carries events with this aggregate id."""
+    return hashed_index_key(aggregate_id) % count
+
+
+# ---- lease ids ----------------------------------------------------------------------------------
+
+def lease_id(namespace: str, partition: Partition | None) -> str:
+    """The lease document's id: the namespace when the outbox is not partitioned (N = 1)."""
+    if partition is None or partition.count == 1:
+        return namespace
+    return f"{namespace}#{partition.index}/{partition.count}"
+
+
+def lease_id_pattern(namespace: str) -> str:
+    """A regular expression matching every lease id of `namespace`, whatever its partition count."""
+    return f"^{re.escape(namespace)}(#[0-9]+/[0-9]+)?$"
+
+
+def parse_lease_id(namespace: str, value: str) -> Partition | None:
+    """The partition a lease id names (Partition(0, 1) for the namespace itself); None if it is
+    not a lease id of `namespace`."""
+    if value == namespace:
+        return Partition(0, 1)
+    m = re.fullmatch(re.escape(namespace) + r"#([0-9]+)/([0-9]+)", value)
+    if m is None:
+        return None
+    try:
+        return Partition(int(m.group(1)), int(m.group(2)))
+    except ValueError:
+        return None

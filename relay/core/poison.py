@@ -1,0 +1,103 @@
+"""The poison policy (RELAY_ON_POISON): what happens to an event that cannot be published.
+
+An event is poison when it cannot become a Kafka message (malformed, not encodable, larger than
+`message.max.bytes`) or when the broker refuses it for good (larger than the topic accepts). The
+broker refuses whole record batches, so a refused batch is first replayed one message per
+request to find the event responsible. The policy returns one `Decision` per error:
+
+| error | `stop` (default) | `dead-letter` |
+| --- | --- | --- |
+| `BatchRefusedError` | ISOLATE: replay its events one per request | ISOLATE |
+| `PoisonEventError` | STOP at the event: the events before it are published and checkpointed, then the relay stops naming it | DEAD_LETTER: the event goes to the dead-letter topic in its place, with the reason |
+
+Events refused by the broker are remembered (event id -> reason) for the replay that puts them on
+the dead-letter topic; events the relay itself cannot encode are dead-lettered as they are met.
+Nothing here does I/O; the loop (`relay.core.loop`) acts on the decisions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from relay.core.boundaries import Encoder
+from relay.core.errors import BatchRefusedError, PoisonEventError
+from relay.core.message import OutgoingMessage
+from relay.core.message import event_id_of
+
+
+class Decision(enum.Enum):
+    STOP = "stop"
+    DEAD_LETTER = "dead-letter"
+    ISOLATE = "isolate"
+
+
+class PoisonPolicy:
+    """RELAY_ON_POISON (`stop` or `dead-letter`) and what it has learned so far."""
+
+    def __init__(self, on_poison: str) -> None:
+        if on_poison not in ("stop", "dead-letter"):
+            raise ValueError(f"unknown poison policy {on_poison!r}")
+        self.dead_letters = on_poison == "dead-letter"
+        self._refused: dict[str, str] = {}  # event id -> the broker's reason
+        self._one_by_one = 0  # events still to send one per request
+
+    def decide(self, error: PoisonEventError | BatchRefusedError) -> Decision:
+        """What to do about `error`; remembers what the replay needs."""
+        if isinstance(error, BatchRefusedError):
+            self._one_by_one = max(self._one_by_one, error.events)
+            return Decision.ISOLATE
+        if self.dead_letters:
+            self._refused[error.event_id] = error.reason
+            return Decision.DEAD_LETTER
+        return Decision.STOP
+
+    def refused(self, event_id: str) -> str | None:
+        """The reason the broker refused this event for good, if it did (dead-letter policy)."""
+        return self._refused.get(event_id) if self._refused else None
+
+    @property
+    def remembers_refusals(self) -> bool:
+        return bool(self._refused)
+
+    @property
+    def one_by_one(self) -> int:
+        """How many of the next events go one message per request (after a refused batch)."""
+        return self._one_by_one
+
+    def sent_alone(self) -> None:
+        """One of those events was acknowledged in a request of its own."""
+        if self._one_by_one:
+            self._one_by_one -= 1
+
+
+def encode(changes: Sequence[Any], fencing_token: int, encoder: Encoder, policy: PoisonPolicy,
+           dead_lettered: Callable[[str, str], None]) -> tuple[list[OutgoingMessage], PoisonEventError | None]:
+    """The messages for `changes`, in order, with the policy applied as they are built.
+
+    Under the dead-letter policy a poison event's dead letter takes its place (and
+    `dead_lettered(event_id, reason)` is told); under the stop policy the messages end before the
+    first poison event, which is returned with them. Messages and changes correspond one to one.
+    The encoder's batch path (`build_many`) goes first; what it declines is built one by one.
+    """
+    fast = [None] * len(changes) if policy.remembers_refusals else encoder.build_many(changes, fencing_token)
+    if None not in fast:
+        return fast, None  # type: ignore[return-value]
+    messages: list[OutgoingMessage] = []
+    for change, message in zip(changes, fast):
+        if message is None:
+            try:
+                if policy.remembers_refusals:
+                    event_id = event_id_of(change["fullDocument"])
+                    reason = policy.refused(event_id)
+                    if reason is not None:
+                        raise PoisonEventError(event_id, reason)
+                message = encoder.build(change, fencing_token)
+            except PoisonEventError as exc:
+                if not policy.dead_letters:
+                    return messages, exc
+                dead_lettered(exc.event_id, exc.reason)
+                message = encoder.dead_letter(change, exc.reason, fencing_token)
+        messages.append(message)
+    return messages, None

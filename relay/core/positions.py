@@ -1,0 +1,153 @@
+"""Positions in the change stream and what is stored about them (pure values, no I/O).
+
+A *token* is a change stream resume token (`{"_data": "82…"}`): every change's `_id`, and every
+batch's post-batch token. Its `_data` is the hex of a KeyString whose byte order is the stream's
+order, cluster time first, so tokens compare as strings (`newer`) and carry their cluster time
+(`token_cluster_time`).
+
+Token rule (change streams spec, prose tests 11-14): the token after a batch covers exactly the
+changes returned so far. A `Batch` carries that token; storing it once every change of the batch
+is delivered never skips an undelivered event (guarantee 1).
+
+Start point with no checkpoint (blog post, "Bootstrapping the change listener"): the oldest
+oplog entry (`oplog-start`), an operator-given time, or `now` (then the loop stores the opening
+token at once, so a crash cannot skip the events written meanwhile).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from relay.core.errors import PipelineMismatchError
+
+Token = Mapping[str, Any]
+
+
+class ClusterTime(NamedTuple):
+    """A point in the oplog: seconds since the epoch and an increment (BSON Timestamp's fields)."""
+
+    time: int
+    inc: int
+
+
+def token_cluster_time(token: Token | None) -> ClusterTime | None:
+    """The cluster time a resume token points at (its KeyString starts with a Timestamp)."""
+    if not token:
+        return None
+    data = token.get("_data")
+    if not isinstance(data, str) or len(data) < 18 or not data.startswith("82"):
+        return None
+    return ClusterTime(int(data[2:10], 16), int(data[10:18], 16))
+
+
+def short_token(token: Token | None) -> str:
+    """A token prefix for logs: the cluster time part plus a few characters."""
+    if not token:
+        return "-"
+    data = str(token.get("_data", ""))
+    return data[2:18] + "…" if len(data) > 18 else data
+
+
+def newer(a: Token, b: Token) -> bool:
+    """Whether token `a` lies after token `b` in the change stream (uppercase hex keeps the
+    KeyString's byte order, so comparing the strings compares the positions)."""
+    return str(a["_data"]) > str(b["_data"])
+
+
+def plain(token: Token | None) -> dict[str, Any] | None:
+    """A token as a plain dict (the stream's are raw BSON documents), to store and compare."""
+    return None if token is None else dict(token)
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where to open the stream: after a stored token, at a time, at the oplog's start, or now."""
+
+    resume_after: Token | None = None
+    at_time: ClusterTime | None = None
+    oplog_start: bool = False
+
+    @property
+    def description(self) -> str:
+        if self.resume_after is not None:
+            return f"after checkpoint {short_token(self.resume_after)}"
+        if self.at_time is not None:
+            return f"at cluster time {self.at_time.time}.{self.at_time.inc}"
+        return "at the oldest oplog entry" if self.oplog_start else "now"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The stored position: the change stream token and what it was made with.
+
+    `delivery` is the RELAY_DELIVERY of the relay that stored it (None before that was recorded):
+    after `exactly-once` the offsets topic may hold a newer token (relay.core.resume).
+    `seed`, while there is no token, is where a changed partition count starts this lease
+    (relay.mongo.repartition).
+    """
+
+    token: Token | None
+    cluster_time: ClusterTime | None
+    fingerprint: str | None
+    delivery: str | None = None
+    seed: ClusterTime | None = None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A held lease: who, with which fencing token, and the checkpoint read with it."""
+
+    owner: str
+    fencing_token: int
+    expires_at: dt.datetime
+    checkpoint: Checkpoint
+
+
+def start_point(checkpoint: Checkpoint, fingerprint: str, start_at: str,
+                start_at_time: dt.datetime | None) -> StartPoint:
+    """Where a leader opens the stream: after the stored token; else, for a partition seeded by
+    a change of partition count, at its seed (startAtOperationTime includes that time); else
+    where RELAY_START_AT says (`now`, an ISO time given as `start_at_time`, or the oplog's start).
+
+    Raises PipelineMismatchError when the stored token was made by another pipeline: resuming
+    with it could skip or repeat events.
+    """
+    if checkpoint.token is not None:
+        if checkpoint.fingerprint not in (None, fingerprint):
+            raise PipelineMismatchError(
+                f"the stored checkpoint was made by a different change stream pipeline "
+                f"(fingerprint {checkpoint.fingerprint}, now {fingerprint}); resuming could skip or "
+                "repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) and set "
+                "RELAY_START_AT to continue")
+        return StartPoint(resume_after=checkpoint.token)
+    if checkpoint.seed is not None:
+        return StartPoint(at_time=checkpoint.seed)
+    if start_at == "now":
+        return StartPoint()
+    if start_at_time is not None:
+        return StartPoint(at_time=ClusterTime(int(start_at_time.timestamp()), 0))
+    return StartPoint(oplog_start=True)
+
+
+@dataclass
+class Batch:
+    """Changes in stream order, and the token that covers exactly them and all before.
+
+    `token` is None for a batch of rescanned documents: they have no position in the stream,
+    so storing nothing for them is right (a crash rescans again).
+    """
+
+    changes: list[Any] = field(default_factory=list)
+    token: Token | None = None
+    resumed: bool = False  # the source resumed the stream (a resumable error) while reading it
+    wall_ms: list[int] = field(default_factory=list)  # each change's wallTime (Unix ms; -1: none)
+
+    def token_after(self, count: int) -> Token | None:
+        """The token covering the first `count` changes: the last one's own resume token (its
+        `_id`), or the batch's token when `count` covers the whole batch."""
+        if count >= len(self.changes) or self.token is None:
+            return self.token
+        return plain(self.changes[count - 1]["_id"]) if count > 0 else None

@@ -1,0 +1,138 @@
+"""The in-flight window: batches handed to the producer and not yet checkpointed.
+
+Pure bookkeeping, no I/O: `Delivery` counts the delivery reports of one batch; `Window` keeps
+the deliveries in send order and says which of them may be checkpointed. The loop
+(`relay.core.loop`) owns one window per leading session and consults it; the fast loop tests drive
+it through in-memory fakes of the producer.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from relay.core.positions import Token
+
+
+class Delivery:
+    """One batch handed to the producer: its changes' commit times, its messages, the token that covers them
+    (None for rescanned documents, which have no token of their own), and its delivery reports.
+
+    `on_delivery` is the delivery callback of every message of the batch (bound once per batch,
+    no closure per message). Reports for one partition arrive in send order; a batch is
+    acknowledged when every report came back without an error.
+    """
+
+    __slots__ = ("wall_ms", "messages", "token", "pending", "failure", "sent_at", "one_by_one", "failures",
+                 "read_at")
+
+    def __init__(self, wall_ms: Sequence[int], messages: Sequence[Any], token: Token | None,
+                 sent_at: float, one_by_one: bool = False, read_at: float | None = None) -> None:
+        self.wall_ms = wall_ms  # each change's commit time (Unix ms, -1: unknown), for latency
+        self.messages = messages
+        self.token = token
+        self.pending = len(messages)
+        self.failure: tuple[bytes, Any] | None = None  # (value, error) of the first failed report
+        self.sent_at = sent_at
+        self.read_at = sent_at if read_at is None else read_at  # when its changes were read
+        self.one_by_one = one_by_one  # its one message was sent alone (a request of its own)
+        # Where the first failed report is announced (the publisher's list; it drops its queue).
+        self.failures: list[Delivery] | None = None
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        self.pending -= 1
+        if err is not None and self.failure is None:
+            self.failure = (msg.value() or b"", err)  # failed reports carry no headers
+            if self.failures is not None:
+                self.failures.append(self)
+
+    @property
+    def done(self) -> bool:
+        """Every report is in (successful or not)."""
+        return self.pending <= 0
+
+    @property
+    def acknowledged(self) -> bool:
+        """Every report is in and none failed."""
+        return self.pending <= 0 and self.failure is None
+
+    def failed_event_id(self) -> str:
+        """The event id of the first failed report (matched by value), or "?"."""
+        if self.failure is None:
+            return "?"
+        value = self.failure[0]
+        return next((m.event_id for m in self.messages if m.value == value), "?")
+
+
+class Window:
+    """Deliveries in send order, not yet checkpointed.
+
+    Invariants (enforced by the loop through `room` and `pop_acknowledged`):
+    - at most `max_events` messages are unacknowledged at once (RELAY_BATCH_MAX_EVENTS): this
+      bounds memory and what a replica that lost its lease can still publish late;
+    - a token is handed out for storing only when its delivery and every delivery before it
+      were acknowledged, so a stored token never covers an event whose report did not succeed.
+    """
+
+    def __init__(self, max_events: int, depth: int) -> None:
+        self.max_events = max_events
+        self.depth = depth
+        # Reads in flight at once share the limit, so each read takes a slice of it.
+        self.slice = max(1, -(-max_events // depth))
+        self._deliveries: deque[Delivery] = deque()
+        self.unacknowledged = 0
+
+    def __len__(self) -> int:
+        return len(self._deliveries)
+
+    @property
+    def room(self) -> int:
+        """How many more messages may be handed to the producer now."""
+        return self.max_events - self.unacknowledged
+
+    @property
+    def oldest(self) -> Delivery | None:
+        return self._deliveries[0] if self._deliveries else None
+
+    def add(self, delivery: Delivery) -> None:
+        if len(delivery.messages) > self.room:
+            raise ValueError(f"{len(delivery.messages)} messages do not fit the window's room of {self.room}")
+        self._deliveries.append(delivery)
+        self.unacknowledged += len(delivery.messages)
+
+    def pop_acknowledged(self) -> Delivery:
+        """Remove and return the oldest delivery, which must be acknowledged."""
+        delivery = self._deliveries[0]
+        if not delivery.acknowledged:
+            raise ValueError("the oldest delivery is not acknowledged")
+        self._deliveries.popleft()
+        self.unacknowledged -= len(delivery.messages)
+        return delivery
+
+    def clear(self) -> None:
+        """Forget everything in flight (the producer was dropped; the loop replays from the checkpoint)."""
+        self._deliveries.clear()
+        self.unacknowledged = 0
+
+
+def split(sizes: Sequence[int], max_bytes: int, alone: int = 0) -> list[tuple[int, bool]]:
+    """How to hand messages of these value sizes to the producer: the end index of each delivery,
+    and whether it is a message sent alone.
+
+    The first `alone` messages go one per delivery (after a refused record batch, so the broker's
+    answer names one event); the rest in deliveries that stop once they hold `max_bytes`
+    (RELAY_BATCH_MAX_BYTES), each with at least one message.
+    """
+    ends: list[tuple[int, bool]] = []
+    alone = min(alone, len(sizes))
+    ends += [(i + 1, True) for i in range(alone)]
+    held = 0
+    for i in range(alone, len(sizes)):
+        held += sizes[i]
+        if held >= max_bytes:
+            ends.append((i + 1, False))
+            held = 0
+    if (ends[-1][0] if ends else 0) < len(sizes):
+        ends.append((len(sizes), False))
+    return ends

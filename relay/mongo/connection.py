@@ -1,0 +1,60 @@
+"""The relay's MongoDB client, and the start-up reachability check.
+
+The check turns "cannot connect" into one short line that names the setting to look at:
+`ServerUnreachableError` (exit 3) when nothing answers in time, `ConfigError` (exit 2) when the
+server answers but is not what the settings promise (a MongoDB that is not a replica set).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pymongo import MongoClient
+from pymongo.errors import PyMongoError
+from pymongo.server_api import ServerApi
+
+from relay.core.errors import ConfigError, ServerUnreachableError, env_name
+from relay.mongo.config import MongoConfig
+
+_TIMEOUTS = re.compile(r" \(configured timeouts: [^)]*\)")
+
+
+def mongo_client(config: MongoConfig, **kw: Any) -> MongoClient[Any]:
+    """The relay's MongoDB client: Stable API v1, bounded server selection and socket waits."""
+    # A socket timeout bounds every operation, so a frozen server turns into a restart (and
+    # an unready relay) instead of a loop stuck forever in one getMore.
+    return MongoClient(config.uri, server_api=ServerApi("1"), appname="outbox-relay",
+                       serverSelectionTimeoutMS=int(config.connect_timeout_s * 1000),
+                       socketTimeoutMS=int(max(config.connect_timeout_s, 10.0) * 1000),
+                       tz_aware=True, **kw)
+
+
+def mongo_cause(exc: PyMongoError) -> str:
+    """pymongo's message without the topology description it appends to selection timeouts.
+
+    A server selection timeout reads "<host>: <cause> (configured timeouts: ...), Timeout: 30s,
+    Topology Description: <...>": the cause per host is kept whole, the timeouts (the caller
+    names its own) and the topology description are dropped.
+    """
+    head = str(exc).partition(", Timeout: ")[0]
+    return _TIMEOUTS.sub("", head).strip()
+
+
+def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
+    """Return once MongoDB answers and is a replica set member.
+
+    Raises ServerUnreachableError when nothing answers within RELAY_CONNECT_TIMEOUT_S, and
+    ConfigError naming RELAY_MONGODB_URI when the server answers but is not a replica set
+    member (change streams need one).
+    """
+    try:
+        hello = client.admin.command("hello")
+    except PyMongoError as exc:
+        raise ServerUnreachableError(
+            f"cannot reach MongoDB at {config.uri} within {config.connect_timeout_s:g}s "
+            f"({env_name('mongodb_uri')}): {mongo_cause(exc)}") from exc
+    if "setName" not in hello:
+        raise ConfigError(env_name("mongodb_uri"),
+                          f"MongoDB at {config.uri} answers but is not a replica set member; "
+                          "change streams need one (start mongod with --replSet and initiate it)")

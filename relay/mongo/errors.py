@@ -1,0 +1,82 @@
+"""MongoDB's errors in the relay's terms: the code table, which are resumable, and what the loop
+does with the rest.
+
+- `resumable()` is the change streams spec's rule (Resume Process): a network error, a cursor
+  the server no longer has (CursorNotFound), or an error the server labels
+  `ResumableChangeStreamError` (MongoDB 4.4 and later label every resumable error). The change
+  source resumes once on those, from its own last token, invisibly.
+- `translate()` turns the codes with a meaning of their own into relay errors: history lost
+  (stop, or rescan when the operator chose it), and the codes a fresh cursor may not hit again
+  (reopen).
+- `action_for()` is what the loop does with any other pymongo error (the wiring hands it to the
+  loop's classifier): restart for everything a later attempt can succeed after (network errors,
+  elections, timeouts, write concern errors, transient codes), stop otherwise.
+"""
+
+from __future__ import annotations
+
+from pymongo.errors import (
+    ConnectionFailure, CursorNotFound, NotPrimaryError, OperationFailure, PyMongoError, WriteConcernError,
+)
+
+from relay.core.errors import Action, HistoryLostError, ReopenableStreamError
+
+# MongoDB server error codes the relay treats specially, with their names.
+ERROR_NAMES: dict[int, str] = {
+    43: "CursorNotFound",
+    136: "CappedPositionLost",
+    280: "ChangeStreamFatalError",
+    286: "ChangeStreamHistoryLost",
+    11000: "DuplicateKey",
+}
+CURSOR_NOT_FOUND = 43
+DUPLICATE_KEY = 11000  # an upsert lost a race on _id (relay.spark.state's conditional upserts)
+HISTORY_LOST_CODES = frozenset({286})
+# Server errors a later attempt can succeed after (elections, shutdowns, interruptions,
+# failed writes that the failCommand failpoint also injects).
+TRANSIENT_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
+                             64, 100, 112, 117, 133, 134, 150, 234})
+# Not resumable, but a fresh cursor from the stored token may succeed; if the same code
+# repeats without progress the relay stops (relay.core.loop).
+REOPENABLE_CODES = frozenset({136, 280})
+RESUMABLE_LABEL = "ResumableChangeStreamError"
+
+
+def resumable(exc: PyMongoError) -> bool:
+    """Whether the change stream may resume after `exc` (change streams spec, Resume Process)."""
+    if isinstance(exc, ConnectionFailure):  # network errors and timeouts
+        return True
+    if isinstance(exc, CursorNotFound):
+        return True
+    return isinstance(exc, OperationFailure) and (
+        exc.has_error_label(RESUMABLE_LABEL) or exc.code == CURSOR_NOT_FOUND)
+
+
+def translate(exc: PyMongoError) -> BaseException:
+    """The relay error for a server error with a meaning of its own, else `exc` itself."""
+    if isinstance(exc, OperationFailure):
+        if exc.code in HISTORY_LOST_CODES:
+            return HistoryLostError(
+                "the stored checkpoint is no longer in the oplog (ChangeStreamHistoryLost): "
+                "events between it and the oldest oplog entry cannot be read from the change "
+                "stream; see the README runbook 'history lost'"
+            )
+        if exc.code in REOPENABLE_CODES:
+            code = int(exc.code)
+            return ReopenableStreamError(code, ERROR_NAMES.get(code, "?"), str(exc))
+    return exc
+
+
+def action_for(exc: BaseException) -> Action | None:
+    """What the loop does after a pymongo error (None for anything else)."""
+    if isinstance(exc, (ConnectionFailure, WriteConcernError, NotPrimaryError)):
+        # Network errors, elections, timeouts, write concern errors: a fresh start from the
+        # stored checkpoint is always safe, since nothing moves until a fenced write succeeds.
+        return Action.RESTART
+    if isinstance(exc, OperationFailure):
+        transient = (exc.has_error_label("RetryableWriteError") or exc.has_error_label(RESUMABLE_LABEL)
+                     or exc.code in TRANSIENT_CODES)
+        return Action.RESTART if transient else Action.STOP
+    if isinstance(exc, PyMongoError):
+        return Action.RESTART
+    return None

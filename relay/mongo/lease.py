@@ -1,0 +1,217 @@
+"""The lease, its fencing token, and the fenced checkpoint, in one MongoDB document per outbox
+(per partition of it with RELAY_PARTITIONS > 1: relay.core.partitions).
+
+Design from the blog post in shared/reference (004): find-and-modify with upsert and majority
+write concern takes or renews the lease; the fencing token (a version) grows by one whenever
+the owner changes; the resume token lives in the same document. Expiry is computed from the
+server's clock (`$$NOW`), never the relay's.
+
+Invariants enforced here:
+- `try_acquire` gives the lease to at most one owner at a time: findAndModify is atomic and
+  matches only a lease that is free, expired (by the server's clock) or already ours.
+- `commit` and `renew` match only while (owner, fencing token) are still ours; a write with a
+  stale fencing token matches nothing and raises LeaseLostError, so a paused replica can never
+  move the checkpoint, forward or back.
+
+A partition's document (`<db>.<collection>#<k>/<N>`) also holds `outbox`, `partition`,
+`partitions` and `acquiredAt` (server time of the last change of owner), and, after a change of
+RELAY_PARTITIONS (relay.mongo.repartition), `startAtClusterTime`: where the partition starts while it
+has no checkpoint of its own. The unpartitioned document (`<db>.<collection>`) is as it always was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bson import Timestamp
+from pymongo import ReturnDocument
+from pymongo.collection import Collection
+from pymongo.errors import PyMongoError
+from pymongo.write_concern import WriteConcern
+
+from relay.core.errors import LeaseLostError
+from relay.core.partitions import Partition
+from relay.core.positions import Checkpoint, ClusterTime, Grant, token_cluster_time
+
+MAJORITY = WriteConcern("majority")
+# What `checkpoint reset` forgets: the stored position, and where a new partition count starts.
+_CHECKPOINT_FIELDS = ("resumeToken", "tokenClusterTime", "pipelineFingerprint", "delivery", "startAtClusterTime")
+
+
+class LeaseStore:
+    """The lease document for one outbox (its `_id` is the outbox namespace), or for one
+    partition of it (`partition`; its `_id` is `lease_id`, see relay.core.partitions.lease_id).
+
+    `lease_id` is the identity of whatever this lease guards (the exactly-once mode names its
+    transactional producer and offsets after it).
+    """
+
+    def __init__(self, collection: Collection[Any], lease_id: str, owner: str, ttl_s: float,
+                 partition: Partition | None = None, namespace: str | None = None,
+                 delivery: str = "at-least-once") -> None:
+        self._coll = collection.with_options(write_concern=MAJORITY)
+        self.lease_id = lease_id
+        self.owner = owner
+        self.delivery = delivery  # RELAY_DELIVERY, stored beside every checkpoint
+        self._ttl_ms = int(ttl_s * 1000)
+        self._ensured = False
+        self._replicas = collection.database[f"{collection.name}_replicas"]
+        # A partition's fields; none for the unpartitioned document, which stays as it was.
+        self._partition = partition if partition is not None and partition.count > 1 else None
+        self._fields: dict[str, Any] = {} if self._partition is None else {
+            "outbox": namespace, "partition": self._partition.index, "partitions": self._partition.count}
+
+    def _expires(self) -> dict[str, Any]:
+        return {"$add": ["$$NOW", self._ttl_ms]}
+
+    def ensure(self) -> None:
+        """Create the lease document if it does not exist (idempotent)."""
+        # A find-and-modify that compares with $$NOW needs $expr, which an upsert refuses, so
+        # the document is created first (idempotently) and then only ever updated.
+        if not self._ensured:
+            self._coll.update_one(
+                {"_id": self.lease_id},
+                {"$setOnInsert": {"owner": None, "fencingToken": 0, "expiresAt": None, **self._fields}},
+                upsert=True,
+            )
+            self._ensured = True
+
+    def try_acquire(self) -> Grant | None:
+        """Take the lease if it is free, expired or already ours; renew it if ours.
+
+        Returns None while another owner holds an unexpired lease. The fencing token grows by
+        one on every change of owner and stays the same on renewal.
+        """
+        self.ensure()
+        me = self.owner
+        free_or_mine = {"$expr": {"$or": [
+            {"$eq": ["$owner", me]},
+            {"$lte": ["$expiresAt", "$$NOW"]},  # also true when expiresAt is missing or null
+        ]}}
+        update = [{"$set": {
+            "fencingToken": {"$cond": [
+                {"$eq": ["$owner", me]},
+                "$fencingToken",
+                {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]},
+            ]},
+            "owner": me,
+            "expiresAt": self._expires(),
+            "renewedAt": "$$NOW",
+        }}]
+        if self._partition is not None:
+            # When the partition changed hands (balancing, takeovers): `status` shows it.
+            update[0]["$set"]["acquiredAt"] = {"$cond": [{"$eq": ["$owner", me]}, "$acquiredAt", "$$NOW"]}
+        doc = self._coll.find_one_and_update(
+            {"_id": self.lease_id, **free_or_mine}, update, return_document=ReturnDocument.AFTER,
+        )
+        return None if doc is None else _grant(doc)
+
+    def renew(self, grant: Grant) -> None:
+        """Extend the lease; raises LeaseLostError if it is no longer ours."""
+        self._fenced_update(grant, {"expiresAt": self._expires(), "renewedAt": "$$NOW"})
+
+    def commit(self, grant: Grant, token: Mapping[str, Any], fingerprint: str) -> None:
+        """Store the checkpoint and renew the lease in one fenced, majority-acknowledged write.
+
+        Called only once every event up to `token` has been acknowledged by Kafka. A write
+        with a stale fencing token matches nothing and raises LeaseLostError.
+        """
+        self._fenced_update(grant, {
+            "resumeToken": {"$literal": dict(token)},
+            "tokenClusterTime": {"$literal": _timestamp(token_cluster_time(token))},
+            "pipelineFingerprint": fingerprint,
+            "delivery": self.delivery,
+            "checkpointAt": "$$NOW",
+            "expiresAt": self._expires(),
+            "renewedAt": "$$NOW",
+        })
+
+    def release(self, grant: Grant) -> None:
+        """Give the lease up (graceful stop) so a standby can take it at once."""
+        self._coll.update_one(
+            {"_id": self.lease_id, "owner": grant.owner, "fencingToken": grant.fencing_token},
+            [{"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW"}}],
+        )
+
+    def _fenced_update(self, grant: Grant, fields: dict[str, Any]) -> None:
+        result = self._coll.update_one(
+            {"_id": self.lease_id, "owner": grant.owner, "fencingToken": grant.fencing_token},
+            [{"$set": fields}],
+        )
+        if result.matched_count == 0:
+            raise LeaseLostError(
+                f"lease on {self.lease_id} lost: fencing token {grant.fencing_token} of "
+                f"{grant.owner} is no longer current")
+
+    def announce(self, role: str) -> None:
+        """Record this replica's role and the server time it was seen (for `status`).
+
+        Best effort: it is bookkeeping for operators, so a failure never stops publishing. A
+        partition's relay announces nothing: its group's heartbeat does (relay.mongo.membership).
+        """
+        if self._partition is not None:
+            return
+        try:
+            self._replicas.update_one(
+                {"_id": f"{self.lease_id}/{self.owner}"},
+                [{"$set": {"outbox": self.lease_id, "instance": self.owner, "role": role, "seenAt": "$$NOW"}}],
+                upsert=True,
+            )
+        except PyMongoError:
+            pass
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """Every replica that announced itself for this outbox, newest first."""
+        return list(self._replicas.find({"outbox": self.lease_id, "partitions": {"$exists": False}},
+                                        sort=[("seenAt", -1)]))
+
+    def read(self) -> dict[str, Any] | None:
+        """The lease document as stored, with the server's current time (for `status`)."""
+        docs = list(self._coll.aggregate([
+            {"$match": {"_id": self.lease_id}},
+            {"$addFields": {"serverTime": "$$NOW"}},
+        ]))
+        return docs[0] if docs else None
+
+    def reset_checkpoint(self, force: bool = False) -> str | None:
+        """Forget the stored token (operator action); the next leader starts at RELAY_START_AT.
+
+        Only while no owner holds an unexpired lease (by the server's clock), in one conditional
+        write; returns the holder and changes nothing otherwise. With `force` the token is
+        forgotten anyway and the holder fenced out: the fencing token grows and the lease is
+        freed, so the holder's next fenced write fails. Returns the holder (None if none).
+        """
+        self.ensure()
+        forget = {"$unset": {name: "" for name in _CHECKPOINT_FIELDS}}
+        free = {"$expr": {"$or": [{"$eq": [{"$ifNull": ["$owner", None]}, None]},
+                                  {"$lte": ["$expiresAt", "$$NOW"]}]}}
+        if self._coll.update_one({"_id": self.lease_id, **free}, forget).matched_count:
+            return None
+        holder = (self._coll.find_one({"_id": self.lease_id}) or {}).get("owner")
+        if force:
+            self._coll.update_one({"_id": self.lease_id}, [
+                {"$unset": list(_CHECKPOINT_FIELDS)},
+                {"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW",
+                          "fencingToken": {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]}}}])
+        return str(holder) if holder is not None else None
+
+
+def _timestamp(time: ClusterTime | None) -> Timestamp | None:
+    return None if time is None else Timestamp(time.time, time.inc)
+
+
+def cluster_time(value: Any) -> ClusterTime | None:
+    """A stored BSON Timestamp as a ClusterTime (None if absent)."""
+    return ClusterTime(value.time, value.inc) if isinstance(value, Timestamp) else None
+
+
+def _grant(doc: Mapping[str, Any]) -> Grant:
+    return Grant(
+        owner=doc["owner"],
+        fencing_token=int(doc["fencingToken"]),
+        expires_at=doc["expiresAt"],
+        checkpoint=Checkpoint(doc.get("resumeToken"), cluster_time(doc.get("tokenClusterTime")),
+                              doc.get("pipelineFingerprint"), doc.get("delivery"),
+                              cluster_time(doc.get("startAtClusterTime"))),
+    )

@@ -1,0 +1,205 @@
+"""Health: what /livez and /readyz answer, and the HTTP server for them and /metrics.
+
+Liveness means the loop turns; readiness means the relay is connected and doing its job, as the
+publishing lease holder or as a standby ready to take over. The loop's reports reach `Health`
+through `relay.ops.observe.Observer`; the HTTP server reads it on its own thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from relay.core.errors import ConfigError, env_name
+from relay.ops.config import HealthConfig
+
+# A leader with messages in the producer's queue and no batch acknowledged for this long is not
+# publishing (broker unreachable or refusing): unready, though its loop still turns.
+PUBLISH_STALL_S = 30.0
+
+
+class Health:
+    """Liveness and readiness from the loop's reports.
+
+    Thresholds (attributes, so tests can shorten them):
+    - `live_stall_s`: /livez fails when the loop has not turned for this long. It is longer
+      than any wait the loop makes while healthy or on a slow server (three MongoDB socket
+      timeouts, the longest restart backoff and a standby poll; at least 60 s), so only a loop
+      that is stuck fails it.
+    - `ready_stall_s`: /readyz fails when the loop has not turned for this long (a blocked
+      getMore or write: MongoDB unreachable).
+    - `publish_stall_s`: /readyz fails on a leader whose producer holds messages while no batch
+      was acknowledged for this long (Kafka unreachable).
+    """
+
+    def __init__(self, config: HealthConfig, queued: Callable[[], float]) -> None:
+        self.live_stall_s = config.live_stall_s
+        self.ready_stall_s = config.ready_stall_s
+        self.publish_stall_s = PUBLISH_STALL_S
+        self._queued = queued
+        now = time.monotonic()
+        self.last_turn = now
+        self._progress_at = now  # last acknowledged batch, or taking the lease
+        self._ready = False
+        self._why = "starting"
+        self.role = "starting"
+
+    # ---- reports ------------------------------------------------------------------------------
+
+    def turned(self, now: float) -> None:
+        self.last_turn = now
+
+    def became(self, role: str) -> None:
+        """`leader`, `standby` or `stopped` (with `stopped()`)."""
+        self.role = role
+        self._ready, self._why = True, role
+        if role == "leader":
+            self._progress_at = time.monotonic()
+
+    def progressed(self) -> None:
+        """A batch was acknowledged."""
+        self._progress_at = time.monotonic()
+        self._ready, self._why = True, self.role
+
+    def restarting(self, kind: str) -> None:
+        self._ready, self._why = False, f"restarting after {kind}"
+
+    def stopped(self, kind: str) -> None:
+        self.role = "stopped"
+        self._ready, self._why = False, f"stopped on {kind}"
+
+    # ---- answers ------------------------------------------------------------------------------
+
+    def live(self) -> bool:
+        """The loop turned within `live_stall_s` (a stuck loop fails this)."""
+        return time.monotonic() - self.last_turn < self.live_stall_s
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why): connected and turning, as a publishing leader or a standby."""
+        now = time.monotonic()
+        if not self._ready:
+            return False, self._why
+        if now - self.last_turn >= self.ready_stall_s:
+            return False, f"loop blocked for {now - self.last_turn:.0f}s (server unreachable?)"
+        if self.role == "leader" and now - self._progress_at >= self.publish_stall_s:
+            queued = self._queued()
+            if queued:
+                return False, (f"{queued:.0f} messages unacknowledged, nothing acknowledged for "
+                               f"{now - self._progress_at:.0f}s (Kafka unreachable?)")
+        return True, self._why
+
+    def ready(self) -> bool:
+        return self.readiness()[0]
+
+
+class GroupHealth:
+    """Liveness and readiness of a process running one relay per partition (relay.group.runner).
+
+    Live while the group's coordinator and every partition's loop turn; ready while every
+    partition's relay is ready (a publishing leader or a ready standby). `role` is `leader` while
+    this replica leads at least one partition.
+    """
+
+    def __init__(self, config: HealthConfig) -> None:
+        self._coordinator = Health(config, lambda: 0.0)
+        self._coordinator.became("standby")
+        self.parts: dict[int, Health] = {}
+        self._stopped: str | None = None
+
+    def add(self, index: int, health: Health) -> None:
+        self.parts[index] = health
+
+    def turned(self, now: float) -> None:
+        self._coordinator.turned(now)
+
+    def stopped(self, kind: str) -> None:
+        self._stopped = kind
+
+    @property
+    def role(self) -> str:
+        roles = {h.role for h in self.parts.values()}
+        if self._stopped is not None or "stopped" in roles:
+            return "stopped"
+        if "leader" in roles:
+            return "leader"
+        return "standby" if roles == {"standby"} else "starting"
+
+    @property
+    def last_turn(self) -> float:
+        return min([self._coordinator.last_turn, *(h.last_turn for h in self.parts.values())])
+
+    def live(self) -> bool:
+        return self._coordinator.live() and all(h.live() for h in self.parts.values())
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._stopped is not None:
+            return False, f"stopped on {self._stopped}"
+        ok, why = self._coordinator.readiness()
+        if not ok:
+            return False, f"group: {why}"
+        for index, health in sorted(self.parts.items()):
+            ok, why = health.readiness()
+            if not ok:
+                return False, f"partition {index}: {why}"
+        return True, self.role
+
+    def ready(self) -> bool:
+        return self.readiness()[0]
+
+
+def serve(port: int, health: Health | GroupHealth, registry: CollectorRegistry) -> ThreadingHTTPServer | None:
+    """Serve /metrics, /livez, /readyz on `port` in a daemon thread (0: off).
+
+    /livez and /readyz answer 200 or 503 with a small JSON body that says why. Raises
+    ConfigError naming RELAY_HTTP_PORT when the port cannot be bound.
+    """
+    if not port:
+        return None
+    try:
+        server = ThreadingHTTPServer(("0.0.0.0", port), _handler(health, registry))
+    except OSError as exc:
+        raise ConfigError(env_name("http_port"), f"cannot listen on port {port}: {exc.strerror}") from exc
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="relay-http", daemon=True).start()
+    return server
+
+
+def _handler(health: Health | GroupHealth, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
+                body, status = encoder(registry), 200
+            elif path == "/livez":
+                ok = health.live()
+                body = _json({"ok": ok, "role": health.role,
+                              "lastTurnSecondsAgo": round(time.monotonic() - health.last_turn, 3)})
+                status, ctype = (200 if ok else 503), "application/json"
+            elif path == "/readyz":
+                ok, why = health.readiness()
+                body = _json({"ok": ok, "role": health.role, "reason": why})
+                status, ctype = (200 if ok else 503), "application/json"
+            else:
+                body, status, ctype = b"not found\n", 404, "text/plain"
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value).encode() + b"\n"

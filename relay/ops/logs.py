@@ -1,0 +1,119 @@
+"""Logging: JSON lines or text on stderr, with the relay loop's context on every line.
+
+`RELAY_LOG_FORMAT=auto` (the default) writes JSON when stderr is not a terminal (containers,
+files, pipes) and text on a terminal. A JSON line has `time` (UTC, ms), `level`, `logger`,
+`message`, then every extra field of the record. Lines emitted on a relay loop thread carry the
+loop's context (`instance`, `fencing`, `token`, and `partition` when the outbox is partitioned),
+set by `relay.ops.observe.Observer` through `bind_loop_context`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import sys
+import threading
+from collections.abc import Mapping
+from typing import IO, Any
+
+from relay.ops.config import LOG_FORMATS
+
+__all__ = ["LOG_FORMATS", "JsonFormatter", "LoopContext", "TextFormatter", "bind_loop_context",
+           "resolve_log_format", "setup_logging"]
+
+# Attributes every LogRecord has; anything else on a record came from `extra` or a filter.
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_TEXT_HIDDEN = frozenset({"instance", "summary"})  # in JSON only: noise on a terminal
+_context = threading.local()
+
+
+def bind_loop_context(fields: Mapping[str, Any]) -> None:
+    """Make every log line emitted on this thread carry `fields` (the mapping is read live, so
+    its owner updates it in place; fields a log call passes in `extra` win)."""
+    _context.fields = fields
+
+
+class LoopContext(logging.Filter):
+    """Adds the loop context bound on the emitting thread (see `bind_loop_context`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields: Mapping[str, Any] | None = getattr(_context, "fields", None)
+        if fields:
+            d = record.__dict__
+            for key, value in fields.items():
+                if value is not None:
+                    d.setdefault(key, value)
+        return True
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in record.__dict__.items()
+            if k not in _RECORD_FIELDS and not k.startswith("_") and v is not None}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ms), level, logger, message, then every extra field."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc)
+                      .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        out.update(_extras(record))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, default=str, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger message key=value ...` for people at a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = [f"{k}={v}" for k, v in _extras(record).items() if k not in _TEXT_HIDDEN]
+        if not fields:
+            return line
+        head, sep, tail = line.partition("\n")  # keep a traceback below the fields
+        return f"{head}  {' '.join(fields)}{sep}{tail}"
+
+
+def resolve_log_format(fmt: str, stream: IO[str]) -> str:
+    """`auto` is `text` on a terminal and `json` otherwise (containers, files, pipes)."""
+    if fmt != "auto":
+        return fmt
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError):
+        return "json"
+
+
+def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None = None) -> logging.Handler:
+    """Log to stderr (or `stream`) as JSON lines or text (RELAY_LOG_FORMAT); returns the handler.
+
+    Calling it again replaces the handler it installed before; other handlers stay. librdkafka's
+    own lines (connection attempts) and py4j's (Spark's Python bridge) show only at DEBUG.
+    """
+    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if resolve_log_format(fmt, stream) == "json" else TextFormatter())
+    handler.addFilter(LoopContext())
+    handler._outbox_relay = True  # type: ignore[attr-defined]
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_outbox_relay", False)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    debug = level.upper() == "DEBUG"
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.getLogger("kafka.admin").setLevel(logging.CRITICAL)
+    logging.getLogger("kafka.producer").setLevel(logging.DEBUG if debug else logging.ERROR)
+    logging.getLogger("py4j").setLevel(logging.DEBUG if debug else logging.WARNING)
+    return handler

@@ -1,0 +1,283 @@
+"""Observation at the edge: the loop reports what happened, this module decides what it means.
+
+The loop calls the hooks of `Observer` (`tick`, `role`, `published`, `committed`, `restart`,
+`lease_lost`, `stopped`, `dead_lettered`, `resumed`, `watch_publisher`); the Observer turns them
+into metrics (`relay.ops.metrics`), health (`relay.ops.health`), log lines (`relay.ops.logs`) and a periodic
+summary line. The loop never touches a metric or a log format itself.
+
+Contracts:
+- Every hook is called on the relay's loop thread; the HTTP server reads on its own thread.
+- `published()` is called once per batch, when Kafka has acknowledged every message of it; the
+  time of that call is the acknowledgement time of the batch's events.
+- Per-event work in `published()` is a few dict and list operations (topic totals are added
+  once per topic per batch, the latency histogram takes a whole batch under one lock); no
+  metric child is looked up per event.
+- Log records emitted on a loop thread carry `instance`, `fencing` (the held fencing token)
+  and `token` (a short prefix of the last stored checkpoint); lines about events also carry
+  `event_id`.
+- `stopped()` writes the one ERROR line of a stop: `error_kind`, `event_id` (when an event is
+  to blame), `reason` and `exit_code` as fields, before any shutdown line.
+
+With RELAY_PARTITIONS > 1 a process runs one relay per partition (relay.group.runner); `GroupObserver`
+gives each its own `Observer` (log lines carry `partition`; metrics are the partition's view of
+one shared registry, relay.ops.metrics.GroupMetrics) and answers the health checks for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from http.server import ThreadingHTTPServer
+from typing import Any, Protocol
+
+from relay.core.errors import EXIT_FATAL, cause_of
+from relay.core.partitions import Partition
+from relay.core.positions import short_token, token_cluster_time
+from relay.ops.config import ObserverConfig
+from relay.ops.health import GroupHealth, Health, serve
+from relay.ops.logs import bind_loop_context
+from relay.ops.metrics import GroupMetrics, RelayMetrics, latencies
+
+log = logging.getLogger("relay.observe")  # lines about batches of events
+stop_log = logging.getLogger("relay")
+summary_log = logging.getLogger("relay.summary")
+
+SUMMARY_EVERY_S = 60.0
+
+
+class _Queued(Protocol):
+    @property
+    def queued(self) -> int: ...
+
+
+class Observer:
+    """Counts and logs what the loop reports; answers the health checks.
+
+    `summary_every_s` (an attribute, so tests can shorten it) is the period of the summary line.
+    For one partition of a group (`partition`), `metrics` makes its metrics from this observer's
+    checkpoint lag and producer queue (GroupObserver passes the partition's view).
+    """
+
+    def __init__(self, config: ObserverConfig, partition: Partition | None = None,
+                 metrics: Callable[[Callable[[], float | None], Callable[[], float]], Any] | None = None) -> None:
+        self.config = config
+        self.partition = partition
+        self.metrics: Any
+        if metrics is None:
+            self.metrics = RelayMetrics(config.instance_id, config.namespace, self.checkpoint_lag, self._queued)
+        else:
+            self.metrics = metrics(self.checkpoint_lag, self._queued)
+        self.health = Health(config.health, self._queued)
+        self.summary_every_s = SUMMARY_EVERY_S
+        self._publisher: Callable[[], _Queued | None] = lambda: None
+        self._role = "starting"
+        self._fencing: int | None = None
+        self._token: Any = None  # the last checkpoint this replica stored
+        self._checkpoint_unix: int | None = None  # its cluster time, while holding the lease
+        self._log_fields: dict[str, Any] = {"instance": config.instance_id}
+        if partition is not None:
+            self._log_fields["partition"] = partition.index
+        self._published = self._batches = self._restarts = self._dead = self._errors = 0
+        self._last_summary = time.monotonic()
+        self._summary_published = 0
+
+    @property
+    def registry(self) -> Any:
+        """The Prometheus registry of this relay's metrics."""
+        return self.metrics.registry
+
+    def serve(self) -> ThreadingHTTPServer | None:
+        """/metrics, /livez, /readyz on RELAY_HTTP_PORT (see relay.ops.health.serve)."""
+        return serve(self.config.http_port, self.health, self.metrics.registry)
+
+    # ---- reports from the loop ------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """The loop turned (a step began, or it waited a slice on Kafka or as a standby)."""
+        bind_loop_context(self._log_fields)
+        now = time.monotonic()
+        self.health.turned(now)
+        if now - self._last_summary >= self.summary_every_s:
+            self._summary(now)
+
+    def role(self, role: str, fencing_token: int | None) -> None:
+        """This replica is now `leader` (holding the lease with `fencing_token`) or `standby`."""
+        self._role = role
+        self._fencing = fencing_token
+        self._log_fields["fencing"] = fencing_token
+        self.health.became(role)
+        self.metrics.lease_held.set(1 if role == "leader" else 0)
+        self.metrics.fencing.set(fencing_token or 0)
+        if role != "leader":
+            self._checkpoint_unix = None  # the stored checkpoint is the leader's to report
+        self.tick()
+
+    def watch_publisher(self, publisher: _Queued) -> None:
+        """The producer the loop now uses; its queue depth is read at scrape time (weakly held)."""
+        self._publisher = weakref.ref(publisher)  # type: ignore[assignment]
+
+    def published(self, wall_ms: Sequence[int], messages: Sequence[Any], seconds: float, token: Any,
+                  read_seconds: float) -> None:
+        """Kafka acknowledged every message of a batch (`wall_ms`: its changes' commit times in
+        Unix ms, -1 where unknown; `token`: the one covering it, stored next; `read_seconds`:
+        since its changes were read)."""
+        m = self.metrics
+        acked = time.time()
+        n = m.count_published(messages)
+        m.latency.observe_many(latencies(wall_ms, acked))
+        m.own_latency.observe_repeated(read_seconds, n)
+        m.batches.inc()
+        m.batch_seconds.observe(seconds)
+        self._published += len(messages)
+        self._batches += 1
+        self.health.progressed()
+        if messages and log.isEnabledFor(logging.DEBUG):
+            log.debug("published %d events (%s … %s)", len(messages), messages[0].event_id,
+                      messages[-1].event_id, extra={"event_id": messages[-1].event_id,
+                                                    "first_event_id": messages[0].event_id,
+                                                    "events": len(messages), "token": short_token(token)})
+
+    def committed(self, token: Any) -> None:
+        """`token` is stored as the checkpoint (every event before it is acknowledged)."""
+        self._token = token
+        self._log_fields["token"] = short_token(token)
+        ts = token_cluster_time(token)
+        if ts is not None:
+            self._checkpoint_unix = ts.time
+            self.metrics.checkpoint_time.set(ts.time)
+
+    def resumed(self) -> None:
+        """The driver resumed the change stream after a resumable error (no restart)."""
+        self.metrics.resumes.inc()
+
+    def dead_lettered(self, event_id: str, reason: str) -> None:
+        """A poison event goes to the dead-letter topic in its place."""
+        self.metrics.dead_letters.inc()
+        self.metrics.errors.labels("PoisonEventError", "dead-letter").inc()
+        self._dead += 1
+        self._errors += 1
+        stop_log.error("dead-lettering event %s to %s: %s", event_id, self.config.dead_letter_topic, reason,
+                       extra={"event_id": event_id, "reason": reason})
+
+    def restart(self, exc: BaseException, delay_s: float) -> None:
+        """The loop drops the producer and the stream and restarts from the checkpoint."""
+        kind = type(exc).__name__
+        self.metrics.restarts.labels(kind).inc()
+        self.metrics.errors.labels(kind, "restart").inc()
+        self._restarts += 1
+        self._errors += 1
+        self.health.restarting(kind)
+        stop_log.warning("restarting from the checkpoint in %.1fs after: %s", delay_s, exc,
+                         extra={"error_kind": kind})
+
+    def lease_lost(self, exc: BaseException) -> None:
+        """A fenced write matched nothing: back to standby."""
+        self.metrics.errors.labels(type(exc).__name__, "standby").inc()
+        self._errors += 1
+        stop_log.warning("%s; back to standby", exc, extra={"error_kind": type(exc).__name__})
+
+    def stopped(self, exc: BaseException) -> None:
+        """The relay stops on `exc`: one ERROR line with the kind, the event, the reason and the
+        exit code (before the shutdown lines)."""
+        kind = type(exc).__name__
+        self.metrics.errors.labels(kind, "stop").inc()
+        self._errors += 1
+        self.health.stopped(kind)
+        self._role = "stopped"
+        write_stop_line(exc)
+
+    # ---- derived values ---------------------------------------------------------------------------
+
+    @property
+    def checkpoint(self) -> Any:
+        """The last token this replica stored as the checkpoint (None before the first)."""
+        return self._token
+
+    def checkpoint_lag(self) -> float | None:
+        """Seconds from the cluster time of the stored checkpoint to now (lease holder only)."""
+        if self._role != "leader" or self._checkpoint_unix is None:
+            return None
+        return time.time() - self._checkpoint_unix
+
+    def _queued(self) -> float:
+        publisher = self._publisher()
+        return float(publisher.queued) if publisher is not None else 0.0
+
+    def ready(self) -> bool:
+        """Connected and turning: leader publishing or standby polling, not restarting or stalled."""
+        return self.health.ready()
+
+    # ---- the summary line ---------------------------------------------------------------------------
+
+    def _summary(self, now: float) -> None:
+        interval = max(now - self._last_summary, 1e-9)
+        recent = self._published - self._summary_published
+        self._last_summary, self._summary_published = now, self._published
+        lag = self.checkpoint_lag()
+        queued = int(self._queued())
+        summary_log.info(
+            "summary: role=%s fencing=%s published=%d (+%d in %.0fs, %.1f/s) batches=%d restarts=%d "
+            "dead_letters=%d errors=%d checkpoint=%s lag=%s queue=%d",
+            self._role, self._fencing, self._published, recent, interval, recent / interval,
+            self._batches, self._restarts, self._dead, self._errors, short_token(self._token),
+            "-" if lag is None else f"{lag:.1f}s", queued,
+            extra={"summary": True, "role": self._role, "published_total": self._published,
+                   "published_recent": recent, "events_per_second": round(recent / interval, 2),
+                   "batches_total": self._batches, "restarts_total": self._restarts,
+                   "dead_letters_total": self._dead, "errors_total": self._errors,
+                   "checkpoint_lag_s": None if lag is None else round(lag, 3), "producer_queue": queued})
+
+
+def write_stop_line(exc: BaseException) -> None:
+    """The one ERROR line of a stop: the kind, the event, the reason, the exit code, and the
+    driver's error that caused it (`cause`, when the relay's error was raised from one)."""
+    kind = type(exc).__name__
+    exit_code = getattr(exc, "exit_code", EXIT_FATAL)
+    event_id = getattr(exc, "event_id", None)
+    reason = getattr(exc, "reason", None) or str(exc)
+    stop_log.error("stopping on %s: %s", kind, exc, exc_info=exit_code == EXIT_FATAL,
+                   extra={"error_kind": kind, "event_id": event_id, "reason": reason, "exit_code": exit_code,
+                          "cause": cause_of(exc)})
+
+
+class GroupObserver:
+    """What a process running one relay per partition reports (relay.group.runner.Group): one registry,
+    one Observer per partition, the group's health, and the group's own stop line."""
+
+    def __init__(self, config: ObserverConfig) -> None:
+        self.config = config
+        self.metrics = GroupMetrics(config.instance_id, config.namespace, config.partitions)
+        self.health = GroupHealth(config.health)
+        self.partitions: dict[int, Observer] = {}
+
+    @property
+    def registry(self) -> Any:
+        return self.metrics.registry
+
+    def partition(self, partition: Partition) -> Observer:
+        """The observer of `partition`'s relay."""
+        observer = Observer(self.config, partition,
+                            lambda lag, queued: self.metrics.partition(partition.index, lag, queued))
+        self.partitions[partition.index] = observer
+        self.health.add(partition.index, observer.health)
+        return observer
+
+    def serve(self) -> ThreadingHTTPServer | None:
+        return serve(self.config.http_port, self.health, self.metrics.registry)
+
+    def tick(self, led: int, target: int) -> None:
+        """The group's coordinator turned: this replica leads `led` partitions, its share is `target`."""
+        self.health.turned(time.monotonic())
+        self.metrics.partitions_led.set(led)
+        self.metrics.partitions_target.set(target)
+
+    def stopped(self, exc: BaseException) -> None:
+        """The group stops on `exc` before any partition's relay ran (preflight)."""
+        self.metrics.errors.labels(type(exc).__name__, "stop").inc()
+        self.health.stopped(type(exc).__name__)
+        write_stop_line(exc)
+
+    def ready(self) -> bool:
+        return self.health.ready()

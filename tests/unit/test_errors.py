@@ -1,0 +1,105 @@
+"""Token arithmetic, pipeline fingerprints, and the error tree with its classifiers (pure logic)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from pymongo.errors import AutoReconnect, CursorNotFound, NetworkTimeout, OperationFailure, WriteConcernError
+
+import relay.core.errors as errors
+from relay.core.errors import (
+    Action, BatchRefusedError, ConfigError, DeliveryError, HistoryLostError, LeaseLostError, PoisonEventError,
+    ProducerFencedError, ReopenableStreamError, ServerError, classify,
+)
+from relay.core.positions import ClusterTime, token_cluster_time
+from relay.kafka import errors as kafka_errors
+from relay.mongo import errors as mongo_errors
+from relay.mongo.pipeline import PIPELINE, pipeline_fingerprint
+from relay.wiring import DRIVER_ERRORS
+
+
+def test_token_cluster_time_reads_the_keystring_timestamp():
+    assert token_cluster_time({"_data": "826B02209A000000042B0229296E04"}) == ClusterTime(0x6B02209A, 4)
+    assert token_cluster_time({"_data": "not-a-token"}) is None
+    assert token_cluster_time(None) is None
+
+
+def test_pipeline_fingerprint_depends_on_namespace_and_pipeline():
+    base = pipeline_fingerprint("app.outbox")
+    assert base == pipeline_fingerprint("app.outbox", PIPELINE)
+    assert base != pipeline_fingerprint("app.other")
+    assert base != pipeline_fingerprint("app.outbox", [{"$match": {"operationType": "insert"}}])
+
+
+def test_every_error_kind_says_its_action_itself():
+    """The action is stated by each kind (or its direct base of the same meaning), never taken
+    from where a class sits in the tree: a poison event is not a 'stop' error, a refused batch
+    not a 'transient' one."""
+    kinds = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.RelayError)]
+    for kind in kinds:
+        declared = next(k for k in kind.__mro__ if "action" in vars(k))
+        assert declared is not errors.RelayError or kind is errors.RelayError, f"{kind.__name__} inherits the default"
+    assert PoisonEventError.action is Action.POISON and PoisonEventError.exit_code == errors.EXIT_DATA
+    assert BatchRefusedError.action is Action.POISON
+    assert ReopenableStreamError.action is Action.REOPEN
+    assert ProducerFencedError.action is LeaseLostError.action is Action.FENCED
+
+
+def test_the_classifier_takes_the_kinds_action_and_asks_the_drivers_for_theirs():
+    classify_ = lambda exc: classify(exc, DRIVER_ERRORS)  # noqa: E731 - as the wiring passes it
+    assert classify_(DeliveryError("e1", "timed out")) is Action.RESTART
+    assert classify_(ServerError("election")) is Action.RESTART
+    assert classify_(AutoReconnect("connection closed")) is Action.RESTART
+    assert classify_(WriteConcernError("waiting for replication timed out", 64, {})) is Action.RESTART
+    assert classify_(KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN))) is Action.RESTART
+    assert classify_(KafkaException(KafkaError(KafkaError._FENCED))) is Action.FENCED
+    assert classify_(OperationFailure("stepped down", 189)) is Action.RESTART
+    assert classify_(LeaseLostError("lost")) is Action.FENCED
+    assert classify_(PoisonEventError("e1", "bad")) is Action.POISON
+    assert classify_(BatchRefusedError("refused", 3)) is Action.POISON
+    assert classify_(HistoryLostError("gone")) is Action.STOP
+    assert classify_(ConfigError("RELAY_X", "bad")) is Action.STOP
+    assert classify_(OperationFailure("unauthorized", 13)) is Action.STOP
+    assert classify_(ValueError("bug")) is Action.STOP
+    assert classify(AutoReconnect("no driver classifier given")) is Action.STOP
+
+
+def test_history_lost_and_reopenable_codes_are_translated():
+    assert isinstance(mongo_errors.translate(OperationFailure("gone", 286)), HistoryLostError)
+    err = mongo_errors.translate(OperationFailure("fatal", 280))
+    assert isinstance(err, ReopenableStreamError) and err.code == 280
+    assert "ChangeStreamFatalError" in str(err)
+    assert classify(err) is Action.REOPEN
+
+
+@pytest.mark.parametrize("exc, resumable", [
+    (AutoReconnect("connection closed"), True),
+    (NetworkTimeout("timed out"), True),
+    (CursorNotFound("cursor id 7 not found", 43), True),
+    (OperationFailure("labelled", 10107, {"errorLabels": ["ResumableChangeStreamError"]}), True),
+    (OperationFailure("history lost", 286), False),
+    (OperationFailure("capped position lost", 136), False),
+    (OperationFailure("no label", 10107), False),
+])
+def test_resumable_errors_follow_the_change_streams_spec(exc, resumable):
+    assert mongo_errors.resumable(exc) is resumable
+
+
+def test_a_kafka_configuration_error_names_the_setting_and_keeps_librdkafkas_error():
+    from relay.kafka.producer import Publisher
+
+    with pytest.raises(ConfigError) as err:
+        Publisher({"bootstrap.servers": "x:1", "no.such.property": "1"})
+    assert err.value.setting == "RELAY_KAFKA_NO_SUCH_PROPERTY"
+    assert isinstance(err.value.__cause__, KafkaException)
+    assert errors.cause_of(err.value).startswith("KafkaException")
+    assert kafka_errors.fenced(KafkaError(KafkaError.PRODUCER_FENCED))
+
+
+def test_kraft_cluster_ids_never_start_with_a_dash():
+    from relay.dev.stack import _cluster_id
+
+    ids = [_cluster_id() for _ in range(2000)]  # about 31 of 2,000 raw ids start with "-"
+    assert all(not i.startswith("-") and len(i) == 22 for i in ids)
