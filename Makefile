@@ -13,7 +13,7 @@ EVENTS ?= 300
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup demo test test-fast bench dev-up dev-down docs clean
+.PHONY: setup demo test test-fast lint bench dev-up dev-down docs clean
 
 $(STAMP): pyproject.toml constraints.txt native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@command -v cargo >/dev/null || { echo "make: cargo (Rust) is needed to build relay._native from native/; install it with rustup: https://rustup.rs" >&2; exit 1; }
@@ -29,7 +29,15 @@ setup: $(STAMP)
 demo: setup
 	$(PY) -m relay demo --events $(EVENTS)
 
-test: setup
+# Static checks: lint and format (ruff), types (mypy; strict on relay/core), the import rules
+# (import-linter: the layers, relay/core free of drivers, no circles; pyproject.toml).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check relay tests bench
+	$(VENV)/bin/ruff format --check relay
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup

@@ -15,8 +15,8 @@ Extended JSON rendering of the payload (generic) and BSON -> Avro conversion (ty
 from __future__ import annotations
 
 import argparse
-import io
 import datetime as dt
+import io
 import json
 import platform
 import statistics
@@ -31,15 +31,16 @@ from bson import Binary, Decimal128, ObjectId, json_util
 from bson.int64 import Int64
 from bson.json_util import RELAXED_JSON_OPTIONS
 
-from relay.mongo.codecs import CHANGE_CODEC, insert_change
-from relay.config import Settings
 from relay.avro.contract import ENVELOPE
-from relay.wiring import message_builder
+from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
+from relay.config import Settings
+from relay.mongo.codecs import CHANGE_CODEC, insert_change
 from relay.outbox import OutboxEvent
+from relay.wiring import message_builder
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def _demo_payload(i: int) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
                 for change in changes:
                     builder.build(change, 1)
             runs[label].append(_best(run, n, 1)[0])
-    for label, _builder, _changes_, size in prepared:
+    for label, _builder, _prepared_changes, size in prepared:
         print(f"{label:<56} {min(runs[label]):>9.1f} {statistics.median(runs[label]):>8.1f} {size:>12}")
 
     # The parts that differ between generic and typed, alone.

@@ -113,8 +113,7 @@ def partition_scenarios(stack: LocalStack, client: MongoClient[Any], events: int
 
 def prepare_peers(args: argparse.Namespace, report: Report) -> dict[str, Any]:
     """Resolve the Connect peers' jars and build Conduit before the stack starts (never timed)."""
-    from bench.peers import DEBEZIUM_VERSION, KAFKA_CONNECT_VERSION, MONGO_KAFKA_VERSION, fetch_jars
-    from bench.peers import conduit
+    from bench.peers import DEBEZIUM_VERSION, KAFKA_CONNECT_VERSION, MONGO_KAFKA_VERSION, conduit, fetch_jars
     from bench.peers.connect import PeerError
 
     prepared: dict[str, Any] = {"jars": None, "jars_error": None, "conduit": None, "conduit_error": None}
@@ -146,7 +145,7 @@ def run(args: argparse.Namespace) -> Report:
         "events": args.events, "payload_bytes": args.payload_bytes, "rates": args.rates, "seconds": args.seconds,
         "long_events": args.long_events, "run_id": run_id, "command": args.command,
         "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
                  "pymongo": pymongo.version, "confluent_kafka": confluent_kafka.__version__,
                  "librdkafka": confluent_kafka.libversion()[0]},

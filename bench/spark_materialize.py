@@ -48,10 +48,10 @@ from bson.json_util import RELAXED_JSON_OPTIONS
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from relay.dev.stack import LocalStack
 from relay.avro.contract import ENVELOPE
-from relay.core.message import HEADER_FENCING
 from relay.avro.folder import SchemaRegistry
+from relay.core.message import HEADER_FENCING
+from relay.dev.stack import LocalStack
 
 log = logging.getLogger("bench.spark")
 TOPIC = "bench.spark.order"
@@ -81,7 +81,7 @@ def _messages(events: int, aggregates: int, seed: int) -> list[tuple[bytes, byte
     """(key, value, headers) for `events` relay messages in commit order."""
     registry = SchemaRegistry.bundled()
     rng = random.Random(seed)
-    start = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
+    start = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     out = []
     for i in range(events):
         aggregate = f"order-{rng.randrange(aggregates)}"

@@ -29,45 +29,64 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
     sub.add_parser("status", parents=[settings], help="print the lease and checkpoint as JSON")
-    demo = sub.add_parser("demo", parents=[settings],
-                          help="local stack + demo service + relay + consumer, end to end")
+    demo = sub.add_parser("demo", parents=[settings], help="local stack + demo service + relay + consumer, end to end")
     demo.add_argument("--events", type=int, default=None, help="stop after this many events arrive")
     demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
     dev = sub.add_parser("dev", help="the local MongoDB replica set and Kafka broker")
     dev.add_argument("action", choices=["up", "down", "status", "fetch"])
-    dev.add_argument("--schema-registry", action="store_true",
-                     help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too")
+    dev.add_argument(
+        "--schema-registry",
+        action="store_true",
+        help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
+    )
     outbox = sub.add_parser("outbox", parents=[settings], help="outbox collection tasks")
     outbox.add_argument("action", choices=["init"])
-    outbox.add_argument("--ttl-seconds", type=int, default=None,
-                        help="expire outbox documents after this long (only if the relay keeps up)")
+    outbox.add_argument(
+        "--ttl-seconds",
+        type=int,
+        default=None,
+        help="expire outbox documents after this long (only if the relay keeps up)",
+    )
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
-    checkpoint.add_argument("--force", action="store_true",
-                            help="reset even while a leader holds the lease, fencing it out")
-    pipeline = sub.add_parser("pipeline", help="Spark jobs over the topics: materialize, audit (spark extra)",
-                              add_help=False)
+    checkpoint.add_argument(
+        "--force", action="store_true", help="reset even while a leader holds the lease, fencing it out"
+    )
+    pipeline = sub.add_parser(
+        "pipeline", help="Spark jobs over the topics: materialize, audit (spark extra)", add_help=False
+    )
     pipeline.add_argument("job", choices=["materialize", "audit"])
     pipeline.add_argument("job_args", nargs=argparse.REMAINDER, help="the job's options (see --help after the job)")
     schemas = sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility")
     schemas.add_argument("action", choices=["check"])
     schemas.add_argument("--dir", type=Path, default=None, help="schema folder (default: the installed schemas/)")
     baseline = schemas.add_mutually_exclusive_group()
-    baseline.add_argument("--baseline", type=Path, default=None, metavar="DIR",
-                          help="compare with the schemas in DIR (default: each file's previous version in git)")
-    baseline.add_argument("--git-ref", default=None, metavar="REF",
-                          help="compare with the schema folder at git REF, e.g. origin/main")
-    schemas.add_argument("--keep-history", action="store_true",
-                         help="copy the previous version of each changed schema into history/")
+    baseline.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="compare with the schemas in DIR (default: each file's previous version in git)",
+    )
+    baseline.add_argument(
+        "--git-ref", default=None, metavar="REF", help="compare with the schema folder at git REF, e.g. origin/main"
+    )
+    schemas.add_argument(
+        "--keep-history", action="store_true", help="copy the previous version of each changed schema into history/"
+    )
     tail = sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines")
     tail.add_argument("topic")
     tail.add_argument("-n", "--last", type=int, default=10, help="start this many messages before each partition's end")
     tail.add_argument("--from-beginning", action="store_true", help="start at each partition's first message")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new messages until Ctrl-C")
     tail.add_argument("--max-messages", type=int, default=None, help="stop after printing this many")
-    tail.add_argument("--isolation", choices=["read_committed", "read_uncommitted"], default="read_committed",
-                      help="read_committed (default): what consumers see, committed Kafka transactions only; "
-                           "read_uncommitted: also the messages of aborted transactions")
+    tail.add_argument(
+        "--isolation",
+        choices=["read_committed", "read_uncommitted"],
+        default="read_committed",
+        help="read_committed (default): what consumers see, committed Kafka transactions only; "
+        "read_uncommitted: also the messages of aborted transactions",
+    )
     return p
 
 
@@ -115,8 +134,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "tail":
         from relay.commands.tail import tail
 
-        return tail(settings, args.topic, from_beginning=args.from_beginning, last=args.last,
-                    follow=args.follow, max_messages=args.max_messages, isolation=args.isolation)
+        return tail(
+            settings,
+            args.topic,
+            from_beginning=args.from_beginning,
+            last=args.last,
+            follow=args.follow,
+            max_messages=args.max_messages,
+            isolation=args.isolation,
+        )
     if args.command == "checkpoint":
         from relay.commands.status import reset_checkpoint
 
@@ -164,8 +190,10 @@ def _dev(action: str, schema_registry: bool = False) -> int:
         result = {"down": devstack.dev_down, "status": devstack.dev_status}[action]()
     print(json.dumps(result, indent=2))
     if action == "up":
-        print(f"\nexport RELAY_MONGODB_URI='{result['mongodb']['uri']}'\n"
-              f"export RELAY_KAFKA_BOOTSTRAP_SERVERS='{result['kafka']['bootstrap_servers']}'")
+        print(
+            f"\nexport RELAY_MONGODB_URI='{result['mongodb']['uri']}'\n"
+            f"export RELAY_KAFKA_BOOTSTRAP_SERVERS='{result['kafka']['bootstrap_servers']}'"
+        )
         if "schema_registry" in result:
             print(f"export RELAY_SCHEMA_REGISTRY_URL='{result['schema_registry']['url']}'")
     return 0
@@ -175,4 +203,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["main", "EXIT_CONFIG"]
+__all__ = ["EXIT_CONFIG", "main"]

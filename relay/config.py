@@ -34,8 +34,18 @@ from relay.mongo.config import MongoConfig
 from relay.ops.config import HealthConfig, ObserverConfig, check_logging
 from relay.outbox import FieldNames
 
-__all__ = ["Parts", "SETTINGS_DOC", "Settings", "env_name", "flag_name", "kafka_env_name", "load_settings",
-           "markdown_table", "parse_pairs", "settings_parser"]
+__all__ = [
+    "SETTINGS_DOC",
+    "Parts",
+    "Settings",
+    "env_name",
+    "flag_name",
+    "kafka_env_name",
+    "load_settings",
+    "markdown_table",
+    "parse_pairs",
+    "settings_parser",
+]
 
 
 def _default_instance_id() -> str:
@@ -52,55 +62,74 @@ def _setting(default: Any, help: str, **kw: Any) -> Any:
 class Settings:
     """Everything the relay needs to run; immutable after `load()`."""
 
-    mongodb_uri: str = _setting("mongodb://localhost:27017/?replicaSet=rs0",
-                                "MongoDB connection string (a replica set: change streams need one)")
+    mongodb_uri: str = _setting(
+        "mongodb://localhost:27017/?replicaSet=rs0",
+        "MongoDB connection string (a replica set: change streams need one)",
+    )
     database: str = _setting("app", "database holding the outbox collection")
     outbox_collection: str = _setting("outbox", "the outbox collection to watch")
     kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
-    topic_template: str = _setting("outbox.event.{aggregateType}",
-                                   "topic for an event; placeholders {aggregateType}, {eventType}")
-    start_at: str = _setting("oplog-start",
-                             "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
+    topic_template: str = _setting(
+        "outbox.event.{aggregateType}", "topic for an event; placeholders {aggregateType}, {eventType}"
+    )
+    start_at: str = _setting("oplog-start", "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
     instance_id: str = _setting(_default_instance_id, "this replica's name in the lease (default: host name and pid)")
     http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)")
-    partitions: int = _setting(1, "split the outbox into this many partitions by a hash of aggregateId, each with "
-                                  "its own lease and checkpoint, shared by the replicas (1: one lease, as before; "
-                                  "change it only as docs/partitions.md says)")
-    lease_collection: str = _setting("outbox_relay_leases",
-                                     "collection holding the lease and checkpoint documents")
+    partitions: int = _setting(
+        1,
+        "split the outbox into this many partitions by a hash of aggregateId, each with "
+        "its own lease and checkpoint, shared by the replicas (1: one lease, as before; "
+        "change it only as docs/partitions.md says)",
+    )
+    lease_collection: str = _setting("outbox_relay_leases", "collection holding the lease and checkpoint documents")
     lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)")
     heartbeat_interval_s: float = _setting(
-        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)")
+        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)"
+    )
     standby_poll_s: float = _setting(2.0, "how often a standby replica tries to take the lease (seconds)")
-    batch_max_events: int = _setting(1000, "most events handed to Kafka and not yet acknowledged (also what a replica that lost its lease may still publish)")
-    batch_max_bytes: int = _setting(4 * 1024 * 1024, "most bytes of encoded messages in one batch (a larger batch is split)")
+    batch_max_events: int = _setting(
+        1000,
+        "most events handed to Kafka and not yet acknowledged (also what a replica that lost its lease may still publish)",
+    )
+    batch_max_bytes: int = _setting(
+        4 * 1024 * 1024, "most bytes of encoded messages in one batch (a larger batch is split)"
+    )
     # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
     # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
-    pipeline_depth: int = _setting(1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)")
+    pipeline_depth: int = _setting(
+        1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)"
+    )
     max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
     connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
     restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
     on_poison: str = _setting("stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter")
-    dead_letter_topic: str = _setting("outbox.deadletter",
-                                      "topic for poison events when RELAY_ON_POISON=dead-letter")
+    dead_letter_topic: str = _setting("outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter")
     on_history_lost: str = _setting("stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)")
     on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
     delivery: str = _setting(
-        "at-least-once", "at-least-once, or exactly-once: each batch in one Kafka transaction with its resume "
-                         "token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
-                         "(docs/exactly-once.md)")
+        "at-least-once",
+        "at-least-once, or exactly-once: each batch in one Kafka transaction with its resume "
+        "token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
+        "(docs/exactly-once.md)",
+    )
     offsets_topic: str = _setting(
-        "outbox-relay.offsets", "compacted topic holding each lease's committed resume token "
-                                "(RELAY_DELIVERY=exactly-once; created if missing)")
+        "outbox-relay.offsets",
+        "compacted topic holding each lease's committed resume token (RELAY_DELIVERY=exactly-once; created if missing)",
+    )
     ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
     schema_registry_url: str = _setting(
-        "", "Confluent Schema Registry URL(s), comma-separated; set: values use the Confluent wire format "
-            "(magic byte 0, 4-byte schema id); empty: Avro single-object encoding, schemas/ is the registry")
+        "",
+        "Confluent Schema Registry URL(s), comma-separated; set: values use the Confluent wire format "
+        "(magic byte 0, 4-byte schema id); empty: Avro single-object encoding, schemas/ is the registry",
+    )
     schema_registry_subject_strategy: str = _setting(
-        "topic-record", "subject a writer schema is registered under: topic (<topic>-value), record "
-                        "(<record full name>) or topic-record (<topic>-<record full name>)")
+        "topic-record",
+        "subject a writer schema is registered under: topic (<topic>-value), record "
+        "(<record full name>) or topic-record (<topic>-<record full name>)",
+    )
     schema_registry_auto_register: str = _setting(
-        "true", "true: register writer schemas on first use; false: only use schemas registered beforehand")
+        "true", "true: register writer schemas on first use; false: only use schemas registered beforehand"
+    )
     schema_registry_basic_auth: str = _setting("", "USER:PASSWORD for the Schema Registry (HTTP basic auth)")
     field_aggregate_type: str = _setting("aggregateType", "outbox field naming the aggregate type")
     field_aggregate_id: str = _setting("aggregateId", "outbox field holding the aggregate id (the Kafka key)")
@@ -110,42 +139,80 @@ class Settings:
     field_headers: str = _setting("headers", "outbox field holding extra Kafka headers")
     field_topic: str = _setting("topic", "outbox field that overrides the routed topic")
     log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
-    log_format: str = _setting("auto", "log lines: json (one object per line), text, or auto "
-                                       "(text when stderr is a terminal, else json)")
-    kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)",
-                                        internal=True)
+    log_format: str = _setting(
+        "auto", "log lines: json (one object per line), text, or auto (text when stderr is a terminal, else json)"
+    )
+    kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)", internal=True)
 
     # ---- the parts' configurations ------------------------------------------------------------
 
     def parts(self) -> Parts:
         """Each part's own configuration, made from these settings and checked by the part
         (ConfigError names the setting). `relay.wiring` hands each part its own."""
-        kafka = KafkaConfig(self.kafka_bootstrap_servers, dict(self.kafka), self.connect_timeout_s, self.delivery,
-                            self.offsets_topic)
-        fields = FieldNames(self.field_aggregate_type, self.field_aggregate_id, self.field_event_type,
-                            self.field_payload, self.field_occurred_at, self.field_headers, self.field_topic)
+        kafka = KafkaConfig(
+            self.kafka_bootstrap_servers, dict(self.kafka), self.connect_timeout_s, self.delivery, self.offsets_topic
+        )
+        fields = FieldNames(
+            self.field_aggregate_type,
+            self.field_aggregate_id,
+            self.field_event_type,
+            self.field_payload,
+            self.field_occurred_at,
+            self.field_headers,
+            self.field_topic,
+        )
         auto_register = self.schema_registry_auto_register.lower()
         if auto_register not in ("true", "false"):
-            raise ConfigError(env_name("schema_registry_auto_register"),
-                              f"must be true or false, got {self.schema_registry_auto_register!r}")
-        health = HealthConfig(self.connect_timeout_s, self.restart_backoff_max_s, self.standby_poll_s,
-                              self.max_await_ms)
+            raise ConfigError(
+                env_name("schema_registry_auto_register"),
+                f"must be true or false, got {self.schema_registry_auto_register!r}",
+            )
+        health = HealthConfig(
+            self.connect_timeout_s, self.restart_backoff_max_s, self.standby_poll_s, self.max_await_ms
+        )
         return Parts(
-            loop=LoopConfig(self.namespace, self.batch_max_events, self.batch_max_bytes, self.pipeline_depth,
-                            self.lease_ttl_s, self.heartbeat_interval_s, self.standby_poll_s,
-                            self.restart_backoff_max_s, self.on_poison, self.on_history_lost, self.on_lease_lost,
-                            self.start_at),
-            mongo=MongoConfig(self.mongodb_uri, self.database, self.outbox_collection, self.lease_collection,
-                              self.connect_timeout_s, self.max_await_ms),
+            loop=LoopConfig(
+                self.namespace,
+                self.batch_max_events,
+                self.batch_max_bytes,
+                self.pipeline_depth,
+                self.lease_ttl_s,
+                self.heartbeat_interval_s,
+                self.standby_poll_s,
+                self.restart_backoff_max_s,
+                self.on_poison,
+                self.on_history_lost,
+                self.on_lease_lost,
+                self.start_at,
+            ),
+            mongo=MongoConfig(
+                self.mongodb_uri,
+                self.database,
+                self.outbox_collection,
+                self.lease_collection,
+                self.connect_timeout_s,
+                self.max_await_ms,
+            ),
             kafka=kafka,
-            encoding=EncodingConfig(self.database, self.outbox_collection, fields, self.topic_template,
-                                    self.ce_source, kafka.max_message_bytes, self.dead_letter_topic),
-            registry=RegistryConfig(self.schema_registry_url, self.schema_registry_subject_strategy,
-                                    auto_register == "true", self.schema_registry_basic_auth),
-            observer=ObserverConfig(self.instance_id, self.namespace, self.http_port, self.dead_letter_topic,
-                                    self.partitions, health),
-            group=GroupConfig(self.instance_id, self.namespace, self.partitions, self.standby_poll_s,
-                              self.lease_ttl_s),
+            encoding=EncodingConfig(
+                self.database,
+                self.outbox_collection,
+                fields,
+                self.topic_template,
+                self.ce_source,
+                kafka.max_message_bytes,
+                self.dead_letter_topic,
+            ),
+            registry=RegistryConfig(
+                self.schema_registry_url,
+                self.schema_registry_subject_strategy,
+                auto_register == "true",
+                self.schema_registry_basic_auth,
+            ),
+            observer=ObserverConfig(
+                self.instance_id, self.namespace, self.http_port, self.dead_letter_topic, self.partitions, health
+            ),
+            group=GroupConfig(self.instance_id, self.namespace, self.partitions, self.standby_poll_s, self.lease_ttl_s),
         )
 
     @property
@@ -170,8 +237,13 @@ class Settings:
     # ---- loading --------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, flags: Mapping[str, Any] | None = None,
-             kafka_flags: Mapping[str, str] | None = None, config_file: str | None = None) -> Settings:
+    def load(
+        cls,
+        env: Mapping[str, str] | None = None,
+        flags: Mapping[str, Any] | None = None,
+        kafka_flags: Mapping[str, str] | None = None,
+        config_file: str | None = None,
+    ) -> Settings:
         """Merge the sources, parse and validate; raises ConfigError naming the bad setting."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
@@ -185,11 +257,11 @@ class Settings:
         for key, raw in env.items():
             if not key.startswith(ENV_PREFIX) or key == "RELAY_CONFIG_FILE":
                 continue
-            name = key[len(ENV_PREFIX):].lower()
+            name = key[len(ENV_PREFIX) :].lower()
             if name in names:
                 values[name] = (raw, key)
             elif key.startswith(KAFKA_ENV_PREFIX):
-                kafka[key[len(KAFKA_ENV_PREFIX):].lower().replace("_", ".")] = raw
+                kafka[key[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = raw
             elif name.startswith(("dev_", "test_", "bench_")):
                 continue  # read by the dev stack, the tests and the benchmarks, not the relay
             else:
@@ -209,9 +281,11 @@ class Settings:
         self.parts()
         check_logging(self.log_level, self.log_format)
         if self.delivery == "exactly-once" and self.pipeline_depth != 1:
-            raise ConfigError(env_name("pipeline_depth"),
-                              f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "
-                              f"got {self.pipeline_depth}")
+            raise ConfigError(
+                env_name("pipeline_depth"),
+                f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "
+                f"got {self.pipeline_depth}",
+            )
 
 
 @dataclass(frozen=True)
@@ -287,12 +361,19 @@ def settings_parser() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("settings (each also RELAY_<NAME>)")
     for f in _public_fields():
-        group.add_argument(flag_name(f.name), dest=f.name, default=None, metavar="V",
-                           help=f"{f.metadata['help']} [{env_name(f.name)}]")
-    group.add_argument("--kafka-property", action="append", default=[], metavar="KEY=VALUE",
-                       help="a Kafka producer property, e.g. compression.type=zstd [RELAY_KAFKA_*]")
-    group.add_argument("--config", dest="config_file", default=None, metavar="FILE",
-                       help="TOML file with settings [RELAY_CONFIG_FILE]")
+        group.add_argument(
+            flag_name(f.name), dest=f.name, default=None, metavar="V", help=f"{f.metadata['help']} [{env_name(f.name)}]"
+        )
+    group.add_argument(
+        "--kafka-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Kafka producer property, e.g. compression.type=zstd [RELAY_KAFKA_*]",
+    )
+    group.add_argument(
+        "--config", dest="config_file", default=None, metavar="FILE", help="TOML file with settings [RELAY_CONFIG_FILE]"
+    )
     return parent
 
 
@@ -306,9 +387,11 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 # The README's configuration table is generated from this list (see tests/unit/test_config.py).
 SETTINGS_DOC: list[tuple[str, str, str]] = [
-    (env_name(f.name),
-     str(f.default) if f.default is not dataclasses.MISSING else "host name and pid",
-     f.metadata["help"])
+    (
+        env_name(f.name),
+        str(f.default) if f.default is not dataclasses.MISSING else "host name and pid",
+        f.metadata["help"],
+    )
     for f in _public_fields()
 ]
 

@@ -41,8 +41,9 @@ from relay.ops.observe import GroupObserver, Observer
 DRIVER_ERRORS = first_of(mongo_errors.action_for, kafka_errors.action_for)
 
 
-def build(settings: Settings, observer: Observer | None = None, folder: SchemaFolder | None = None,
-          native: bool = True) -> Relay | Group:
+def build(
+    settings: Settings, observer: Observer | None = None, folder: SchemaFolder | None = None, native: bool = True
+) -> Relay[Observer] | Group:
     """What runs the outbox: `build_relay` when RELAY_PARTITIONS is 1, else `build_group`.
     Either has `run()`, `stop()` and `observer` (with its metrics `registry`)."""
     if settings.partitions == 1:
@@ -50,8 +51,9 @@ def build(settings: Settings, observer: Observer | None = None, folder: SchemaFo
     return build_group(settings, folder, native=native)
 
 
-def message_builder(settings: Settings | Parts, folder: SchemaFolder | None = None, framing: Framing | None = None,
-                    native: bool = True) -> MessageBuilder:
+def message_builder(
+    settings: Settings | Parts, folder: SchemaFolder | None = None, framing: Framing | None = None, native: bool = True
+) -> MessageBuilder:
     """The message builder over `folder` (default: the bundled schemas/), with `framing` or the one
     the settings select; `native=False` builds every message in Python, for comparisons."""
     parts = settings.parts() if isinstance(settings, Settings) else settings
@@ -59,9 +61,16 @@ def message_builder(settings: Settings | Parts, folder: SchemaFolder | None = No
     return MessageBuilder(parts.encoding, folder, framing or framing_for(parts.registry, folder), native=native)
 
 
-def build_relay(settings: Settings, observer: Observer | None = None, folder: SchemaFolder | None = None,
-                *, native: bool = True, partition: Partition | None = None,
-                client: MongoClient[Any] | None = None, assignment: Assignment = ALWAYS) -> Relay:
+def build_relay(
+    settings: Settings,
+    observer: Observer | None = None,
+    folder: SchemaFolder | None = None,
+    *,
+    native: bool = True,
+    partition: Partition | None = None,
+    client: MongoClient[Any] | None = None,
+    assignment: Assignment = ALWAYS,
+) -> Relay[Observer]:
     """A relay for `settings`: its MongoDB client (closed when the relay stops), lease document,
     change source factory, delivery mode (relay.kafka.modes: the producer of each leading session
     and where it resumes), the message builder, and start-up checks (librdkafka accepts the
@@ -79,15 +88,24 @@ def build_relay(settings: Settings, observer: Observer | None = None, folder: Sc
     outbox = db[mongo.outbox_collection]
     leases = db[mongo.lease_collection]
     lid = lease_id(mongo.namespace, partition)
-    lease = LeaseStore(leases, lid, settings.instance_id, settings.lease_ttl_s, partition=partition,
-                       namespace=mongo.namespace, delivery=kafka.delivery)
+    lease = LeaseStore(
+        leases,
+        lid,
+        settings.instance_id,
+        settings.lease_ttl_s,
+        partition=partition,
+        namespace=mongo.namespace,
+        delivery=kafka.delivery,
+    )
     stages = pipeline(partition, parts.encoding.fields.aggregate_id)
     documents = scan_filter(partition, parts.encoding.fields.aggregate_id)
     fingerprint = pipeline_fingerprint(mongo.namespace, stages)
     offsets = OffsetsTopic(kafka)
     producers: AtLeastOnce | ExactlyOnce = (
-        ExactlyOnce(kafka, lid, fingerprint, offsets, parts.loop.start_at) if kafka.exactly_once
-        else AtLeastOnce(kafka, lid, fingerprint, offsets))
+        ExactlyOnce(kafka, lid, fingerprint, offsets, parts.loop.start_at)
+        if kafka.exactly_once
+        else AtLeastOnce(kafka, lid, fingerprint, offsets)
+    )
 
     def preflight() -> None:
         producers.check()
@@ -102,8 +120,9 @@ def build_relay(settings: Settings, observer: Observer | None = None, folder: Sc
 
     return Relay(
         parts.loop,
-        source=lambda: ChangeSource(outbox, mongo.max_await_ms, parts.encoding.fields.occurred_at,
-                                    pipeline=stages, scan_filter=documents),
+        source=lambda: ChangeSource(
+            outbox, mongo.max_await_ms, parts.encoding.fields.occurred_at, pipeline=stages, scan_filter=documents
+        ),
         producers=producers,
         lease=lease,
         encoder=message_builder(parts, folder, native=native),
@@ -130,9 +149,21 @@ def build_group(settings: Settings, folder: SchemaFolder | None = None, native: 
     folder = folder or SchemaFolder.bundled()
     observer = GroupObserver(parts.observer)
     balance = Balance(settings.partitions)
-    relays = [(p, build_relay(settings, observer.partition(p), folder, native=native, partition=p, client=client,
-                              assignment=PartitionAssignment(balance, p.index)))
-              for p in partitions(settings.partitions)]
+    relays = [
+        (
+            p,
+            build_relay(
+                settings,
+                observer.partition(p),
+                folder,
+                native=native,
+                partition=p,
+                client=client,
+                assignment=PartitionAssignment(balance, p.index),
+            ),
+        )
+        for p in partitions(settings.partitions)
+    ]
 
     def preflight() -> None:
         if kafka.exactly_once:
@@ -144,8 +175,15 @@ def build_group(settings: Settings, folder: SchemaFolder | None = None, native: 
         check_server(db[mongo.outbox_collection], settings.partitions)
         prepare(leases, mongo.namespace, settings.partitions)
         for p in partitions(settings.partitions):  # so a later change of count finds all of them
-            LeaseStore(leases, lease_id(mongo.namespace, p), settings.instance_id, settings.lease_ttl_s,
-                       partition=p, namespace=mongo.namespace, delivery=kafka.delivery).ensure()
+            LeaseStore(
+                leases,
+                lease_id(mongo.namespace, p),
+                settings.instance_id,
+                settings.lease_ttl_s,
+                partition=p,
+                namespace=mongo.namespace,
+                delivery=kafka.delivery,
+            ).ensure()
         check_kafka(kafka)
         if kafka.exactly_once:
             OffsetsTopic(kafka).ensure()

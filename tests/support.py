@@ -7,16 +7,16 @@ in the replay window after the last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
-import contextlib
 import random
 import shutil
-import tempfile
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -29,8 +29,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pymongo.database import Database
 
-from relay.config import Settings, env_name, kafka_env_name
 from relay.avro.folder import SchemaFolder
+from relay.config import Settings, env_name, kafka_env_name
 from relay.outbox import Outbox, OutboxEvent
 from relay.wiring import build
 

@@ -11,8 +11,15 @@ See `bench.peers.connect` for what is configured and how each worker is started 
 from __future__ import annotations
 
 from bench.peers.connect import (
-    DEBEZIUM_VERSION, KAFKA_CONNECT_VERSION, MONGO_KAFKA_VERSION, ConnectorSpec, PeerJars,
-    StandaloneWorker, debezium_outbox_connector, fetch_jars, mongodb_source_connector,
+    DEBEZIUM_VERSION,
+    KAFKA_CONNECT_VERSION,
+    MONGO_KAFKA_VERSION,
+    ConnectorSpec,
+    PeerJars,
+    StandaloneWorker,
+    debezium_outbox_connector,
+    fetch_jars,
+    mongodb_source_connector,
 )
 
 __all__ = [

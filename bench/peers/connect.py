@@ -36,8 +36,8 @@ from typing import Any
 from bson import Timestamp
 
 from bench.peers.process import PeerError, PeerProcess
-from relay.dev.stack import KAFKA_VERSION, ManagedProcess, cache_dir, free_port
 from relay.dev.maven import MavenError, copy_dependencies, is_resolved
+from relay.dev.stack import KAFKA_VERSION, ManagedProcess, cache_dir, free_port
 
 KAFKA_CONNECT_VERSION = KAFKA_VERSION     # the Connect worker runs the broker's own version
 DEBEZIUM_VERSION = "3.5.0.Final"          # newest Debezium built against Kafka 4.1.1

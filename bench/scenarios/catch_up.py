@@ -9,7 +9,15 @@ from typing import Any
 from pymongo import MongoClient
 
 from bench.common import (
-    AGGREGATE_TYPE, Row, committed_messages, consumer, create_topic, in_kafka, log, rate, wait_for,
+    AGGREGATE_TYPE,
+    Row,
+    committed_messages,
+    consumer,
+    create_topic,
+    in_kafka,
+    log,
+    rate,
+    wait_for,
     warm_up_transactions,
 )
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
@@ -47,7 +55,7 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     topic_template = f"bench.{run_id}.{name}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     create_topic(stack.kafka.bootstrap_servers, topic)
-    start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.timezone.utc).isoformat()
+    start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.UTC).isoformat()
     settings = relay_settings(stack, backlog.database, topic_template, start_at, env)
     if exactly_once:
         # A lease document of its own: in the at-least-once run's, the checkpoint already covers

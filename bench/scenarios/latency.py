@@ -16,8 +16,7 @@ from typing import Any
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 from pymongo import MongoClient
 
-from bench.common import AGGREGATE_TYPE, consumer, create_topic, in_kafka, log, percentile, rate, read_topic, \
-    wait_for
+from bench.common import AGGREGATE_TYPE, consumer, create_topic, in_kafka, log, percentile, rate, read_topic, wait_for
 from bench.events import EventFactory
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.sampling import Sampler, stack_roles

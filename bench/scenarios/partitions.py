@@ -37,9 +37,9 @@ from bench.events import aggregate_id
 from bench.relay_under_test import relay_settings
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
-from relay.mongo.pipeline import pipeline
-from relay.dev.stack import LocalStack
 from relay.core.partitions import Partition, partition_of
+from relay.dev.stack import LocalStack
+from relay.mongo.pipeline import pipeline
 from tests.support import RelayProcess
 
 RAW = CodecOptions(document_class=RawBSONDocument)
@@ -53,7 +53,7 @@ def group_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     topic_template = f"bench.{run_id}.group-{tag}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     create_topic(stack.kafka.bootstrap_servers, topic)
-    start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.timezone.utc).isoformat()
+    start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.UTC).isoformat()
     base = relay_settings(stack, backlog.database, topic_template, start_at).replace(
         partitions=partitions, lease_collection=f"leases_{tag}", standby_poll_s=0.5)
     logs = Path(tempfile.mkdtemp(prefix=f"bench-{tag}-"))

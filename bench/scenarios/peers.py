@@ -28,8 +28,18 @@ from typing import Any, Protocol
 
 import confluent_kafka
 
-from bench.common import AGGREGATE_TYPE, RESULTS_DIR, Row, consumer, create_topic, first_message, in_kafka, log, \
-    rate, wait_for
+from bench.common import (
+    AGGREGATE_TYPE,
+    RESULTS_DIR,
+    Row,
+    consumer,
+    create_topic,
+    first_message,
+    in_kafka,
+    log,
+    rate,
+    wait_for,
+)
 from bench.peers.connect import ConnectorSpec, PeerError, PeerJars, StandaloneWorker
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog

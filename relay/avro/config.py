@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from relay.core.errors import ConfigError, env_name
 from relay.core.message import valid_topic
@@ -19,7 +19,7 @@ class EncodingConfig:
 
     database: str
     collection: str
-    fields: FieldNames = FieldNames()
+    fields: FieldNames = field(default_factory=FieldNames)
     topic_template: str = "outbox.event.{aggregateType}"
     ce_source: str = ""  # CloudEvents source; empty: /outbox-relay/<database>/<collection>
     max_message_bytes: int = 1_000_000
@@ -29,11 +29,13 @@ class EncodingConfig:
         try:
             self.topic_template.format(**{k: "x" for k in TOPIC_FIELDS})
         except (KeyError, IndexError, ValueError) as exc:
-            raise ConfigError(env_name("topic_template"),
-                              f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}") from exc
+            raise ConfigError(
+                env_name("topic_template"), f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}"
+            ) from exc
         if not valid_topic(self.dead_letter_topic):
-            raise ConfigError(env_name("dead_letter_topic"),
-                              f"not a valid Kafka topic name: {self.dead_letter_topic!r}")
+            raise ConfigError(
+                env_name("dead_letter_topic"), f"not a valid Kafka topic name: {self.dead_letter_topic!r}"
+            )
 
     @property
     def namespace(self) -> str:
@@ -57,11 +59,15 @@ class RegistryConfig:
     def __post_init__(self) -> None:
         for url in self.urls:
             if not url.startswith(("http://", "https://", "mock://")):
-                raise ConfigError(env_name("schema_registry_url"),
-                                  f"must be http://, https:// (or mock:// in tests) URLs, got {url!r}")
+                raise ConfigError(
+                    env_name("schema_registry_url"),
+                    f"must be http://, https:// (or mock:// in tests) URLs, got {url!r}",
+                )
         if self.subject_strategy not in SUBJECT_STRATEGIES:
-            raise ConfigError(env_name("schema_registry_subject_strategy"),
-                              f"must be one of {', '.join(SUBJECT_STRATEGIES)}; got {self.subject_strategy!r}")
+            raise ConfigError(
+                env_name("schema_registry_subject_strategy"),
+                f"must be one of {', '.join(SUBJECT_STRATEGIES)}; got {self.subject_strategy!r}",
+            )
         if self.basic_auth and ":" not in self.basic_auth:
             raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
 

@@ -18,9 +18,9 @@ them (at start) and `outbox-relay schemas check` reports every problem.
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -81,19 +81,20 @@ def parse_file(path: str, text: str) -> SchemaFile:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SchemaError(path, f"not valid JSON: {exc}") from None
+        raise SchemaError(path, f"not valid JSON: {exc}") from exc
     if not isinstance(raw, dict) or raw.get("type") != "record":
         raise SchemaError(path, "a message schema must be an Avro record")
     try:
         parsed = fastavro.parse_schema(raw)
     except (SchemaParseException, ValueError, KeyError, TypeError) as exc:
-        raise SchemaError(path, f"not a valid Avro schema: {exc}") from None
+        raise SchemaError(path, f"not a valid Avro schema: {exc}") from exc
     return SchemaFile(path, raw, parsed)
 
 
 def iter_texts(folder: Any) -> Iterator[tuple[str, str]]:
     """(relative POSIX path, text) of every `.avsc` under `folder` (a Path or a Traversable),
     in a stable order: top level, then `events/`, then `history/`."""
+
     def walk(node: Any, prefix: str) -> Iterator[tuple[str, str]]:
         entries = sorted(node.iterdir(), key=lambda e: e.name)
         for entry in entries:
@@ -102,6 +103,7 @@ def iter_texts(folder: Any) -> Iterator[tuple[str, str]]:
         for entry in entries:
             if entry.is_dir() and not entry.name.startswith((".", "_")):
                 yield from walk(entry, prefix + entry.name + "/")
+
     yield from walk(folder, "")
 
 
@@ -111,20 +113,26 @@ def load_folder(folder: Any) -> list[SchemaFile]:
 
 
 def _common_fields(schema: SchemaFile) -> list[tuple[str, str]]:
-    return [(f["name"], "" if f["name"] == PAYLOAD_FIELD else to_parsing_canonical_form(f["type"]))
-            for f in schema.parsed["fields"]]
+    return [
+        (f["name"], "" if f["name"] == PAYLOAD_FIELD else to_parsing_canonical_form(f["type"]))
+        for f in schema.parsed["fields"]
+    ]
 
 
 def envelope_problems(schema: SchemaFile, generic: SchemaFile) -> list[str]:
     """What makes `schema` (a file under events/) not a valid typed envelope; empty if none."""
     problems = []
     if schema.event_type is None or not schema.event_type:
-        problems.append(f"a typed envelope needs a top-level \"{EVENT_TYPE_ATTRIBUTE}\" attribute "
-                        "naming the event type it is written for")
+        problems.append(
+            f'a typed envelope needs a top-level "{EVENT_TYPE_ATTRIBUTE}" attribute '
+            "naming the event type it is written for"
+        )
     if _common_fields(schema) != _common_fields(generic):
         expected = ", ".join(name for name, _ in _common_fields(generic))
-        problems.append(f"its fields must be those of {ENVELOPE} ({expected}), in that order and with "
-                        "the same types, except payload's type")
+        problems.append(
+            f"its fields must be those of {ENVELOPE} ({expected}), in that order and with "
+            "the same types, except payload's type"
+        )
         return problems
     payload = next(f for f in schema.parsed["fields"] if f["name"] == PAYLOAD_FIELD)
     ptype = payload["type"]
@@ -165,14 +173,14 @@ def problems_of(files: list[SchemaFile]) -> list[tuple[str, str]]:
         if f is generic:
             continue
         if not in_events:
-            out.append((f.path, f"only {ENVELOPE} lives at the top level; typed envelopes go in "
-                                f"{EVENTS_DIR}/<EventType>.avsc"))
+            out.append(
+                (f.path, f"only {ENVELOPE} lives at the top level; typed envelopes go in {EVENTS_DIR}/<EventType>.avsc")
+            )
             continue
         out.extend((f.path, p) for p in envelope_problems(f, generic))
         if f.event_type:
             if f.event_type in event_types:
-                out.append((f.path, f"event type {f.event_type!r} already has a schema: "
-                                    f"{event_types[f.event_type]}"))
+                out.append((f.path, f"event type {f.event_type!r} already has a schema: {event_types[f.event_type]}"))
             event_types.setdefault(f.event_type, f.path)
     return out
 

@@ -25,8 +25,9 @@ HEADER_TRUNCATED = "relay_dead_letter_truncated"
 _ROOM = 4096  # left for key, headers and record overhead
 
 
-def dead_letter_message(change: Mapping[str, Any], reason: str, fencing_token: int,
-                        config: EncodingConfig) -> OutgoingMessage:
+def dead_letter_message(
+    change: Mapping[str, Any], reason: str, fencing_token: int, config: EncodingConfig
+) -> OutgoingMessage:
     """The dead-letter record standing in for a poison event."""
     doc = dict(change["fullDocument"])
     event_id = event_id_of(doc)

@@ -34,7 +34,12 @@ from relay.avro.framing import Framing, SingleObjectFraming
 from relay.avro.mapping import UnmappableValueError
 from relay.core.errors import PoisonEventError
 from relay.core.message import (
-    CE_SPECVERSION, CONTENT_TYPE_AVRO, HEADER_FENCING, RESERVED_HEADER_PREFIXES, OutgoingMessage, event_id_of,
+    CE_SPECVERSION,
+    CONTENT_TYPE_AVRO,
+    HEADER_FENCING,
+    RESERVED_HEADER_PREFIXES,
+    OutgoingMessage,
+    event_id_of,
     valid_topic,
 )
 from relay.core.positions import token_cluster_time
@@ -81,7 +86,7 @@ def relaxed_json(payload: Mapping[str, Any]) -> str:
 
 
 def _rfc3339(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class MessageBuilder:
@@ -95,8 +100,9 @@ class MessageBuilder:
     the same bytes and the same errors (tests/unit/test_native.py).
     """
 
-    def __init__(self, config: EncodingConfig, registry: SchemaFolder, framing: Framing | None = None,
-                 native: bool = True) -> None:
+    def __init__(
+        self, config: EncodingConfig, registry: SchemaFolder, framing: Framing | None = None, native: bool = True
+    ) -> None:
         self._config = config
         self._fields = config.fields
         self._registry = registry
@@ -106,8 +112,9 @@ class MessageBuilder:
         self._database = config.database
         self._collection = config.collection
         self._max_bytes = config.max_message_bytes
-        self._native = _native_encoder(config, registry) \
-            if native and isinstance(self._framing, SingleObjectFraming) else None
+        self._native = (
+            _native_encoder(config, registry) if native and isinstance(self._framing, SingleObjectFraming) else None
+        )
 
     @property
     def native(self) -> bool:
@@ -129,14 +136,15 @@ class MessageBuilder:
         event_id = event_id_of(doc)
         try:
             event = parse(doc, self._fields)
-            topic = event.topic or self._template.format(
-                aggregateType=event.aggregate_type, eventType=event.event_type)
+            topic = event.topic or self._template.format(aggregateType=event.aggregate_type, eventType=event.event_type)
             if not valid_topic(topic):
-                raise MalformedEventError(self._fields.topic if event.topic else self._fields.aggregate_type,
-                                          f"gives an invalid Kafka topic name {topic!r}")
+                raise MalformedEventError(
+                    self._fields.topic if event.topic else self._fields.aggregate_type,
+                    f"gives an invalid Kafka topic name {topic!r}",
+                )
             headers = self._headers(event, fencing_token)
         except MalformedEventError as exc:
-            raise PoisonEventError(event_id, f"malformed outbox document: {exc}") from None
+            raise PoisonEventError(event_id, f"malformed outbox document: {exc}") from exc
         writer = self._registry.writer_for(event.event_type)
         if writer.mapper is None:
             payload: Any = relaxed_json(event.payload)
@@ -144,8 +152,9 @@ class MessageBuilder:
             try:
                 payload = writer.mapper.convert(event.payload)
             except UnmappableValueError as exc:
-                raise PoisonEventError(event_id, f"payload does not match schema {writer.name} "
-                                                 f"(schemas/{writer.path}): {exc}") from None
+                raise PoisonEventError(
+                    event_id, f"payload does not match schema {writer.name} (schemas/{writer.path}): {exc}"
+                ) from exc
         token = change["_id"]
         cluster_time = change.get("clusterTime") or token_cluster_time(token)
         record = {
@@ -165,15 +174,17 @@ class MessageBuilder:
         try:
             value = self._framing.encode(writer.name, record, topic)
         except (ValueError, TypeError, OverflowError) as exc:
-            raise PoisonEventError(event_id, f"cannot be Avro-encoded with {writer.name}: {exc}") from None
+            raise PoisonEventError(event_id, f"cannot be Avro-encoded with {writer.name}: {exc}") from exc
         key = event.aggregate_id.encode()
         size = len(key) + len(value) + RECORD_OVERHEAD
         for k, v in headers:
             size += len(k) + len(v)
         if size > self._max_bytes:
             raise PoisonEventError(
-                event_id, f"message of about {size} bytes exceeds message.max.bytes "
-                          f"({self._max_bytes}, RELAY_KAFKA_MESSAGE_MAX_BYTES)")
+                event_id,
+                f"message of about {size} bytes exceeds message.max.bytes "
+                f"({self._max_bytes}, RELAY_KAFKA_MESSAGE_MAX_BYTES)",
+            )
         return OutgoingMessage(event_id, topic, key, value, headers)
 
     def dead_letter(self, change: Mapping[str, Any], reason: str, fencing_token: int) -> OutgoingMessage:
@@ -193,8 +204,7 @@ class MessageBuilder:
         ]
         for name, value in (event.headers or {}).items():
             if name.startswith(RESERVED_HEADER_PREFIXES):
-                raise MalformedEventError(f"{self._fields.headers}.{name}",
-                                          "uses a header name the relay reserves")
+                raise MalformedEventError(f"{self._fields.headers}.{name}", "uses a header name the relay reserves")
             headers.append((name, value.encode()))
         return headers
 
@@ -219,7 +229,22 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
     generic = folder.writer_for("").name  # the generic envelope: what every untyped event gets
     fields = config.fields
     return _native.Encoder(
-        (fields.aggregate_type, fields.aggregate_id, fields.event_type, fields.payload, fields.occurred_at,
-         fields.headers, fields.topic),
-        template, folder.event_types, folder.fingerprint(generic), config.database, config.collection,
-        config.cloudevents_source.encode(), config.max_message_bytes, RECORD_OVERHEAD, OutgoingMessage)
+        (
+            fields.aggregate_type,
+            fields.aggregate_id,
+            fields.event_type,
+            fields.payload,
+            fields.occurred_at,
+            fields.headers,
+            fields.topic,
+        ),
+        template,
+        folder.event_types,
+        folder.fingerprint(generic),
+        config.database,
+        config.collection,
+        config.cloudevents_source.encode(),
+        config.max_message_bytes,
+        RECORD_OVERHEAD,
+        OutgoingMessage,
+    )

@@ -34,8 +34,19 @@ from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavaila
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-__all__ = ["CONFLUENT", "CONFLUENT_MAGIC", "SINGLE_OBJECT", "SINGLE_OBJECT_MAGIC", "SUBJECT_STRATEGIES",
-           "ConfluentFraming", "Decoded", "Framing", "MessageDecoder", "SingleObjectFraming", "framing_for"]
+__all__ = [
+    "CONFLUENT",
+    "CONFLUENT_MAGIC",
+    "SINGLE_OBJECT",
+    "SINGLE_OBJECT_MAGIC",
+    "SUBJECT_STRATEGIES",
+    "ConfluentFraming",
+    "Decoded",
+    "Framing",
+    "MessageDecoder",
+    "SingleObjectFraming",
+    "framing_for",
+]
 # Each HTTP request to the registry; without a timeout the client waits forever on a registry
 # that accepts the connection but does not answer (e.g. a paused process).
 REQUEST_TIMEOUT_S = 10.0
@@ -90,17 +101,21 @@ def registry_client(url: str, basic_auth: str = "") -> SchemaRegistryClient:
 def subject_strategy(name: str) -> Any:
     """confluent-kafka's subject name strategy for `topic`, `record` or `topic-record`."""
     from confluent_kafka.schema_registry import (
-        record_subject_name_strategy, topic_record_subject_name_strategy, topic_subject_name_strategy,
+        record_subject_name_strategy,
+        topic_record_subject_name_strategy,
+        topic_subject_name_strategy,
     )
 
-    return {"topic": topic_subject_name_strategy, "record": record_subject_name_strategy,
-            "topic-record": topic_record_subject_name_strategy}[name]
+    return {
+        "topic": topic_subject_name_strategy,
+        "record": record_subject_name_strategy,
+        "topic-record": topic_record_subject_name_strategy,
+    }[name]
 
 
 def subject_for(strategy: str, topic: str, record_name: str) -> str:
     """The subject a value of `record_name` on `topic` is registered under."""
-    return {"topic": f"{topic}-value", "record": record_name,
-            "topic-record": f"{topic}-{record_name}"}[strategy]
+    return {"topic": f"{topic}-value", "record": record_name, "topic-record": f"{topic}-{record_name}"}[strategy]
 
 
 class ConfluentFraming:
@@ -108,8 +123,13 @@ class ConfluentFraming:
 
     name = CONFLUENT
 
-    def __init__(self, registry: SchemaFolder, client: SchemaRegistryClient, strategy: str = "topic-record",
-                 auto_register: bool = True) -> None:
+    def __init__(
+        self,
+        registry: SchemaFolder,
+        client: SchemaRegistryClient,
+        strategy: str = "topic-record",
+        auto_register: bool = True,
+    ) -> None:
         self._registry = registry
         self._client = client
         self._strategy = strategy
@@ -146,16 +166,17 @@ class ConfluentFraming:
         except SchemaRegistryError as exc:
             subject = subject_for(self._strategy, topic, schema_name)
             if exc.http_status_code in (408, 429) or exc.http_status_code >= 500 or exc.http_status_code < 0:
-                raise SchemaRegistryUnavailableError(
-                    f"Schema Registry error for subject {subject}: {exc}") from exc
+                raise SchemaRegistryUnavailableError(f"Schema Registry error for subject {subject}: {exc}") from exc
             raise SchemaRegistryRefusedError(
                 f"the Schema Registry refused schema {schema_name} under subject {subject}: {exc} "
                 "(RELAY_SCHEMA_REGISTRY_URL, RELAY_SCHEMA_REGISTRY_SUBJECT_STRATEGY, "
-                "RELAY_SCHEMA_REGISTRY_AUTO_REGISTER)") from exc
-        except Exception as exc:  # noqa: BLE001 - transport errors of the HTTP client
+                "RELAY_SCHEMA_REGISTRY_AUTO_REGISTER)"
+            ) from exc
+        except Exception as exc:
             raise SchemaRegistryUnavailableError(
                 f"cannot reach the Schema Registry at {self._client.config().get('url', '?')}: "
-                f"{type(exc).__name__}: {exc}") from exc
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         assert value is not None
         return bytes(value)
 
@@ -203,8 +224,7 @@ class MessageDecoder:
 
     def _decode_confluent(self, value: bytes, topic: str) -> Decoded:
         if self._client is None:
-            raise ValueError("Confluent wire format, but no Schema Registry is configured "
-                             "(RELAY_SCHEMA_REGISTRY_URL)")
+            raise ValueError("Confluent wire format, but no Schema Registry is configured (RELAY_SCHEMA_REGISTRY_URL)")
         from confluent_kafka.schema_registry.avro import AvroDeserializer
         from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -215,9 +235,9 @@ class MessageDecoder:
             record = self._deserializer(value, SerializationContext(topic, MessageField.VALUE))
             if schema_id not in self._names:
                 schema = self._client.get_schema(schema_id)
-                self._names[schema_id] = _full_name(json.loads(schema.schema_str))
-        except Exception as exc:  # noqa: BLE001 - reported to the operator, with the id
-            raise ValueError(f"cannot decode with schema id {schema_id}: {type(exc).__name__}: {exc}") from None
+                self._names[schema_id] = _full_name(json.loads(schema.schema_str or "{}"))
+        except Exception as exc:
+            raise ValueError(f"cannot decode with schema id {schema_id}: {type(exc).__name__}: {exc}") from exc
         return Decoded(CONFLUENT, self._names[schema_id], str(schema_id), record)
 
 

@@ -47,13 +47,17 @@ from bson.int64 import Int64
 
 Converter = Callable[[Any], Any]
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _INT32 = (-(2**31), 2**31 - 1)
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 # Avro logical types a BSON value maps to, by underlying type.
 SUPPORTED_LOGICAL = {
-    ("bytes", "decimal"), ("fixed", "decimal"), ("string", "uuid"),
-    ("long", "timestamp-millis"), ("long", "timestamp-micros"), ("int", "date"),
+    ("bytes", "decimal"),
+    ("fixed", "decimal"),
+    ("string", "uuid"),
+    ("long", "timestamp-millis"),
+    ("long", "timestamp-micros"),
+    ("int", "date"),
 }
 UUID_SUBTYPE = 4
 LEGACY_UUID_SUBTYPE = 3
@@ -112,9 +116,15 @@ def bson_type_name(value: Any) -> str:
         return "document"
     if isinstance(value, list):
         return "array"
-    return {"ObjectId": "objectId", "Decimal128": "decimal128", "Regex": "regex",
-            "Timestamp": "timestamp", "MinKey": "minKey", "MaxKey": "maxKey", "DBRef": "dbPointer/DBRef",
-            }.get(type(value).__name__, type(value).__name__)
+    return {
+        "ObjectId": "objectId",
+        "Decimal128": "decimal128",
+        "Regex": "regex",
+        "Timestamp": "timestamp",
+        "MinKey": "minKey",
+        "MaxKey": "maxKey",
+        "DBRef": "dbPointer/DBRef",
+    }.get(type(value).__name__, type(value).__name__)
 
 
 def _type_label(schema: Any) -> str:
@@ -142,10 +152,11 @@ def _is_int(value: Any) -> bool:
 
 def _millis(value: Any) -> int:
     if isinstance(value, DatetimeMS):
-        raise _Mismatch(f"holds a date ({int(value)} ms since 1970) outside years 1-9999, "
-                        "which Avro readers cannot represent")
-    moment = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    return (moment - _EPOCH) // dt.timedelta(milliseconds=1)
+        raise _Mismatch(
+            f"holds a date ({int(value)} ms since 1970) outside years 1-9999, which Avro readers cannot represent"
+        )
+    moment = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+    return int((moment - _EPOCH) // dt.timedelta(milliseconds=1))
 
 
 class PayloadMapper:
@@ -167,7 +178,7 @@ class PayloadMapper:
         try:
             return self._convert(value)
         except _Mismatch as exc:
-            raise UnmappableValueError(self._root + "".join(reversed(exc.segments)), exc.reason) from None
+            raise UnmappableValueError(self._root + "".join(reversed(exc.segments)), exc.reason) from exc
 
     # ---- compilation ------------------------------------------------------------------------
 
@@ -193,9 +204,9 @@ class PayloadMapper:
         if kind == "fixed":
             return _fixed(schema)
         if kind == "array":
-            return _array(self._compile(schema["items"], path + ["[]"]))
+            return _array(self._compile(schema["items"], [*path, "[]"]))
         if kind == "map":
-            return _map(self._compile(schema["values"], path + ["{}"]))
+            return _map(self._compile(schema["values"], [*path, "{}"]))
         raise UnsupportedSchemaError("".join(path), f"Avro type {kind!r} has no BSON mapping")
 
     def _named_ref(self, name: str, path: list[str]) -> Converter:
@@ -227,15 +238,16 @@ class PayloadMapper:
                 elif nullable:
                     out[fname] = None
                 else:
-                    exc = _Mismatch(f"is missing; record {name} requires it (it has no default)")
-                    exc.segments.append("." + fname)
-                    raise exc
+                    missing = _Mismatch(f"is missing; record {name} requires it (it has no default)")
+                    missing.segments.append("." + fname)
+                    raise missing
             if present != len(doc):
                 extra = next(k for k in doc if k not in known)
-                exc = _Mismatch(f"is not declared in record {name}; add it to the schema "
-                                "(as an optional field) before writing it")
-                exc.segments.append("." + str(extra))
-                raise exc
+                undeclared = _Mismatch(
+                    f"is not declared in record {name}; add it to the schema (as an optional field) before writing it"
+                )
+                undeclared.segments.append("." + str(extra))
+                raise undeclared
             return out
 
         # Register before compiling the fields: a record may refer to itself.
@@ -243,7 +255,7 @@ class PayloadMapper:
         for f in schema["fields"]:
             ftype = f["type"]
             nullable = isinstance(ftype, list) and "null" in ftype
-            fields.append((f["name"], self._compile(ftype, path + ["." + f["name"]]), "default" in f, nullable))
+            fields.append((f["name"], self._compile(ftype, [*path, "." + f["name"]]), "default" in f, nullable))
         known = frozenset(f[0] for f in fields)
         return convert
 
@@ -252,7 +264,7 @@ class PayloadMapper:
         others = [b for b in branches if b != "null"]
         compiled = [(_branch_name(b), self._compile(b, path)) for b in others]
         if len(compiled) == 1:
-            (_, only), = compiled
+            ((_, only),) = compiled
 
             def one(value: Any) -> Any:
                 if value is None:
@@ -260,6 +272,7 @@ class PayloadMapper:
                         return None
                     raise _Mismatch("is null, but its union has no null branch")
                 return only(value)
+
             return one
 
         label = _type_label(branches)
@@ -276,6 +289,7 @@ class PayloadMapper:
                 except _Mismatch:
                     continue
             raise _Mismatch(f"holds {bson_type_name(value)}, which matches no branch of {label}")
+
         return first_match
 
     def _logical(self, schema: Mapping[str, Any], kind: str, logical: str) -> Converter:
@@ -299,6 +313,7 @@ def _branch_name(schema: Any) -> str:
 
 
 # ---- leaf converters -------------------------------------------------------------------------
+
 
 def _null(value: Any) -> None:
     if value is not None:
@@ -340,7 +355,7 @@ def _float(value: Any) -> float:
     try:
         as_float = _double(value)
     except _Mismatch as exc:
-        raise _Mismatch(exc.reason.replace("Avro double", "Avro float")) from None
+        raise _Mismatch(exc.reason.replace("Avro double", "Avro float")) from exc
     if math.isfinite(as_float) and struct.unpack("f", struct.pack("f", as_float))[0] != as_float:
         raise _Mismatch(f"holds {value!r}, which a 32-bit Avro float cannot hold exactly; declare it double")
     return as_float
@@ -365,8 +380,14 @@ def _bytes(value: Any) -> bytes:
 
 
 _PRIMITIVE: dict[str, Converter] = {
-    "null": _null, "boolean": _boolean, "int": _int, "long": _long, "float": _float,
-    "double": _double, "bytes": _bytes, "string": _string,
+    "null": _null,
+    "boolean": _boolean,
+    "int": _int,
+    "long": _long,
+    "float": _float,
+    "double": _double,
+    "bytes": _bytes,
+    "string": _string,
 }
 
 
@@ -377,9 +398,9 @@ def _enum(schema: Mapping[str, Any]) -> Converter:
         if type(value) is not str:
             raise _refuse(value, schema)
         if value not in symbols:
-            raise _Mismatch(f"holds {value!r}, not a symbol of enum {schema['name']} "
-                            f"({', '.join(schema['symbols'])})")
+            raise _Mismatch(f"holds {value!r}, not a symbol of enum {schema['name']} ({', '.join(schema['symbols'])})")
         return value
+
     return convert
 
 
@@ -391,6 +412,7 @@ def _fixed(schema: Mapping[str, Any]) -> Converter:
         if len(data) != size:
             raise _Mismatch(f"holds {len(data)} bytes; fixed {schema['name']} has size {size}")
         return data
+
     return convert
 
 
@@ -406,6 +428,7 @@ def _array(item: Converter) -> Converter:
                 exc.segments.append(f"[{i}]")
                 raise
         return out
+
     return convert
 
 
@@ -421,6 +444,7 @@ def _map(values: Converter) -> Converter:
                 exc.segments.append(f"[{k!r}]")
                 raise
         return out
+
     return convert
 
 
@@ -449,8 +473,9 @@ def _decimal(schema: Mapping[str, Any], kind: str) -> Converter:
         else:
             unscaled, rest = divmod(coefficient, 10**-shift)
             if rest:
-                raise _Mismatch(f"holds {number}, more than the {scale} decimal places of {label} "
-                                "(the relay does not round)")
+                raise _Mismatch(
+                    f"holds {number}, more than the {scale} decimal places of {label} (the relay does not round)"
+                )
         text = str(unscaled)
         if len(text) > precision:
             raise _Mismatch(f"holds {number}, more than the {precision} digits of {label}")
@@ -458,6 +483,7 @@ def _decimal(schema: Mapping[str, Any], kind: str) -> Converter:
             raise _Mismatch(f"holds {number}, too large for {label} in fixed({size})")
         negative = 1 if sign and unscaled else 0
         return Decimal((negative, tuple(int(c) for c in text), -scale))
+
     return convert
 
 
@@ -465,15 +491,17 @@ def _uuid(value: Any) -> str:
     if isinstance(value, Binary) and value.subtype == UUID_SUBTYPE and len(value) == 16:
         return str(uuid.UUID(bytes=bytes(value)))
     if isinstance(value, Binary) and value.subtype == LEGACY_UUID_SUBTYPE:
-        raise _Mismatch("holds a legacy UUID (binary subtype 3), whose byte order depends on the "
-                        "driver that wrote it; write UUIDs as binary subtype 4")
+        raise _Mismatch(
+            "holds a legacy UUID (binary subtype 3), whose byte order depends on the "
+            "driver that wrote it; write UUIDs as binary subtype 4"
+        )
     if isinstance(value, uuid.UUID):
         return str(value)
     if type(value) is str:
         try:
             return str(uuid.UUID(value))
-        except ValueError:
-            raise _Mismatch(f"holds {value!r}, which is not a UUID") from None
+        except ValueError as exc:
+            raise _Mismatch(f"holds {value!r}, which is not a UUID") from exc
     raise _refuse(value, "uuid")
 
 
@@ -497,8 +525,10 @@ def _date(value: Any) -> int:
     millis = _millis(value)
     days, rest = divmod(millis, 86_400_000)
     if rest:
-        raise _Mismatch("holds a date that is not midnight UTC; Avro date holds days only "
-                        "(declare timestamp-millis to keep the time)")
+        raise _Mismatch(
+            "holds a date that is not midnight UTC; Avro date holds days only "
+            "(declare timestamp-millis to keep the time)"
+        )
     return days
 
 

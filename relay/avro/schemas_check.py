@@ -37,7 +37,13 @@ import avro.schema
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 
 from relay.avro.contract import (
-    HISTORY_DIR, SchemaError, SchemaFile, history_file_name, iter_texts, parse_file, problems_of,
+    HISTORY_DIR,
+    SchemaError,
+    SchemaFile,
+    history_file_name,
+    iter_texts,
+    parse_file,
+    problems_of,
 )
 from relay.core.errors import EXIT_DATA, EXIT_OK, ConfigError
 
@@ -58,6 +64,7 @@ class Report:
 
 # ---- baselines ---------------------------------------------------------------------------------
 
+
 def default_folder() -> Path:
     """The schema folder of this installation (the repository's `schemas/` in a dev install)."""
     return Path(str(resources.files("relay_schemas")))
@@ -73,9 +80,11 @@ def _git(cwd: Path, *args: str) -> str:
 def _repo_of(folder: Path) -> tuple[Path, str]:
     try:
         root = Path(_git(folder, "rev-parse", "--show-toplevel").strip())
-    except ConfigError:
-        raise ConfigError("schemas check", f"{folder} is not in a git work tree; pass --baseline DIR "
-                                           "(a folder with the previous schemas)") from None
+    except ConfigError as exc:
+        raise ConfigError(
+            "schemas check",
+            f"{folder} is not in a git work tree; pass --baseline DIR (a folder with the previous schemas)",
+        ) from exc
     return root, folder.resolve().relative_to(root.resolve()).as_posix()
 
 
@@ -109,8 +118,11 @@ def baseline_from_git_ref(folder: Path, ref: str) -> dict[str, str]:
     """relative path -> text of every schema in `folder` as it is at git `ref`."""
     root, rel = _repo_of(folder)
     names = _git(root, "ls-tree", "-r", "--name-only", ref, "--", rel).split()
-    return {PurePosixPath(n).relative_to(rel).as_posix(): _git(root, "show", f"{ref}:{n}")
-            for n in names if n.endswith(".avsc")}
+    return {
+        PurePosixPath(n).relative_to(rel).as_posix(): _git(root, "show", f"{ref}:{n}")
+        for n in names
+        if n.endswith(".avsc")
+    }
 
 
 def baseline_previous_commits(folder: Path, current: Mapping[str, str]) -> tuple[dict[str, str], set[str]]:
@@ -141,11 +153,16 @@ def baseline_previous_commits(folder: Path, current: Mapping[str, str]) -> tuple
 
 
 def _has_head(root: Path) -> bool:
-    return subprocess.run(["git", "-C", str(root), "rev-parse", "--verify", "-q", "HEAD"],
-                          capture_output=True, check=False).returncode == 0
+    return (
+        subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
 
 
 # ---- compatibility -----------------------------------------------------------------------------
+
 
 def _field_path(schema: Any, location: str) -> str:
     """A checker location (`/fields/5/type/fields/1`) as a field path (`payload.amount`)."""
@@ -177,7 +194,8 @@ def _deepest(locations: set[str]) -> list[str]:
 
 def _incompatibilities(reader: Mapping[str, Any], writer: Mapping[str, Any]) -> list[str]:
     result = ReaderWriterCompatibilityChecker().get_compatibility(
-        avro.schema.parse(json.dumps(reader)), avro.schema.parse(json.dumps(writer)))
+        avro.schema.parse(json.dumps(reader)), avro.schema.parse(json.dumps(writer))
+    )
     if result.compatibility is SchemaCompatibilityType.compatible:
         return []
     kinds = ", ".join(sorted({i.value.replace("_", " ") for i in result.incompatibilities}))
@@ -218,24 +236,36 @@ def _logical_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
         before.setdefault(p, set()).add(sig)
     for p, sig in _logical_types(new):
         after.setdefault(p, set()).add(sig)
-    return [f"field {p}: logical type changed from {', '.join(sorted(before[p]))} to "
-            f"{', '.join(sorted(after[p]))} (the same bytes would mean another value)"
-            for p in sorted(before.keys() & after.keys()) if before[p] != after[p]]
+    return [
+        f"field {p}: logical type changed from {', '.join(sorted(before[p]))} to "
+        f"{', '.join(sorted(after[p]))} (the same bytes would mean another value)"
+        for p in sorted(before.keys() & after.keys())
+        if before[p] != after[p]
+    ]
 
 
 def breaking_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """Why messages cannot flow between the two versions, in either direction; empty if they can."""
-    problems = [f"the new schema cannot read messages written with the previous one: {m}"
-                for m in _incompatibilities(new, old)]
-    problems += [f"consumers on the previous schema cannot read messages written with the new one: {m}"
-                 for m in _incompatibilities(old, new)]
+    problems = [
+        f"the new schema cannot read messages written with the previous one: {m}" for m in _incompatibilities(new, old)
+    ]
+    problems += [
+        f"consumers on the previous schema cannot read messages written with the new one: {m}"
+        for m in _incompatibilities(old, new)
+    ]
     return problems + _logical_changes(old, new)
 
 
 # ---- the check -----------------------------------------------------------------------------------
 
-def check(folder: Path, baseline: Mapping[str, str] | None, baseline_label: str,
-          keep_history: bool = False, known: set[str] | None = None) -> Report:
+
+def check(
+    folder: Path,
+    baseline: Mapping[str, str] | None,
+    baseline_label: str,
+    keep_history: bool = False,
+    known: set[str] | None = None,
+) -> Report:
     """Check `folder` (and its changes against `baseline`: relative path -> text; `known`: the
     paths the baseline has, changed or not, default the baseline's keys)."""
     report = Report()
@@ -256,15 +286,21 @@ def check(folder: Path, baseline: Mapping[str, str] | None, baseline_label: str,
         report.problem(file, problem)
     for f in files:
         if f.historical and PurePosixPath(f.path).name != PurePosixPath(history_file_name(f)).name:
-            report.problem(f.path, f"a history file must be named {history_file_name(f)} (its full name "
-                                   "and fingerprint); history files are never edited")
+            report.problem(
+                f.path,
+                f"a history file must be named {history_file_name(f)} (its full name "
+                "and fingerprint); history files are never edited",
+            )
     by_path = {f.path: f for f in files}
     kept = {f.fingerprint for f in files}
     for path, old_text in sorted((baseline or {}).items()):
         if PurePosixPath(path).parts[0] == HISTORY_DIR:
             if path not in texts:
-                report.problem(path, f"removed, but it is in the {baseline_label}: history files are "
-                                     "never removed (readers need them to decode older messages)")
+                report.problem(
+                    path,
+                    f"removed, but it is in the {baseline_label}: history files are "
+                    "never removed (readers need them to decode older messages)",
+                )
             continue
         try:
             old = parse_file(path, old_text)
@@ -275,8 +311,11 @@ def check(folder: Path, baseline: Mapping[str, str] | None, baseline_label: str,
         if new is None:
             if path in texts:
                 continue  # it does not parse now: reported above
-            report.problem(path, f"removed, but it is in the {baseline_label}: messages of "
-                                 f"{old.event_type or old.name} would change schema (breaking); keep it")
+            report.problem(
+                path,
+                f"removed, but it is in the {baseline_label}: messages of "
+                f"{old.event_type or old.name} would change schema (breaking); keep it",
+            )
             continue
         if signature(new.raw) == signature(old.raw):
             continue
@@ -293,10 +332,13 @@ def check(folder: Path, baseline: Mapping[str, str] | None, baseline_label: str,
                 kept.add(old.fingerprint)
                 report.note(f"{path}: kept the {baseline_label} version as {history_file_name(old)}")
             else:
-                report.problem(path, f"changed, but the {baseline_label} version (fingerprint "
-                                     f"{old.fingerprint.hex()}) is not kept: readers need it to decode messages "
-                                     f"already written; run `outbox-relay schemas check --keep-history` "
-                                     f"to add {history_file_name(old)}")
+                report.problem(
+                    path,
+                    f"changed, but the {baseline_label} version (fingerprint "
+                    f"{old.fingerprint.hex()}) is not kept: readers need it to decode messages "
+                    f"already written; run `outbox-relay schemas check --keep-history` "
+                    f"to add {history_file_name(old)}",
+                )
     known = set(baseline or {}) if known is None else known
     for f in files:
         if not f.historical and f.path not in known:
@@ -305,8 +347,14 @@ def check(folder: Path, baseline: Mapping[str, str] | None, baseline_label: str,
     return report
 
 
-def run(folder: Path | None = None, baseline_dir: Path | None = None, git_ref: str | None = None,
-        keep_history: bool = False, out: TextIO | None = None, err: TextIO | None = None) -> int:
+def run(
+    folder: Path | None = None,
+    baseline_dir: Path | None = None,
+    git_ref: str | None = None,
+    keep_history: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
     """The command: print notes to `out`, problems to `err`; return the exit code."""
     import sys
 

@@ -21,8 +21,14 @@ from relay.mongo.membership import Membership
 
 def _lease_store(settings: Settings, client: Any, partition: Partition | None = None) -> LeaseStore:
     db = client[settings.database]
-    return LeaseStore(db[settings.lease_collection], lease_id(settings.namespace, partition), settings.instance_id,
-                      settings.lease_ttl_s, partition, settings.namespace)
+    return LeaseStore(
+        db[settings.lease_collection],
+        lease_id(settings.namespace, partition),
+        settings.instance_id,
+        settings.lease_ttl_s,
+        partition,
+        settings.namespace,
+    )
 
 
 def _stores(settings: Settings, client: Any) -> list[LeaseStore]:
@@ -50,9 +56,13 @@ def status(settings: Settings) -> dict[str, Any]:
     for r in replicas:
         age = (now - r["seenAt"]).total_seconds()
         holds = r["instance"] == doc.get("owner") and doc.get("expiresAt") is not None and doc["expiresAt"] > now
-        out["replicas"].append({"instance": r["instance"], "role": "leader" if holds else
-                                ("gone" if age > stale_after else "standby"),
-                                "lastSeenSecondsAgo": round(age, 1)})
+        out["replicas"].append(
+            {
+                "instance": r["instance"],
+                "role": "leader" if holds else ("gone" if age > stale_after else "standby"),
+                "lastSeenSecondsAgo": round(age, 1),
+            }
+        )
     out["lease"] = _lease(doc, now)
     out["checkpoint"] = _checkpoint(doc, now)
     return out
@@ -73,7 +83,7 @@ def _checkpoint(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
     if token is None:
         return None
     ts = token_cluster_time(token)
-    at = dt.datetime.fromtimestamp(ts.time, dt.timezone.utc) if ts else None
+    at = dt.datetime.fromtimestamp(ts.time, dt.UTC) if ts else None
     return {
         "token": short_token(token),
         "clusterTime": at.isoformat() if at else None,
@@ -86,12 +96,17 @@ def _checkpoint(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
 
 def _group_status(settings: Settings, client: Any) -> dict[str, Any]:
     db = client[settings.database]
-    membership = Membership(db[settings.lease_collection], settings.namespace, settings.instance_id,
-                            settings.partitions, settings.lease_ttl_s)
+    membership = Membership(
+        db[settings.lease_collection],
+        settings.namespace,
+        settings.instance_id,
+        settings.partitions,
+        settings.lease_ttl_s,
+    )
     rows: list[dict[str, Any]] = []
     holders: dict[str, list[int]] = {}
     now: dt.datetime | None = None
-    for store, p in zip(_stores(settings, client), partitions(settings.partitions)):
+    for store, p in zip(_stores(settings, client), partitions(settings.partitions), strict=False):
         doc = store.read()
         row: dict[str, Any] = {"partition": p.index, "leaseId": store.lease_id, "lease": None, "checkpoint": None}
         if doc is not None:
@@ -100,7 +115,7 @@ def _group_status(settings: Settings, client: Any) -> dict[str, Any]:
             row["checkpoint"] = _checkpoint(doc, now)
             if doc.get("startAtClusterTime") is not None and row["checkpoint"] is None:
                 seed = doc["startAtClusterTime"]
-                row["startsAt"] = dt.datetime.fromtimestamp(seed.time, dt.timezone.utc).isoformat()
+                row["startsAt"] = dt.datetime.fromtimestamp(seed.time, dt.UTC).isoformat()
             if not row["lease"]["expired"] and doc.get("owner") is not None:
                 holders.setdefault(str(doc["owner"]), []).append(p.index)
         rows.append(row)
@@ -108,12 +123,31 @@ def _group_status(settings: Settings, client: Any) -> dict[str, Any]:
     for r in membership.replicas():
         age = (r["serverTime"] - r["seenAt"]).total_seconds()
         leading = holders.get(str(r["instance"]), [])
-        role = ("stopped" if r.get("role") == "stopped" else "leader" if leading else
-                "gone" if age > settings.lease_ttl_s else "standby")
-        replicas.append({"instance": r["instance"], "role": role, "leading": leading,
-                         "lastSeenSecondsAgo": round(age, 1), "joinedAt": r.get("joinedAt")})
-    return {"outbox": settings.namespace, "partitions": settings.partitions,
-            "partitionsLed": sum(len(v) for v in holders.values()), "leases": rows, "replicas": replicas}
+        role = (
+            "stopped"
+            if r.get("role") == "stopped"
+            else "leader"
+            if leading
+            else "gone"
+            if age > settings.lease_ttl_s
+            else "standby"
+        )
+        replicas.append(
+            {
+                "instance": r["instance"],
+                "role": role,
+                "leading": leading,
+                "lastSeenSecondsAgo": round(age, 1),
+                "joinedAt": r.get("joinedAt"),
+            }
+        )
+    return {
+        "outbox": settings.namespace,
+        "partitions": settings.partitions,
+        "partitionsLed": sum(len(v) for v in holders.values()),
+        "leases": rows,
+        "replicas": replicas,
+    }
 
 
 def reset_checkpoint(settings: Settings, force: bool = False) -> str:
@@ -131,20 +165,26 @@ def reset_checkpoint(settings: Settings, force: bool = False) -> str:
         stores = _stores(settings, client)
         if not force:
             held = [(s.lease_id, (s.read() or {})) for s in stores]
-            busy = [(lid, d) for lid, d in held if d.get("owner") is not None and d.get("expiresAt") is not None
-                    and d["expiresAt"] > d["serverTime"]]
+            busy = [
+                (lid, d)
+                for lid, d in held
+                if d.get("owner") is not None and d.get("expiresAt") is not None and d["expiresAt"] > d["serverTime"]
+            ]
             if busy:
                 lid, doc = busy[0]
                 what = settings.namespace if settings.partitions == 1 else lid
                 raise LeaseHeldError(
                     f"{doc['owner']} holds the lease on {what}: it would store its position again at "
-                    "its next commit. Stop the relays first, or use --force to fence it out as well")
+                    "its next commit. Stop the relays first, or use --force to fence it out as well"
+                )
         fenced = [h for h in (s.reset_checkpoint(force) for s in stores) if h is not None]
     if fenced and not force:
         raise LeaseHeldError(
             f"{fenced[0]} holds the lease on {settings.namespace}: it would store its position again at "
-            "its next commit. Stop the relays first, or use --force to fence it out as well")
-    which = settings.namespace if settings.partitions == 1 else f"{settings.namespace} ({settings.partitions} partitions)"
+            "its next commit. Stop the relays first, or use --force to fence it out as well"
+        )
+    which = (
+        settings.namespace if settings.partitions == 1 else f"{settings.namespace} ({settings.partitions} partitions)"
+    )
     note = f" ({', '.join(sorted(set(fenced)))} fenced out)" if fenced else ""
-    return (f"checkpoint for {which} removed{note}; the next start begins at "
-            f"RELAY_START_AT={settings.start_at}")
+    return f"checkpoint for {which} removed{note}; the next start begins at RELAY_START_AT={settings.start_at}"

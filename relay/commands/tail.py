@@ -20,8 +20,10 @@ cannot be decoded is printed with an `error` and its bytes in base64; tail goes 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import json
+import math
 import sys
 import uuid
 from collections.abc import Mapping
@@ -34,7 +36,6 @@ from relay.avro.framing import MessageDecoder
 from relay.config import Settings
 
 
-
 def to_json(value: Any) -> Any:
     """A decoded Avro value as JSON-ready data (exact: decimals and big numbers stay exact)."""
     if isinstance(value, Mapping):
@@ -42,8 +43,8 @@ def to_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_json(v) for v in value]
     if isinstance(value, dt.datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-        return moment.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+        moment = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
     if isinstance(value, dt.date):
         return value.isoformat()
     if isinstance(value, Decimal):
@@ -52,17 +53,15 @@ def to_json(value: Any) -> Any:
         return base64.b64encode(bytes(value)).decode()
     if isinstance(value, uuid.UUID):
         return str(value)
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
 
 
 def _payload_json(schema: str, record: dict[str, Any]) -> dict[str, Any]:
     if schema == ENVELOPE and isinstance(record.get("payload"), str):
-        try:
+        with contextlib.suppress(ValueError):
             record = {**record, "payload": json.loads(record["payload"])}
-        except ValueError:
-            pass
     return record
 
 
@@ -74,8 +73,10 @@ def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
     """One consumed message as the JSON object tail prints."""
     _kind, millis = msg.timestamp()
     line: dict[str, Any] = {
-        "topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset(),
-        "timestamp": to_json(dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc)) if millis > 0 else None,
+        "topic": msg.topic(),
+        "partition": msg.partition(),
+        "offset": msg.offset(),
+        "timestamp": to_json(dt.datetime.fromtimestamp(millis / 1000, dt.UTC)) if millis > 0 else None,
         "key": _text(msg.key()),
         "headers": {k: _text(v) for k, v in (msg.headers() or [])},
     }
@@ -89,8 +90,12 @@ def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
         line["error"] = str(exc)
         line["valueBase64"] = base64.b64encode(value).decode()
         return line
-    line.update(framing=decoded.framing, schema=decoded.schema, schemaRef=decoded.schema_ref,
-                value=to_json(_payload_json(decoded.schema, decoded.record)))
+    line.update(
+        framing=decoded.framing,
+        schema=decoded.schema,
+        schemaRef=decoded.schema_ref,
+        value=to_json(_payload_json(decoded.schema, decoded.record)),
+    )
     return line
 
 
@@ -103,14 +108,30 @@ def consumer_config(settings: Settings, isolation: str = "read_committed") -> di
     if isolation not in ISOLATION_LEVELS:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATION_LEVELS)}, got {isolation!r}")
     conf: dict[str, Any] = settings.kafka_client_config()
-    conf.update({"group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
-                 "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
+    conf.update(
+        {
+            "group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": isolation,
+        }
+    )
     return conf
 
 
-def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: int = 10, follow: bool = False,
-         max_messages: int | None = None, out: TextIO | None = None, decoder: MessageDecoder | None = None,
-         registry: SchemaFolder | None = None, isolation: str = "read_committed") -> int:
+def tail(
+    settings: Settings,
+    topic: str,
+    *,
+    from_beginning: bool = False,
+    last: int = 10,
+    follow: bool = False,
+    max_messages: int | None = None,
+    out: TextIO | None = None,
+    decoder: MessageDecoder | None = None,
+    registry: SchemaFolder | None = None,
+    isolation: str = "read_committed",
+) -> int:
     """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
     An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -139,16 +160,18 @@ def tail(settings: Settings, topic: str, *, from_beginning: bool = False, last: 
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error() is not None:
+            error = msg.error()
+            if error is not None:
                 # The end of a partition (its last offsets may be transaction markers, never
                 # delivered as messages; read_committed ends at the last stable offset), or a
                 # transient error (librdkafka retries).
-                if msg.error().code() == KafkaError._PARTITION_EOF:
+                if error.code() == KafkaError._PARTITION_EOF:
                     pending = {(p, end) for p, end in pending if p != msg.partition()}
                 continue
             print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
             printed += 1
-            pending = {(p, end) for p, end in pending if not (p == msg.partition() and msg.offset() + 1 >= end)}
+            offset = msg.offset() or 0
+            pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}
         return 0
     except KeyboardInterrupt:
         return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from relay.core.message import OutgoingMessage
@@ -116,10 +116,17 @@ class Observer(Protocol):
     def tick(self) -> None: ...
     def role(self, role: str, fencing_token: int | None) -> None: ...
     def watch_publisher(self, publisher: Any) -> None: ...
-    def published(self, wall_ms: Sequence[int], messages: Sequence[OutgoingMessage], seconds: float,
-                  token: Token | None, read_seconds: float) -> None:
+    def published(
+        self,
+        wall_ms: Sequence[int],
+        messages: Sequence[OutgoingMessage],
+        seconds: float,
+        token: Token | None,
+        read_seconds: float,
+    ) -> None:
         """Kafka acknowledged a delivery: its changes' commit times, its messages, the seconds
         since it was handed to the producer and since its changes were read, its token."""
+
     def committed(self, token: Any) -> None: ...
     def resumed(self) -> None: ...
     def dead_lettered(self, event_id: str, reason: str) -> None: ...

@@ -18,9 +18,8 @@ def parse_start_time(text: str) -> dt.datetime:
     try:
         value = dt.datetime.fromisoformat(text)
     except ValueError as exc:
-        raise ConfigError(env_name("start_at"),
-                          f"must be oplog-start, now, or an ISO-8601 time; got {text!r}") from exc
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        raise ConfigError(env_name("start_at"), f"must be oplog-start, now, or an ISO-8601 time; got {text!r}") from exc
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -51,11 +50,16 @@ class LoopConfig:
             if isinstance(value, (int, float)) and value <= 0:
                 raise ConfigError(env_name(f.name), f"must be greater than 0, got {value}")
         if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
-            raise ConfigError(env_name("heartbeat_interval_s"),
-                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
-                              "so the lease is renewed before it expires")
-        for name, allowed in (("on_poison", POISON_POLICIES), ("on_history_lost", HISTORY_LOST_POLICIES),
-                              ("on_lease_lost", LEASE_LOST_POLICIES)):
+            raise ConfigError(
+                env_name("heartbeat_interval_s"),
+                f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
+                "so the lease is renewed before it expires",
+            )
+        for name, allowed in (
+            ("on_poison", POISON_POLICIES),
+            ("on_history_lost", HISTORY_LOST_POLICIES),
+            ("on_lease_lost", LEASE_LOST_POLICIES),
+        ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(env_name(name), f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
         self.start_at_time()  # raises ConfigError

@@ -71,6 +71,7 @@ class RelayError(Exception):
 
 # ---- start-up and operator errors: stop ---------------------------------------------------------
 
+
 class ConfigError(RelayError):
     """Raised when a setting is missing, malformed or conflicting; names the setting."""
 
@@ -138,6 +139,7 @@ class SchemaRegistryRefusedError(OperatorActionError):
 
 # ---- transient errors: restart from the checkpoint ----------------------------------------------
 
+
 class TransientError(RelayError):
     """Raised when a step failed in a way a restart from the checkpoint can fix."""
 
@@ -184,6 +186,7 @@ class ReopenableStreamError(RelayError):
 
 # ---- events that cannot be published: the poison policy decides ------------------------------
 
+
 class PoisonEventError(RelayError):
     """Raised when an outbox event cannot be published (malformed, not encodable, too large)."""
 
@@ -208,6 +211,7 @@ class BatchRefusedError(RelayError):
 
 
 # ---- the lease was lost: back to standby ------------------------------------------------------
+
 
 class LeaseLostError(RelayError):
     """Raised when a fenced write matched nothing: another replica holds the lease."""
@@ -237,19 +241,33 @@ def classify(exc: BaseException, foreign: ForeignClassifier | None = None) -> Ac
 
 def first_of(*classifiers: ForeignClassifier) -> ForeignClassifier:
     """One classifier asking each of `classifiers` in turn; the first answer wins."""
+
     def classify_foreign(exc: BaseException) -> Action | None:
         for c in classifiers:
             action = c(exc)
             if action is not None:
                 return action
         return None
+
     return classify_foreign
 
 
+_CAUSE_CHARS = 200
+
+
 def cause_of(exc: BaseException) -> str | None:
-    """`Kind: message` of the error that caused `exc` (its `__cause__`), for the stop line."""
+    """The error that caused `exc` (its `__cause__`), for the stop line: `module.Kind: message`,
+    or only its kind when the message is longer than a line (a driver's dump, e.g. pymongo's
+    topology description: the relay's own message already says what matters in it)."""
     cause = exc.__cause__
-    return None if cause is None else f"{type(cause).__name__}: {cause}"
+    if cause is None:
+        return None
+    kind = type(cause).__qualname__
+    module = type(cause).__module__
+    if module != "builtins":
+        kind = f"{module}.{kind}"
+    text = str(cause)
+    return kind if len(text) > _CAUSE_CHARS or "\n" in text else f"{kind}: {text}"
 
 
 def run_command(prog: str, command: Callable[[], int]) -> int:

@@ -41,18 +41,33 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tenacity import RetryCallState, wait_exponential_jitter
 
 from relay.core.boundaries import (
-    ALWAYS, Assignment, ChangeSource, Clock, Encoder, LeaseStore, Observer, Producers, Publisher, SystemClock,
+    ALWAYS,
+    Assignment,
+    ChangeSource,
+    Clock,
+    Encoder,
+    LeaseStore,
+    Observer,
+    Producers,
+    Publisher,
+    SystemClock,
 )
 from relay.core.config import LoopConfig
 from relay.core.errors import (
-    Action, BatchRefusedError, ForeignClassifier, HistoryLostError, PoisonEventError, RelayError,
+    Action,
+    BatchRefusedError,
+    ForeignClassifier,
+    HistoryLostError,
+    PoisonEventError,
+    RelayError,
     ReopenableStreamError,
-    RepeatedStreamError, classify,
+    RepeatedStreamError,
+    classify,
 )
 from relay.core.poison import Decision, PoisonPolicy, encode
 from relay.core.positions import Batch, Checkpoint, Grant, Token, short_token, start_point
@@ -77,7 +92,10 @@ def _nothing() -> None:
     pass
 
 
-class Relay:
+ObserverT = TypeVar("ObserverT", bound=Observer)
+
+
+class Relay(Generic[ObserverT]):
     """Publishes one outbox collection (or one partition of it) to Kafka while it holds the lease.
 
     Its boundaries are given: `source` makes a fresh change source for every leading session and
@@ -90,13 +108,24 @@ class Relay:
     (relay.core.errors.classify). `relay.wiring.build_relay` passes the real ones.
     """
 
-    def __init__(self, config: LoopConfig, *, source: Callable[[], ChangeSource], producers: Producers,
-                 lease: LeaseStore, encoder: Encoder, observer: Observer, fingerprint: str,
-                 clock: Clock | None = None, preflight: Callable[[], None] = _nothing,
-                 close: Callable[[], None] = _nothing, assignment: Assignment = ALWAYS,
-                 foreign_errors: ForeignClassifier | None = None) -> None:
+    def __init__(
+        self,
+        config: LoopConfig,
+        *,
+        source: Callable[[], ChangeSource],
+        producers: Producers,
+        lease: LeaseStore,
+        encoder: Encoder,
+        observer: ObserverT,
+        fingerprint: str,
+        clock: Clock | None = None,
+        preflight: Callable[[], None] = _nothing,
+        close: Callable[[], None] = _nothing,
+        assignment: Assignment = ALWAYS,
+        foreign_errors: ForeignClassifier | None = None,
+    ) -> None:
         self.config = config
-        self.observer = observer
+        self.observer: ObserverT = observer
         self._sources = source
         self._producers = producers
         self._lease = lease
@@ -200,8 +229,11 @@ class Relay:
         except HistoryLostError:
             if c.on_history_lost != "rescan":
                 raise
-            log.error("the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
-                      "every document in %s (expect duplicates)", c.namespace)
+            log.error(
+                "the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
+                "every document in %s (expect duplicates)",
+                c.namespace,
+            )
             session.source.rescan()
         log.info("change stream opened %s", start.description)
         if checkpoint.token is None and session.source.token is not None:
@@ -236,13 +268,19 @@ class Relay:
         Under the stop policy a poison event ends the batch: the events before it are published
         and stored, then its error is raised (a restart stops at the same event again).
         """
-        messages, poison = encode(batch.changes, s.grant.fencing_token, self._encoder, self._poison,
-                                  self.observer.dead_lettered)
+        messages, poison = encode(
+            batch.changes, s.grant.fencing_token, self._encoder, self._poison, self.observer.dead_lettered
+        )
         start = 0
-        for end, alone in split([len(m.value) for m in messages], self.config.batch_max_bytes,
-                                self._poison.one_by_one):
-            delivery = Delivery(batch.wall_ms[start:end], messages[start:end], batch.token_after(end),
-                                self._clock.monotonic(), alone, read_at)
+        for end, alone in split([len(m.value) for m in messages], self.config.batch_max_bytes, self._poison.one_by_one):
+            delivery = Delivery(
+                batch.wall_ms[start:end],
+                messages[start:end],
+                batch.token_after(end),
+                self._clock.monotonic(),
+                alone,
+                read_at,
+            )
             s.publisher.send(delivery, lambda: self._heartbeat(s.grant))
             s.window.add(delivery)
             start = end
@@ -276,8 +314,9 @@ class Relay:
                 if delivery.one_by_one:
                     self._poison.sent_alone()
                 now = self._clock.monotonic()
-                self.observer.published(delivery.wall_ms, delivery.messages, now - delivery.sent_at,
-                                        delivery.token, now - delivery.read_at)
+                self.observer.published(
+                    delivery.wall_ms, delivery.messages, now - delivery.sent_at, delivery.token, now - delivery.read_at
+                )
                 newest = delivery.token or newest
         finally:
             if newest is not None:
@@ -344,8 +383,9 @@ class Relay:
 
     def _reopen(self, exc: ReopenableStreamError) -> None:
         if self._repeat_code == exc.code:
-            raise RepeatedStreamError(f"{exc}; it repeated after reopening from the checkpoint, so the "
-                                      "relay stops") from exc
+            raise RepeatedStreamError(
+                f"{exc}; it repeated after reopening from the checkpoint, so the relay stops"
+            ) from exc
         self._repeat_code = exc.code
         self._restart(exc)
 
@@ -354,8 +394,12 @@ class Relay:
         if decision is Decision.STOP:
             raise exc  # what precedes the event is stored (_publish, _settle)
         if decision is Decision.DEAD_LETTER and isinstance(exc, PoisonEventError):
-            log.error("event %s refused by the broker (%s): dead-lettering it on the replay",
-                      exc.event_id, exc.reason, extra={"event_id": exc.event_id})
+            log.error(
+                "event %s refused by the broker (%s): dead-lettering it on the replay",
+                exc.event_id,
+                exc.reason,
+                extra={"event_id": exc.event_id},
+            )
         self._restart(exc, at_once=True)
 
     def _standby(self, exc: Exception) -> None:
@@ -391,8 +435,10 @@ class Relay:
         try:
             self._settle(self._session, keep=0)
         except Exception as exc:  # noqa: BLE001 - the next leader replays from the last checkpoint
-            log.warning("stopping without storing the last deliveries (%s); the next leader replays "
-                        "them from the checkpoint", exc)
+            log.warning(
+                "stopping without storing the last deliveries (%s); the next leader replays them from the checkpoint",
+                exc,
+            )
 
     def _shutdown(self) -> None:
         self._release()

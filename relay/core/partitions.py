@@ -74,6 +74,7 @@ def partition_of(aggregate_id: str | None, count: int) -> int:
 
 # ---- lease ids ----------------------------------------------------------------------------------
 
+
 def lease_id(namespace: str, partition: Partition | None) -> str:
     """The lease document's id: the namespace when the outbox is not partitioned (N = 1)."""
     if partition is None or partition.count == 1:

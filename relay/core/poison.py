@@ -23,8 +23,7 @@ from typing import Any
 
 from relay.core.boundaries import Encoder
 from relay.core.errors import BatchRefusedError, PoisonEventError
-from relay.core.message import OutgoingMessage
-from relay.core.message import event_id_of
+from relay.core.message import OutgoingMessage, event_id_of
 
 
 class Decision(enum.Enum):
@@ -72,8 +71,13 @@ class PoisonPolicy:
             self._one_by_one -= 1
 
 
-def encode(changes: Sequence[Any], fencing_token: int, encoder: Encoder, policy: PoisonPolicy,
-           dead_lettered: Callable[[str, str], None]) -> tuple[list[OutgoingMessage], PoisonEventError | None]:
+def encode(
+    changes: Sequence[Any],
+    fencing_token: int,
+    encoder: Encoder,
+    policy: PoisonPolicy,
+    dead_lettered: Callable[[str, str], None],
+) -> tuple[list[OutgoingMessage], PoisonEventError | None]:
     """The messages for `changes`, in order, with the policy applied as they are built.
 
     Under the dead-letter policy a poison event's dead letter takes its place (and
@@ -85,7 +89,8 @@ def encode(changes: Sequence[Any], fencing_token: int, encoder: Encoder, policy:
     if None not in fast:
         return fast, None  # type: ignore[return-value]
     messages: list[OutgoingMessage] = []
-    for change, message in zip(changes, fast):
+    for change, built in zip(changes, fast, strict=True):
+        message = built
         if message is None:
             try:
                 if policy.remembers_refusals:

@@ -106,8 +106,9 @@ class Grant:
     checkpoint: Checkpoint
 
 
-def start_point(checkpoint: Checkpoint, fingerprint: str, start_at: str,
-                start_at_time: dt.datetime | None) -> StartPoint:
+def start_point(
+    checkpoint: Checkpoint, fingerprint: str, start_at: str, start_at_time: dt.datetime | None
+) -> StartPoint:
     """Where a leader opens the stream: after the stored token; else, for a partition seeded by
     a change of partition count, at its seed (startAtOperationTime includes that time); else
     where RELAY_START_AT says (`now`, an ISO time given as `start_at_time`, or the oplog's start).
@@ -121,7 +122,8 @@ def start_point(checkpoint: Checkpoint, fingerprint: str, start_at: str,
                 f"the stored checkpoint was made by a different change stream pipeline "
                 f"(fingerprint {checkpoint.fingerprint}, now {fingerprint}); resuming could skip or "
                 "repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) and set "
-                "RELAY_START_AT to continue")
+                "RELAY_START_AT to continue"
+            )
         return StartPoint(resume_after=checkpoint.token)
     if checkpoint.seed is not None:
         return StartPoint(at_time=checkpoint.seed)

@@ -32,8 +32,7 @@ class Committed(Protocol):
     def fingerprint(self) -> str: ...
 
 
-def resume_point(checkpoint: Checkpoint, record: Committed | None, fingerprint: str,
-                 topic: str) -> Checkpoint:
+def resume_point(checkpoint: Checkpoint, record: Committed | None, fingerprint: str, topic: str) -> Checkpoint:
     """Where a leader resumes: after the newer of the MongoDB checkpoint and the newest committed
     offsets record for its lease (the module docstring says why the newer one is always right).
 
@@ -49,7 +48,8 @@ def resume_point(checkpoint: Checkpoint, record: Committed | None, fingerprint: 
             f"the newest record in {topic} (RELAY_OFFSETS_TOPIC) for {record.lease_id} was made by a "
             f"different change stream pipeline (fingerprint {record.fingerprint}, now {fingerprint}); "
             "resuming could skip or repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) "
-            "and set RELAY_START_AT to continue")
+            "and set RELAY_START_AT to continue"
+        )
     if not newer(record.token, checkpoint.token):
         return checkpoint
     return Checkpoint(record.token, token_cluster_time(record.token), record.fingerprint, EXACTLY_ONCE)
@@ -62,8 +62,9 @@ def forgets_record(checkpoint: Checkpoint, record: Committed | None) -> bool:
     return checkpoint.token is None and record is not None
 
 
-def after_exactly_once(checkpoint: Checkpoint, read: Callable[[], Committed | None], fingerprint: str,
-                       topic: str) -> Checkpoint:
+def after_exactly_once(
+    checkpoint: Checkpoint, read: Callable[[], Committed | None], fingerprint: str, topic: str
+) -> Checkpoint:
     """Where an at-least-once leader resumes: when the MongoDB checkpoint was stored by an
     exactly-once relay (RELAY_DELIVERY switched back), after the newer of it and the offsets
     topic's record, which `read()` returns (an exactly-once leader that stopped between its Kafka

@@ -24,11 +24,27 @@ class Delivery:
     acknowledged when every report came back without an error.
     """
 
-    __slots__ = ("wall_ms", "messages", "token", "pending", "failure", "sent_at", "one_by_one", "failures",
-                 "read_at")
+    __slots__ = (
+        "failure",
+        "failures",
+        "messages",
+        "one_by_one",
+        "pending",
+        "read_at",
+        "sent_at",
+        "token",
+        "wall_ms",
+    )
 
-    def __init__(self, wall_ms: Sequence[int], messages: Sequence[Any], token: Token | None,
-                 sent_at: float, one_by_one: bool = False, read_at: float | None = None) -> None:
+    def __init__(
+        self,
+        wall_ms: Sequence[int],
+        messages: Sequence[Any],
+        token: Token | None,
+        sent_at: float,
+        one_by_one: bool = False,
+        read_at: float | None = None,
+    ) -> None:
         self.wall_ms = wall_ms  # each change's commit time (Unix ms, -1: unknown), for latency
         self.messages = messages
         self.token = token

@@ -24,10 +24,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from pymongo import MongoClient
 from pymongo.database import Database
 
-from relay.config import Settings
 from relay.avro.folder import SchemaFolder
-from relay.outbox import FieldNames, Outbox, OutboxEvent
 from relay.commands.tail import to_json
+from relay.config import Settings
+from relay.outbox import FieldNames, Outbox, OutboxEvent
 
 _FLOW = ["OrderCreated", "OrderPaid", "OrderShipped"]
 
@@ -46,12 +46,14 @@ class DemoService:
         steps = _FLOW[: min(rng.randint(1, 3), at_most)]
         amount = round(rng.uniform(5, 500), 2)
         with self.db.client.start_session() as session, session.start_transaction():
-            self.db.orders.insert_one({"_id": order_id, "amount": amount, "status": steps[-1]},
-                                      session=session)
-            self.outbox.add_many([
-                OutboxEvent.new("order", order_id, step, {"orderId": order_id, "amount": amount,
-                                                          "step": i + 1})
-                for i, step in enumerate(steps)], session=session)
+            self.db.orders.insert_one({"_id": order_id, "amount": amount, "status": steps[-1]}, session=session)
+            self.outbox.add_many(
+                [
+                    OutboxEvent.new("order", order_id, step, {"orderId": order_id, "amount": amount, "step": i + 1})
+                    for i, step in enumerate(steps)
+                ],
+                session=session,
+            )
         self.written += len(steps)
         return len(steps)
 
@@ -70,11 +72,15 @@ def _json_text(payload: Any) -> str:
     return payload if isinstance(payload, str) else json.dumps(to_json(payload))
 
 
-def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int | None,
-             stop: threading.Event) -> int:
-    consumer = Consumer({**settings.kafka_client_config(),
-                         "group.id": f"outbox-demo-{uuid.uuid4().hex[:8]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int | None, stop: threading.Event) -> int:
+    consumer = Consumer(
+        {
+            **settings.kafka_client_config(),
+            "group.id": f"outbox-demo-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     seen: set[str] = set()
     tty = sys.stderr.isatty()
@@ -83,12 +89,17 @@ def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int |
         while not stop.is_set() and (want is None or len(seen) < want):
             msg = consumer.poll(0.5)
             if msg is not None and msg.error() is None:
-                event = registry.decode(msg.value())
-                headers = {k: v.decode() for k, v in msg.headers() or []}
+                event = registry.decode(msg.value() or b"")
+                raw = msg.headers() or []
+                pairs = raw.items() if isinstance(raw, dict) else raw
+                headers = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in pairs}
                 seen.add(event["id"])
-                print(f"{msg.topic()}[{msg.partition()}]@{msg.offset()} {event['aggregateId']} "
-                      f"{event['eventType']:<13} id={event['id']} fencing={headers.get('relay_fencing_token')} "
-                      f"payload={_json_text(event['payload'])}", flush=True)
+                print(
+                    f"{msg.topic()}[{msg.partition()}]@{msg.offset()} {event['aggregateId']} "
+                    f"{event['eventType']:<13} id={event['id']} fencing={headers.get('relay_fencing_token')} "
+                    f"payload={_json_text(event['payload'])}",
+                    flush=True,
+                )
             now = time.monotonic()
             if now - last_progress >= (0.2 if tty else 2.0):
                 last_progress = now
@@ -101,40 +112,47 @@ def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int |
 
 
 def run_demo(settings: Settings, events: int | None, rate: float) -> int:
+    from relay.core.loop import Relay
     from relay.dev.stack import LocalStack
     from relay.group.runner import Group
-    from relay.core.loop import Relay
     from relay.wiring import build
 
     stack: LocalStack | None = None
     if not (os.environ.get("RELAY_MONGODB_URI") or os.environ.get("RELAY_KAFKA_BOOTSTRAP_SERVERS")):
         stack = LocalStack.in_temp_dir()
-        print(f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...",
-              file=sys.stderr, flush=True)
+        print(
+            f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...",
+            file=sys.stderr,
+            flush=True,
+        )
         stack.start()
-        settings = settings.replace(mongodb_uri=stack.mongo.uri,
-                                    kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
+        settings = settings.replace(mongodb_uri=stack.mongo.uri, kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
         print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
     stop = threading.Event()
     threads: list[threading.Thread] = []
-    relay: Relay | Group | None = None
+    relay: Relay[Any] | Group | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
-        AdminClient(settings.kafka_client_config()).create_topics(
-            [NewTopic(topic, 3, 1)])  # if it exists already, the returned error is ignored
+        AdminClient(dict(settings.kafka_client_config())).create_topics(
+            [NewTopic(topic, 3, 1)]
+        )  # if it exists already, the returned error is ignored
+        client: MongoClient[Any]
         with MongoClient(settings.mongodb_uri) as client:
-            db = client[settings.database]
+            db: Database[Any] = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
             service = DemoService(db, settings.outbox_collection, settings.parts().encoding.fields)
             relay = build(settings.replace(http_port=0))
-            threads = [threading.Thread(target=relay.run, name="relay", daemon=True),
-                       threading.Thread(target=service.run, args=(stop, rate, events), name="service",
-                                        daemon=True)]
+            threads = [
+                threading.Thread(target=relay.run, name="relay", daemon=True),
+                threading.Thread(target=service.run, args=(stop, rate, events), name="service", daemon=True),
+            ]
             for t in threads:
                 t.start()
             got = _printer(SchemaFolder.bundled(), settings, topic, events, stop)
-            print(f"\ndemo: {service.written} events written in transactions, {got} delivered and "
-                  "decoded", file=sys.stderr)
+            print(
+                f"\ndemo: {service.written} events written in transactions, {got} delivered and decoded",
+                file=sys.stderr,
+            )
             print(json.dumps({"written": service.written, "delivered": got}))
     except KeyboardInterrupt:
         print("\ndemo: interrupted, stopping", file=sys.stderr)

@@ -25,8 +25,13 @@ def is_resolved(target: Path) -> bool:
     return (target / COMPLETE).exists()
 
 
-def copy_dependencies(pom: Traversable | Path, target: Path, properties: dict[str, str],
-                      exclude: set[str] | None = None, profile: str | None = None) -> Path:
+def copy_dependencies(
+    pom: Traversable | Path,
+    target: Path,
+    properties: dict[str, str],
+    exclude: set[str] | None = None,
+    profile: str | None = None,
+) -> Path:
     """`mvn dependency:copy-dependencies` of `pom` (runtime scope, with Maven `profile` active
     if given) into `target`, atomically."""
     mvn = shutil.which("mvn")
@@ -35,8 +40,15 @@ def copy_dependencies(pom: Traversable | Path, target: Path, properties: dict[st
     staging = target.parent / f"{target.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    argv = [mvn, "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
-            "-DincludeScope=runtime", *(f"-D{k}={v}" for k, v in properties.items())]
+    argv = [
+        mvn,
+        "-q",
+        "-B",
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={staging}",
+        "-DincludeScope=runtime",
+        *(f"-D{k}={v}" for k, v in properties.items()),
+    ]
     if exclude:
         argv.append(f"-DexcludeArtifactIds={','.join(sorted(exclude))}")
     if profile:

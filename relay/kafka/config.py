@@ -26,14 +26,33 @@ DEFAULTS: dict[str, str] = {
     "message.max.bytes": "1000000",
 }
 # Producer-only properties the relay's settings may carry; a consumer would warn about them.
-PRODUCER_ONLY = frozenset({
-    "acks", "request.required.acks", "enable.idempotence", "linger.ms", "queue.buffering.max.ms",
-    "compression.type", "compression.codec", "message.timeout.ms", "delivery.timeout.ms", "batch.size",
-    "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes", "retries",
-    "message.send.max.retries", "retry.backoff.ms", "max.in.flight.requests.per.connection",
-    "max.in.flight", "transactional.id", "partitioner", "sticky.partitioning.linger.ms",
-    "enable.gapless.guarantee", "transaction.timeout.ms",
-})
+PRODUCER_ONLY = frozenset(
+    {
+        "acks",
+        "request.required.acks",
+        "enable.idempotence",
+        "linger.ms",
+        "queue.buffering.max.ms",
+        "compression.type",
+        "compression.codec",
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "batch.size",
+        "batch.num.messages",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+        "retries",
+        "message.send.max.retries",
+        "retry.backoff.ms",
+        "max.in.flight.requests.per.connection",
+        "max.in.flight",
+        "transactional.id",
+        "partitioner",
+        "sticky.partitioning.linger.ms",
+        "enable.gapless.guarantee",
+        "transaction.timeout.ms",
+    }
+)
 DELIVERY_MODES = ("at-least-once", "exactly-once")
 EXACTLY_ONCE = "exactly-once"
 
@@ -55,31 +74,40 @@ class KafkaConfig:
         for key, forced in FORCED.items():
             given = self.properties.get(key)
             if given is not None and given.lower() not in _EQUIVALENT[key]:
-                raise ConfigError(kafka_env_name(key),
-                                  f"must be {forced}: the relay's ordering and no-loss guarantees need it")
+                raise ConfigError(
+                    kafka_env_name(key), f"must be {forced}: the relay's ordering and no-loss guarantees need it"
+                )
         mmb = self.producer_config()["message.max.bytes"]
         if not mmb.strip().isdigit():
             raise ConfigError(kafka_env_name("message.max.bytes"), f"must be an integer, got {mmb!r}")
         if int(mmb) < 1000:
             raise ConfigError(kafka_env_name("message.max.bytes"), "must be at least 1000")
         if self.delivery not in DELIVERY_MODES:
-            raise ConfigError(env_name("delivery"),
-                              f"must be one of {', '.join(DELIVERY_MODES)}; got {self.delivery!r}")
+            raise ConfigError(
+                env_name("delivery"), f"must be one of {', '.join(DELIVERY_MODES)}; got {self.delivery!r}"
+            )
         if not valid_topic(self.offsets_topic):
             raise ConfigError(env_name("offsets_topic"), f"not a valid Kafka topic name: {self.offsets_topic!r}")
         if "transactional.id" in self.properties:
-            raise ConfigError(kafka_env_name("transactional.id"),
-                              "set by the relay (outbox-relay:<lease id>) in RELAY_DELIVERY=exactly-once; remove it")
-        timeouts = {"message.timeout.ms": self.producer_config()["message.timeout.ms"],
-                    "transaction.timeout.ms": self.properties.get("transaction.timeout.ms")}
+            raise ConfigError(
+                kafka_env_name("transactional.id"),
+                "set by the relay (outbox-relay:<lease id>) in RELAY_DELIVERY=exactly-once; remove it",
+            )
+        message_timeout = self.producer_config()["message.timeout.ms"]
+        timeouts = {
+            "message.timeout.ms": message_timeout,
+            "transaction.timeout.ms": self.properties.get("transaction.timeout.ms"),
+        }
         for prop, value in timeouts.items():
             if value is not None and not value.strip().isdigit():
                 raise ConfigError(kafka_env_name(prop), f"must be an integer, got {value!r}")
         given = timeouts["transaction.timeout.ms"]
-        if self.exactly_once and given is not None and int(given) < int(timeouts["message.timeout.ms"]):
-            raise ConfigError(kafka_env_name("transaction.timeout.ms"),
-                              f"must be at least message.timeout.ms ({timeouts['message.timeout.ms']}): "
-                              "librdkafka refuses a delivery timeout longer than the transaction's")
+        if self.exactly_once and given is not None and int(given) < int(message_timeout):
+            raise ConfigError(
+                kafka_env_name("transaction.timeout.ms"),
+                f"must be at least message.timeout.ms ({message_timeout}): "
+                "librdkafka refuses a delivery timeout longer than the transaction's",
+            )
 
     @property
     def exactly_once(self) -> bool:
@@ -91,8 +119,10 @@ class KafkaConfig:
 
     def client_config(self) -> dict[str, str]:
         """For the relay's other Kafka clients: the user's properties that any client takes."""
-        return {**{k: v for k, v in self.properties.items() if k not in PRODUCER_ONLY},
-                "bootstrap.servers": self.bootstrap_servers}
+        return {
+            **{k: v for k, v in self.properties.items() if k not in PRODUCER_ONLY},
+            "bootstrap.servers": self.bootstrap_servers,
+        }
 
     @property
     def max_message_bytes(self) -> int:

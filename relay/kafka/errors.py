@@ -13,7 +13,12 @@ import re
 from confluent_kafka import KafkaError, KafkaException
 
 from relay.core.errors import (
-    Action, ConfigError, DeliveryError, PoisonEventError, ProducerFatalError, kafka_env_name,
+    Action,
+    ConfigError,
+    DeliveryError,
+    PoisonEventError,
+    ProducerFatalError,
+    kafka_env_name,
 )
 
 # Delivery errors that retrying the same message can never fix: the event is poison.
@@ -23,9 +28,13 @@ PERMANENT: dict[int, str] = {
     KafkaError.TOPIC_EXCEPTION: "the topic name is invalid",
 }
 # librdkafka names an aliased property by its canonical name; errors name what the user set.
-_ALIASES = {"queue.buffering.max.ms": "linger.ms", "compression.codec": "compression.type",
-            "message.send.max.retries": "retries", "request.required.acks": "acks",
-            "metadata.broker.list": "bootstrap.servers"}
+_ALIASES = {
+    "queue.buffering.max.ms": "linger.ms",
+    "compression.codec": "compression.type",
+    "message.send.max.retries": "retries",
+    "request.required.acks": "acks",
+    "metadata.broker.list": "bootstrap.servers",
+}
 
 
 def kafka_error(exc: KafkaException) -> KafkaError | None:

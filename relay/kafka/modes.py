@@ -42,8 +42,11 @@ class AtLeastOnce:
         publisher = Publisher(self._config.producer_config())
         try:
             chosen = after_exactly_once(
-                grant.checkpoint, lambda: self._offsets.read(self._lease_id, heartbeat, missing_ok=True),
-                self._fingerprint, self._offsets.topic)
+                grant.checkpoint,
+                lambda: self._offsets.read(self._lease_id, heartbeat, missing_ok=True),
+                self._fingerprint,
+                self._offsets.topic,
+            )
         except BaseException:
             publisher.close()
             raise
@@ -54,8 +57,9 @@ class AtLeastOnce:
 class ExactlyOnce:
     """RELAY_DELIVERY=exactly-once (relay.core.boundaries.Producers)."""
 
-    def __init__(self, config: KafkaConfig, lease_id: str, fingerprint: str, offsets: OffsetsTopic,
-                 start_at: str) -> None:
+    def __init__(
+        self, config: KafkaConfig, lease_id: str, fingerprint: str, offsets: OffsetsTopic, start_at: str
+    ) -> None:
         self._config = config
         self._lease_id = lease_id
         self._fingerprint = fingerprint
@@ -67,8 +71,9 @@ class ExactlyOnce:
         check_transactional_config(self._config, self._lease_id)
 
     def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[PublisherBoundary, Checkpoint]:
-        publisher = TransactionalPublisher(self._config, self._lease_id, self._offsets, self._fingerprint,
-                                           self._start_at)
+        publisher = TransactionalPublisher(
+            self._config, self._lease_id, self._offsets, self._fingerprint, self._start_at
+        )
         try:
             return publisher, publisher.resume_point(grant, heartbeat)
         except BaseException:

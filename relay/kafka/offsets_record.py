@@ -48,11 +48,18 @@ class OffsetsRecord:
     owner: str
 
     def encode(self) -> bytes:
-        return json.dumps({
-            "v": RECORD_VERSION, "lease": self.lease_id,
-            "token": json.loads(json_util.dumps(dict(self.token), json_options=CANONICAL_JSON_OPTIONS)),
-            "fingerprint": self.fingerprint, "fencingToken": self.fencing_token, "owner": self.owner,
-        }, separators=(",", ":"), sort_keys=True).encode()
+        return json.dumps(
+            {
+                "v": RECORD_VERSION,
+                "lease": self.lease_id,
+                "token": json.loads(json_util.dumps(dict(self.token), json_options=CANONICAL_JSON_OPTIONS)),
+                "fingerprint": self.fingerprint,
+                "fencingToken": self.fencing_token,
+                "owner": self.owner,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
 
     @classmethod
     def decode(cls, lease_id: str, value: bytes, where: str) -> OffsetsRecord:
@@ -61,17 +68,20 @@ class OffsetsRecord:
         try:
             doc = json.loads(value)
             token = json_util.loads(json.dumps(doc["token"]))
-            record = cls(str(doc["lease"]), token, str(doc["fingerprint"]), int(doc["fencingToken"]),
-                         str(doc["owner"]))
+            record = cls(str(doc["lease"]), token, str(doc["fingerprint"]), int(doc["fencingToken"]), str(doc["owner"]))
             version = int(doc["v"])
         except (ValueError, KeyError, TypeError) as exc:
             raise OffsetsRecordError(
                 f"{where}: the record under key {lease_id!r} is not an outbox-relay offsets record ({exc!r}); "
-                f"{env_name('offsets_topic')} must be used by the relay only") from exc
+                f"{env_name('offsets_topic')} must be used by the relay only"
+            ) from exc
         if version != RECORD_VERSION:
-            raise OffsetsRecordError(f"{where}: offsets record version {version} is not {RECORD_VERSION}: "
-                                     "written by another version of the relay")
+            raise OffsetsRecordError(
+                f"{where}: offsets record version {version} is not {RECORD_VERSION}: "
+                "written by another version of the relay"
+            )
         if record.lease_id != lease_id or not isinstance(token, Mapping) or "_data" not in token:
-            raise OffsetsRecordError(f"{where}: the record under key {lease_id!r} holds lease "
-                                     f"{record.lease_id!r} and token {token!r}")
+            raise OffsetsRecordError(
+                f"{where}: the record under key {lease_id!r} holds lease {record.lease_id!r} and token {token!r}"
+            )
         return record

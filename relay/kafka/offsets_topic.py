@@ -14,6 +14,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaErr
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from relay.core.errors import ConfigError, ServerUnreachableError, TransientError, env_name
+from relay.kafka.admin import client_config
 from relay.kafka.config import KafkaConfig
 from relay.kafka.offsets_record import OffsetsRecord, partition_for
 from relay.kafka.producer import WAIT_SLICE_S
@@ -22,8 +23,11 @@ log = logging.getLogger(__name__)
 
 # Compacted; segments small enough that the cleaner keeps the part a leader reads at start (from
 # the beginning of its partition) short although one record is written per transaction.
-OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": str(16 * 1024 * 1024),
-                        "segment.ms": str(60 * 60 * 1000)}
+OFFSETS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.bytes": str(16 * 1024 * 1024),
+    "segment.ms": str(60 * 60 * 1000),
+}
 
 Heartbeat = Callable[[], None]
 
@@ -40,8 +44,7 @@ class OffsetsTopic:
 
     def _admin(self) -> AdminClient:
         if self._admin_client is None:
-            self._admin_client = AdminClient({**self._config.client_config(),
-                                              "logger": logging.getLogger("kafka.admin")})
+            self._admin_client = AdminClient(client_config(self._config, "kafka.admin"))
         return self._admin_client
 
     def ensure(self) -> None:
@@ -55,8 +58,9 @@ class OffsetsTopic:
             if self.topic not in meta.topics or meta.topics[self.topic].error is not None:
                 replicas = max(1, min(3, len(meta.brokers)))
                 config = {**OFFSETS_TOPIC_CONFIG, "min.insync.replicas": str(max(1, replicas - 1))}
-                future = admin.create_topics([NewTopic(self.topic, 1, replicas, config=config)],
-                                             request_timeout=timeout)[self.topic]
+                future = admin.create_topics(
+                    [NewTopic(self.topic, 1, replicas, config=config)], request_timeout=timeout
+                )[self.topic]
                 try:
                     future.result(timeout=timeout)
                     log.info("created the offsets topic %s (compacted, replication %d)", self.topic, replicas)
@@ -67,13 +71,16 @@ class OffsetsTopic:
         except KafkaException as exc:
             raise ServerUnreachableError(
                 f"cannot create or describe the offsets topic {self.topic!r} ({env_name('offsets_topic')}) at "
-                f"{self._config.bootstrap_servers}: {exc.args[0] if exc.args else exc}") from exc
+                f"{self._config.bootstrap_servers}: {exc.args[0] if exc.args else exc}"
+            ) from exc
         policy = configs["cleanup.policy"].value or ""
         if "compact" not in policy.split(","):
-            raise ConfigError(env_name("offsets_topic"),
-                              f"topic {self.topic!r} exists with cleanup.policy={policy}: the offsets topic must "
-                              "be compacted (cleanup.policy=compact), or retention deletes a lease's only "
-                              "record; alter it or name another topic")
+            raise ConfigError(
+                env_name("offsets_topic"),
+                f"topic {self.topic!r} exists with cleanup.policy={policy}: the offsets topic must "
+                "be compacted (cleanup.policy=compact), or retention deletes a lease's only "
+                "record; alter it or name another topic",
+            )
 
     def _describe(self, admin: AdminClient) -> dict[str, Any]:
         """The topic's configuration; a topic created a moment ago may be unknown to the broker
@@ -83,7 +90,10 @@ class OffsetsTopic:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return admin.describe_configs([resource], request_timeout=timeout)[resource].result(timeout=timeout)
+                configs: dict[str, Any] = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+                    timeout=timeout
+                )
+                return configs
             except KafkaException as exc:
                 unknown = exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
                 if not unknown or time.monotonic() > deadline:
@@ -108,9 +118,9 @@ class OffsetsTopic:
         tp = TopicPartition(self.topic, partition)
         timeout = self._config.connect_timeout_s
         try:
-            futures = self._admin().list_offsets({tp: OffsetSpec.latest()},
-                                                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
-                                                 request_timeout=timeout)
+            futures = self._admin().list_offsets(
+                {tp: OffsetSpec.latest()}, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=timeout
+            )
             return int(futures[tp].result(timeout=timeout).offset)
         except KafkaException as exc:
             if missing_ok and exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -135,10 +145,15 @@ class OffsetsTopic:
         if not end:
             return None
         key, where = lease_id.encode(), f"{self.topic}[{partition}]"
-        consumer = Consumer({**self._config.client_config(),
-                             "group.id": f"outbox-relay-offsets-{uuid.uuid4().hex[:8]}",
-                             "isolation.level": "read_committed", "enable.auto.commit": False,
-                             "enable.partition.eof": True, "logger": logging.getLogger("kafka.consumer")})
+        consumer = Consumer(
+            {
+                **client_config(self._config, "kafka.consumer"),
+                "group.id": f"outbox-relay-offsets-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
         newest: tuple[int, bytes | None] | None = None
         limit = self._config.transaction_timeout_ms / 1000 + 30
         deadline = time.monotonic() + limit
@@ -147,17 +162,20 @@ class OffsetsTopic:
             while True:
                 heartbeat()
                 msg = consumer.poll(WAIT_SLICE_S)
-                if msg is not None and msg.error() is None:
+                offset = -1 if msg is None else (msg.offset() or 0)
+                error = None if msg is None else msg.error()
+                if msg is not None and error is None:
                     if msg.key() == key:
-                        newest = (msg.offset(), msg.value())
-                    if msg.offset() + 1 >= end:
+                        newest = (offset, msg.value())
+                    if offset + 1 >= end:
                         break
-                elif msg is not None and msg.error().code() == KafkaError._PARTITION_EOF and msg.offset() >= end:
+                elif error is not None and error.code() == KafkaError._PARTITION_EOF and offset >= end:
                     break
                 if time.monotonic() > deadline:
                     raise TransientError(
                         f"could not read {where} ({env_name('offsets_topic')}) with read_committed to offset "
-                        f"{end} within {limit:.0f}s: an open transaction holds its last stable offset back")
+                        f"{end} within {limit:.0f}s: an open transaction holds its last stable offset back"
+                    )
         finally:
             consumer.close()
         if newest is None or newest[1] is None:

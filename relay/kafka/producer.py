@@ -44,8 +44,10 @@ def delivery_failure(delivery: Delivery) -> Exception:
     if code in PERMANENT:
         if delivery.one_by_one:
             return PoisonEventError(event_id, f"{PERMANENT[code]} ({err.name()})")
-        return BatchRefusedError(f"the broker refused a record batch ({err.name()}: {PERMANENT[code]}); "
-                                 "replaying it one message at a time", len(delivery.messages))
+        return BatchRefusedError(
+            f"the broker refused a record batch ({err.name()}: {PERMANENT[code]}); replaying it one message at a time",
+            len(delivery.messages),
+        )
     return DeliveryError(event_id, err)
 
 
@@ -55,8 +57,9 @@ class ProducerBase:
 
     def __init__(self, config: dict[str, Any]) -> None:
         try:
-            self._producer = Producer({**config, "error_cb": self._on_error,
-                                       "logger": logging.getLogger("kafka.producer")})
+            self._producer = Producer(
+                {**config, "error_cb": self._on_error, "logger": logging.getLogger("kafka.producer")}
+            )
         except KafkaException as exc:
             raise config_error(exc) from exc
         self._current = "?"  # the event being handed to produce() (names a refusal by produce itself)

@@ -36,7 +36,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.core.errors import (
-    ConfigError, DeliveryError, ProducerFatalError, ProducerFencedError, TransactionAbortedError, TransientError,
+    ConfigError,
+    DeliveryError,
+    ProducerFatalError,
+    ProducerFencedError,
+    TransactionAbortedError,
+    TransientError,
     kafka_env_name,
 )
 from relay.core.positions import Checkpoint, Grant, short_token
@@ -57,8 +62,11 @@ def transactional_config(config: KafkaConfig, lease_id: str) -> dict[str, Any]:
     """The producer configuration of exactly-once mode: the relay's (idempotence, acks=all forced)
     plus the lease's transactional.id and a transaction timeout no shorter than the delivery
     timeout (librdkafka refuses otherwise)."""
-    return {**config.producer_config(), "transactional.id": transactional_id(lease_id),
-            "transaction.timeout.ms": str(config.transaction_timeout_ms)}
+    return {
+        **config.producer_config(),
+        "transactional.id": transactional_id(lease_id),
+        "transaction.timeout.ms": str(config.transaction_timeout_ms),
+    }
 
 
 def check_transactional_config(config: KafkaConfig, lease_id: str) -> None:
@@ -73,16 +81,22 @@ def check_transactional_config(config: KafkaConfig, lease_id: str) -> None:
 def log_choice(checkpoint: Checkpoint, chosen: Checkpoint, topic: str) -> None:
     """Say so when a leader resumes from the offsets topic rather than the MongoDB checkpoint."""
     if chosen is not checkpoint:
-        log.info("resuming after %s from %s, newer than the MongoDB checkpoint %s (it was not written after "
-                 "the last Kafka commit)", short_token(chosen.token), topic, short_token(checkpoint.token))
+        log.info(
+            "resuming after %s from %s, newer than the MongoDB checkpoint %s (it was not written after "
+            "the last Kafka commit)",
+            short_token(chosen.token),
+            topic,
+            short_token(checkpoint.token),
+        )
 
 
 class TransactionalPublisher(ProducerBase):
     """One transactional producer for one lease (relay.core.boundaries.Publisher); a delivery is
     one transaction. `resume_point()` must be called once before `send()`."""
 
-    def __init__(self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic, fingerprint: str,
-                 start_at: str = "oplog-start") -> None:
+    def __init__(
+        self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic, fingerprint: str, start_at: str = "oplog-start"
+    ) -> None:
         super().__init__(transactional_config(config, lease_id))
         self._config = config
         self._lease_id = lease_id
@@ -112,9 +126,13 @@ class TransactionalPublisher(ProducerBase):
         checkpoint = grant.checkpoint
         if forgets_record(checkpoint, record):
             assert record is not None
-            log.warning("no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at "
-                        "RELAY_START_AT=%s)", self._lease_id, self._offsets.topic, short_token(record.token),
-                        self._start_at)
+            log.warning(
+                "no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at RELAY_START_AT=%s)",
+                self._lease_id,
+                self._offsets.topic,
+                short_token(record.token),
+                self._start_at,
+            )
             self._run_transaction(lambda: self._produce_record(None), heartbeat, None)
         chosen = resume_point(checkpoint, record, self._fingerprint, self._offsets.topic)
         log_choice(checkpoint, chosen, self._offsets.topic)
@@ -131,10 +149,12 @@ class TransactionalPublisher(ProducerBase):
                 err = exc.args[0]
                 if err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
                     self._unusable = True
-                    raise ConfigError(kafka_env_name("transaction.timeout.ms"),
-                                      f"{self._config.transaction_timeout_ms} ms is more than the broker allows "
-                                      "(transaction.max.timeout.ms); lower it, or RELAY_KAFKA_MESSAGE_TIMEOUT_MS "
-                                      "which it follows by default") from exc
+                    raise ConfigError(
+                        kafka_env_name("transaction.timeout.ms"),
+                        f"{self._config.transaction_timeout_ms} ms is more than the broker allows "
+                        "(transaction.max.timeout.ms); lower it, or RELAY_KAFKA_MESSAGE_TIMEOUT_MS "
+                        "which it follows by default",
+                    ) from exc
                 if err.fatal():
                     self._unusable = True
                     raise ProducerFatalError(f"init_transactions failed: {err}") from exc
@@ -163,8 +183,9 @@ class TransactionalPublisher(ProducerBase):
         def produce_all() -> None:
             self._hand_over(delivery, while_waiting)
             if token is not None:
-                self._produce_record(OffsetsRecord(self._lease_id, token, self._fingerprint,
-                                                   grant.fencing_token, grant.owner).encode())
+                self._produce_record(
+                    OffsetsRecord(self._lease_id, token, self._fingerprint, grant.fencing_token, grant.owner).encode()
+                )
 
         self._run_transaction(produce_all, while_waiting, delivery)
         # commit_transaction served every report (all successful: it committed); a safety net:
@@ -177,8 +198,9 @@ class TransactionalPublisher(ProducerBase):
     def _produce_record(self, value: bytes | None) -> None:
         self._producer.produce(self._offsets.topic, value, self._key, partition=self._partition)
 
-    def _run_transaction(self, produce: Callable[[], None], while_waiting: Heartbeat,
-                         delivery: Delivery | None) -> None:
+    def _run_transaction(
+        self, produce: Callable[[], None], while_waiting: Heartbeat, delivery: Delivery | None
+    ) -> None:
         try:
             self._producer.begin_transaction()
             self._in_transaction = True
@@ -208,7 +230,8 @@ class TransactionalPublisher(ProducerBase):
                 return ProducerFencedError(
                     f"the broker fenced the transactional producer {transactional_id(self._lease_id)}: a newer "
                     f"leader initialized it, so fencing token {self._grant.fencing_token if self._grant else '?'} "
-                    f"may commit nothing more ({err.str()})")
+                    f"may commit nothing more ({err.str()})"
+                )
             return ProducerFatalError(f"transactional producer unusable: {err}")
         try:
             self._abort(while_waiting)
@@ -218,8 +241,10 @@ class TransactionalPublisher(ProducerBase):
                 self._unusable = True
                 return ProducerFencedError(f"fenced while aborting a transaction: {abort_err}")
             self._unusable = True
-            return ProducerFatalError(f"could not abort the failed transaction ({abort_err}); the next producer "
-                                      f"of this lease aborts it when it starts. The failure: {err}")
+            return ProducerFatalError(
+                f"could not abort the failed transaction ({abort_err}); the next producer "
+                f"of this lease aborts it when it starts. The failure: {err}"
+            )
         if delivery is not None and delivery.failure is not None:
             return delivery_failure(delivery)  # the first failed report decides, as without transactions
         if err is not None and not err.txn_requires_abort() and not err.retriable():

@@ -29,6 +29,7 @@ carries the opening token, then the stream continues.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -71,8 +72,14 @@ class ChangeSource:
     to getMores in that session). Not thread-safe: one loop uses it.
     """
 
-    def __init__(self, collection: Collection[Any], max_await_ms: int, occurred_at_field: str = "occurredAt",
-                 pipeline: list[dict[str, Any]] = PIPELINE, scan_filter: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        collection: Collection[Any],
+        max_await_ms: int,
+        occurred_at_field: str = "occurredAt",
+        pipeline: list[dict[str, Any]] = PIPELINE,
+        scan_filter: Mapping[str, Any] | None = None,
+    ) -> None:
         """`pipeline` is the stream's (relay.mongo.pipeline.pipeline); `scan_filter` selects the
         documents a rescan serves (one partition's, with RELAY_PARTITIONS > 1)."""
         self._collection = collection
@@ -99,16 +106,26 @@ class ChangeSource:
             options["resumeAfter"] = dict(resume_after)
         elif at_time is not None:
             options["startAtOperationTime"] = at_time
-        reply = self._command({"aggregate": self._collection.name,
-                               "pipeline": [{"$changeStream": options}, *self._pipeline],
-                               "cursor": {"batchSize": 0}})
+        reply = self._command(
+            {
+                "aggregate": self._collection.name,
+                "pipeline": [{"$changeStream": options}, *self._pipeline],
+                "cursor": {"batchSize": 0},
+            }
+        )
         cursor = reply["cursor"]
         self._cursor_id = int(cursor["id"])
         self._token = self._post_batch_token(cursor)
 
     def _get_more(self, max_events: int) -> list[RawBSONDocument]:
-        reply = self._command({"getMore": Int64(self._cursor_id), "collection": self._collection.name,
-                               "batchSize": max_events, "maxTimeMS": self._max_await_ms})
+        reply = self._command(
+            {
+                "getMore": Int64(self._cursor_id),
+                "collection": self._collection.name,
+                "batchSize": max_events,
+                "maxTimeMS": self._max_await_ms,
+            }
+        )
         cursor = reply["cursor"]
         changes: list[RawBSONDocument] = list(cursor["nextBatch"])
         self._cursor_id = int(cursor["id"])
@@ -119,18 +136,17 @@ class ChangeSource:
     def _post_batch_token(cursor: Mapping[str, Any]) -> dict[str, Any]:
         token = cursor.get("postBatchResumeToken")
         if token is None:  # the spec's rule: no resume without a token
-            raise StreamInvalidatedError("the change stream reply carries no postBatchResumeToken "
-                                         "(MongoDB 4.2 or later is needed)")
+            raise StreamInvalidatedError(
+                "the change stream reply carries no postBatchResumeToken (MongoDB 4.2 or later is needed)"
+            )
         return dict(token)
 
     def _kill_cursor(self) -> None:
         """Release the server's cursor; best effort (a cursor on a dead connection times out)."""
         if self._cursor_id:
             cursor_id, self._cursor_id = self._cursor_id, 0
-            try:
+            with contextlib.suppress(PyMongoError):
                 self._command({"killCursors": self._collection.name, "cursors": [Int64(cursor_id)]})
-            except PyMongoError:
-                pass
 
     # ---- relay.core.boundaries.ChangeSource ---------------------------------------------------
 
@@ -155,8 +171,9 @@ class ChangeSource:
         self.open(StartPoint())
         if self._token is None:
             raise TransientError("no opening token for the stream before the rescan; retrying")
-        self._scan = rescan_changes(self._collection.with_options(codec_options=CHANGE_CODEC),
-                                    self._occurred_at_field, self._scan_filter)
+        self._scan = rescan_changes(
+            self._collection.with_options(codec_options=CHANGE_CODEC), self._occurred_at_field, self._scan_filter
+        )
 
     @property
     def token(self) -> Token | None:
@@ -193,7 +210,8 @@ class ChangeSource:
         operation = changes[other]["operationType"]
         self._ended = StreamInvalidatedError(
             f"the outbox collection saw '{operation}' (dropped or renamed?): the change stream ended; "
-            "recreate the outbox and reset the checkpoint to continue")
+            "recreate the outbox and reset the checkpoint to continue"
+        )
         if other == 0:
             raise self._ended
         return Batch(changes[:other], plain(changes[other - 1]["_id"]), wall_ms=wall_ms[:other])

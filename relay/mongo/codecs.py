@@ -17,13 +17,15 @@ import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 
-CHANGE_CODEC: CodecOptions[Any] = CodecOptions(tz_aware=True, tzinfo=dt.timezone.utc,
-                                               datetime_conversion=DatetimeConversion.DATETIME_AUTO)
+CHANGE_CODEC: CodecOptions[Any] = CodecOptions(
+    tz_aware=True, tzinfo=dt.UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
 RAW_CHANGE_CODEC: CodecOptions[Any] = CHANGE_CODEC.with_options(document_class=RawBSONDocument)
 
 
-def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], delivered: bool = False,
-                  raw: bool = False, **fields: Any) -> Any:
+def insert_change(
+    document: Mapping[str, Any], token: Mapping[str, Any], delivered: bool = False, raw: bool = False, **fields: Any
+) -> Any:
     """An insert change event for `document` at `token` (rescans, tests, benchmarks), with any
     other change fields (`clusterTime`, `wallTime`). With `delivered`, it goes through the BSON
     round trip the driver does (CHANGE_CODEC); with `raw`, it is what the stream hands out

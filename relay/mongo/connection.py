@@ -24,10 +24,15 @@ def mongo_client(config: MongoConfig, **kw: Any) -> MongoClient[Any]:
     """The relay's MongoDB client: Stable API v1, bounded server selection and socket waits."""
     # A socket timeout bounds every operation, so a frozen server turns into a restart (and
     # an unready relay) instead of a loop stuck forever in one getMore.
-    return MongoClient(config.uri, server_api=ServerApi("1"), appname="outbox-relay",
-                       serverSelectionTimeoutMS=int(config.connect_timeout_s * 1000),
-                       socketTimeoutMS=int(max(config.connect_timeout_s, 10.0) * 1000),
-                       tz_aware=True, **kw)
+    return MongoClient(
+        config.uri,
+        server_api=ServerApi("1"),
+        appname="outbox-relay",
+        serverSelectionTimeoutMS=int(config.connect_timeout_s * 1000),
+        socketTimeoutMS=int(max(config.connect_timeout_s, 10.0) * 1000),
+        tz_aware=True,
+        **kw,
+    )
 
 
 def mongo_cause(exc: PyMongoError) -> str:
@@ -53,8 +58,11 @@ def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
     except PyMongoError as exc:
         raise ServerUnreachableError(
             f"cannot reach MongoDB at {config.uri} within {config.connect_timeout_s:g}s "
-            f"({env_name('mongodb_uri')}): {mongo_cause(exc)}") from exc
+            f"({env_name('mongodb_uri')}): {mongo_cause(exc)}"
+        ) from exc
     if "setName" not in hello:
-        raise ConfigError(env_name("mongodb_uri"),
-                          f"MongoDB at {config.uri} answers but is not a replica set member; "
-                          "change streams need one (start mongod with --replSet and initiate it)")
+        raise ConfigError(
+            env_name("mongodb_uri"),
+            f"MongoDB at {config.uri} answers but is not a replica set member; "
+            "change streams need one (start mongod with --replSet and initiate it)",
+        )

@@ -16,7 +16,12 @@ does with the rest.
 from __future__ import annotations
 
 from pymongo.errors import (
-    ConnectionFailure, CursorNotFound, NotPrimaryError, OperationFailure, PyMongoError, WriteConcernError,
+    ConnectionFailure,
+    CursorNotFound,
+    NotPrimaryError,
+    OperationFailure,
+    PyMongoError,
+    WriteConcernError,
 )
 
 from relay.core.errors import Action, HistoryLostError, ReopenableStreamError
@@ -34,8 +39,9 @@ DUPLICATE_KEY = 11000  # an upsert lost a race on _id (relay.spark.state's condi
 HISTORY_LOST_CODES = frozenset({286})
 # Server errors a later attempt can succeed after (elections, shutdowns, interruptions,
 # failed writes that the failCommand failpoint also injects).
-TRANSIENT_CODES = frozenset({6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436,
-                             64, 100, 112, 117, 133, 134, 150, 234})
+TRANSIENT_CODES = frozenset(
+    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 64, 100, 112, 117, 133, 134, 150, 234}
+)
 # Not resumable, but a fresh cursor from the stored token may succeed; if the same code
 # repeats without progress the relay stops (relay.core.loop).
 REOPENABLE_CODES = frozenset({136, 280})
@@ -48,8 +54,7 @@ def resumable(exc: PyMongoError) -> bool:
         return True
     if isinstance(exc, CursorNotFound):
         return True
-    return isinstance(exc, OperationFailure) and (
-        exc.has_error_label(RESUMABLE_LABEL) or exc.code == CURSOR_NOT_FOUND)
+    return isinstance(exc, OperationFailure) and (exc.has_error_label(RESUMABLE_LABEL) or exc.code == CURSOR_NOT_FOUND)
 
 
 def translate(exc: PyMongoError) -> BaseException:
@@ -74,8 +79,11 @@ def action_for(exc: BaseException) -> Action | None:
         # stored checkpoint is always safe, since nothing moves until a fenced write succeeds.
         return Action.RESTART
     if isinstance(exc, OperationFailure):
-        transient = (exc.has_error_label("RetryableWriteError") or exc.has_error_label(RESUMABLE_LABEL)
-                     or exc.code in TRANSIENT_CODES)
+        transient = (
+            exc.has_error_label("RetryableWriteError")
+            or exc.has_error_label(RESUMABLE_LABEL)
+            or exc.code in TRANSIENT_CODES
+        )
         return Action.RESTART if transient else Action.STOP
     if isinstance(exc, PyMongoError):
         return Action.RESTART

@@ -21,6 +21,7 @@ has no checkpoint of its own. The unpartitioned document (`<db>.<collection>`) i
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,9 +48,16 @@ class LeaseStore:
     transactional producer and offsets after it).
     """
 
-    def __init__(self, collection: Collection[Any], lease_id: str, owner: str, ttl_s: float,
-                 partition: Partition | None = None, namespace: str | None = None,
-                 delivery: str = "at-least-once") -> None:
+    def __init__(
+        self,
+        collection: Collection[Any],
+        lease_id: str,
+        owner: str,
+        ttl_s: float,
+        partition: Partition | None = None,
+        namespace: str | None = None,
+        delivery: str = "at-least-once",
+    ) -> None:
         self._coll = collection.with_options(write_concern=MAJORITY)
         self.lease_id = lease_id
         self.owner = owner
@@ -59,8 +67,11 @@ class LeaseStore:
         self._replicas = collection.database[f"{collection.name}_replicas"]
         # A partition's fields; none for the unpartitioned document, which stays as it was.
         self._partition = partition if partition is not None and partition.count > 1 else None
-        self._fields: dict[str, Any] = {} if self._partition is None else {
-            "outbox": namespace, "partition": self._partition.index, "partitions": self._partition.count}
+        self._fields: dict[str, Any] = (
+            {}
+            if self._partition is None
+            else {"outbox": namespace, "partition": self._partition.index, "partitions": self._partition.count}
+        )
 
     def _expires(self) -> dict[str, Any]:
         return {"$add": ["$$NOW", self._ttl_ms]}
@@ -85,25 +96,37 @@ class LeaseStore:
         """
         self.ensure()
         me = self.owner
-        free_or_mine = {"$expr": {"$or": [
-            {"$eq": ["$owner", me]},
-            {"$lte": ["$expiresAt", "$$NOW"]},  # also true when expiresAt is missing or null
-        ]}}
-        update = [{"$set": {
-            "fencingToken": {"$cond": [
-                {"$eq": ["$owner", me]},
-                "$fencingToken",
-                {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]},
-            ]},
-            "owner": me,
-            "expiresAt": self._expires(),
-            "renewedAt": "$$NOW",
-        }}]
+        free_or_mine = {
+            "$expr": {
+                "$or": [
+                    {"$eq": ["$owner", me]},
+                    {"$lte": ["$expiresAt", "$$NOW"]},  # also true when expiresAt is missing or null
+                ]
+            }
+        }
+        update = [
+            {
+                "$set": {
+                    "fencingToken": {
+                        "$cond": [
+                            {"$eq": ["$owner", me]},
+                            "$fencingToken",
+                            {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]},
+                        ]
+                    },
+                    "owner": me,
+                    "expiresAt": self._expires(),
+                    "renewedAt": "$$NOW",
+                }
+            }
+        ]
         if self._partition is not None:
             # When the partition changed hands (balancing, takeovers): `status` shows it.
             update[0]["$set"]["acquiredAt"] = {"$cond": [{"$eq": ["$owner", me]}, "$acquiredAt", "$$NOW"]}
         doc = self._coll.find_one_and_update(
-            {"_id": self.lease_id, **free_or_mine}, update, return_document=ReturnDocument.AFTER,
+            {"_id": self.lease_id, **free_or_mine},
+            update,
+            return_document=ReturnDocument.AFTER,
         )
         return None if doc is None else _grant(doc)
 
@@ -117,15 +140,18 @@ class LeaseStore:
         Called only once every event up to `token` has been acknowledged by Kafka. A write
         with a stale fencing token matches nothing and raises LeaseLostError.
         """
-        self._fenced_update(grant, {
-            "resumeToken": {"$literal": dict(token)},
-            "tokenClusterTime": {"$literal": _timestamp(token_cluster_time(token))},
-            "pipelineFingerprint": fingerprint,
-            "delivery": self.delivery,
-            "checkpointAt": "$$NOW",
-            "expiresAt": self._expires(),
-            "renewedAt": "$$NOW",
-        })
+        self._fenced_update(
+            grant,
+            {
+                "resumeToken": {"$literal": dict(token)},
+                "tokenClusterTime": {"$literal": _timestamp(token_cluster_time(token))},
+                "pipelineFingerprint": fingerprint,
+                "delivery": self.delivery,
+                "checkpointAt": "$$NOW",
+                "expiresAt": self._expires(),
+                "renewedAt": "$$NOW",
+            },
+        )
 
     def release(self, grant: Grant) -> None:
         """Give the lease up (graceful stop) so a standby can take it at once."""
@@ -142,7 +168,8 @@ class LeaseStore:
         if result.matched_count == 0:
             raise LeaseLostError(
                 f"lease on {self.lease_id} lost: fencing token {grant.fencing_token} of "
-                f"{grant.owner} is no longer current")
+                f"{grant.owner} is no longer current"
+            )
 
     def announce(self, role: str) -> None:
         """Record this replica's role and the server time it was seen (for `status`).
@@ -152,26 +179,29 @@ class LeaseStore:
         """
         if self._partition is not None:
             return
-        try:
+        with contextlib.suppress(PyMongoError):
             self._replicas.update_one(
                 {"_id": f"{self.lease_id}/{self.owner}"},
                 [{"$set": {"outbox": self.lease_id, "instance": self.owner, "role": role, "seenAt": "$$NOW"}}],
                 upsert=True,
             )
-        except PyMongoError:
-            pass
 
     def replicas(self) -> list[dict[str, Any]]:
         """Every replica that announced itself for this outbox, newest first."""
-        return list(self._replicas.find({"outbox": self.lease_id, "partitions": {"$exists": False}},
-                                        sort=[("seenAt", -1)]))
+        return list(
+            self._replicas.find({"outbox": self.lease_id, "partitions": {"$exists": False}}, sort=[("seenAt", -1)])
+        )
 
     def read(self) -> dict[str, Any] | None:
         """The lease document as stored, with the server's current time (for `status`)."""
-        docs = list(self._coll.aggregate([
-            {"$match": {"_id": self.lease_id}},
-            {"$addFields": {"serverTime": "$$NOW"}},
-        ]))
+        docs = list(
+            self._coll.aggregate(
+                [
+                    {"$match": {"_id": self.lease_id}},
+                    {"$addFields": {"serverTime": "$$NOW"}},
+                ]
+            )
+        )
         return docs[0] if docs else None
 
     def reset_checkpoint(self, force: bool = False) -> str | None:
@@ -184,16 +214,25 @@ class LeaseStore:
         """
         self.ensure()
         forget = {"$unset": {name: "" for name in _CHECKPOINT_FIELDS}}
-        free = {"$expr": {"$or": [{"$eq": [{"$ifNull": ["$owner", None]}, None]},
-                                  {"$lte": ["$expiresAt", "$$NOW"]}]}}
+        free = {"$expr": {"$or": [{"$eq": [{"$ifNull": ["$owner", None]}, None]}, {"$lte": ["$expiresAt", "$$NOW"]}]}}
         if self._coll.update_one({"_id": self.lease_id, **free}, forget).matched_count:
             return None
         holder = (self._coll.find_one({"_id": self.lease_id}) or {}).get("owner")
         if force:
-            self._coll.update_one({"_id": self.lease_id}, [
-                {"$unset": list(_CHECKPOINT_FIELDS)},
-                {"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW",
-                          "fencingToken": {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]}}}])
+            self._coll.update_one(
+                {"_id": self.lease_id},
+                [
+                    {"$unset": list(_CHECKPOINT_FIELDS)},
+                    {
+                        "$set": {
+                            "owner": None,
+                            "expiresAt": "$$NOW",
+                            "releasedAt": "$$NOW",
+                            "fencingToken": {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]},
+                        }
+                    },
+                ],
+            )
         return str(holder) if holder is not None else None
 
 
@@ -211,7 +250,11 @@ def _grant(doc: Mapping[str, Any]) -> Grant:
         owner=doc["owner"],
         fencing_token=int(doc["fencingToken"]),
         expires_at=doc["expiresAt"],
-        checkpoint=Checkpoint(doc.get("resumeToken"), cluster_time(doc.get("tokenClusterTime")),
-                              doc.get("pipelineFingerprint"), doc.get("delivery"),
-                              cluster_time(doc.get("startAtClusterTime"))),
+        checkpoint=Checkpoint(
+            doc.get("resumeToken"),
+            cluster_time(doc.get("tokenClusterTime")),
+            doc.get("pipelineFingerprint"),
+            doc.get("delivery"),
+            cluster_time(doc.get("startAtClusterTime")),
+        ),
     )

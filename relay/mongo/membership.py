@@ -12,6 +12,7 @@ grow just as its partitions become free.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,8 +25,9 @@ from relay.core.errors import ServerError
 class Membership:
     """This replica's heartbeat in its group, and the group's live replicas."""
 
-    def __init__(self, lease_collection: Collection[Any], namespace: str, owner: str, partitions: int,
-                 ttl_s: float) -> None:
+    def __init__(
+        self, lease_collection: Collection[Any], namespace: str, owner: str, partitions: int, ttl_s: float
+    ) -> None:
         self._coll = lease_collection.database[f"{lease_collection.name}_replicas"]
         self.namespace = namespace
         self.owner = owner
@@ -41,36 +43,54 @@ class Membership:
         instance ids (this one included). Raises ServerError when MongoDB does not answer."""
         present = {"$and": [{"$ne": ["$role", "stopped"]}, self._recent()]}
         try:
-            self._coll.update_one({"_id": self._id}, [{"$set": {
-                "outbox": self.namespace, "instance": self.owner, "partitions": self.partitions,
-                "leading": sorted(leading), "role": "leader" if leading else "standby",
-                "joinedAt": {"$cond": [present, "$joinedAt", "$$NOW"]},
-                "seenAt": "$$NOW",
-            }}], upsert=True)
+            self._coll.update_one(
+                {"_id": self._id},
+                [
+                    {
+                        "$set": {
+                            "outbox": self.namespace,
+                            "instance": self.owner,
+                            "partitions": self.partitions,
+                            "leading": sorted(leading),
+                            "role": "leader" if leading else "standby",
+                            "joinedAt": {"$cond": [present, "$joinedAt", "$$NOW"]},
+                            "seenAt": "$$NOW",
+                        }
+                    }
+                ],
+                upsert=True,
+            )
             return self.live()
         except PyMongoError as exc:
             raise ServerError(f"group heartbeat failed: {exc}") from exc
 
     def live(self) -> list[str]:
         """Instance ids of the live replicas with this partition count, sorted."""
-        docs = self._coll.find({"outbox": self.namespace, "partitions": self.partitions,
-                                "role": {"$ne": "stopped"}, "$expr": self._recent()},
-                               projection={"instance": 1})
+        docs = self._coll.find(
+            {
+                "outbox": self.namespace,
+                "partitions": self.partitions,
+                "role": {"$ne": "stopped"},
+                "$expr": self._recent(),
+            },
+            projection={"instance": 1},
+        )
         return sorted(str(d["instance"]) for d in docs)
 
     def leave(self) -> None:
         """Mark this replica stopped (graceful stop), so the others take its share at once.
         Best effort: otherwise it stops counting after RELAY_LEASE_TTL_S."""
-        try:
-            self._coll.update_one({"_id": self._id}, [{"$set": {
-                "role": "stopped", "leading": [], "leftAt": "$$NOW"}}])
-        except PyMongoError:
-            pass
+        with contextlib.suppress(PyMongoError):
+            self._coll.update_one({"_id": self._id}, [{"$set": {"role": "stopped", "leading": [], "leftAt": "$$NOW"}}])
 
     def replicas(self) -> list[dict[str, Any]]:
         """Every replica of this group as stored, with the server's time (for `status`)."""
-        return list(self._coll.aggregate([
-            {"$match": {"outbox": self.namespace, "partitions": self.partitions}},
-            {"$addFields": {"serverTime": "$$NOW"}},
-            {"$sort": {"instance": 1}},
-        ]))
+        return list(
+            self._coll.aggregate(
+                [
+                    {"$match": {"outbox": self.namespace, "partitions": self.partitions}},
+                    {"$addFields": {"serverTime": "$$NOW"}},
+                    {"$sort": {"instance": 1}},
+                ]
+            )
+        )

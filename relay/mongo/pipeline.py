@@ -43,8 +43,7 @@ def pipeline(partition: Partition | None = None, aggregate_id_field: str = "aggr
     if partition is None or partition.count == 1:
         return PIPELINE
     ending = [op for op in WATCHED_OPERATIONS if op != "insert"]
-    own = {"operationType": "insert",
-           **partition_predicate(partition, f"$fullDocument.{aggregate_id_field}")}
+    own = {"operationType": "insert", **partition_predicate(partition, f"$fullDocument.{aggregate_id_field}")}
     return [{"$match": {"$or": [{"operationType": {"$in": ending}}, own]}}, *PIPELINE[1:]]
 
 

@@ -37,8 +37,8 @@ from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 
 from relay.core.errors import ConfigError, env_name
-from relay.mongo.lease import MAJORITY
 from relay.core.partitions import lease_id, lease_id_pattern, parse_lease_id, partitions
+from relay.mongo.lease import MAJORITY
 from relay.mongo.pipeline import partition_expression
 
 log = logging.getLogger("relay")
@@ -53,8 +53,11 @@ def prepare(leases: Collection[Any], namespace: str, count: int) -> str | None:
     _refuse_if_held(others, namespace, count)
     with leases.database.client.start_session() as session:
         message: str | None = session.with_transaction(
-            lambda s: _move(leases, namespace, count, s), read_concern=ReadConcern("snapshot"),
-            write_concern=MAJORITY, read_preference=ReadPreference.PRIMARY)
+            lambda s: _move(leases, namespace, count, s),
+            read_concern=ReadConcern("snapshot"),
+            write_concern=MAJORITY,
+            read_preference=ReadPreference.PRIMARY,
+        )
     if message:
         log.warning("%s", message)
     return message
@@ -68,16 +71,25 @@ def check_server(outbox: Collection[Any], count: int) -> None:
     try:
         list(outbox.aggregate([{"$limit": 1}, {"$project": {"_id": 0, "k": partition_expression("$x", count)}}]))
     except OperationFailure as exc:
-        raise ConfigError(env_name("partitions"),
-                          f"MongoDB cannot compute the partition of an event ({exc.details and exc.details.get('errmsg') or exc}); "
-                          "RELAY_PARTITIONS > 1 needs $toHashedIndexKey (MongoDB 6.0 or later)") from exc
+        raise ConfigError(
+            env_name("partitions"),
+            f"MongoDB cannot compute the partition of an event ({(exc.details and exc.details.get('errmsg')) or exc}); "
+            "RELAY_PARTITIONS > 1 needs $toHashedIndexKey (MongoDB 6.0 or later)",
+        ) from exc
 
 
-def _outbox_leases(leases: Collection[Any], namespace: str, session: ClientSession | None = None) -> list[dict[str, Any]]:
-    return list(leases.aggregate([
-        {"$match": {"_id": {"$regex": lease_id_pattern(namespace)}}},
-        {"$addFields": {"serverTime": "$$NOW"}},
-    ], session=session))
+def _outbox_leases(
+    leases: Collection[Any], namespace: str, session: ClientSession | None = None
+) -> list[dict[str, Any]]:
+    return list(
+        leases.aggregate(
+            [
+                {"$match": {"_id": {"$regex": lease_id_pattern(namespace)}}},
+                {"$addFields": {"serverTime": "$$NOW"}},
+            ],
+            session=session,
+        )
+    )
 
 
 def _count(namespace: str, doc: Mapping[str, Any]) -> int:
@@ -96,10 +108,14 @@ def _refuse_if_held(others: list[dict[str, Any]], namespace: str, count: int) ->
     if held:
         counts = sorted({_count(namespace, d) for d in held})
         holders = ", ".join(f"{d['_id']} by {d['owner']}" for d in held[:4])
-        raise ConfigError(env_name("partitions"), (
-            f"{count}, but relays with RELAY_PARTITIONS={'/'.join(map(str, counts))} hold leases on {namespace} "
-            f"({holders}{', ...' if len(held) > 4 else ''}); stop every relay of the old partition count "
-            "first, then start the new ones (docs/partitions.md: changing the partition count)"))
+        raise ConfigError(
+            env_name("partitions"),
+            (
+                f"{count}, but relays with RELAY_PARTITIONS={'/'.join(map(str, counts))} hold leases on {namespace} "
+                f"({holders}{', ...' if len(held) > 4 else ''}); stop every relay of the old partition count "
+                "first, then start the new ones (docs/partitions.md: changing the partition count)"
+            ),
+        )
 
 
 def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSession) -> str | None:
@@ -113,7 +129,7 @@ def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSe
     by_count: dict[int, list[dict[str, Any]]] = {}
     for d in others:
         by_count.setdefault(_count(namespace, d), []).append(d)
-    epoch = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
 
     def newest(c: int) -> dt.datetime:
         return max((_aware(d.get("checkpointAt")) or epoch for d in by_count[c]), default=epoch)
@@ -133,25 +149,29 @@ def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSe
             "$unset": {"resumeToken": "", "tokenClusterTime": "", "pipelineFingerprint": ""},
         }
         if seed is not None:
-            update["$set"] = {"startAtClusterTime": seed,
-                              "seededFrom": {"partitions": previous, "clusterTime": seed}}
+            update["$set"] = {"startAtClusterTime": seed, "seededFrom": {"partitions": previous, "clusterTime": seed}}
         else:
             update["$unset"]["startAtClusterTime"] = ""
         leases.with_options(write_concern=MAJORITY).update_one(
-            {"_id": lease_id(namespace, p)}, update, upsert=True, session=session)
+            {"_id": lease_id(namespace, p)}, update, upsert=True, session=session
+        )
     leases.delete_many({"_id": {"$in": [d["_id"] for d in others]}}, session=session)
     if seed is None:
         missing = previous - sum(1 for t in times if t is not None)
-        return (f"RELAY_PARTITIONS changed from {previous} to {count} on {namespace}: {missing} of the "
-                f"{previous} old partitions had no checkpoint, so the new partitions start at RELAY_START_AT "
-                f"(nothing bounds what the old ones published); old lease documents removed, fencing tokens "
-                f"continue above {fencing}")
-    return (f"RELAY_PARTITIONS changed from {previous} to {count} on {namespace}: the new partitions start at "
-            f"cluster time {seed.time}.{seed.inc}, the oldest checkpoint of the old ones (events after it "
-            f"may be published again); old lease documents removed, fencing tokens continue above {fencing}")
+        return (
+            f"RELAY_PARTITIONS changed from {previous} to {count} on {namespace}: {missing} of the "
+            f"{previous} old partitions had no checkpoint, so the new partitions start at RELAY_START_AT "
+            f"(nothing bounds what the old ones published); old lease documents removed, fencing tokens "
+            f"continue above {fencing}"
+        )
+    return (
+        f"RELAY_PARTITIONS changed from {previous} to {count} on {namespace}: the new partitions start at "
+        f"cluster time {seed.time}.{seed.inc}, the oldest checkpoint of the old ones (events after it "
+        f"may be published again); old lease documents removed, fencing tokens continue above {fencing}"
+    )
 
 
 def _aware(value: Any) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     return None

@@ -91,8 +91,10 @@ class Health:
         if self.role == "leader" and now - self._progress_at >= self.publish_stall_s:
             queued = self._queued()
             if queued:
-                return False, (f"{queued:.0f} messages unacknowledged, nothing acknowledged for "
-                               f"{now - self._progress_at:.0f}s (Kafka unreachable?)")
+                return False, (
+                    f"{queued:.0f} messages unacknowledged, nothing acknowledged for "
+                    f"{now - self._progress_at:.0f}s (Kafka unreachable?)"
+                )
         return True, self._why
 
     def ready(self) -> bool:
@@ -173,15 +175,16 @@ def serve(port: int, health: Health | GroupHealth, registry: CollectorRegistry) 
 
 def _handler(health: Health | GroupHealth, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 encoder, ctype = choose_encoder(self.headers.get("Accept", ""))
                 body, status = encoder(registry), 200
             elif path == "/livez":
                 ok = health.live()
-                body = _json({"ok": ok, "role": health.role,
-                              "lastTurnSecondsAgo": round(time.monotonic() - health.last_turn, 3)})
+                body = _json(
+                    {"ok": ok, "role": health.role, "lastTurnSecondsAgo": round(time.monotonic() - health.last_turn, 3)}
+                )
                 status, ctype = (200 if ok else 503), "application/json"
             elif path == "/readyz":
                 ok, why = health.readiness()

@@ -19,8 +19,15 @@ from typing import IO, Any
 
 from relay.ops.config import LOG_FORMATS
 
-__all__ = ["LOG_FORMATS", "JsonFormatter", "LoopContext", "TextFormatter", "bind_loop_context",
-           "resolve_log_format", "setup_logging"]
+__all__ = [
+    "LOG_FORMATS",
+    "JsonFormatter",
+    "LoopContext",
+    "TextFormatter",
+    "bind_loop_context",
+    "resolve_log_format",
+    "setup_logging",
+]
 
 # Attributes every LogRecord has; anything else on a record came from `extra` or a filter.
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -48,8 +55,9 @@ class LoopContext(logging.Filter):
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in record.__dict__.items()
-            if k not in _RECORD_FIELDS and not k.startswith("_") and v is not None}
+    return {
+        k: v for k, v in record.__dict__.items() if k not in _RECORD_FIELDS and not k.startswith("_") and v is not None
+    }
 
 
 class JsonFormatter(logging.Formatter):
@@ -57,8 +65,9 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "time": dt.datetime.fromtimestamp(record.created, dt.timezone.utc)
-                      .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
@@ -106,9 +115,9 @@ def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if resolve_log_format(fmt, stream) == "json" else TextFormatter())
     handler.addFilter(LoopContext())
-    handler._outbox_relay = True  # type: ignore[attr-defined]
+    handler.outbox_relay = True  # type: ignore[attr-defined]
     root = logging.getLogger()
-    for old in [h for h in root.handlers if getattr(h, "_outbox_relay", False)]:
+    for old in [h for h in root.handlers if getattr(h, "outbox_relay", False)]:
         root.removeHandler(old)
     root.addHandler(handler)
     debug = level.upper() == "DEBUG"

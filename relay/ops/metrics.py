@@ -27,12 +27,28 @@ prometheus_client.disable_created_metrics()
 
 # Commit-to-acknowledgement latency: from a few milliseconds (steady state) to ten minutes
 # (catching up after an outage).
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                   120.0, 300.0, 600.0)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 # The relay's own share of an event's latency, from reading its change to Kafka's
 # acknowledgement: a millisecond or two on a healthy broker, seconds when Kafka is slow.
-OWN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5,
-                       1.0, 2.5, 5.0, 10.0, 30.0)
+OWN_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 def latencies(wall_ms: Iterable[int], acked: float) -> Iterator[float]:
@@ -54,8 +70,7 @@ class BatchHistogram(Collector):
     `_count`).
     """
 
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float],
-                 registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry) -> None:
         self._name, self._doc = name, documentation
         self._bounds = tuple(sorted(float(b) for b in buckets))
         self._counts = [0] * (len(self._bounds) + 1)  # the last one is +Inf
@@ -95,7 +110,7 @@ class BatchHistogram(Collector):
         with self._lock:
             counts, total = list(self._counts), self._sum
         cumulative, buckets = 0, []
-        for bound, count in zip((*[repr(b) for b in self._bounds], "+Inf"), counts):
+        for bound, count in zip((*[repr(b) for b in self._bounds], "+Inf"), counts, strict=False):
             cumulative += count
             buckets.append((bound, float(cumulative)))
         yield HistogramMetricFamily(self._name, self._doc, buckets=buckets, sum_value=total)
@@ -104,8 +119,9 @@ class BatchHistogram(Collector):
 class ScrapeTimeGauge(Collector):
     """A gauge computed when scraped; absent while `value()` returns None."""
 
-    def __init__(self, name: str, documentation: str, value: Callable[[], float | None],
-                 registry: CollectorRegistry) -> None:
+    def __init__(
+        self, name: str, documentation: str, value: Callable[[], float | None], registry: CollectorRegistry
+    ) -> None:
         self._name, self._doc, self._value = name, documentation, value
         registry.register(self)
 
@@ -157,20 +173,26 @@ class _TopicCounting:
 
     def _published_series(self, r: CollectorRegistry) -> None:
         """The series of acknowledged deliveries, the same with or without partitions."""
-        self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic",
-                              ["topic"], registry=r)
-        self.bytes = Counter("relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic",
-                             ["topic"], registry=r)
-        self.batch_seconds = Histogram("relay_batch_seconds",
-                                       "From handing a batch to the producer until Kafka acknowledged all of it",
-                                       registry=r)
-        self.latency = BatchHistogram("relay_delivery_latency_seconds",
-                                      "Per event: from its commit in MongoDB (change event wallTime) "
-                                      "to Kafka's acknowledgement", LATENCY_BUCKETS, r)
-        self.own_latency = BatchHistogram("relay_read_to_ack_seconds",
-                                          "Per event: from the relay reading its change to Kafka's "
-                                          "acknowledgement (the relay's own share of the latency)",
-                                          OWN_LATENCY_BUCKETS, r)
+        self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic", ["topic"], registry=r)
+        self.bytes = Counter(
+            "relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic", ["topic"], registry=r
+        )
+        self.batch_seconds = Histogram(
+            "relay_batch_seconds", "From handing a batch to the producer until Kafka acknowledged all of it", registry=r
+        )
+        self.latency = BatchHistogram(
+            "relay_delivery_latency_seconds",
+            "Per event: from its commit in MongoDB (change event wallTime) to Kafka's acknowledgement",
+            LATENCY_BUCKETS,
+            r,
+        )
+        self.own_latency = BatchHistogram(
+            "relay_read_to_ack_seconds",
+            "Per event: from the relay reading its change to Kafka's "
+            "acknowledgement (the relay's own share of the latency)",
+            OWN_LATENCY_BUCKETS,
+            r,
+        )
         self._topics = {}
 
     def count_published(self, messages: Iterable[Any]) -> int:
@@ -201,39 +223,51 @@ class RelayMetrics(_TopicCounting):
     messages the producer holds).
     """
 
-    def __init__(self, replica: str, outbox: str, checkpoint_lag: Callable[[], float | None],
-                 queued: Callable[[], float]) -> None:
+    def __init__(
+        self, replica: str, outbox: str, checkpoint_lag: Callable[[], float | None], queued: Callable[[], float]
+    ) -> None:
         self.registry = r = CollectorRegistry()
         self._published_series(r)
         self.batches = Counter("relay_batches", "Batches acknowledged by Kafka", registry=r)
-        self.checkpoint_time = Gauge("relay_checkpoint_cluster_time_seconds",
-                                     "Cluster time of the last checkpoint this replica stored (Unix seconds)",
-                                     registry=r)
-        ScrapeTimeGauge("relay_checkpoint_lag_seconds",
-                        "Now minus the cluster time of the stored checkpoint (only on the lease holder)",
-                        checkpoint_lag, r)
+        self.checkpoint_time = Gauge(
+            "relay_checkpoint_cluster_time_seconds",
+            "Cluster time of the last checkpoint this replica stored (Unix seconds)",
+            registry=r,
+        )
+        ScrapeTimeGauge(
+            "relay_checkpoint_lag_seconds",
+            "Now minus the cluster time of the stored checkpoint (only on the lease holder)",
+            checkpoint_lag,
+            r,
+        )
         self.lease_held = Gauge("relay_lease_held", "1 while this replica holds the lease", registry=r)
-        self.fencing = Gauge("relay_fencing_token", "Fencing token of the held lease (0 when not held)",
-                             registry=r)
+        self.fencing = Gauge("relay_fencing_token", "Fencing token of the held lease (0 when not held)", registry=r)
         self.errors, self.restarts, self.dead_letters, self.resumes = _outcome_counters(r)
-        self.producer_queue = Gauge("relay_producer_queue_messages",
-                                    "Messages in the producer awaiting a delivery report", registry=r)
+        self.producer_queue = Gauge(
+            "relay_producer_queue_messages", "Messages in the producer awaiting a delivery report", registry=r
+        )
         self.producer_queue.set_function(queued)
         # `replica`, not `instance`: Prometheus sets `instance` to the scraped target.
-        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version", registry=r).info({
-            "replica": replica, "outbox": outbox, "version": _version()})
+        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version", registry=r).info(
+            {"replica": replica, "outbox": outbox, "version": _version()}
+        )
         prometheus_client.ProcessCollector(registry=r)
 
 
 def _outcome_counters(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]:
     """The counters of what happened to the loop, the same with or without partitions: errors,
     restarts, dead letters, driver resumes."""
-    return (Counter("relay_errors", "Errors by exception name and what the relay did "
-                    "(restart, standby, stop, dead-letter)", ["kind", "action"], registry=r),
-            Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"], registry=r),
-            Counter("relay_dead_letters", "Poison events sent to the dead-letter topic", registry=r),
-            Counter("relay_stream_resumes", "Change stream resumes by the driver after resumable errors",
-                    registry=r))
+    return (
+        Counter(
+            "relay_errors",
+            "Errors by exception name and what the relay did (restart, standby, stop, dead-letter)",
+            ["kind", "action"],
+            registry=r,
+        ),
+        Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"], registry=r),
+        Counter("relay_dead_letters", "Poison events sent to the dead-letter topic", registry=r),
+        Counter("relay_stream_resumes", "Change stream resumes by the driver after resumable errors", registry=r),
+    )
 
 
 class GroupMetrics(_TopicCounting):
@@ -243,33 +277,51 @@ class GroupMetrics(_TopicCounting):
     def __init__(self, replica: str, outbox: str, partitions: int) -> None:
         self.registry = r = CollectorRegistry()
         self._published_series(r)
-        self.batches = Counter("relay_batches", "Batches acknowledged by Kafka, by partition", ["partition"],
-                               registry=r)
-        self.checkpoint_time = Gauge("relay_checkpoint_cluster_time_seconds",
-                                     "Cluster time of the last checkpoint this replica stored (Unix seconds), "
-                                     "by partition", ["partition"], registry=r)
+        self.batches = Counter(
+            "relay_batches", "Batches acknowledged by Kafka, by partition", ["partition"], registry=r
+        )
+        self.checkpoint_time = Gauge(
+            "relay_checkpoint_cluster_time_seconds",
+            "Cluster time of the last checkpoint this replica stored (Unix seconds), by partition",
+            ["partition"],
+            registry=r,
+        )
         self.checkpoint_lag = LabeledScrapeTimeGauge(
             "relay_checkpoint_lag_seconds",
             "Now minus the cluster time of the stored checkpoint, by partition (only where this replica leads)",
-            "partition", r)
-        self.lease_held = Gauge("relay_lease_held", "1 while this replica holds the partition's lease",
-                                ["partition"], registry=r)
-        self.fencing = Gauge("relay_fencing_token", "Fencing token of the partition's held lease (0 when not held)",
-                             ["partition"], registry=r)
+            "partition",
+            r,
+        )
+        self.lease_held = Gauge(
+            "relay_lease_held", "1 while this replica holds the partition's lease", ["partition"], registry=r
+        )
+        self.fencing = Gauge(
+            "relay_fencing_token",
+            "Fencing token of the partition's held lease (0 when not held)",
+            ["partition"],
+            registry=r,
+        )
         self.errors, self.restarts, self.dead_letters, self.resumes = _outcome_counters(r)
         self.producer_queue = LabeledScrapeTimeGauge(
-            "relay_producer_queue_messages", "Messages in the partition's producer awaiting a delivery report",
-            "partition", r)
+            "relay_producer_queue_messages",
+            "Messages in the partition's producer awaiting a delivery report",
+            "partition",
+            r,
+        )
         self.partitions_led = Gauge("relay_partitions_led", "Partitions this replica leads", registry=r)
-        self.partitions_target = Gauge("relay_partitions_target",
-                                       "Partitions this replica should lead (its share of the live replicas)",
-                                       registry=r)
-        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version, partitions", registry=r).info({
-            "replica": replica, "outbox": outbox, "version": _version(), "partitions": str(partitions)})
+        self.partitions_target = Gauge(
+            "relay_partitions_target",
+            "Partitions this replica should lead (its share of the live replicas)",
+            registry=r,
+        )
+        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version, partitions", registry=r).info(
+            {"replica": replica, "outbox": outbox, "version": _version(), "partitions": str(partitions)}
+        )
         prometheus_client.ProcessCollector(registry=r)
 
-    def partition(self, index: int, checkpoint_lag: Callable[[], float | None],
-                  queued: Callable[[], float]) -> PartitionMetrics:
+    def partition(
+        self, index: int, checkpoint_lag: Callable[[], float | None], queued: Callable[[], float]
+    ) -> PartitionMetrics:
         return PartitionMetrics(self, str(index), checkpoint_lag, queued)
 
 
@@ -277,8 +329,13 @@ class PartitionMetrics(_TopicCounting):
     """One partition's view of `GroupMetrics`: the same attributes as `RelayMetrics`, with the
     `partition` children bound here, once."""
 
-    def __init__(self, group: GroupMetrics, partition: str, checkpoint_lag: Callable[[], float | None],
-                 queued: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        group: GroupMetrics,
+        partition: str,
+        checkpoint_lag: Callable[[], float | None],
+        queued: Callable[[], float],
+    ) -> None:
         self.registry = group.registry
         self.events, self.bytes = group.events, group.bytes
         self.batches = group.batches.labels(partition)

@@ -60,8 +60,12 @@ class Observer:
     checkpoint lag and producer queue (GroupObserver passes the partition's view).
     """
 
-    def __init__(self, config: ObserverConfig, partition: Partition | None = None,
-                 metrics: Callable[[Callable[[], float | None], Callable[[], float]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: ObserverConfig,
+        partition: Partition | None = None,
+        metrics: Callable[[Callable[[], float | None], Callable[[], float]], Any] | None = None,
+    ) -> None:
         self.config = config
         self.partition = partition
         self.metrics: Any
@@ -116,10 +120,11 @@ class Observer:
 
     def watch_publisher(self, publisher: _Queued) -> None:
         """The producer the loop now uses; its queue depth is read at scrape time (weakly held)."""
-        self._publisher = weakref.ref(publisher)  # type: ignore[assignment]
+        self._publisher = weakref.ref(publisher)
 
-    def published(self, wall_ms: Sequence[int], messages: Sequence[Any], seconds: float, token: Any,
-                  read_seconds: float) -> None:
+    def published(
+        self, wall_ms: Sequence[int], messages: Sequence[Any], seconds: float, token: Any, read_seconds: float
+    ) -> None:
         """Kafka acknowledged every message of a batch (`wall_ms`: its changes' commit times in
         Unix ms, -1 where unknown; `token`: the one covering it, stored next; `read_seconds`:
         since its changes were read)."""
@@ -134,10 +139,18 @@ class Observer:
         self._batches += 1
         self.health.progressed()
         if messages and log.isEnabledFor(logging.DEBUG):
-            log.debug("published %d events (%s … %s)", len(messages), messages[0].event_id,
-                      messages[-1].event_id, extra={"event_id": messages[-1].event_id,
-                                                    "first_event_id": messages[0].event_id,
-                                                    "events": len(messages), "token": short_token(token)})
+            log.debug(
+                "published %d events (%s … %s)",
+                len(messages),
+                messages[0].event_id,
+                messages[-1].event_id,
+                extra={
+                    "event_id": messages[-1].event_id,
+                    "first_event_id": messages[0].event_id,
+                    "events": len(messages),
+                    "token": short_token(token),
+                },
+            )
 
     def committed(self, token: Any) -> None:
         """`token` is stored as the checkpoint (every event before it is acknowledged)."""
@@ -158,8 +171,13 @@ class Observer:
         self.metrics.errors.labels("PoisonEventError", "dead-letter").inc()
         self._dead += 1
         self._errors += 1
-        stop_log.error("dead-lettering event %s to %s: %s", event_id, self.config.dead_letter_topic, reason,
-                       extra={"event_id": event_id, "reason": reason})
+        stop_log.error(
+            "dead-lettering event %s to %s: %s",
+            event_id,
+            self.config.dead_letter_topic,
+            reason,
+            extra={"event_id": event_id, "reason": reason},
+        )
 
     def restart(self, exc: BaseException, delay_s: float) -> None:
         """The loop drops the producer and the stream and restarts from the checkpoint."""
@@ -169,8 +187,7 @@ class Observer:
         self._restarts += 1
         self._errors += 1
         self.health.restarting(kind)
-        stop_log.warning("restarting from the checkpoint in %.1fs after: %s", delay_s, exc,
-                         extra={"error_kind": kind})
+        stop_log.warning("restarting from the checkpoint in %.1fs after: %s", delay_s, exc, extra={"error_kind": kind})
 
     def lease_lost(self, exc: BaseException) -> None:
         """A fenced write matched nothing: back to standby."""
@@ -220,14 +237,33 @@ class Observer:
         summary_log.info(
             "summary: role=%s fencing=%s published=%d (+%d in %.0fs, %.1f/s) batches=%d restarts=%d "
             "dead_letters=%d errors=%d checkpoint=%s lag=%s queue=%d",
-            self._role, self._fencing, self._published, recent, interval, recent / interval,
-            self._batches, self._restarts, self._dead, self._errors, short_token(self._token),
-            "-" if lag is None else f"{lag:.1f}s", queued,
-            extra={"summary": True, "role": self._role, "published_total": self._published,
-                   "published_recent": recent, "events_per_second": round(recent / interval, 2),
-                   "batches_total": self._batches, "restarts_total": self._restarts,
-                   "dead_letters_total": self._dead, "errors_total": self._errors,
-                   "checkpoint_lag_s": None if lag is None else round(lag, 3), "producer_queue": queued})
+            self._role,
+            self._fencing,
+            self._published,
+            recent,
+            interval,
+            recent / interval,
+            self._batches,
+            self._restarts,
+            self._dead,
+            self._errors,
+            short_token(self._token),
+            "-" if lag is None else f"{lag:.1f}s",
+            queued,
+            extra={
+                "summary": True,
+                "role": self._role,
+                "published_total": self._published,
+                "published_recent": recent,
+                "events_per_second": round(recent / interval, 2),
+                "batches_total": self._batches,
+                "restarts_total": self._restarts,
+                "dead_letters_total": self._dead,
+                "errors_total": self._errors,
+                "checkpoint_lag_s": None if lag is None else round(lag, 3),
+                "producer_queue": queued,
+            },
+        )
 
 
 def write_stop_line(exc: BaseException) -> None:
@@ -237,9 +273,19 @@ def write_stop_line(exc: BaseException) -> None:
     exit_code = getattr(exc, "exit_code", EXIT_FATAL)
     event_id = getattr(exc, "event_id", None)
     reason = getattr(exc, "reason", None) or str(exc)
-    stop_log.error("stopping on %s: %s", kind, exc, exc_info=exit_code == EXIT_FATAL,
-                   extra={"error_kind": kind, "event_id": event_id, "reason": reason, "exit_code": exit_code,
-                          "cause": cause_of(exc)})
+    stop_log.error(
+        "stopping on %s: %s",
+        kind,
+        exc,
+        exc_info=exit_code == EXIT_FATAL,
+        extra={
+            "error_kind": kind,
+            "event_id": event_id,
+            "reason": reason,
+            "exit_code": exit_code,
+            "cause": cause_of(exc),
+        },
+    )
 
 
 class GroupObserver:
@@ -258,8 +304,9 @@ class GroupObserver:
 
     def partition(self, partition: Partition) -> Observer:
         """The observer of `partition`'s relay."""
-        observer = Observer(self.config, partition,
-                            lambda lag, queued: self.metrics.partition(partition.index, lag, queued))
+        observer = Observer(
+            self.config, partition, lambda lag, queued: self.metrics.partition(partition.index, lag, queued)
+        )
         self.partitions[partition.index] = observer
         self.health.add(partition.index, observer.health)
         return observer

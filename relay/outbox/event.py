@@ -41,7 +41,7 @@ DEFAULT_FIELDS = FieldNames()
 
 def _utcnow() -> dt.datetime:
     # BSON dates hold milliseconds: truncate so a round trip compares equal.
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     return now.replace(microsecond=now.microsecond // 1000 * 1000)
 
 
@@ -59,8 +59,9 @@ class OutboxEvent:
     topic: str | None = None
 
     @classmethod
-    def new(cls, aggregate_type: str, aggregate_id: str, event_type: str,
-            payload: Mapping[str, Any], **kw: Any) -> OutboxEvent:
+    def new(
+        cls, aggregate_type: str, aggregate_id: str, event_type: str, payload: Mapping[str, Any], **kw: Any
+    ) -> OutboxEvent:
         return cls(aggregate_type, aggregate_id, event_type, payload, **kw)
 
     @property
@@ -89,7 +90,7 @@ _ID_TYPES = (ObjectId, str)
 def _required_str(doc: Mapping[str, Any], name: str) -> str:
     value = doc.get(name)
     if value.__class__ is str and value:  # the common case, checked first and cheaply
-        return value  # type: ignore[no-any-return]
+        return value
     if value is None:
         raise MalformedEventError(name, _absent(doc, name))
     if not isinstance(value, str) or not value:
@@ -114,8 +115,9 @@ def parse(doc: Mapping[str, Any], fields: FieldNames = DEFAULT_FIELDS) -> Outbox
         raise MalformedEventError(fields.payload, f"must be a document, got {type(payload).__name__}")
     occurred_at = doc.get(fields.occurred_at)
     if not isinstance(occurred_at, dt.datetime):
-        raise MalformedEventError(fields.occurred_at,
-                                  _absent(doc, fields.occurred_at) if occurred_at is None else "must be a date")
+        raise MalformedEventError(
+            fields.occurred_at, _absent(doc, fields.occurred_at) if occurred_at is None else "must be a date"
+        )
     headers = doc.get(fields.headers)
     if headers is not None:
         if not isinstance(headers, Mapping):

@@ -53,6 +53,8 @@ class Outbox:
         if ttl_seconds is not None:
             options["expireAfterSeconds"] = ttl_seconds
         self.collection.create_index([(self.fields.occurred_at, ASCENDING)], **options)
-        done.append(f"index occurredAt_1 on {self.fields.occurred_at}"
-                    + (f" (TTL {ttl_seconds}s)" if ttl_seconds is not None else ""))
+        done.append(
+            f"index occurredAt_1 on {self.fields.occurred_at}"
+            + (f" (TTL {ttl_seconds}s)" if ttl_seconds is not None else "")
+        )
         return done

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from pymongo.cursor import Cursor
     from pyspark.sql import DataFrame, SparkSession
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 FAILING = ("missing", "orderViolations", "keysOnSeveralPartitions")
 _OUTBOX_SCHEMA = "id string, aggregateType string, aggregateId string, occurredAt timestamp"
 
@@ -78,6 +78,7 @@ class AuditConfig:
 
 # ---- the two sides ---------------------------------------------------------------------------
 
+
 def outbox_events(spark: SparkSession, cfg: AuditConfig) -> DataFrame:
     """The outbox events in the range (id, aggregateType, aggregateId, occurredAt), via pymongo."""
     from pymongo import MongoClient
@@ -88,9 +89,9 @@ def outbox_events(spark: SparkSession, cfg: AuditConfig) -> DataFrame:
     client: MongoClient[dict[str, Any]]
     with MongoClient(cfg.mongodb_uri, tz_aware=True) as client:
         docs: Cursor[dict[str, Any]] = client[cfg.database][cfg.outbox_collection].find(
-            query, projection, batch_size=10_000)
-        rows = [(str(d["_id"]), d.get(f.aggregate_type), d.get(f.aggregate_id), d.get(f.occurred_at))
-                for d in docs]
+            query, projection, batch_size=10_000
+        )
+        rows = [(str(d["_id"]), d.get(f.aggregate_type), d.get(f.aggregate_id), d.get(f.occurred_at)) for d in docs]
     return spark.createDataFrame(rows, _OUTBOX_SCHEMA)
 
 
@@ -98,16 +99,32 @@ def kafka_messages(spark: SparkSession, cfg: AuditConfig) -> DataFrame:
     """Every message of the topics, decoded leniently, with the flat columns the checks use."""
     from pyspark.sql import functions as F
 
-    raw = (spark.read.format("kafka")
-           .options(**kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client))
-           .option("startingOffsets", "earliest").option("endingOffsets", "latest").load())
+    raw = (
+        spark.read.format("kafka")
+        .options(**kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client))
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
     decoded = decode_events(raw, writer_schemas(cfg.schemas_dir, cfg.schema_registry), strict=False)
-    return decoded.select("id", "aggregateType", "aggregateId", "eventType", "occurredAt",
-                          F.col("source.position").alias("position"), "topic", "partition", "offset",
-                          "key", "fencingToken", "decodeError")
+    return decoded.select(
+        "id",
+        "aggregateType",
+        "aggregateId",
+        "eventType",
+        "occurredAt",
+        F.col("source.position").alias("position"),
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "fencingToken",
+        "decodeError",
+    )
 
 
 # ---- the checks ------------------------------------------------------------------------------
+
 
 def _rows(df: DataFrame, limit: int) -> list[dict[str, Any]]:
     return [r.asDict(recursive=True) for r in df.limit(limit).collect()]
@@ -120,8 +137,11 @@ def _finding(df: DataFrame, sample: int) -> dict[str, Any]:
 def _in_range(messages: DataFrame, cfg: AuditConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
-    return messages.where(F.col("decodeError").isNull()
-                          & (F.col("occurredAt") >= F.lit(cfg.since)) & (F.col("occurredAt") < F.lit(cfg.until)))
+    return messages.where(
+        F.col("decodeError").isNull()
+        & (F.col("occurredAt") >= F.lit(cfg.since))
+        & (F.col("occurredAt") < F.lit(cfg.until))
+    )
 
 
 def first_occurrences(messages: DataFrame) -> DataFrame:
@@ -130,9 +150,12 @@ def first_occurrences(messages: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     w = Window.partitionBy("id").orderBy("partition", "offset")
-    return (messages.withColumn("n", F.row_number().over(w))
-            .withColumn("occurrences", F.count(F.lit(1)).over(Window.partitionBy("id")))
-            .where("n = 1").drop("n"))
+    return (
+        messages.withColumn("n", F.row_number().over(w))
+        .withColumn("occurrences", F.count(F.lit(1)).over(Window.partitionBy("id")))
+        .where("n = 1")
+        .drop("n")
+    )
 
 
 def order_violations(firsts: DataFrame) -> DataFrame:
@@ -143,16 +166,22 @@ def order_violations(firsts: DataFrame) -> DataFrame:
     w = Window.partitionBy("topic", "key").orderBy("partition", "offset")
     earlier = F.struct(*[F.lag(c).over(w).alias(c) for c in ("id", "partition", "offset", "position")])
     later = F.struct("id", "partition", "offset", "position")
-    return (firsts.select("topic", "key", earlier.alias("earlier"), later.alias("later"))
-            .where(F.col("earlier.position") > F.col("later.position"))
-            .orderBy("topic", "key", "later.offset"))
+    return (
+        firsts.select("topic", "key", earlier.alias("earlier"), later.alias("later"))
+        .where(F.col("earlier.position") > F.col("later.position"))
+        .orderBy("topic", "key", "later.offset")
+    )
 
 
 def keys_on_several_partitions(firsts: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
-    return (firsts.groupBy("topic", "key").agg(F.sort_array(F.collect_set("partition")).alias("partitions"))
-            .where(F.size("partitions") > 1).orderBy("topic", "key"))
+    return (
+        firsts.groupBy("topic", "key")
+        .agg(F.sort_array(F.collect_set("partition")).alias("partitions"))
+        .where(F.size("partitions") > 1)
+        .orderBy("topic", "key")
+    )
 
 
 def fencing_regressions(messages: DataFrame, per_key: bool = False) -> DataFrame:
@@ -163,12 +192,13 @@ def fencing_regressions(messages: DataFrame, per_key: bool = False) -> DataFrame
     from pyspark.sql import functions as F
 
     scope = ("topic", "partition", "key") if per_key else ("topic", "partition")
-    w = (Window.partitionBy(*scope).orderBy("offset")
-         .rowsBetween(Window.unboundedPreceding, -1))
-    return (messages.withColumn("highestEarlierToken", F.max("fencingToken").over(w))
-            .where(F.col("fencingToken") < F.col("highestEarlierToken"))
-            .select("topic", "partition", "offset", "id", "occurredAt", "fencingToken", "highestEarlierToken")
-            .orderBy("topic", "partition", "offset"))
+    w = Window.partitionBy(*scope).orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
+    return (
+        messages.withColumn("highestEarlierToken", F.max("fencingToken").over(w))
+        .where(F.col("fencingToken") < F.col("highestEarlierToken"))
+        .select("topic", "partition", "offset", "id", "occurredAt", "fencingToken", "highestEarlierToken")
+        .orderBy("topic", "partition", "offset")
+    )
 
 
 def _extra_messages(duplicated: DataFrame) -> int:
@@ -195,20 +225,32 @@ def audit(spark: SparkSession, cfg: AuditConfig) -> dict[str, Any]:
             "range": {"since": cfg.since.isoformat(), "until": cfg.until.isoformat()},
             "topics": list(cfg.topics) or cfg.topic_pattern,
             "outbox": {"events": outbox.count()},
-            "kafka": {"messages": messages.count(), "messagesInRange": in_range.count(),
-                      "eventsInRange": firsts.count()},
+            "kafka": {
+                "messages": messages.count(),
+                "messagesInRange": in_range.count(),
+                "eventsInRange": firsts.count(),
+            },
             "missing": _finding(outbox.join(decoded_ids, "id", "left_anti").orderBy("occurredAt", "id"), cfg.sample),
             "orderViolations": _finding(order_violations(firsts), cfg.sample),
             "keysOnSeveralPartitions": _finding(keys_on_several_partitions(firsts), cfg.sample),
-            "duplicates": {**_finding(dups.select("id", "topic", "key", "occurrences").orderBy("id"), cfg.sample),
-                           "extraMessages": _extra_messages(dups)},
-            "notInOutbox": _finding(firsts.join(outbox.select("id"), "id", "left_anti")
-                                    .select("id", "topic", "partition", "offset", "aggregateId", "occurredAt")
-                                    .orderBy("id"), cfg.sample),
-            "fencingRegressions": _finding(stale.where(F.col("occurredAt") >= F.lit(cfg.since))
-                                           .where(F.col("occurredAt") < F.lit(cfg.until)), cfg.sample),
-            "undecodable": _finding(messages.where(F.col("decodeError").isNotNull())
-                                    .select("topic", "partition", "offset", "decodeError"), cfg.sample),
+            "duplicates": {
+                **_finding(dups.select("id", "topic", "key", "occurrences").orderBy("id"), cfg.sample),
+                "extraMessages": _extra_messages(dups),
+            },
+            "notInOutbox": _finding(
+                firsts.join(outbox.select("id"), "id", "left_anti")
+                .select("id", "topic", "partition", "offset", "aggregateId", "occurredAt")
+                .orderBy("id"),
+                cfg.sample,
+            ),
+            "fencingRegressions": _finding(
+                stale.where(F.col("occurredAt") >= F.lit(cfg.since)).where(F.col("occurredAt") < F.lit(cfg.until)),
+                cfg.sample,
+            ),
+            "undecodable": _finding(
+                messages.where(F.col("decodeError").isNotNull()).select("topic", "partition", "offset", "decodeError"),
+                cfg.sample,
+            ),
             "withoutFencingToken": {"count": in_range.where(F.col("fencingToken").isNull()).count()},
         }
     finally:
@@ -221,17 +263,18 @@ def audit(spark: SparkSession, cfg: AuditConfig) -> dict[str, Any]:
 
 def summary(report: dict[str, Any]) -> str:
     """A readable account of the report, one finding per line, with the verdict last."""
-    lines = [f"audit of {report['topics']} for occurredAt in [{report['range']['since']}, "
-             f"{report['range']['until']})",
-             f"  outbox events in range      {report['outbox']['events']}",
-             f"  kafka messages              {report['kafka']['messages']} "
-             f"({report['kafka']['messagesInRange']} in range, {report['kafka']['eventsInRange']} distinct events)"]
+    lines = [
+        f"audit of {report['topics']} for occurredAt in [{report['range']['since']}, {report['range']['until']})",
+        f"  outbox events in range      {report['outbox']['events']}",
+        f"  kafka messages              {report['kafka']['messages']} "
+        f"({report['kafka']['messagesInRange']} in range, {report['kafka']['eventsInRange']} distinct events)",
+    ]
     notes = {
         "missing": "outbox events with no message (FAIL)",
         "orderViolations": "first occurrences out of commit order (FAIL)",
         "keysOnSeveralPartitions": "keys spread over partitions (FAIL)",
         "duplicates": f"events published more than once ({report['duplicates']['extraMessages']} extra "
-                      "messages; expected after restarts)",
+        "messages; expected after restarts)",
         "notInOutbox": "events in Kafka with no outbox document",
         "fencingRegressions": "messages from a stale writer (fencing token went down)",
         "undecodable": "messages no schema decodes",
@@ -247,14 +290,15 @@ def summary(report: dict[str, Any]) -> str:
 
 # ---- command line ----------------------------------------------------------------------------
 
+
 def _time(value: str | None, name: str, default: dt.datetime) -> dt.datetime:
     if value is None:
         return default
     try:
         moment = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise ConfigError(name, f"expected an ISO-8601 time, got {value!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+    except ValueError as exc:
+        raise ConfigError(name, f"expected an ISO-8601 time, got {value!r}") from exc
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -271,17 +315,25 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
     settings = load(args)
     spark_opts = spark_options(args)
     since = _time(args.since, "--since", EPOCH)
-    until = _time(args.until, "--until", dt.datetime.now(dt.timezone.utc))
+    until = _time(args.until, "--until", dt.datetime.now(dt.UTC))
     if until <= since:
         raise ConfigError("--until", "must be later than --since")
     return AuditConfig(
-        mongodb_uri=settings.mongodb_uri, database=settings.database,
-        outbox_collection=settings.outbox_collection, fields=settings.parts().encoding.fields,
-        bootstrap_servers=settings.kafka_bootstrap_servers, topics=spark_opts.topics,
+        mongodb_uri=settings.mongodb_uri,
+        database=settings.database,
+        outbox_collection=settings.outbox_collection,
+        fields=settings.parts().encoding.fields,
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
-        since=since, until=until, sample=args.sample, schemas_dir=spark_opts.schemas_dir,
-        kafka_client=spark_opts.kafka, schema_registry=RegistryAccess.from_settings(settings),
-        relay_partitions=settings.partitions)
+        since=since,
+        until=until,
+        sample=args.sample,
+        schemas_dir=spark_opts.schemas_dir,
+        kafka_client=spark_opts.kafka,
+        schema_registry=RegistryAccess.from_settings(settings),
+        relay_partitions=settings.partitions,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,8 +24,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from relay.core.message import HEADER_FENCING
 from relay.avro.wire import SINGLE_OBJECT_MAGIC
+from relay.core.message import HEADER_FENCING
 from relay.spark.schemas import WriterSchema
 
 if TYPE_CHECKING:
@@ -37,8 +37,7 @@ CONFLUENT_MAGIC = b"\x00"
 _PLACEHOLDER = re.compile(r"\{(aggregateType|eventType)\}")
 
 # The columns `decode_events` returns, in order.
-EVENT_COLUMNS = ("id", "aggregateType", "aggregateId", "eventType", "occurredAt", "payload", "source",
-                 "writerSchema")
+EVENT_COLUMNS = ("id", "aggregateType", "aggregateId", "eventType", "occurredAt", "payload", "source", "writerSchema")
 KAFKA_COLUMNS = ("topic", "partition", "offset", "kafkaTimestamp", "key", "fencingToken", "decodeError")
 
 
@@ -52,8 +51,9 @@ def topic_pattern(template: str) -> str:
     return "".join(re.escape(p) if i % 2 == 0 else "[A-Za-z0-9._-]+" for i, p in enumerate(parts))
 
 
-def kafka_options(bootstrap_servers: str, topics: Sequence[str] | None, pattern: str | None,
-                  client: Mapping[str, str] | None = None) -> dict[str, str]:
+def kafka_options(
+    bootstrap_servers: str, topics: Sequence[str] | None, pattern: str | None, client: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Kafka source options: the given topics, else the pattern; always with headers; `client`
     holds Java Kafka client properties (security, ...), passed as `kafka.<property>`.
 
@@ -96,8 +96,11 @@ def _decoded(value: Column, schema: WriterSchema) -> Column:
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro
 
-    start = (F.when(_single_object(value), F.lit(BODY_START)).otherwise(F.lit(CONFLUENT_BODY_START))
-             if schema.confluent_ids else F.lit(BODY_START))
+    start = (
+        F.when(_single_object(value), F.lit(BODY_START)).otherwise(F.lit(CONFLUENT_BODY_START))
+        if schema.confluent_ids
+        else F.lit(BODY_START)
+    )
     return from_avro(F.substr(value, start), schema.json, {"mode": "FAILFAST"})
 
 
@@ -113,9 +116,12 @@ def _normalized(d: Column, schema: WriterSchema) -> Column:
         d["eventType"].alias("eventType"),
         d["occurredAt"].cast("timestamp").alias("occurredAt"),
         (d["payload"] if schema.payload_is_text else F.to_json(d["payload"])).alias("payload"),
-        F.struct(src["database"].alias("database"), src["collection"].alias("collection"),
-                 src["clusterTime"].cast("long").alias("clusterTime"),
-                 src["position"].alias("position")).alias("source"),
+        F.struct(
+            src["database"].alias("database"),
+            src["collection"].alias("collection"),
+            src["clusterTime"].cast("long").alias("clusterTime"),
+            src["position"].alias("position"),
+        ).alias("source"),
         F.lit(schema.name).alias("writerSchema"),
     )
 
@@ -124,22 +130,35 @@ def _undecodable_reason(value: Column) -> Column:
     from pyspark.sql import functions as F
 
     confluent = F.concat(
-        F.lit("no writer schema for Schema Registry id "), F.conv(F.hex(_schema_id(value)), 16, 10),
-        F.lit(" (Confluent wire format): give the jobs the registry the relay writes to "
-              "(--schema-registry-url / RELAY_SCHEMA_REGISTRY_URL); a schema registered after the job "
-              "started is read when it restarts"))
+        F.lit("no writer schema for Schema Registry id "),
+        F.conv(F.hex(_schema_id(value)), 16, 10),
+        F.lit(
+            " (Confluent wire format): give the jobs the registry the relay writes to "
+            "(--schema-registry-url / RELAY_SCHEMA_REGISTRY_URL); a schema registered after the job "
+            "started is read when it restarts"
+        ),
+    )
     single_object = F.concat(
-        F.lit("no writer schema for fingerprint "), F.hex(F.substr(value, F.lit(3), F.lit(8))),
-        F.lit(" (marker "), F.hex(F.substr(value, F.lit(1), F.lit(2))),
-        F.lit(f"; expected {SINGLE_OBJECT_MAGIC.hex().upper()} and a schema in schemas/)"))
+        F.lit("no writer schema for fingerprint "),
+        F.hex(F.substr(value, F.lit(3), F.lit(8))),
+        F.lit(" (marker "),
+        F.hex(F.substr(value, F.lit(1), F.lit(2))),
+        F.lit(f"; expected {SINGLE_OBJECT_MAGIC.hex().upper()} and a schema in schemas/)"),
+    )
     return F.when(_confluent(value), confluent).otherwise(single_object)
 
 
 def _message_name() -> Column:
     from pyspark.sql import functions as F
 
-    return F.concat(F.lit("message "), F.col("topic"), F.lit("["), F.col("partition").cast("string"),
-                    F.lit("]@"), F.col("offset").cast("string"))
+    return F.concat(
+        F.lit("message "),
+        F.col("topic"),
+        F.lit("["),
+        F.col("partition").cast("string"),
+        F.lit("]@"),
+        F.col("offset").cast("string"),
+    )
 
 
 def _fencing_token() -> Column:
@@ -173,8 +192,11 @@ def _event(schemas: Sequence[WriterSchema], strict: bool) -> Column:
     event: Column | None = None
     for i, schema in enumerate(schemas):
         d = F.col(f"_d{i}")
-        event = (F.when(d.isNotNull(), _normalized(d, schema)) if event is None
-                 else event.when(d.isNotNull(), _normalized(d, schema)))
+        event = (
+            F.when(d.isNotNull(), _normalized(d, schema))
+            if event is None
+            else event.when(d.isNotNull(), _normalized(d, schema))
+        )
     assert event is not None
     if not strict:
         return event.otherwise(F.lit(None))
@@ -195,14 +217,25 @@ def decode_events(kafka: DataFrame, schemas: Sequence[WriterSchema], strict: boo
         raise ValueError("no writer schemas")
     # The stages are separate projections: stage 2 reads each branch column several times, and
     # Spark keeps a costly column in its own projection rather than re-running from_avro per use.
-    stage1 = kafka.select("value", "topic", "partition", "offset", "timestamp", "key", "headers",
-                          *_branches(schemas))
+    stage1 = kafka.select("value", "topic", "partition", "offset", "timestamp", "key", "headers", *_branches(schemas))
     stage2 = stage1.select(
-        _event(schemas, strict).alias("e"), "value", "topic", "partition", "offset",
-        F.col("timestamp").alias("kafkaTimestamp"), F.col("key").cast("string").alias("key"),
-        _fencing_token().alias("fencingToken"))
-    error = (F.lit(None).cast("string") if strict
-             else F.when(F.col("e").isNull(), _undecodable_reason(F.col("value"))))
-    return stage2.select(*[F.col("e")[c].alias(c) for c in EVENT_COLUMNS],
-                         "topic", "partition", "offset", "kafkaTimestamp", "key", "fencingToken",
-                         error.alias("decodeError"))
+        _event(schemas, strict).alias("e"),
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        F.col("timestamp").alias("kafkaTimestamp"),
+        F.col("key").cast("string").alias("key"),
+        _fencing_token().alias("fencingToken"),
+    )
+    error = F.lit(None).cast("string") if strict else F.when(F.col("e").isNull(), _undecodable_reason(F.col("value")))
+    return stage2.select(
+        *[F.col("e")[c].alias(c) for c in EVENT_COLUMNS],
+        "topic",
+        "partition",
+        "offset",
+        "kafkaTimestamp",
+        "key",
+        "fencingToken",
+        error.alias("decodeError"),
+    )

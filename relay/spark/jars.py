@@ -36,6 +36,7 @@ def spark_jars() -> list[Path]:
     resolved them."""
     target = jars_dir()
     if not (target / RESOLVED_MARKER).exists():
-        raise PipelineError(f"Spark connector jars not in {target}: run `make setup` "
-                            "(or `python -m relay.dev.spark_jars`) first")
+        raise PipelineError(
+            f"Spark connector jars not in {target}: run `make setup` (or `python -m relay.dev.spark_jars`) first"
+        )
     return sorted(target.glob("*.jar"))

@@ -110,12 +110,14 @@ class MaterializeConfig:
 
 # ---- query 1: the event table ----------------------------------------------------------------
 
+
 def event_stream(spark: SparkSession, cfg: MaterializeConfig) -> DataFrame:
     """Decoded, de-duplicated events with their `eventDate`: the event table's rows."""
     from pyspark.sql import functions as F
 
     reader = spark.readStream.format("kafka").options(
-        **kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client))
+        **kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client)
+    )
     reader = reader.option("startingOffsets", cfg.starting_offsets)
     if cfg.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(cfg.max_offsets_per_trigger))
@@ -133,24 +135,27 @@ def _trigger(cfg: MaterializeConfig) -> dict[str, Any]:
 
 def start_event_table(events: DataFrame, cfg: MaterializeConfig) -> StreamingQuery:
     """Start query 1: `events` appended to the partitioned Parquet table, exactly once per batch."""
-    return (events.writeStream.queryName(EVENTS_QUERY).format("parquet")
-            .option("path", cfg.events_path)
-            .option("checkpointLocation", cfg.checkpoint_of(EVENTS_QUERY))
-            .partitionBy(*PARTITION_COLUMNS)
-            .outputMode("append")
-            .trigger(**_trigger(cfg))
-            .start())
+    return (
+        events.writeStream.queryName(EVENTS_QUERY)
+        .format("parquet")
+        .option("path", cfg.events_path)
+        .option("checkpointLocation", cfg.checkpoint_of(EVENTS_QUERY))
+        .partitionBy(*PARTITION_COLUMNS)
+        .outputMode("append")
+        .trigger(**_trigger(cfg))
+        .start()
+    )
 
 
 # ---- query 2: the state view -----------------------------------------------------------------
+
 
 class StateSink:
     """foreachBatch target: one micro-batch of changed aggregate states -> Parquet, MongoDB."""
 
     def __init__(self, spark: SparkSession, cfg: MaterializeConfig) -> None:
         self._snapshots = ParquetStateSnapshots(spark, cfg.state_path)
-        self._mongo = (MongoStateView(cfg.view.uri, cfg.view.database, cfg.view.collection)
-                       if cfg.view else None)
+        self._mongo = MongoStateView(cfg.view.uri, cfg.view.database, cfg.view.collection) if cfg.view else None
 
     def __call__(self, updates: DataFrame, batch_id: int) -> None:
         """Idempotent: a replay of `batch_id` rewrites the same snapshot and upserts the same
@@ -176,15 +181,19 @@ def event_table_ready(spark: SparkSession, cfg: MaterializeConfig) -> bool:
 def start_state_view(spark: SparkSession, cfg: MaterializeConfig, table_schema: StructType) -> StreamingQuery:
     """Start the state query; call only once `event_table_ready`."""
     events = spark.readStream.schema(table_schema).parquet(cfg.events_path)
-    return (aggregate_state(events).writeStream.queryName(STATE_QUERY)
-            .outputMode("update")
-            .foreachBatch(StateSink(spark, cfg))
-            .option("checkpointLocation", cfg.checkpoint_of(STATE_QUERY))
-            .trigger(**_trigger(cfg))
-            .start())
+    return (
+        aggregate_state(events)
+        .writeStream.queryName(STATE_QUERY)
+        .outputMode("update")
+        .foreachBatch(StateSink(spark, cfg))
+        .option("checkpointLocation", cfg.checkpoint_of(STATE_QUERY))
+        .trigger(**_trigger(cfg))
+        .start()
+    )
 
 
 # ---- running ---------------------------------------------------------------------------------
+
 
 def _progress_listener() -> Any:
     """A listener logging one line per micro-batch: query, batch id, rows, durations."""
@@ -196,8 +205,14 @@ def _progress_listener() -> Any:
 
         def onQueryProgress(self, event: Any) -> None:
             p = event.progress
-            log.info("%s batch %d: %d rows in %d ms %s", p.name, p.batchId, p.numInputRows,
-                     p.durationMs.get("triggerExecution", 0), dict(p.durationMs))
+            log.info(
+                "%s batch %d: %d rows in %d ms %s",
+                p.name,
+                p.batchId,
+                p.numInputRows,
+                p.durationMs.get("triggerExecution", 0),
+                dict(p.durationMs),
+            )
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -213,13 +228,16 @@ def check_outputs_have_checkpoints(spark: SparkSession, cfg: MaterializeConfig) 
     """Raises PipelineError when an output exists without the checkpoint that wrote it."""
     checkpoints = HadoopFs(spark, cfg.checkpoint)
     events_log = HadoopFs(spark, f"{cfg.events_path}/_spark_metadata")
-    if events_log.children(directories_only=False):
-        if not checkpoints.exists(EVENTS_QUERY, "offsets"):
-            raise PipelineError(f"{cfg.events_path} holds an event table but {cfg.checkpoint_of(EVENTS_QUERY)} "
-                                "has no checkpoint; restore the checkpoint, or delete the output to rebuild it")
+    if events_log.children(directories_only=False) and not checkpoints.exists(EVENTS_QUERY, "offsets"):
+        raise PipelineError(
+            f"{cfg.events_path} holds an event table but {cfg.checkpoint_of(EVENTS_QUERY)} "
+            "has no checkpoint; restore the checkpoint, or delete the output to rebuild it"
+        )
     if ParquetStateSnapshots(spark, cfg.state_path).exists() and not checkpoints.exists(STATE_QUERY, "offsets"):
-        raise PipelineError(f"{cfg.state_path} holds a state view but {cfg.checkpoint_of(STATE_QUERY)} has "
-                            "no checkpoint; restore the checkpoint, or delete the output to rebuild it")
+        raise PipelineError(
+            f"{cfg.state_path} holds a state view but {cfg.checkpoint_of(STATE_QUERY)} has "
+            "no checkpoint; restore the checkpoint, or delete the output to rebuild it"
+        )
 
 
 def check_cluster(spark: SparkSession, cfg: MaterializeConfig) -> None:
@@ -279,8 +297,9 @@ class QueryRun:
         self.rows = sum(p["numInputRows"] for p in progress)
 
 
-def materialize(spark: SparkSession, cfg: MaterializeConfig, stop: threading.Event | None = None,
-                log_progress: bool = False) -> list[QueryRun]:
+def materialize(
+    spark: SparkSession, cfg: MaterializeConfig, stop: threading.Event | None = None, log_progress: bool = False
+) -> list[QueryRun]:
     """Run the two queries: with `cfg.once` until all available data is processed (events
     first, then the state view), else until `stop` is set. Raises PipelineError if a query fails.
     With `log_progress`, one log line per micro-batch. Returns what each query did."""
@@ -322,23 +341,38 @@ def materialize(spark: SparkSession, cfg: MaterializeConfig, stop: threading.Eve
 
 # ---- command line ----------------------------------------------------------------------------
 
+
 def _parser() -> argparse.ArgumentParser:
     parser = job_parser("outbox-relay pipeline materialize", __doc__.splitlines()[0])
     job = parser.add_argument_group("materialize")
     job.add_argument("--output", required=True, help="folder (or URI) for events/ and state/")
     job.add_argument("--checkpoint", default=None, help="checkpoint folder (default <output>/_checkpoints)")
-    job.add_argument("--once", action="store_true",
-                     help="process what the topics hold now, then stop (trigger availableNow)")
+    job.add_argument(
+        "--once", action="store_true", help="process what the topics hold now, then stop (trigger availableNow)"
+    )
     job.add_argument("--interval", type=float, default=10.0, help="seconds between micro-batches (default 10)")
-    job.add_argument("--max-offsets-per-trigger", type=int, default=None,
-                     help="most Kafka messages per micro-batch (default: all available)")
-    job.add_argument("--starting-offsets", default="earliest",
-                     help="where a new checkpoint starts reading: earliest (default) or latest")
-    job.add_argument("--dedup-window", default=None,
-                     help="bound the de-duplication state to this Kafka-time window, e.g. '7 days' "
-                          "(default: remember every event id)")
-    job.add_argument("--view-collection", default=DEFAULT_VIEW_COLLECTION,
-                     help=f"MongoDB collection of the read model (default {DEFAULT_VIEW_COLLECTION})")
+    job.add_argument(
+        "--max-offsets-per-trigger",
+        type=int,
+        default=None,
+        help="most Kafka messages per micro-batch (default: all available)",
+    )
+    job.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        help="where a new checkpoint starts reading: earliest (default) or latest",
+    )
+    job.add_argument(
+        "--dedup-window",
+        default=None,
+        help="bound the de-duplication state to this Kafka-time window, e.g. '7 days' "
+        "(default: remember every event id)",
+    )
+    job.add_argument(
+        "--view-collection",
+        default=DEFAULT_VIEW_COLLECTION,
+        help=f"MongoDB collection of the read model (default {DEFAULT_VIEW_COLLECTION})",
+    )
     job.add_argument("--view-database", default=None, help="its database (default RELAY_DATABASE)")
     job.add_argument("--view-uri", default=None, help="its MongoDB URI (default RELAY_MONGODB_URI)")
     job.add_argument("--no-mongo-view", action="store_true", help="write the Parquet state view only")
@@ -359,17 +393,27 @@ def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, Spark
     settings = load(args)
     spark_opts = spark_options(args)
     output = absolute(args.output)
-    view = None if args.no_mongo_view else MongoView(
-        args.view_uri or settings.mongodb_uri, args.view_database or settings.database, args.view_collection)
+    view = (
+        None
+        if args.no_mongo_view
+        else MongoView(
+            args.view_uri or settings.mongodb_uri, args.view_database or settings.database, args.view_collection
+        )
+    )
     cfg = MaterializeConfig(
         bootstrap_servers=settings.kafka_bootstrap_servers,
         topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
         output=output,
         checkpoint=absolute(args.checkpoint) if args.checkpoint else f"{output.rstrip('/')}/_checkpoints",
-        view=view, once=args.once, interval_s=args.interval,
-        max_offsets_per_trigger=args.max_offsets_per_trigger, starting_offsets=args.starting_offsets,
-        dedup_window=args.dedup_window, schemas_dir=spark_opts.schemas_dir, kafka_client=spark_opts.kafka,
+        view=view,
+        once=args.once,
+        interval_s=args.interval,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        starting_offsets=args.starting_offsets,
+        dedup_window=args.dedup_window,
+        schemas_dir=spark_opts.schemas_dir,
+        kafka_client=spark_opts.kafka,
         schema_registry=RegistryAccess.from_settings(settings),
     )
     return cfg, spark_opts, settings
@@ -392,10 +436,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     owned = active_session() is None
-    spark = spark_session("outbox-relay materialize", spark_opts.master, spark_opts.shuffle_partitions,
-                          spark_opts.conf)
-    log.info("materialize %s -> %s (checkpoint %s)%s", cfg.topics or cfg.topic_pattern, cfg.output,
-             cfg.checkpoint, " once" if cfg.once else f" every {cfg.interval_s}s")
+    spark = spark_session("outbox-relay materialize", spark_opts.master, spark_opts.shuffle_partitions, spark_opts.conf)
+    log.info(
+        "materialize %s -> %s (checkpoint %s)%s",
+        cfg.topics or cfg.topic_pattern,
+        cfg.output,
+        cfg.checkpoint,
+        " once" if cfg.once else f" every {cfg.interval_s}s",
+    )
     try:
         for run in materialize(spark, cfg, stop, log_progress=True):
             log.info("%s: %d rows in %d micro-batches, %.1f s", run.name, run.rows, run.batches, run.seconds)

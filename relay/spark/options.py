@@ -31,29 +31,49 @@ class SparkOptions:
 def spark_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the Spark and topic flags to a job's parser."""
     group = parser.add_argument_group("spark")
-    group.add_argument("--master", default=None,
-                       help="Spark master (default local[*]; ignored under spark-submit)")
-    group.add_argument("--shuffle-partitions", type=int, default=8,
-                       help="spark.sql.shuffle.partitions; fixed in a streaming checkpoint when it is "
-                            "created (default 8)")
-    group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
-                       help="any Spark setting, repeatable")
-    group.add_argument("--topics", default=None,
-                       help="comma-separated topics (default: every topic RELAY_TOPIC_TEMPLATE can produce)")
+    group.add_argument("--master", default=None, help="Spark master (default local[*]; ignored under spark-submit)")
+    group.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=8,
+        help="spark.sql.shuffle.partitions; fixed in a streaming checkpoint when it is created (default 8)",
+    )
+    group.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="any Spark setting, repeatable"
+    )
+    group.add_argument(
+        "--topics", default=None, help="comma-separated topics (default: every topic RELAY_TOPIC_TEMPLATE can produce)"
+    )
     group.add_argument("--topic-pattern", default=None, help="Java regex of topics to read instead")
-    group.add_argument("--schemas", dest="schemas_dir", default=None,
-                       help="folder of writer schemas (.avsc; default: the bundled schemas/)")
-    group.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="a Java Kafka client property for the Kafka source (e.g. "
-                            "security.protocol=SASL_SSL, sasl.jaas.config=...), repeatable")
+    group.add_argument(
+        "--schemas",
+        dest="schemas_dir",
+        default=None,
+        help="folder of writer schemas (.avsc; default: the bundled schemas/)",
+    )
+    group.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Java Kafka client property for the Kafka source (e.g. "
+        "security.protocol=SASL_SSL, sasl.jaas.config=...), repeatable",
+    )
 
 
 def spark_options(args: argparse.Namespace) -> SparkOptions:
     if args.shuffle_partitions < 1:
         raise ConfigError("--shuffle-partitions", "must be at least 1")
     topics = tuple(t.strip() for t in (args.topics or "").split(",") if t.strip())
-    return SparkOptions(args.master, args.shuffle_partitions, parse_pairs(args.spark_conf, "--spark-conf"), topics,
-                        args.topic_pattern, args.schemas_dir, parse_pairs(args.kafka_option, "--kafka-option"))
+    return SparkOptions(
+        args.master,
+        args.shuffle_partitions,
+        parse_pairs(args.spark_conf, "--spark-conf"),
+        topics,
+        args.topic_pattern,
+        args.schemas_dir,
+        parse_pairs(args.kafka_option, "--kafka-option"),
+    )
 
 
 def job_parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -40,8 +40,11 @@ if TYPE_CHECKING:
 DOCS = "docs/spark.md"
 _ERROR_LINE = re.compile(r"^((?:\w+\.)*\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 _SPARK_ERROR = re.compile(r"\[([A-Z_]+)\] ([^\n]+)")
-_TASK_FAILURE_LOGGERS = ("org.apache.spark.scheduler.TaskSetManager", "org.apache.spark.scheduler.TaskSchedulerImpl",
-                         "org.apache.spark.executor.Executor")
+_TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.scheduler.TaskSchedulerImpl",
+    "org.apache.spark.executor.Executor",
+)
 
 
 def _imports(rows: Iterable[Any]) -> Iterator[str]:
@@ -99,12 +102,13 @@ def check_executor_python(spark: SparkSession) -> str:
     try:
         with _quiet_task_failures(spark):
             ran = spark.sparkContext.parallelize([0], 1).mapPartitions(_imports).collect()
-    except Exception as exc:  # noqa: BLE001 - any failure is the finding; its root cause is named
+    except Exception as exc:
         raise PipelineError(
             f"the Spark executors cannot run this package's Python code ({python_error(str(exc))}; "
             f"executors run {executor_python(spark)!r}): set PYSPARK_PYTHON (or spark.pyspark.python) to "
             f"an interpreter with outbox-relay and pymongo installed at the same path on every node, "
-            f"or ship an environment with --archives; see {DOCS}") from None
+            f"or ship an environment with --archives; see {DOCS}"
+        ) from exc
     return ran[0]
 
 
@@ -117,19 +121,17 @@ def check_shared_folder(spark: SparkSession, folder: str, flag: str) -> None:
         with _quiet_task_failures(spark):
             spark.range(1, numPartitions=1).selectExpr("'storage check' AS value").write.text(probe)
         seen = [name for name in fs.children(directories_only=False) if name.startswith("part-")]
-    except Exception as exc:  # noqa: BLE001 - a write that fails is reported with its cause
-        raise PipelineError(f"{flag} {folder}: the executors cannot write there "
-                            f"({python_error(str(exc))})") from None
+    except Exception as exc:
+        raise PipelineError(f"{flag} {folder}: the executors cannot write there ({python_error(str(exc))})") from exc
     finally:
-        try:
+        with contextlib.suppress(Exception):  # best effort; the finding matters more
             fs.delete()
-        except Exception:  # noqa: BLE001 - best effort; the finding matters more
-            pass
     if not seen:
         raise PipelineError(
             f"{flag} {folder} is not shared by the driver and the executors: a file an executor wrote "
             f"there is not visible to the driver (each node has its own {folder}); use storage every "
-            f"node sees, such as HDFS, S3 or NFS; see {DOCS}")
+            f"node sees, such as HDFS, S3 or NFS; see {DOCS}"
+        )
 
 
 def is_local_master(spark: SparkSession) -> bool:

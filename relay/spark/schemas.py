@@ -89,8 +89,10 @@ def _check_common_fields(name: str, schema: dict[str, Any]) -> None:
     source_fields = {f["name"] for f in source.get("fields", [])} if isinstance(source, dict) else set()
     missing += [f"source.{f}" for f in SOURCE_FIELDS if f not in source_fields]
     if missing:
-        raise PipelineError(f"schema {name} lacks the common event fields {missing}; every schema "
-                            "in the registry keeps the top-level fields of io.outboxrelay.v1.OutboxEvent")
+        raise PipelineError(
+            f"schema {name} lacks the common event fields {missing}; every schema "
+            "in the registry keeps the top-level fields of io.outboxrelay.v1.OutboxEvent"
+        )
 
 
 def load_schema(text: str, origin: str) -> WriterSchema:
@@ -101,7 +103,7 @@ def load_schema(text: str, origin: str) -> WriterSchema:
             raise ValueError("a message schema must be an Avro record")
         parsed: Any = fastavro.parse_schema(dict(schema))
     except (ValueError, TypeError, KeyError, SchemaParseException, UnknownType) as exc:
-        raise PipelineError(f"{origin}: not a self-contained Avro schema: {exc}") from None
+        raise PipelineError(f"{origin}: not a self-contained Avro schema: {exc}") from exc
     name = str(parsed["name"])
     _check_common_fields(name, schema)
     fp = bytes.fromhex(fingerprint(to_parsing_canonical_form(parsed), "CRC-64-AVRO"))
@@ -119,16 +121,20 @@ def _schema_files(root: Traversable | Path) -> Iterator[tuple[str, str]]:
             yield from ((f"{entry.name}/{path}", text) for path, text in _schema_files(entry))
 
 
-def writer_schemas(folder: Traversable | Path | str | None = None,
-                   registry: RegistryAccess | None = None) -> list[WriterSchema]:
+def writer_schemas(
+    folder: Traversable | Path | str | None = None, registry: RegistryAccess | None = None
+) -> list[WriterSchema]:
     """Every schema under `folder` (default: the bundled `schemas/`), one per fingerprint, with
     the ids `registry` (if given) holds them under, plus the registry's other outbox schemas.
 
     Raises PipelineError naming the file when a schema does not parse or lacks the common fields,
     ServerUnreachableError when the registry cannot be read.
     """
-    root: Traversable | Path = (Path(folder) if isinstance(folder, str) else folder) \
-        if folder is not None else resources.files("relay_schemas")
+    root: Traversable | Path = (
+        (Path(folder) if isinstance(folder, str) else folder)
+        if folder is not None
+        else resources.files("relay_schemas")
+    )
     found: dict[bytes, WriterSchema] = {}
     for path, text in _schema_files(root):
         schema = load_schema(text, path)
@@ -151,8 +157,7 @@ def with_registry_ids(schemas: list[WriterSchema], registered: Mapping[int, str]
             skipped.append(schema_id)
             continue
         known = by_fingerprint.get(schema.fingerprint, schema)
-        by_fingerprint[schema.fingerprint] = dataclasses.replace(
-            known, confluent_ids=known.confluent_ids | {schema_id})
+        by_fingerprint[schema.fingerprint] = dataclasses.replace(known, confluent_ids=known.confluent_ids | {schema_id})
     if skipped:
         log.info("Schema Registry ids %s are not outbox event schemas: not decoded", skipped)
     return list(by_fingerprint.values())
@@ -167,14 +172,20 @@ def registry_schemas(registry: RegistryAccess) -> dict[int, str]:
 
     client = registry_client(registry.url, registry.basic_auth)
     try:
-        ids = {client.get_version(subject, version).schema_id
-               for subject in client.get_subjects() for version in client.get_versions(subject)}
+        ids = {
+            schema_id
+            for subject in client.get_subjects()
+            for version in client.get_versions(subject)
+            if (schema_id := client.get_version(subject, version).schema_id) is not None
+        }
         schemas = {schema_id: client.get_schema(schema_id) for schema_id in sorted(ids)}
     except SchemaRegistryError as exc:  # an answer, but a refusal (credentials, ...)
-        raise PipelineError(f"the Schema Registry at {registry.url} (RELAY_SCHEMA_REGISTRY_URL) refused to "
-                            f"list its schemas: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the HTTP client's transport errors
+        raise PipelineError(
+            f"the Schema Registry at {registry.url} (RELAY_SCHEMA_REGISTRY_URL) refused to list its schemas: {exc}"
+        ) from exc
+    except Exception as exc:
         raise ServerUnreachableError(
             f"cannot read the schemas of the Schema Registry at {registry.url} "
-            f"(RELAY_SCHEMA_REGISTRY_URL): {type(exc).__name__}: {exc}") from None
-    return {i: s.schema_str for i, s in schemas.items() if (s.schema_type or "AVRO") == "AVRO"}
+            f"(RELAY_SCHEMA_REGISTRY_URL): {type(exc).__name__}: {exc}"
+        ) from exc
+    return {i: s.schema_str for i, s in schemas.items() if (s.schema_type or "AVRO") == "AVRO" and s.schema_str}

@@ -88,32 +88,36 @@ def active_session() -> SparkSession | None:
     return SparkSession.getActiveSession()
 
 
+_launched: list[object] = []  # the driver JVM this process launched (at most one)
+
+
 def _launch_driver(app_name: str, settings: Mapping[str, str], scratch: str) -> None:
-    """Start the driver JVM with its working directory in `scratch`, and its SparkContext."""
+    """Start the driver JVM with its working directory in `scratch`, and its SparkContext. A JVM
+    this process launched earlier is reused as it is (SparkContext reuses its gateway)."""
     from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     conf = SparkConf(loadDefaults=False).setAppName(app_name).setAll(list(settings.items()))
     gateway = None
-    if SparkContext._gateway is None:  # a JVM this process started earlier is reused as it is
+    if not _launched:
         gateway = launch_gateway(conf, popen_kwargs={"cwd": scratch})
+        _launched.append(gateway)
     SparkContext(conf=conf, gateway=gateway)
 
 
-def spark_session(app_name: str, master: str | None = None, shuffle_partitions: int = 8,
-                  conf: Mapping[str, str] | None = None) -> SparkSession:
+def spark_session(
+    app_name: str, master: str | None = None, shuffle_partitions: int = 8, conf: Mapping[str, str] | None = None
+) -> SparkSession:
     """The session for a job: an existing one if this process has it, else a new one.
 
     `shuffle_partitions` is the number of state partitions of a new streaming checkpoint; a
     restarted query keeps the number its checkpoint was created with. `conf` entries win.
     With an existing session, the job settings are applied to it.
     """
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     settings = job_conf(shuffle_partitions, conf)
-    if (not under_spark_submit() and SparkSession.getActiveSession() is None
-            and SparkContext._active_spark_context is None):
+    if not under_spark_submit() and SparkSession.getActiveSession() is None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers import relay, pymongo
         scratch = _scratch_dir()
         _launch_driver(app_name, {**launch_conf(master, scratch), **settings}, scratch)

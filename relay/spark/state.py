@@ -29,6 +29,7 @@ write here is idempotent and can be repeated any number of times.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import threading
@@ -44,13 +45,22 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row, SparkSession
 
 STATE_KEY = ("aggregateType", "aggregateId")
-STATE_COLUMNS = (*STATE_KEY, "lastEventId", "lastEventType", "lastPayload", "lastOccurredAt",
-                 "lastPosition", "lastClusterTime", "eventCount")
+STATE_COLUMNS = (
+    *STATE_KEY,
+    "lastEventId",
+    "lastEventType",
+    "lastPayload",
+    "lastOccurredAt",
+    "lastPosition",
+    "lastClusterTime",
+    "eventCount",
+)
 _SNAPSHOT_PREFIX = "snapshot-"
 _MONGO_CHUNK = 1000
 
 
 # ---- the definition --------------------------------------------------------------------------
+
 
 def aggregate_state(events: DataFrame) -> DataFrame:
     """`STATE_COLUMNS` per aggregate from distinct events (the event table's columns).
@@ -61,13 +71,18 @@ def aggregate_state(events: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     last = F.struct(
-        F.col("id").alias("lastEventId"), F.col("eventType").alias("lastEventType"),
-        F.col("payload").alias("lastPayload"), F.col("occurredAt").alias("lastOccurredAt"),
+        F.col("id").alias("lastEventId"),
+        F.col("eventType").alias("lastEventType"),
+        F.col("payload").alias("lastPayload"),
+        F.col("occurredAt").alias("lastOccurredAt"),
         F.col("source.position").alias("lastPosition"),
-        F.col("source.clusterTime").alias("lastClusterTime"))
-    return (events.groupBy(*STATE_KEY)
-            .agg(F.max_by(last, F.col("source.position")).alias("last"), F.count(F.lit(1)).alias("eventCount"))
-            .select(*STATE_KEY, "last.*", "eventCount"))
+        F.col("source.clusterTime").alias("lastClusterTime"),
+    )
+    return (
+        events.groupBy(*STATE_KEY)
+        .agg(F.max_by(last, F.col("source.position")).alias("last"), F.count(F.lit(1)).alias("eventCount"))
+        .select(*STATE_KEY, "last.*", "eventCount")
+    )
 
 
 def newest_per_aggregate(states: DataFrame) -> DataFrame:
@@ -80,6 +95,7 @@ def newest_per_aggregate(states: DataFrame) -> DataFrame:
 
 
 # ---- Parquet snapshots -----------------------------------------------------------------------
+
 
 class HadoopFs:
     """The few file-system calls the snapshots need, through Hadoop (any Spark-supported FS)."""
@@ -101,8 +117,9 @@ class HadoopFs:
         """Names of the entries under the root (folders only by default); [] if it is absent."""
         if not self._fs.exists(self._root):
             return []
-        return [s.getPath().getName() for s in self._fs.listStatus(self._root)
-                if s.isDirectory() or not directories_only]
+        return [
+            s.getPath().getName() for s in self._fs.listStatus(self._root) if s.isDirectory() or not directories_only
+        ]
 
     def exists(self, *names: str) -> bool:
         return bool(self._fs.exists(self.path(*names)))
@@ -123,8 +140,11 @@ class ParquetStateSnapshots:
         self._fs = HadoopFs(spark, self._path)
 
     def _complete(self) -> list[int]:
-        ids = [int(name[len(_SNAPSHOT_PREFIX):]) for name in self._fs.children()
-               if name.startswith(_SNAPSHOT_PREFIX) and name[len(_SNAPSHOT_PREFIX):].isdigit()]
+        ids = [
+            int(name[len(_SNAPSHOT_PREFIX) :])
+            for name in self._fs.children()
+            if name.startswith(_SNAPSHOT_PREFIX) and name[len(_SNAPSHOT_PREFIX) :].isdigit()
+        ]
         return sorted(i for i in ids if self._fs.exists(self._name(i), "_SUCCESS"))
 
     @staticmethod
@@ -154,7 +174,8 @@ class ParquetStateSnapshots:
         merged = updates.select(*STATE_COLUMNS)
         if previous is not None:
             merged = newest_per_aggregate(
-                self._spark.read.parquet(self._location(previous)).select(*STATE_COLUMNS).unionByName(merged))
+                self._spark.read.parquet(self._location(previous)).select(*STATE_COLUMNS).unionByName(merged)
+            )
         merged.write.mode("overwrite").parquet(self._location(batch_id))
         for old in self._complete():
             if previous is not None and old < previous:
@@ -167,6 +188,7 @@ def read_state(spark: SparkSession, path: str) -> DataFrame | None:
 
 
 # ---- MongoDB read model ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class UpsertResult:
@@ -185,10 +207,8 @@ def state_document(row: Mapping[str, Any]) -> dict[str, Any]:
     from bson import json_util
 
     payload: Any = row["lastPayload"]
-    try:
+    with contextlib.suppress(ValueError):  # else keep the text
         payload = json_util.loads(payload) if payload is not None else None
-    except ValueError:
-        pass  # keep the text
     millis = row["lastOccurredAtMs"]
     return {
         "_id": {"aggregateType": row["aggregateType"], "aggregateId": row["aggregateId"]},
@@ -197,7 +217,7 @@ def state_document(row: Mapping[str, Any]) -> dict[str, Any]:
         "lastEventId": row["lastEventId"],
         "lastEventType": row["lastEventType"],
         "lastPayload": payload,
-        "lastOccurredAt": None if millis is None else dt.datetime.fromtimestamp(millis / 1000, dt.timezone.utc),
+        "lastOccurredAt": None if millis is None else dt.datetime.fromtimestamp(millis / 1000, dt.UTC),
         "lastPosition": row["lastPosition"],
         "lastClusterTime": row["lastClusterTime"],
         "eventCount": row["eventCount"],
@@ -208,8 +228,7 @@ def _conditional_update(doc: Mapping[str, Any]) -> Any:
     from pymongo import UpdateOne
 
     position, count = doc["lastPosition"], doc["eventCount"]
-    newer = {"$or": [{"lastPosition": {"$lt": position}},
-                     {"lastPosition": position, "eventCount": {"$lt": count}}]}
+    newer = {"$or": [{"lastPosition": {"$lt": position}}, {"lastPosition": position, "eventCount": {"$lt": count}}]}
     fields = {k: v for k, v in doc.items() if k != "_id"}
     return UpdateOne({"_id": doc["_id"], **newer}, {"$set": fields}, upsert=True)
 
@@ -276,6 +295,8 @@ class MongoStateView:
     def write(self, updates: DataFrame) -> None:
         from pyspark.sql import functions as F
 
-        rows = updates.select(*[c for c in STATE_COLUMNS if c != "lastOccurredAt"],
-                              F.unix_millis("lastOccurredAt").alias("lastOccurredAtMs"))
+        rows = updates.select(
+            *[c for c in STATE_COLUMNS if c != "lastOccurredAt"],
+            F.unix_millis("lastOccurredAt").alias("lastOccurredAtMs"),
+        )
         rows.foreachPartition(functools.partial(_upsert_partition, self.uri, self.database, self.collection))

@@ -16,8 +16,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from relay.kafka import transactions
 from relay.cli import main
+from relay.kafka import transactions
 
 DELAY_S = float(os.environ.get("RELAY_TEST_COMMIT_DELAY_S", "0.3"))
 FLUSH = os.environ.get("RELAY_TEST_COMMIT_FLUSH", "1") == "1"
@@ -27,7 +27,7 @@ _commit = transactions.TransactionalPublisher._commit
 
 def _slow_commit(self: transactions.TransactionalPublisher, while_waiting: Callable[[], None]) -> None:
     if FLUSH:
-        self._producer.flush(30)  # noqa: SLF001 - the transaction's messages are in the log...
+        self._producer.flush(30)
     print(MARKER, file=sys.stderr, flush=True)
     time.sleep(DELAY_S)  # ...and stay uncommitted for a while
     _commit(self, while_waiting)

@@ -5,11 +5,17 @@ from __future__ import annotations
 import time
 
 from tests.support import (
-    CheckpointWatcher, RelayThread, Written, all_published, assert_complete_and_ordered, background_writes,
-    lease_doc, needs_local_stack, read_messages, wait_until,
+    CheckpointWatcher,
+    RelayThread,
+    Written,
+    all_published,
+    assert_complete_and_ordered,
+    background_writes,
+    lease_doc,
+    needs_local_stack,
+    read_messages,
+    wait_until,
 )
-
-
 
 
 def test_broker_killed_and_restarted_loses_and_reorders_nothing(env):
@@ -61,15 +67,15 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env)
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from relay.core.message import OutgoingMessage
-    from relay.kafka.producer import Publisher
     from relay.core.window import Delivery
+    from relay.kafka.producer import Publisher
 
     broker = needs_local_stack(env.servers).kafka
     topic = env.topic()
     admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
     settings = env.settings.replace(kafka={"message.timeout.ms": "3000", "linger.ms": "0"})
-    publisher = Publisher(settings)
+    publisher = Publisher(settings.kafka_config())
     message = lambda i: OutgoingMessage(f"e{i}", topic, b"k", f"v{i}".encode(), [])  # noqa: E731
     publisher.poll(5)  # connected
     first = Delivery([-1], [message(0)], None, 0.0)

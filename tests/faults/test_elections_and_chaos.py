@@ -12,8 +12,17 @@ from pymongo.errors import PyMongoError
 
 from tests.conftest import Env
 from tests.support import (
-    CheckpointWatcher, RelayProcess, RelayThread, Written, all_published, assert_complete_and_ordered,
-    background_writes, lease_doc, needs_local_stack, replica_set, wait_until,
+    CheckpointWatcher,
+    RelayProcess,
+    RelayThread,
+    Written,
+    all_published,
+    assert_complete_and_ordered,
+    background_writes,
+    lease_doc,
+    needs_local_stack,
+    replica_set,
+    wait_until,
 )
 
 
@@ -95,7 +104,7 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
             for action in actions:
                 time.sleep(rng.uniform(2.0, 5.0))
                 owner = str((lease_doc(env3.db, env3.settings) or {}).get("owner") or "")
-                leader = owner.split("-")[0] if owner.startswith(("r1-", "r2-")) else "r1"
+                leader = owner.split("-", maxsplit=1)[0] if owner.startswith(("r1-", "r2-")) else "r1"
                 # Mostly hit the replica that holds the lease: that is where faults hurt.
                 slot = leader if rng.random() < 0.75 else ("r2" if leader == "r1" else "r1")
                 if action == "kill":

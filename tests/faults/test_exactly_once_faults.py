@@ -19,8 +19,18 @@ import time
 import pytest
 
 from tests.support import (
-    RelayProcess, Written, assert_complete_and_ordered, background_writes, lease_doc, needs_local_stack, read_topic,
-    topic_size, uncommitted_messages, wait_until, write_events, written_after_first_of,
+    RelayProcess,
+    Written,
+    assert_complete_and_ordered,
+    background_writes,
+    lease_doc,
+    needs_local_stack,
+    read_topic,
+    topic_size,
+    uncommitted_messages,
+    wait_until,
+    write_events,
+    written_after_first_of,
 )
 
 SLOW_COMMIT = "tests.faults.slow_commit"

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from relay.core.errors import RepeatedStreamError
 from tests.support import (
-    CheckpointWatcher, RelayThread, assert_complete_and_ordered, failpoint, lease_doc, needs_local_stack,
-    read_topic, wait_until, write_events,
+    CheckpointWatcher,
+    RelayThread,
+    assert_complete_and_ordered,
+    failpoint,
+    lease_doc,
+    needs_local_stack,
+    read_topic,
+    wait_until,
+    write_events,
 )
 
 
@@ -71,7 +77,7 @@ def test_non_resumable_getmore_error_that_repeats_stops_the_relay_with_the_code(
 ], ids=["write-concern-error", "close-connection"])
 def test_failing_checkpoint_write_advances_nothing_until_acknowledged(env, fault, write_applied):
     with RelayThread(env.settings) as relay:
-        observer = relay.core.loop.observer
+        observer = relay.relay.observer
         written = write_events(env.db, env.settings.outbox_collection, total=200, writers=2)
         _published(env, 200)
         wait_until(lambda: (lease_doc(env.db, env.settings) or {}).get("resumeToken"), 30, "a checkpoint")
@@ -106,15 +112,15 @@ def test_mongodb_paused_makes_the_relay_unready_then_it_recovers_without_loss(en
     with RelayThread(env.settings) as relay, CheckpointWatcher(env.db, env.settings) as watcher:
         written = write_events(env.db, env.settings.outbox_collection, total=300, writers=2)
         _published(env, 300)
-        wait_until(relay.core.loop.observer.ready, 30, "the relay to be ready")
+        wait_until(relay.relay.observer.ready, 30, "the relay to be ready")
         mongod.pause()
         try:
-            wait_until(lambda: not relay.core.loop.observer.ready(), 30, "readiness to report MongoDB unreachable")
+            wait_until(lambda: not relay.relay.observer.ready(), 30, "readiness to report MongoDB unreachable")
         finally:
             mongod.resume()
         write_events(env.db, env.settings.outbox_collection, total=300, writers=2, seed=3, written=written)
         _published(env, 600)
-        wait_until(relay.core.loop.observer.ready, 60, "the relay to be ready again")
+        wait_until(relay.relay.observer.ready, 60, "the relay to be ready again")
     assert relay.error is None, relay.error
     assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
     watcher.assert_never_went_backwards()

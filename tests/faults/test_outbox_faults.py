@@ -11,13 +11,22 @@ import pymongo
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from relay.mongo.changes import oplog_start
-from relay.core.positions import token_cluster_time
 from relay.core.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
+from relay.core.positions import token_cluster_time
+from relay.mongo.changes import oplog_start
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    RelayProcess, RelayThread, Written, assert_complete_and_ordered, lease_doc, read_messages, read_topic, replica_set,
-    topic_size, wait_until, write_events,
+    RelayProcess,
+    RelayThread,
+    Written,
+    assert_complete_and_ordered,
+    lease_doc,
+    read_messages,
+    read_topic,
+    replica_set,
+    topic_size,
+    wait_until,
+    write_events,
 )
 
 

@@ -12,10 +12,15 @@ from typing import Any
 
 import pytest
 
-from relay.core.partitions import Partition, lease_id, partition_of
 from relay.commands.status import status
+from relay.core.partitions import Partition, lease_id, partition_of
 from tests.support import (
-    LeaseHistory, RelayProcess, Written, all_published, assert_complete_and_ordered, background_writes,
+    LeaseHistory,
+    RelayProcess,
+    Written,
+    all_published,
+    assert_complete_and_ordered,
+    background_writes,
     wait_until,
 )
 

@@ -7,7 +7,12 @@ import threading
 import time
 
 from tests.support import (
-    RelayProcess, Written, assert_complete_and_ordered, lease_doc, read_topic, wait_until,
+    RelayProcess,
+    Written,
+    assert_complete_and_ordered,
+    lease_doc,
+    read_topic,
+    wait_until,
     write_events,
 )
 

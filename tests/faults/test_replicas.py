@@ -10,8 +10,18 @@ import time
 
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    ROOT, CheckpointWatcher, RelayProcess, Written, all_published, assert_complete_and_ordered,
-    background_writes, lease_doc, settings_env, topic_size, wait_until, written_after_first_of,
+    ROOT,
+    CheckpointWatcher,
+    RelayProcess,
+    Written,
+    all_published,
+    assert_complete_and_ordered,
+    background_writes,
+    lease_doc,
+    settings_env,
+    topic_size,
+    wait_until,
+    written_after_first_of,
 )
 
 

@@ -1,36 +1,51 @@
-"""`ChangeSource` on a real mongod: a read that takes part of a server batch (the rest stays in
-the driver's buffer, taken raw by `_take_buffered`) must carry a token that covers only what it
-took, so a checkpoint stored after it resumes at the first change it did not take."""
+"""`ChangeSource` on a real mongod: its own aggregate and getMore commands (no driver state).
+
+A read asks the server for at most `max_events` changes and carries the server's post-batch
+token, which covers exactly what that read returned: a checkpoint stored after it resumes at the
+first change it did not return. (The mutation "ask for a bigger server batch and cut it to
+`max_events`, keeping the post-batch token" fails the resume check below, as did its ancestor,
+"always use the post-batch token" over a partly taken driver buffer.)
+"""
 
 from __future__ import annotations
 
+from pymongo import MongoClient
+
+from relay.core.positions import StartPoint, newer
 from relay.mongo.changes import ChangeSource
-from relay.core.positions import StartPoint
 from relay.outbox import Outbox, OutboxEvent
+from tests.support import wait_until
 
 
 def _ids(batch) -> list[str]:
     return [str(c["fullDocument"]["_id"]) for c in batch.changes]
 
 
-def test_a_partial_read_of_a_server_batch_covers_only_the_changes_it_took(env):
+def _source(env) -> ChangeSource:
+    client: MongoClient = MongoClient(env.servers.mongodb_uri, tz_aware=True)  # the relay's kind of client
+    return ChangeSource(client[env.settings.database][env.settings.outbox_collection], 200)
+
+
+def test_a_read_covers_only_the_changes_it_returned(env):
     outbox = env.db[env.settings.outbox_collection]
-    opened = ChangeSource(outbox, 200, 10)  # server batches of 10
+    opened = _source(env)
     opened.open(StartPoint())
     written = [str(i) for i in Outbox(outbox).add_many(
         OutboxEvent.new("order", f"a{i}", "Created", {"n": i}) for i in range(10))]
     try:
-        first = opened.next_batch(3)  # one getMore returns all 10; 3 are taken, 7 stay buffered
-        while not first.changes:
-            first = opened.next_batch(3)
-        assert _ids(first) == written[:3]
-        rest = opened.next_batch(10)
-        assert _ids(rest) == written[3:], "the buffered changes come next, in order"
+        first = wait_until(lambda: (b := opened.next_batch(3)).changes and b, 30, "the first changes")
+        assert _ids(first) == written[:3], "a read returns at most what it asked for"
+        rest: list[str] = []
+        for _ in range(20):  # at most 200 ms each
+            rest += _ids(opened.next_batch(10))
+            if len(rest) >= 7:
+                break
+        assert rest == written[3:], "the next reads return the rest, in order"
     finally:
         opened.close()
 
     # A relay that stored the first read's token and restarted: nothing after it is skipped.
-    resumed = ChangeSource(outbox, 200, 10)
+    resumed = _source(env)
     resumed.open(StartPoint(resume_after=first.token))
     try:
         seen: list[str] = []
@@ -41,3 +56,27 @@ def test_a_partial_read_of_a_server_batch_covers_only_the_changes_it_took(env):
         assert seen == written[3:], "resuming after the first read's token delivers the other 7"
     finally:
         resumed.close()
+
+
+def test_an_idle_stream_still_advances_its_token_and_a_closed_one_releases_its_cursor(env):
+    source = _source(env)
+    source.open(StartPoint())
+    opening = source.token
+    assert opening is not None, "the opening post-batch token is known at once"
+    env.db.other.insert_one({"x": 1})  # oplog entries the outbox's stream filters out
+    namespace = f"{env.settings.database}.{env.settings.outbox_collection}"
+
+    def open_cursors() -> int:
+        return len(list(env.client.admin.aggregate([
+            {"$currentOp": {"idleCursors": True, "allUsers": True}},
+            {"$match": {"type": "idleCursor", "ns": namespace}}])))
+
+    try:
+        later = wait_until(lambda: (b := source.next_batch(10)).token != opening and b, 30,
+                           "an empty read to carry a newer post-batch token")
+        assert later.changes == [] and newer(later.token, opening)
+        assert open_cursors() == 1
+    finally:
+        source.close()
+    assert open_cursors() == 0, "close() kills the server's cursor"
+    source.close()  # twice is safe

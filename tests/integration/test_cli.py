@@ -10,8 +10,8 @@ import time
 import pytest
 
 from relay.dev.stack import free_port
-from tests.support import ROOT, RelayThread, lease_doc, settings_env, topic_size, wait_until
 from relay.outbox import Outbox, OutboxEvent
+from tests.support import ROOT, RelayThread, lease_doc, settings_env, topic_size, wait_until
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import pymongo
 from confluent_kafka.admin import AdminClient
 
-from relay.dev.stack import KAFKA_VERSION, pid_alive, cache_dir
+from relay.dev.stack import KAFKA_VERSION, cache_dir, pid_alive
 from tests.support import ROOT
 
 

@@ -14,15 +14,26 @@ import sys
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from relay.commands.tail import tail
 from relay.core.errors import PoisonEventError
 from relay.kafka.offsets_record import transactional_id
-from relay.outbox import Outbox, OutboxEvent
-from relay.commands.tail import tail
 from relay.kafka.offsets_topic import OffsetsTopic
+from relay.outbox import Outbox, OutboxEvent
 from tests.faults.test_outbox_faults import _incompressible, _limit_topic
 from tests.support import (
-    ROOT, CheckpointWatcher, RelayThread, Written, all_published, assert_complete_and_ordered, background_writes,
-    lease_doc, read_messages, read_topic, settings_env, wait_until, write_events,
+    ROOT,
+    CheckpointWatcher,
+    RelayThread,
+    Written,
+    all_published,
+    assert_complete_and_ordered,
+    background_writes,
+    lease_doc,
+    read_messages,
+    read_topic,
+    settings_env,
+    wait_until,
+    write_events,
 )
 
 
@@ -59,7 +70,7 @@ def test_every_event_is_published_once_and_its_token_committed_to_the_compacted_
     meta = cluster.topics[settings.offsets_topic]
     assert len(meta.partitions) == 1 and len(meta.partitions[0].replicas) == replicas
 
-    record = OffsetsTopic(settings).read(settings.namespace, lambda: None)
+    record = OffsetsTopic(settings.parts().kafka).read(settings.namespace, lambda: None)
     doc = lease_doc(env.db, settings)
     assert record is not None and record.fingerprint == doc["pipelineFingerprint"]
     assert record.token["_data"] >= max(r.position for r in records), "the record covers every event"

@@ -26,15 +26,24 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from relay.config import Settings
-from relay.dev.stack import free_port
 from relay.core.errors import ConfigError
+from relay.dev.stack import free_port
 from relay.ops.logs import JsonFormatter, resolve_log_format, setup_logging
 from relay.ops.metrics import BatchHistogram
 from relay.ops.observe import Observer
 from tests.static.support import DOCKERFILE
 from tests.support import (
-    ROOT, RelayProcess, RelayThread, assert_complete_and_ordered, lease_doc, needs_local_stack, read_messages,
-    read_topic, topic_size, wait_until, write_events,
+    ROOT,
+    RelayProcess,
+    RelayThread,
+    assert_complete_and_ordered,
+    lease_doc,
+    needs_local_stack,
+    read_messages,
+    read_topic,
+    topic_size,
+    wait_until,
+    write_events,
 )
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -203,7 +212,7 @@ def test_readyz_turns_unready_while_kafka_is_paused_and_livez_stays_up(env):
     stack = needs_local_stack(env.servers)
     port = free_port()
     relay = RelayThread(env.settings.replace(http_port=port))
-    observer = relay.core.loop.observer
+    observer = relay.relay.observer
     observer.health.publish_stall_s = 3.0  # 30 s by default
     server = observer.serve()
     assert server is not None
@@ -234,7 +243,7 @@ def test_readyz_turns_unready_while_kafka_is_paused_and_livez_stays_up(env):
 
 def _healthcheck_argv() -> list[str]:
     """The Dockerfile's HEALTHCHECK command, with this interpreter as `python`."""
-    line = next(l for l in DOCKERFILE.read_text().splitlines() if l.strip().startswith("CMD [\"python\""))
+    line = next(row for row in DOCKERFILE.read_text().splitlines() if row.strip().startswith("CMD [\"python\""))
     argv = json.loads(line.strip()[len("CMD "):])
     return [sys.executable, *argv[1:]]
 
@@ -242,7 +251,7 @@ def _healthcheck_argv() -> list[str]:
 def test_a_stuck_loop_fails_livez_and_the_image_healthcheck_while_http_still_answers(env):
     port = free_port()
     relay = RelayThread(env.settings.replace(http_port=port))
-    observer = relay.core.loop.observer
+    observer = relay.relay.observer
     observer.health.live_stall_s = observer.health.ready_stall_s = 3.0
     unblock, blocked = threading.Event(), threading.Event()
     published = observer.published
@@ -322,7 +331,7 @@ def test_summary_line_reports_the_counts_in_text_format(env):
     handler = setup_logging("INFO", "text", stream)
     try:
         relay = RelayThread(env.settings)
-        relay.core.loop.observer.summary_every_s = 0.5
+        relay.relay.observer.summary_every_s = 0.5
         with relay:
             write_events(env.db, env.settings.outbox_collection, total=60, writers=2)
             wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 60, 60, "60 events")
@@ -367,9 +376,9 @@ def test_json_formatter_keeps_extra_fields_and_the_traceback():
 # ---- the pieces the hot path relies on -----------------------------------------------------------
 
 def test_wall_time_and_operation_are_read_from_real_raw_change_events(env):
-    from relay.mongo.pipeline import PIPELINE
-    from relay.mongo.codecs import RAW_CHANGE_CODEC
     from relay.mongo.changes import inspect
+    from relay.mongo.codecs import RAW_CHANGE_CODEC
+    from relay.mongo.pipeline import PIPELINE
 
     with env.outbox.with_options(codec_options=RAW_CHANGE_CODEC).watch(PIPELINE, max_await_time_ms=500) as stream:
         env.outbox.insert_one({"_id": "w1", "wallTime": "a decoy in the document", "payload": {"wallTime": 1}})

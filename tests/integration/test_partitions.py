@@ -15,16 +15,22 @@ import urllib.request
 
 from bson import Timestamp
 
-from relay.mongo.pipeline import pipeline
+from relay.commands.status import reset_checkpoint, status
+from relay.core.partitions import Partition, hashed_index_key, lease_id, partition_of
 from relay.core.positions import token_cluster_time
 from relay.dev.stack import free_port
+from relay.mongo.pipeline import partition_expression, pipeline
 from relay.ops.logs import setup_logging
-from relay.core.partitions import Partition, hashed_index_key, lease_id, partition_of
-from relay.mongo.pipeline import partition_expression
-from relay.commands.status import reset_checkpoint, status
 from tests.support import (
-    ROOT, RelayThread, Written, all_published, assert_complete_and_ordered, background_writes, settings_env,
-    topic_size, wait_until,
+    ROOT,
+    RelayThread,
+    Written,
+    all_published,
+    assert_complete_and_ordered,
+    background_writes,
+    settings_env,
+    topic_size,
+    wait_until,
 )
 
 
@@ -98,7 +104,7 @@ def test_a_group_publishes_every_event_in_order_through_one_lease_per_partition(
     handler = setup_logging("INFO", "json", stream)
     try:
         with RelayThread(settings) as relay:
-            server = relay.core.loop.observer.serve()
+            server = relay.relay.observer.serve()
             try:
                 background_writes(env, written, 3000, writers=3).join()
                 records = all_published(env, written)
@@ -172,7 +178,7 @@ def test_moving_from_one_to_three_to_two_partitions_under_load_loses_nothing(env
     for count, share in ((1, 0.2), (3, 0.45), (2, 1.0)):
         settings = env.settings.replace(partitions=count, instance_id=f"n{count}")
         with RelayThread(settings) as relay:
-            wait_until(lambda: relay.core.loop.observer.ready(), 60, f"the group of {count} started")
+            wait_until(lambda: relay.relay.observer.ready(), 60, f"the group of {count} started")
             docs = list(leases.find())
             assert sorted(d["_id"] for d in docs) == sorted(
                 lease_id(env.settings.namespace, Partition(k, count)) for k in range(count)), "old documents removed"

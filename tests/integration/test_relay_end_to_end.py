@@ -12,7 +12,12 @@ from bson import json_util
 from relay.core.positions import token_cluster_time
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    RelayThread, assert_complete_and_ordered, lease_doc, read_topic, topic_size, wait_until,
+    RelayThread,
+    assert_complete_and_ordered,
+    lease_doc,
+    read_topic,
+    topic_size,
+    wait_until,
     write_events,
 )
 
@@ -136,7 +141,7 @@ def test_oversized_event_stops_the_relay_naming_it(env):
 
 
 def test_occurred_at_before_1970_and_nested_payload_round_trip(env):
-    when = dt.datetime(1969, 7, 20, 20, 17, 40, tzinfo=dt.timezone.utc)
+    when = dt.datetime(1969, 7, 20, 20, 17, 40, tzinfo=dt.UTC)
     payload = {"nested": {"list": [1, 2.5, "three", None], "flag": True}, "big": 2**62}
     Outbox(env.outbox).add(OutboxEvent.new("order", "moon", "Landed", payload, occurred_at=when))
     with RelayThread(env.settings):

@@ -27,13 +27,22 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.dev.stack import free_port
 from relay.avro.folder import SchemaRegistry
 from relay.core.errors import EXIT_DATA
+from relay.dev.stack import free_port
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
-    ROOT, Record, RelayProcess, RelayThread, Written, assert_complete_and_ordered, read_messages, settings_env,
-    topic_size, wait_until, write_events,
+    ROOT,
+    Record,
+    RelayProcess,
+    RelayThread,
+    Written,
+    assert_complete_and_ordered,
+    read_messages,
+    settings_env,
+    topic_size,
+    wait_until,
+    write_events,
 )
 
 TYPED = "io.outboxrelay.v1.events.OrderCreated"
@@ -331,8 +340,8 @@ def test_tail_decodes_confluent_framed_messages_through_the_server(env, schema_r
 # ---- the dev stack -----------------------------------------------------------------------------
 
 def test_dev_up_with_schema_registry_prints_its_url_and_down_stops_it(tmp_path):
-    from relay.dev.stack import KAFKA_VERSION, cache_dir, pid_alive
     from relay.dev.registry import APICURIO_VERSION, registry_home
+    from relay.dev.stack import KAFKA_VERSION, cache_dir, pid_alive
 
     cache = tmp_path / "cache"
     cache.mkdir()

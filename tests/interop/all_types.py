@@ -13,13 +13,13 @@ from typing import Any
 from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
 
-from relay.mongo.codecs import insert_change
 from relay.avro.folder import SchemaFolder
+from relay.mongo.codecs import insert_change
 from tests.interop.bson_cases import n_bytes, n_decimal, n_double, n_ts
 
 HERE = Path(__file__).resolve().parent
 ALL_TYPES = HERE / "schemas" / "events" / "AllTypes.avsc"
-UTC = dt.timezone.utc
+UTC = dt.UTC
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from relay.dev.stack import cache_dir
 from relay.dev.maven import MavenError, copy_dependencies, is_resolved
+from relay.dev.stack import cache_dir
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"

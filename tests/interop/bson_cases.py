@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from relay.avro.contract import ENVELOPE
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 MIN_DATE = dt.datetime(1, 1, 1)
 MAX_DATE = dt.datetime(9999, 12, 31, 23, 59, 59, 999000)
 BINARY_SUBTYPES = [0, 1, 2, 3, 4, 5, 6, 7, 8, 128, 255]
@@ -50,7 +50,7 @@ def n_decimal(unscaled: int, scale: int) -> tuple[str, int, int]:
 
 
 def n_ts(moment: dt.datetime) -> tuple[str, int]:
-    moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
     return ("ts_us", (moment - EPOCH) // dt.timedelta(microseconds=1))
 
 
@@ -155,7 +155,7 @@ class Case:
 
 def _dates(low: dt.datetime = MIN_DATE, high: dt.datetime = MAX_DATE) -> st.SearchStrategy[dt.datetime]:
     return st.datetimes(min_value=low, max_value=high).map(
-        lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000, tzinfo=dt.timezone.utc))
+        lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000, tzinfo=dt.UTC))
 
 
 def _decimal_plan(kind: str) -> st.SearchStrategy[Plan]:
@@ -203,7 +203,7 @@ LEAF_PLANS: list[Plan] = [
          _dates(high=dt.datetime(1969, 12, 31, 23, 59, 59, 999000)).map(lambda d: (d, n_ts(d)))),
     Plan({"type": "long", "logicalType": "timestamp-micros"}, _dates().map(lambda d: (d, n_ts(d)))),
     Plan({"type": "int", "logicalType": "date"},
-         st.dates().map(lambda d: (dt.datetime(d.year, d.month, d.day, tzinfo=dt.timezone.utc),
+         st.dates().map(lambda d: (dt.datetime(d.year, d.month, d.day, tzinfo=dt.UTC),
                                    ("date", d.isoformat())))),
     Plan("bytes", _binary(BINARY_SUBTYPES).map(lambda b: (b, n_bytes(b)))),
     Plan({"type": "fixed", "name": "?", "size": 16}, _binary([0, 4, 5, 128], 16).map(lambda b: (b, n_bytes(b)))),
@@ -334,5 +334,17 @@ def same_bson(a: Any, b: Any) -> bool:
     return bool(a == b) and (type(a) is type(b) or (isinstance(a, int) and isinstance(b, int)))
 
 
-__all__ = ["Case", "ENVELOPE", "bson_documents", "expected_envelope", "n_bytes", "n_decimal", "n_double",
-           "n_ts", "normalize_java", "normalize_python", "same_bson", "typed_cases"]
+__all__ = [
+    "ENVELOPE",
+    "Case",
+    "bson_documents",
+    "expected_envelope",
+    "n_bytes",
+    "n_decimal",
+    "n_double",
+    "n_ts",
+    "normalize_java",
+    "normalize_python",
+    "same_bson",
+    "typed_cases",
+]

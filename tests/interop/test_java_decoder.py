@@ -25,24 +25,35 @@ from bson import json_util
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from hypothesis import HealthCheck, given, settings
 
-from relay.config import Settings
 from relay.avro.contract import ENVELOPE, SchemaFile, history_file_name, parse_file
-from relay.wiring import message_builder
 from relay.avro.folder import SchemaFolder
+from relay.config import Settings
 from relay.outbox import Outbox, OutboxEvent
+from relay.wiring import message_builder
 from tests.interop.all_types import (
-    ALL_TYPES, all_types_documents, change_for, generic_payload, registry_with_all_types,
+    ALL_TYPES,
+    all_types_documents,
+    change_for,
+    generic_payload,
+    registry_with_all_types,
 )
 from tests.interop.avro_java import JavaDecoder
 from tests.interop.bson_cases import (
-    Case, expected_envelope, n_double, n_ts, normalize_java, normalize_python, same_bson, typed_cases,
+    Case,
+    expected_envelope,
+    n_double,
+    n_ts,
+    normalize_java,
+    normalize_python,
+    same_bson,
+    typed_cases,
 )
 from tests.support import RelayThread, topic_size, wait_until
 
 HERE = Path(__file__).resolve().parent
 SCHEMAS = HERE.parent.parent / "schemas"
 READERS = [SCHEMAS / "outbox_event.avsc", SCHEMAS / "events" / "OrderCreated.avsc", ALL_TYPES]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,16 @@ import pytest
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra, issue 6)")
 
-from relay.config import Settings  # noqa: E402
-
-from relay.wiring import message_builder  # noqa: E402
-from relay.outbox import OutboxEvent  # noqa: E402
-from tests.interop.all_types import (  # noqa: E402
-    TOKEN, UID, all_types_documents, change_for, generic_payload, registry_with_all_types,
+from relay.config import Settings
+from relay.outbox import OutboxEvent
+from relay.wiring import message_builder
+from tests.interop.all_types import (
+    TOKEN,
+    UID,
+    all_types_documents,
+    change_for,
+    generic_payload,
+    registry_with_all_types,
 )
 
 COMMON = ("id", "aggregateType", "aggregateId", "eventType")
@@ -79,7 +83,7 @@ def test_spark_from_avro_decodes_every_writer_schema_and_selects_the_common_colu
     for event in events:
         name, row = rows[event.id_str]
         assert [row[c] for c in COMMON] == [event.id_str, "order", event.aggregate_id, event.event_type]
-        assert row["occurredAtMicros"] == (event.occurred_at - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)) \
+        assert row["occurredAtMicros"] == (event.occurred_at - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) \
             // dt.timedelta(microseconds=1)
         assert row["position"] == TOKEN["_data"]
         if event.event_type == "NoSchema":

@@ -17,8 +17,8 @@ import uuid
 from confluent_kafka import Producer
 
 from relay.avro.framing import registry_client
-from relay.outbox import Outbox, OutboxEvent
 from relay.commands.tail import tail
+from relay.outbox import Outbox, OutboxEvent
 from tests.support import ROOT, RelayThread, settings_env, topic_size, wait_until
 
 TYPED = "io.outboxrelay.v1.events.OrderCreated"

@@ -19,10 +19,10 @@ from bson import json_util
 from bson.json_util import RELAXED_JSON_OPTIONS
 from confluent_kafka import Producer
 
-from relay.config import Settings
 from relay.avro.contract import ENVELOPE
-from relay.core.message import HEADER_FENCING
 from relay.avro.folder import SchemaRegistry
+from relay.config import Settings
+from relay.core.message import HEADER_FENCING
 from relay.outbox import OutboxEvent
 from relay.spark.materialize import MaterializeConfig, MongoView
 from relay.spark.state import read_state
@@ -190,7 +190,7 @@ def relay_value(event: OutboxEvent, settings: Settings, position: str) -> bytes:
 
 
 def relay_headers(event: OutboxEvent, fencing_token: int) -> list[tuple[str, bytes]]:
-    when = event.occurred_at.astimezone(dt.timezone.utc).isoformat(timespec="milliseconds")
+    when = event.occurred_at.astimezone(dt.UTC).isoformat(timespec="milliseconds")
     return [("ce_id", event.id_str.encode()), ("ce_type", event.event_type.encode()),
             ("ce_source", b"/outbox-relay/test"), ("ce_specversion", b"1.0"), ("ce_time", when.encode()),
             ("ce_subject", event.aggregate_id.encode()), ("content-type", b"application/avro"),

@@ -7,7 +7,7 @@ import datetime as dt
 import json
 
 from relay.core.errors import EXIT_DATA
-from relay.outbox import FieldNames, Outbox, OutboxEvent
+from relay.outbox import Outbox, OutboxEvent
 from relay.spark import audit as audit_job
 from relay.spark.audit import AuditConfig, audit
 from relay.spark.decode import topic_pattern
@@ -23,12 +23,12 @@ def _publish(env, total: int):
 
 
 def test_audit_passes_on_a_clean_relay_run(env, spark):
-    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
     written = _publish(env, 1200)
     s = env.settings
     report = audit(spark, AuditConfig(
         s.mongodb_uri, s.database, s.outbox_collection, s.parts().encoding.fields, s.kafka_bootstrap_servers,
-        (), topic_pattern(s.topic_template), since, dt.datetime.now(dt.timezone.utc)))
+        (), topic_pattern(s.topic_template), since, dt.datetime.now(dt.UTC)))
     assert report["passed"] and report["failures"] == []
     assert report["outbox"]["events"] == report["kafka"]["eventsInRange"] == len(written.ids)
     for finding in ("missing", "orderViolations", "keysOnSeveralPartitions", "duplicates", "notInOutbox",
@@ -38,7 +38,7 @@ def test_audit_passes_on_a_clean_relay_run(env, spark):
 
 def test_audit_catches_a_missing_event_an_out_of_order_pair_and_a_stale_fencing_token(env, spark, tmp_path,
                                                                                          monkeypatch, capsys):
-    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
     _publish(env, 600)
     records = read_topic(env.servers.kafka_bootstrap, env.topic())
     outbox, topic = Outbox(env.outbox), env.topic()
@@ -99,7 +99,7 @@ def test_fencing_tokens_are_compared_per_key_when_several_outbox_partitions_shar
     rows = [("t", 0, 0, "a", "e0", 7), ("t", 0, 1, "b", "e1", 2), ("t", 0, 2, "a", "e2", 7),
             ("t", 0, 3, "b", "e3", 2), ("t", 0, 4, "a", "e4", 6)]
     messages = spark.createDataFrame(
-        [(*r, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)) for r in rows],
+        [(*r, dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) for r in rows],
         "topic string, partition int, offset long, key string, id string, fencingToken long, occurredAt timestamp")
     per_key = [(r["offset"], r["fencingToken"], r["highestEarlierToken"])
                for r in fencing_regressions(messages, per_key=True).collect()]

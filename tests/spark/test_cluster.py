@@ -28,7 +28,12 @@ from relay.outbox import Outbox, OutboxEvent
 from relay.spark.materialize import DEFAULT_VIEW_COLLECTION
 from tests.spark.cluster import JAVA_TOOL_OPTIONS, Finished, StandaloneCluster, run_to_end
 from tests.spark.support import (
-    VIEW_COLLECTION, assert_view_equals_outbox, mongo_view, outbox_state, parquet_view, pipeline_command,
+    VIEW_COLLECTION,
+    assert_view_equals_outbox,
+    mongo_view,
+    outbox_state,
+    parquet_view,
+    pipeline_command,
     positions,
 )
 from tests.support import ROOT, RelayThread, Written, read_topic, settings_env, topic_size, wait_until, write_events

@@ -13,23 +13,38 @@ import pytest
 
 from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaRegistry
-from relay.dev.stack import free_port
-from relay.core.errors import EXIT_DATA, ServerUnreachableError
 from relay.avro.framing import MessageDecoder, registry_client
+from relay.commands.status import reset_checkpoint
+from relay.core.errors import EXIT_DATA, ServerUnreachableError
+from relay.dev.stack import free_port
 from relay.outbox import Outbox, OutboxEvent
 from relay.spark import audit as audit_job
 from relay.spark import materialize as materialize_job
 from relay.spark.decode import decode_events
 from relay.spark.schemas import RegistryAccess, with_registry_ids, writer_schemas
-from relay.commands.status import reset_checkpoint
 from tests.spark.support import (
-    SPARK_FLAGS, VIEW_COLLECTION, assert_view_equals_outbox, mongo_view, outbox_state, parquet_view,
+    SPARK_FLAGS,
+    VIEW_COLLECTION,
+    assert_view_equals_outbox,
+    mongo_view,
+    outbox_state,
+    parquet_view,
 )
-from tests.spark.test_decoding import KAFKA_ROW, SOURCE, TYPED as ORDER_PLACED
-from tests.support import Record, RelayThread, Written, read_messages, settings_env, topic_size, wait_until, write_events
+from tests.spark.test_decoding import KAFKA_ROW, SOURCE
+from tests.spark.test_decoding import TYPED as ORDER_PLACED
+from tests.support import (
+    Record,
+    RelayThread,
+    Written,
+    read_messages,
+    settings_env,
+    topic_size,
+    wait_until,
+    write_events,
+)
 
 FOLDER = SchemaRegistry.bundled()
-WHEN = dt.datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=dt.timezone.utc)
+WHEN = dt.datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=dt.UTC)
 
 
 def _confluent(schema_id: int, single_object: bytes) -> bytes:
@@ -110,7 +125,7 @@ def test_materialize_and_audit_read_a_topic_written_in_both_framings_equal_to_th
     on in the Confluent format, then replays everything (checkpoint reset) in the Confluent
     format: every event is in the topic in both framings, some twice. `materialize` (registry from
     RELAY_SCHEMA_REGISTRY_URL) and `audit` (from --schema-registry-url) see each event once."""
-    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
     bootstrap, outbox = env.servers.kafka_bootstrap, Outbox(env.outbox)
     confluent = env.settings.replace(schema_registry_url=schema_registry.url)
     written = Written()

@@ -65,7 +65,7 @@ def test_topic_pattern_matches_exactly_the_topics_the_template_produces():
 
 def test_generic_and_typed_events_decode_to_the_common_columns_with_json_payloads(spark, registry_folder):
     registry = SchemaRegistry(registry_folder)
-    when = dt.datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=dt.UTC)
     common = {"aggregateType": "order", "aggregateId": "o-1", "occurredAt": when, "source": SOURCE}
     generic = registry.encode(ENVELOPE, {**common, "id": "e1", "eventType": "OrderCreated",
                                          "payload": '{"amount": 12.5}'})

@@ -10,14 +10,22 @@ from pathlib import Path
 
 import pytest
 
+from relay.commands.status import reset_checkpoint
 from relay.outbox import Outbox, OutboxEvent
 from relay.spark import PipelineError
 from relay.spark.materialize import EVENTS_QUERY, STATE_QUERY, materialize
 from relay.spark.state import conditional_upsert
-from relay.commands.status import reset_checkpoint
 from tests.spark.support import (
-    SPARK_FLAGS, VIEW_COLLECTION, PipelineProcess, assert_view_equals_outbox, copies_of, materialize_config,
-    mongo_view, outbox_state, parquet_view, positions,
+    SPARK_FLAGS,
+    VIEW_COLLECTION,
+    PipelineProcess,
+    assert_view_equals_outbox,
+    copies_of,
+    materialize_config,
+    mongo_view,
+    outbox_state,
+    parquet_view,
+    positions,
 )
 from tests.support import RelayThread, Written, read_topic, topic_size, wait_until, write_events
 

@@ -44,7 +44,7 @@ from relay.wiring import message_builder
 FOLDER = SchemaFolder.bundled()
 FINGERPRINT = "fake-pipeline"
 AWAIT_S = 0.2  # how long an empty read waits (RELAY_MAX_AWAIT_MS)
-EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def token(covered: int) -> dict[str, str]:

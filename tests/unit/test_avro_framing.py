@@ -10,19 +10,29 @@ import uuid
 
 import pytest
 
-from relay.mongo.codecs import insert_change
-from relay.config import Settings
 from relay.avro.contract import ENVELOPE
-from relay.wiring import message_builder
 from relay.avro.folder import SchemaFolder
-from relay.core.errors import (
-    ConfigError, SchemaRegistryRefusedError, SchemaRegistryUnavailableError, OperatorActionError as StopError, TransientError,
+from relay.avro.framing import (
+    ConfluentFraming,
+    MessageDecoder,
+    SingleObjectFraming,
+    framing_for,
+    registry_client,
 )
 from relay.avro.wire import CONFLUENT, SINGLE_OBJECT
-from relay.avro.framing import (
-    ConfluentFraming, MessageDecoder, SingleObjectFraming, framing_for, registry_client,
+from relay.config import Settings
+from relay.core.errors import (
+    ConfigError,
+    SchemaRegistryRefusedError,
+    SchemaRegistryUnavailableError,
+    TransientError,
 )
+from relay.core.errors import (
+    OperatorActionError as StopError,
+)
+from relay.mongo.codecs import insert_change
 from relay.outbox import OutboxEvent
+from relay.wiring import message_builder
 
 REGISTRY = SchemaFolder.bundled()
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}

@@ -8,17 +8,21 @@ import json
 
 from bson import json_util
 from bson.codec_options import DatetimeConversion
-from bson.json_util import JSONOptions, JSONMode
+from bson.json_util import JSONMode, JSONOptions
 from hypothesis import HealthCheck, given, settings
 
-from relay.mongo.codecs import insert_change
-from relay.config import Settings
 from relay.avro.contract import ENVELOPE
-from relay.wiring import message_builder
 from relay.avro.folder import SchemaFolder
+from relay.config import Settings
+from relay.mongo.codecs import insert_change
 from relay.outbox import OutboxEvent
+from relay.wiring import message_builder
 from tests.interop.bson_cases import (
-    Case, bson_documents, normalize_python, same_bson, typed_cases,
+    Case,
+    bson_documents,
+    normalize_python,
+    same_bson,
+    typed_cases,
 )
 
 BUNDLED = SchemaFolder.bundled()

@@ -8,13 +8,14 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from relay.core.errors import EXIT_DATA
 from relay.avro.schemas_check import run
+from relay.core.errors import EXIT_DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT / "schemas"

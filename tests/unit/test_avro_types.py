@@ -16,7 +16,7 @@ from bson.int64 import Int64
 
 from relay.avro.mapping import PayloadMapper, UnmappableValueError, UnsupportedSchemaError
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 OID = ObjectId("65f0c0ffee00000000000001")
 UID = uuid.UUID("0f0e0d0c-0b0a-0908-0706-050403020100")
 

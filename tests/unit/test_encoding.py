@@ -9,14 +9,14 @@ import pytest
 from bson import ObjectId
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from relay.mongo.codecs import insert_change
-from relay.config import Settings
 from relay.avro.contract import ENVELOPE
-from relay.core.message import HEADER_FENCING
-from relay.wiring import message_builder
 from relay.avro.folder import SchemaFolder
+from relay.config import Settings
 from relay.core.errors import PoisonEventError
+from relay.core.message import HEADER_FENCING
+from relay.mongo.codecs import insert_change
 from relay.outbox import OutboxEvent
+from relay.wiring import message_builder
 
 REGISTRY = SchemaFolder.bundled()
 REGISTRY_DIR = Path(__file__).resolve().parents[2] / "schemas"
@@ -36,7 +36,7 @@ def test_single_object_header_is_c301_and_the_little_endian_crc64_fingerprint():
 
 
 def test_message_round_trips_and_carries_cloudevents_headers():
-    when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
     event = OutboxEvent.new("order", "o-9", "OrderPaid", {"amount": 12.5, "id": ObjectId("6b0220000000000000000001")},
                             occurred_at=when, headers={"traceparent": "00-abc"})
     msg = message_builder(Settings(), REGISTRY).build(change_for(event.to_document()), 7)
@@ -127,7 +127,7 @@ def test_dates_outside_years_1_to_9999_stay_in_the_generic_payload_as_extended_j
     from bson.datetime_ms import DatetimeMS
 
     doc = OutboxEvent.new("order", "o1", "Created", {"far": DatetimeMS(2**50), "pre": dt.datetime(
-        1969, 7, 20, 20, 17, 40, tzinfo=dt.timezone.utc)}).to_document()
+        1969, 7, 20, 20, 17, 40, tzinfo=dt.UTC)}).to_document()
     payload = REGISTRY.decode(message_builder(Settings(), REGISTRY).build(change_for(doc), 1).value)["payload"]
     assert payload == '{"far": {"$date": {"$numberLong": "1125899906842624"}}, ' \
                       '"pre": {"$date": {"$numberLong": "-14182940000"}}}'

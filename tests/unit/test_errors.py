@@ -10,8 +10,17 @@ from pymongo.errors import AutoReconnect, CursorNotFound, NetworkTimeout, Operat
 
 import relay.core.errors as errors
 from relay.core.errors import (
-    Action, BatchRefusedError, ConfigError, DeliveryError, HistoryLostError, LeaseLostError, PoisonEventError,
-    ProducerFencedError, ReopenableStreamError, ServerError, classify,
+    Action,
+    BatchRefusedError,
+    ConfigError,
+    DeliveryError,
+    HistoryLostError,
+    LeaseLostError,
+    PoisonEventError,
+    ProducerFencedError,
+    ReopenableStreamError,
+    ServerError,
+    classify,
 )
 from relay.core.positions import ClusterTime, token_cluster_time
 from relay.kafka import errors as kafka_errors
@@ -94,7 +103,7 @@ def test_a_kafka_configuration_error_names_the_setting_and_keeps_librdkafkas_err
         Publisher({"bootstrap.servers": "x:1", "no.such.property": "1"})
     assert err.value.setting == "RELAY_KAFKA_NO_SUCH_PROPERTY"
     assert isinstance(err.value.__cause__, KafkaException)
-    assert errors.cause_of(err.value).startswith("KafkaException")
+    assert "KafkaException: " in (errors.cause_of(err.value) or "")
     assert kafka_errors.fenced(KafkaError(KafkaError.PRODUCER_FENCED))
 
 

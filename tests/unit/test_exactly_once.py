@@ -15,27 +15,35 @@ against Kafka and MongoDB.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from relay.config import Settings
 from relay.core.errors import (
-    Action, ConfigError, LeaseLostError, OffsetsRecordError, PipelineMismatchError, PoisonEventError, ProducerFencedError, classify,
+    Action,
+    ConfigError,
+    LeaseLostError,
+    OffsetsRecordError,
+    PipelineMismatchError,
+    PoisonEventError,
+    ProducerFencedError,
+    classify,
 )
-from relay.core.positions import Checkpoint
-from relay.wiring import DRIVER_ERRORS
-from relay.kafka.offsets_record import OffsetsRecord, partition_for, transactional_id
+from relay.core.positions import Checkpoint, newer
 from relay.core.resume import after_exactly_once, resume_point
-from relay.core.positions import newer
+from relay.kafka.offsets_record import OffsetsRecord, partition_for, transactional_id
+from relay.wiring import DRIVER_ERRORS
 from tests.unit.fakes import FINGERPRINT, World, covered_by, fake_settings, outbox_document, token
 from tests.unit.machine import RelayMachine, first_copies_in_commit_order
 from tests.unit.machine import write as _write
 from tests.unit.txn_fakes import LEASE_ID, TOPIC, Crashed, TxnRelay, calm_world, txn_log, txn_relay
+
 
 def eos_settings(**changes: object) -> Settings:
     return fake_settings(delivery="exactly-once", **changes)

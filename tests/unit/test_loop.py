@@ -24,21 +24,35 @@ import random
 from typing import Any
 
 import pytest
-
-from relay.config import Settings
-from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
+from relay.config import Settings
 from relay.core.errors import (
-    LeaseLostError, PipelineMismatchError, PoisonEventError, ReopenableStreamError, RepeatedStreamError, StreamInvalidatedError,
+    LeaseLostError,
+    PipelineMismatchError,
+    PoisonEventError,
+    ReopenableStreamError,
+    RepeatedStreamError,
+    StreamInvalidatedError,
 )
 from relay.ops.logs import setup_logging
 from relay.ops.observe import Observer
 from tests.unit.fakes import (
-    FakeAssignment, FakeRelay, World, covered_by, fake_relay, fake_settings, outbox_document, token,
+    FakeAssignment,
+    FakeRelay,
+    World,
+    covered_by,
+    fake_relay,
+    fake_settings,
+    outbox_document,
+    token,
 )
 from tests.unit.machine import RelayMachine, first_copies_in_commit_order
 from tests.unit.machine import write as _write
+
 
 def _turn_until(fr: FakeRelay, done: object, turns: int = 2000) -> None:
     for _ in range(turns):
@@ -280,7 +294,7 @@ def test_a_reopenable_stream_error_that_repeats_without_progress_stops_the_relay
     world = World()
     fr = fake_relay(world, fake_settings())
     source = _FailingSource(ReopenableStreamError(280, "ChangeStreamFatalError", "fatal"))
-    fr.relay._sources = lambda: source  # noqa: SLF001 - the one boundary this test replaces
+    fr.relay._sources = lambda: source
     with pytest.raises(RepeatedStreamError, match="280"):
         fr.relay.run()
     assert source.opened == 2, "reopened once from the checkpoint before stopping"
@@ -293,7 +307,7 @@ def _stop_line(error: Exception, on_open: bool = False, **settings_changes: obje
     handler = setup_logging("INFO", "json", stream)
     try:
         fr = fake_relay(world, settings, Observer(settings.parts().observer))
-        fr.relay._sources = lambda: _FailingSource(error, on_open)  # noqa: SLF001
+        fr.relay._sources = lambda: _FailingSource(error, on_open)
         with pytest.raises(type(error)):
             fr.relay.run()
     finally:

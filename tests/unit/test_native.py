@@ -16,13 +16,16 @@ import bson
 import pytest
 from bson import Binary, Int64, ObjectId
 from bson.raw_bson import RawBSONDocument
-from hypothesis import HealthCheck, example, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
-from relay.mongo.codecs import RAW_CHANGE_CODEC, insert_change
-from relay.config import Settings
-from relay.wiring import message_builder
+from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
+from relay.config import Settings
 from relay.core.errors import PoisonEventError
+from relay.mongo.codecs import RAW_CHANGE_CODEC, insert_change
+from relay.wiring import message_builder
 from tests.interop.bson_cases import bson_documents
 
 FOLDER = SchemaFolder.bundled()
@@ -31,17 +34,17 @@ NATIVE = message_builder(SETTINGS, FOLDER)
 PYTHON = message_builder(SETTINGS, FOLDER, native=False)
 PROPERTIES = hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOKEN = {"_data": "826B0442CE000000012B022C0100296E5A1004" + "A" * 32 + "463C5F6964003C" + "B" * 24 + "0004"}
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _change(document: dict, cluster_time: bson.Timestamp = bson.Timestamp(0x6B0442CE, 1)) -> RawBSONDocument:
     return insert_change(document, TOKEN, raw=True, clusterTime=cluster_time,
-                         wallTime=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
+                         wallTime=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
 
 
 def _outbox(payload: object, /, **overrides: object) -> dict:
     doc = {"_id": ObjectId(), "aggregateType": "order", "aggregateId": "o-1", "eventType": "Changed",
-           "payload": payload, "occurredAt": dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.timezone.utc)}
+           "payload": payload, "occurredAt": dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)}
     doc.update(overrides)
     return {k: v for k, v in doc.items() if v is not _ABSENT}
 
@@ -116,7 +119,7 @@ def test_payload_types_it_does_not_write_are_left_to_python(value):
 # ---- the envelope ---------------------------------------------------------------------------------
 
 _FIELD_VALUES = st.one_of(st.just(_ABSENT), st.none(), st.text(max_size=5), st.integers(0, 3),
-                          st.builds(dict), st.just(dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)))
+                          st.builds(dict), st.just(dt.datetime(2020, 1, 1, tzinfo=dt.UTC)))
 
 
 @PROPERTIES
@@ -135,8 +138,8 @@ def test_malformed_and_odd_documents_are_never_built_differently(aggregate_type,
     {"headers": {"traceparent": "00-abc", "tenant": "t1"}},
     {"topic": "custom.topic"},
     {"_id": "evt-1"},
-    {"occurredAt": dt.datetime(1960, 5, 6, 7, 8, 9, tzinfo=dt.timezone.utc)},
-    {"occurredAt": dt.datetime(1, 1, 1, tzinfo=dt.timezone.utc)},
+    {"occurredAt": dt.datetime(1960, 5, 6, 7, 8, 9, tzinfo=dt.UTC)},
+    {"occurredAt": dt.datetime(1, 1, 1, tzinfo=dt.UTC)},
     {"aggregateId": "ключ-\U0001F600"},
 ])
 def test_envelope_variants_take_the_compiled_path(overrides):

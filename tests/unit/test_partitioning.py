@@ -12,18 +12,23 @@ import collections
 import random
 
 import pytest
-from hypothesis import HealthCheck, settings as hsettings, strategies as st
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from relay.mongo.pipeline import PIPELINE, pipeline, pipeline_fingerprint
 from relay.config import Settings
 from relay.core.errors import ConfigError
-from relay.group.balance import Balance
 from relay.core.partitions import (
-    Partition, hashed_index_key, lease_id, lease_id_pattern, parse_lease_id, partition_of,
+    Partition,
+    hashed_index_key,
+    lease_id,
+    lease_id_pattern,
+    parse_lease_id,
+    partition_of,
 )
-from relay.mongo.pipeline import partition_predicate
-from relay.group.balance import target_of, targets
+from relay.group.balance import Balance, target_of, targets
+from relay.mongo.pipeline import PIPELINE, partition_predicate, pipeline, pipeline_fingerprint
 
 
 def test_hashed_index_key_matches_the_value_in_mongodbs_manual():

@@ -21,22 +21,28 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from relay.core.positions import Batch
-from relay.core.errors import ProducerFencedError
-from relay.core.positions import Checkpoint, Grant
-from relay.core.message import HEADER_FENCING
-from relay.ops.observe import Observer
-from relay.kafka.offsets_record import OffsetsRecord
-from relay.core.resume import after_exactly_once, forgets_record, resume_point
-from relay.kafka.producer import delivery_failure
-from relay.core.loop import Relay
 from relay.config import Settings
-from relay.wiring import message_builder
+from relay.core.errors import ProducerFencedError
+from relay.core.loop import Relay
+from relay.core.message import HEADER_FENCING
+from relay.core.positions import Batch, Checkpoint, Grant
+from relay.core.resume import after_exactly_once, forgets_record, resume_point
 from relay.core.window import Delivery
-from tests.unit.machine import Crashed
+from relay.kafka.offsets_record import OffsetsRecord
+from relay.kafka.producer import delivery_failure
+from relay.ops.observe import Observer
 from tests.unit.fakes import (
-    FINGERPRINT, FakeLease, FakePublisher, FakeSource, World, _Report, covered_by, relay_on, token,
+    FINGERPRINT,
+    FakeLease,
+    FakePublisher,
+    FakeSource,
+    World,
+    _Report,
+    covered_by,
+    relay_on,
+    token,
 )
+from tests.unit.machine import Crashed
 
 LEASE_ID = "app.outbox"
 TOPIC = "outbox-relay.offsets"

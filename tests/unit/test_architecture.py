@@ -1,0 +1,53 @@
+"""The package's shape, checked on every run: the layers and the import rules (import-linter,
+configured in pyproject.toml), no private attribute of a library read anywhere in relay/, and no
+error raised without the cause it translates."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+RELAY = Path(__file__).resolve().parents[2] / "relay"
+
+# Attributes with a leading underscore that are public API of their library, or our own.
+ALLOWED_PRIVATE = {
+    # librdkafka's error codes of its own (negative codes) are public constants of KafkaError.
+    ("KafkaError", "_PARTITION_EOF"), ("KafkaError", "_FENCED"), ("KafkaError", "_ALL_BROKERS_DOWN"),
+    ("KafkaError", "_MSG_TIMED_OUT"), ("KafkaError", "_PURGE_QUEUE"),
+    ("super()", "_poll"),  # our own base class
+    # PySpark has no public API to the driver JVM: the Parquet snapshots list and delete folders
+    # through Hadoop's FileSystem, and the executor check silences log4j, through py4j.
+    ("spark.sparkContext", "_jvm"), ("spark.sparkContext", "_jsc"),
+}
+
+
+def _private_reads() -> list[str]:
+    found = []
+    for path in sorted(RELAY.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                owner = ast.unparse(node.value)
+                if owner not in ("self", "cls") and (owner, node.attr) not in ALLOWED_PRIVATE:
+                    found.append(f"{path.relative_to(RELAY.parent)}:{node.lineno}: {owner}.{node.attr}")
+    return found
+
+
+def test_the_import_rules_hold():
+    """Layers, relay.core free of drivers and codecs, no import circles, the Spark jobs free of
+    the dev tooling (lint-imports prints the broken contract)."""
+    result = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                             "lint_imports_command()"], capture_output=True, text=True, cwd=RELAY.parent)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_no_private_attribute_of_a_library_is_read():
+    assert _private_reads() == []
+
+
+def test_translated_errors_keep_their_cause():
+    """`raise ... from None` drops the driver's error a user needs; every translation keeps it."""
+    offenders = [f"{p.relative_to(RELAY.parent)}:{n}" for p in sorted(RELAY.rglob("*.py"))
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if "from None" in line]
+    assert offenders == []
