@@ -12,10 +12,11 @@ RELAY_TEST_SCHEMA_REGISTRY_URL points them at an existing one instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ import pymongo
 import pytest
 
 from relay.config import Settings
-from tests.support import Servers
+from tests.support import CapturedLogs, Servers, captured_logs
 
 
 def _docker_servers() -> Iterator[Servers]:
@@ -84,6 +85,15 @@ def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Regist
         server.stop()
 
 
+@pytest.fixture
+def logs() -> Iterator[Callable[..., CapturedLogs]]:
+    """Capture the relay's log lines as the relay writes them (relay.ops.logs): `logs("json")`
+    starts capturing in that format and returns the capture; capturing ends with the test."""
+    stack = contextlib.ExitStack()
+    with stack:
+        yield lambda fmt="json", level="INFO": stack.enter_context(captured_logs(fmt, level))
+
+
 @dataclass
 class Env:
     """One test's world: its own database and topic prefix on the shared servers."""
@@ -121,3 +131,33 @@ def env(servers: Servers) -> Iterator[Env]:
     finally:
         client.drop_database(settings.database)
         client.close()
+
+
+# ---- running side by side (pytest-xdist, `make test`: -n 3 --dist loadgroup) ------------------
+
+# Tests that share an expensive session fixture run on one worker: one SparkSession (a JVM), one
+# Schema Registry server (a JVM). Every other test runs wherever a worker is free; each worker
+# starts its own MongoDB and Kafka (the `servers` fixture), so tests that kill or pause a server
+# disturb only their own worker's.
+_GROUPS = (("tests/spark/", "spark"), ("tests/interop/test_spark_from_avro.py", "spark"),
+           ("tests/integration/test_schema_registry.py", "registry"))
+# Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
+# groups, then the other server tests, the unit tests last.
+_ORDER = ("slow", "spark", "registry", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
+          "tests/unit/")
+
+
+def _rank(item: pytest.Item) -> int:
+    if item.get_closest_marker("slow"):
+        return 0
+    group = item.get_closest_marker("xdist_group")
+    name = group.args[0] if group else item.nodeid
+    return next((i for i, key in enumerate(_ORDER) if name == key or name.startswith(key)), len(_ORDER))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for prefix, group in _GROUPS:
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_rank)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
+import json
+import logging
 import os
 import random
 import shutil
@@ -31,6 +34,7 @@ from pymongo.database import Database
 
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings, env_name, kafka_env_name
+from relay.ops.logs import setup_logging
 from relay.outbox import Outbox, OutboxEvent
 from relay.wiring import build
 
@@ -43,6 +47,38 @@ class Servers:
     mongodb_uri: str
     kafka_bootstrap: str
     stack: Any  # relay.dev.stack.LocalStack when the tests started the servers themselves
+
+
+@dataclass
+class CapturedLogs:
+    """Log output captured by `captured_logs`: its text, and its JSON lines parsed."""
+
+    stream: io.StringIO
+
+    @property
+    def text(self) -> str:
+        return self.stream.getvalue()
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.text.splitlines()]
+
+    def errors(self) -> list[dict[str, Any]]:
+        return [line for line in self.lines() if line["level"] == "ERROR"]
+
+
+@contextlib.contextmanager
+def captured_logs(fmt: str = "json", level: str = "INFO") -> Iterator[CapturedLogs]:
+    """The relay's log set-up (relay.ops.logs.setup_logging) writing to a buffer, for the
+    duration of the block; the root logger's handlers and level are restored after."""
+    root = logging.getLogger()
+    before = root.level
+    capture = CapturedLogs(io.StringIO())
+    handler = setup_logging(level, fmt, capture.stream)
+    try:
+        yield capture
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(before)
 
 
 class WaitTimeout(AssertionError, TimeoutError):

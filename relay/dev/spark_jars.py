@@ -9,18 +9,17 @@ library. `--classpath` prints the comma-separated list for `spark-submit --jars`
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import re
 import sys
-from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
 from relay.dev import maven
 from relay.spark import PipelineError
 from relay.spark.jars import jars_dir, spark_version
+from relay.spark.jars import main as jars_main
 
 SCALA_BINARY_VERSION = "2.13"
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-\d[\w.\-]*\.jar$")
@@ -70,24 +69,14 @@ def resolve_spark_jars() -> list[Path]:
     return sorted(target.glob("*.jar"))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m relay.dev.spark_jars", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--classpath", action="store_true", help="print the jars comma-separated (for spark-submit --jars)"
-    )
-    args = parser.parse_args(argv)
+def main() -> int:
+    """`python -m relay.dev.spark_jars`: resolve the jars (set-up), then print where they are."""
     try:
-        jars = resolve_spark_jars()
+        resolve_spark_jars()
     except PipelineError as exc:
         print(f"relay.dev.spark_jars: {exc}", file=sys.stderr)
         return exc.exit_code
-    if args.classpath:
-        print(",".join(str(j) for j in jars))
-    else:
-        print(f"Spark {spark_version()} connector jars in {jars_dir()}:")
-        for jar in jars:
-            print(f"  {jar.name}")
-    return 0
+    return jars_main([])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,11 @@ between:
 
 - `open()` runs the aggregate with `batchSize: 0`: no change is returned, and the reply's
   post-batch token is the opening position (for `now`, the current one; the loop stores it at
-  once when there is no checkpoint, so a crash cannot move the start to a later "now").
+  once when there is no checkpoint, so a crash cannot move the start to a later "now"). The
+  server checks a resume point only when it first runs the pipeline, so an open at a resume
+  point (a token or a cluster time) also runs one getMore (`batchSize: 1`, 1 ms await): a point
+  that left the oplog raises HistoryLostError from `open()`, where the loop's history-lost policy
+  applies; the change that read may return is held and is the first batch `next_batch` returns.
 - `next_batch(n)` runs one getMore with `batchSize: n` and `maxTimeMS` = RELAY_MAX_AWAIT_MS. The
   server returns at most n changes and a post-batch token covering exactly them (and any
   filtered-out oplog entries scanned after them), or, with none, a token that still advances on
@@ -92,6 +96,7 @@ class ChangeSource:
         self._cursor_id = 0  # 0: no cursor open
         self._token: dict[str, Any] | None = None  # covers every change returned so far
         self._scan: Iterator[dict[str, Any]] | None = None
+        self._held: tuple[list[RawBSONDocument], dict[str, Any]] | None = None  # open()'s probe read
         self._ended: StreamInvalidatedError | None = None  # raised by the next read
 
     # ---- the commands ---------------------------------------------------------------------------
@@ -117,13 +122,13 @@ class ChangeSource:
         self._cursor_id = int(cursor["id"])
         self._token = self._post_batch_token(cursor)
 
-    def _get_more(self, max_events: int) -> list[RawBSONDocument]:
+    def _get_more(self, max_events: int, await_ms: int | None = None) -> list[RawBSONDocument]:
         reply = self._command(
             {
                 "getMore": Int64(self._cursor_id),
                 "collection": self._collection.name,
                 "batchSize": max_events,
-                "maxTimeMS": self._max_await_ms,
+                "maxTimeMS": self._max_await_ms if await_ms is None else await_ms,
             }
         )
         cursor = reply["cursor"]
@@ -159,12 +164,26 @@ class ChangeSource:
         self._session = self._db.client.start_session(causal_consistency=False)
         try:
             self._aggregate(start.resume_after, at_time)
+            if start.resume_after is not None or at_time is not None:
+                self._probe()
         except PyMongoError as exc:
             error = translate(exc)
             if isinstance(error, HistoryLostError) and start.oplog_start:
                 # The oldest entry was truncated between reading and opening: try again.
                 raise TransientError("the oplog rolled over while opening at its start") from exc
             raise error from exc
+
+    def _probe(self) -> None:
+        """Run the pipeline once so the server checks the resume point; hold what it returns.
+
+        Invariant: `token` stays the opening token until the held change is handed out, so
+        nothing is ever covered by a token before `next_batch` has returned it."""
+        opening = self._token
+        changes = self._get_more(1, await_ms=1)
+        if changes:
+            assert self._token is not None
+            self._held = (changes, self._token)
+        self._token = opening
 
     def rescan(self) -> None:
         """Open at "now", then serve every outbox document (relay.mongo.rescan), then the opening token."""
@@ -193,6 +212,10 @@ class ChangeSource:
         if self._ended is not None:
             raise self._ended
         assert self._session is not None, "open() first"
+        if self._held is not None:
+            changes, self._token = self._held
+            self._held = None
+            return self._batch(changes)
         try:
             changes = self._get_more(max_events)
         except PyMongoError as exc:
@@ -200,6 +223,11 @@ class ChangeSource:
                 raise translate(exc) from exc
             self._resume()
             return Batch([], self._token, resumed=True)
+        return self._batch(changes)
+
+    def _batch(self, changes: list[RawBSONDocument]) -> Batch:
+        """The changes of one read as a Batch under the current token, cut before a drop, rename
+        or invalidate."""
         if not changes:
             return Batch([], self._token)
         other, wall_ms = inspect(changes)
@@ -239,6 +267,7 @@ class ChangeSource:
     def close(self) -> None:
         """Release the cursor and the session; safe to call twice."""
         self._scan = None
+        self._held = None
         self._ended = None
         self._kill_cursor()
         session, self._session = self._session, None

@@ -8,7 +8,10 @@ The jobs pass them to Spark as `spark.jars` (local paths): nothing is resolved a
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from relay.cachedir import cache_dir
@@ -40,3 +43,28 @@ def spark_jars() -> list[Path]:
             f"Spark connector jars not in {target}: run `make setup` (or `python -m relay.dev.spark_jars`) first"
         )
     return sorted(target.glob("*.jar"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m relay.spark.jars [--classpath]`: print where the jars are (for spark-submit)."""
+    parser = argparse.ArgumentParser(prog="python -m relay.spark.jars", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--classpath", action="store_true", help="print the jars comma-separated (for spark-submit --jars)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        jars = spark_jars()
+    except PipelineError as exc:
+        print(f"relay.spark.jars: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if args.classpath:
+        print(",".join(str(j) for j in jars))
+    else:
+        print(f"Spark {spark_version()} connector jars in {jars_dir()}:")
+        for jar in jars:
+            print(f"  {jar.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from relay.core.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
 from relay.core.positions import token_cluster_time
 from relay.mongo.changes import oplog_start
+from relay.mongo.lease import cluster_time
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (
     RelayProcess,
@@ -151,7 +152,7 @@ def _lose_history(client: pymongo.MongoClient, db_name: str, token: dict) -> Non
     stored = token_cluster_time(token)
     for _ in range(120):
         filler.insert_many([{"pad": "x" * 10_000} for _ in range(100)])
-        if oplog_start(client) > stored:
+        if cluster_time(oplog_start(client)) > stored:
             return
         time.sleep(0.5)  # truncation waits for the next storage checkpoint (--syncdelay 1)
     raise AssertionError("the oplog did not roll over")

@@ -17,9 +17,17 @@ from tests.support import ROOT, settings_env, wait_until
 EVENT_LINE = re.compile(r"^\S+\[\d+\]@\d+ (\S+) +(\S+) +id=(\S+) fencing=(\d+) payload=(\{.*\})$")
 
 
+# `python -m relay` with Ctrl-C raising KeyboardInterrupt, as at a terminal. A shell starts a
+# background job with SIGINT ignored, an ignored signal stays ignored across exec, and Python
+# installs its KeyboardInterrupt handler only where SIGINT is at its default: a suite started
+# from a background job would otherwise hand the demo a Ctrl-C it never receives.
+_MAIN_WITH_CTRL_C = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                     "sys.argv[0] = 'relay'; runpy.run_module('relay', run_name='__main__', alter_sys=True)")
+
+
 def _demo(env_vars: dict[str, str], *args: str, stdout: Path, stderr: Path) -> subprocess.Popen[bytes]:
     with stdout.open("wb") as out, stderr.open("wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "relay", "demo", *args], env=env_vars, cwd=ROOT,
+        return subprocess.Popen([sys.executable, "-c", _MAIN_WITH_CTRL_C, "demo", *args], env=env_vars, cwd=ROOT,
                                 stdout=out, stderr=err)
 
 

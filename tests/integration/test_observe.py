@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from relay.config import Settings
 from relay.core.errors import ConfigError
 from relay.dev.stack import free_port
-from relay.ops.logs import JsonFormatter, resolve_log_format, setup_logging
+from relay.ops.logs import JsonFormatter, resolve_log_format
 from relay.ops.metrics import BatchHistogram
 from relay.ops.observe import Observer
 from tests.static.support import DOCKERFILE
@@ -324,23 +324,16 @@ def test_json_log_lines_carry_event_id_token_prefix_and_fencing_token(env, tmp_p
     assert any(line["message"] == "stopped" for line in lines)
 
 
-def test_summary_line_reports_the_counts_in_text_format(env):
-    stream = io.StringIO()
-    root = logging.getLogger()
-    level = root.level
-    handler = setup_logging("INFO", "text", stream)
-    try:
-        relay = RelayThread(env.settings)
-        relay.relay.observer.summary_every_s = 0.5
-        with relay:
-            write_events(env.db, env.settings.outbox_collection, total=60, writers=2)
-            wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 60, 60, "60 events")
-            wait_until(lambda: "published=60 " in stream.getvalue(), 30, "a summary with the 60 events")
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
+def test_summary_line_reports_the_counts_in_text_format(env, logs):
+    captured = logs("text")
+    relay = RelayThread(env.settings)
+    relay.relay.observer.summary_every_s = 0.5
+    with relay:
+        write_events(env.db, env.settings.outbox_collection, total=60, writers=2)
+        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 60, 60, "60 events")
+        wait_until(lambda: "published=60 " in captured.text, 30, "a summary with the 60 events")
     assert relay.error is None, relay.error
-    summary = next(line for line in stream.getvalue().splitlines() if "summary: " in line and "published=60 " in line)
+    summary = next(line for line in captured.text.splitlines() if "summary: " in line and "published=60 " in line)
     assert "role=leader fencing=1 " in summary and "restarts=0" in summary and "dead_letters=0" in summary
     assert " lag=" in summary and "lag=-" not in summary
     assert "  " in summary and "fencing=1" in summary.split("  ", 1)[1], "the extra fields follow the message"

@@ -17,9 +17,6 @@ and Kafka.
 
 from __future__ import annotations
 
-import io
-import json
-import logging
 import random
 from typing import Any
 
@@ -31,6 +28,7 @@ from hypothesis.stateful import invariant, rule
 
 from relay.config import Settings
 from relay.core.errors import (
+    HistoryLostError,
     LeaseLostError,
     PipelineMismatchError,
     PoisonEventError,
@@ -38,8 +36,8 @@ from relay.core.errors import (
     RepeatedStreamError,
     StreamInvalidatedError,
 )
-from relay.ops.logs import setup_logging
 from relay.ops.observe import Observer
+from tests.support import captured_logs
 from tests.unit.fakes import (
     FakeAssignment,
     FakeRelay,
@@ -303,17 +301,12 @@ def test_a_reopenable_stream_error_that_repeats_without_progress_stops_the_relay
 def _stop_line(error: Exception, on_open: bool = False, **settings_changes: object) -> dict:
     world = World()
     settings = fake_settings(**settings_changes)
-    stream = io.StringIO()
-    handler = setup_logging("INFO", "json", stream)
-    try:
+    with captured_logs("json") as captured:
         fr = fake_relay(world, settings, Observer(settings.parts().observer))
         fr.relay._sources = lambda: _FailingSource(error, on_open)
         with pytest.raises(type(error)):
             fr.relay.run()
-    finally:
-        logging.getLogger().removeHandler(handler)
-    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    errors = [line for line in lines if line["level"] == "ERROR"]
+    lines, errors = captured.lines(), captured.errors()
     assert len(errors) == 1, errors
     released = next(i for i, line in enumerate(lines) if "lease released" in line["message"])
     assert lines.index(errors[0]) < released, "the stop line comes before the shutdown lines"
@@ -345,37 +338,26 @@ def test_the_stop_line_keeps_the_drivers_error_that_caused_the_stop():
     assert line["cause"] == "OSError: the server closed the connection"
 
 
-def test_the_stop_line_of_a_poison_event_names_the_event():
+def test_the_stop_line_of_a_poison_event_names_the_event(logs):
     world = World()
     bad = _bad(world)
-    settings = fake_settings()
-    stream = io.StringIO()
-    handler = setup_logging("INFO", "json", stream)
-    try:
-        with pytest.raises(PoisonEventError):
-            fake_relay(world, settings).relay.run()
-    finally:
-        logging.getLogger().removeHandler(handler)
-    [line] = [json.loads(x) for x in stream.getvalue().splitlines() if '"ERROR"' in x]
+    captured = logs("json")
+    with pytest.raises(PoisonEventError):
+        fake_relay(world, fake_settings()).relay.run()
+    [line] = captured.errors()
     assert line["error_kind"] == "PoisonEventError" and line["event_id"] == bad and line["exit_code"] == 4
     assert "eventType" in line["reason"]
 
 
-def test_history_lost_stops_with_its_line():
+def test_history_lost_stops_with_its_line(logs):
     world = World()
     _write(world, 3)
     world.lease.token = token(1)
     world.history_lost_before = 2
-    stream = io.StringIO()
-    handler = setup_logging("INFO", "json", stream)
-    try:
-        from relay.core.errors import HistoryLostError
-
-        with pytest.raises(HistoryLostError):
-            fake_relay(world, fake_settings()).relay.run()
-    finally:
-        logging.getLogger().removeHandler(handler)
-    [line] = [json.loads(x) for x in stream.getvalue().splitlines() if '"ERROR"' in x]
+    captured = logs("json")
+    with pytest.raises(HistoryLostError):
+        fake_relay(world, fake_settings()).relay.run()
+    [line] = captured.errors()
     assert line["error_kind"] == "HistoryLostError" and line["exit_code"] == 4
 
 
