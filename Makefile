@@ -11,6 +11,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EVENTS ?= 300
 PYTEST_ARGS ?=
+# Server tests run side by side on this many workers (pytest-xdist; each worker starts its own
+# MongoDB and Kafka; tests/conftest.py keeps the Spark and registry tests on one worker each).
+TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
 .PHONY: setup demo test test-fast lint bench dev-up dev-down docs clean
@@ -38,7 +41,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
