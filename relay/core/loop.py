@@ -142,6 +142,9 @@ class Relay(Generic[ObserverT]):
         self._role = "starting"
         self._last_write = 0.0  # monotonic time of the last write to the lease document
         self._last_token: Token | None = None  # the last token this relay stored
+        # An idle read's newer token not stored yet (stored within a heartbeat interval, or when
+        # the session ends): it covers only acknowledged events, as `_idle` settles first.
+        self._unstored: Token | None = None
         self._failures = 0  # restarts since the last progress (a stored checkpoint covering new events)
         self._repeat_code: int | None = None  # the reopenable stream error met since the last progress
         self._backoff = wait_exponential_jitter(multiplier=0.2, max=config.restart_backoff_max_s, jitter=0.2)
@@ -207,6 +210,7 @@ class Relay(Generic[ObserverT]):
         source = self._sources()
         publisher, checkpoint = self._producers.start(grant, lambda: self._heartbeat(grant))
         self._session = session = Session(grant, source, publisher, Window(c.batch_max_events, c.pipeline_depth))
+        self._unstored = None
         self.observer.watch_publisher(publisher)
         self._open(session, checkpoint)
 
@@ -258,6 +262,7 @@ class Relay(Generic[ObserverT]):
         if not batch.changes:
             self._idle(s, batch)
             return
+        self._unstored = None  # the batch's own token will cover more
         self._heartbeat(s.grant)  # a replica that was paused learns here that it lost the lease
         self._publish(s, batch, read_at)
         self._settle(s, keep=window.depth - 1)
@@ -332,11 +337,14 @@ class Relay(Generic[ObserverT]):
         """Nothing new: settle everything in flight, then store the post-batch token (or renew)
         once a heartbeat interval has passed since the last write."""
         self._settle(s, keep=0)
+        fresh = batch.token if batch.token is not None and batch.token != self._last_token else None
         if self._clock.monotonic() - self._last_write >= self.config.heartbeat_interval_s:
-            if batch.token is not None and batch.token != self._last_token:
-                self._commit(s, batch.token)  # idle: the post-batch token still advances
+            if fresh is not None:
+                self._commit(s, fresh)  # idle: the post-batch token still advances
             else:
                 self._renew(s.grant)
+        elif fresh is not None:
+            self._unstored = fresh  # e.g. the end of a rescan: stored at the latest when the session ends
 
     # ---- writes to the lease document ---------------------------------------------------------
 
@@ -344,7 +352,7 @@ class Relay(Generic[ObserverT]):
         """Store `token`; called only once every event it covers was acknowledged by Kafka."""
         self._lease.commit(s.grant, token, self._fingerprint)
         self._last_write = self._clock.monotonic()
-        self._last_token = token
+        self._last_token, self._unstored = token, None
         self.observer.committed(token)
         log.debug("checkpoint %s fencing=%d", short_token(token), s.grant.fencing_token)
 
@@ -434,6 +442,8 @@ class Relay(Generic[ObserverT]):
             return
         try:
             self._settle(self._session, keep=0)
+            if self._unstored is not None:
+                self._commit(self._session, self._unstored)
         except Exception as exc:  # noqa: BLE001 - the next leader replays from the last checkpoint
             log.warning(
                 "stopping without storing the last deliveries (%s); the next leader replays them from the checkpoint",

@@ -13,11 +13,18 @@ between:
   server checks a resume point only when it first runs the pipeline, so an open at a resume
   point (a token or a cluster time) also runs one getMore (`batchSize: 1`, 1 ms await): a point
   that left the oplog raises HistoryLostError from `open()`, where the loop's history-lost policy
-  applies; the change that read may return is held and is the first batch `next_batch` returns.
+  applies; the change that read may return is held, and the first `next_batch` tops it up to a
+  whole read (one more getMore, whose token covers both).
 - `next_batch(n)` runs one getMore with `batchSize: n` and `maxTimeMS` = RELAY_MAX_AWAIT_MS. The
   server returns at most n changes and a post-batch token covering exactly them (and any
   filtered-out oplog entries scanned after them), or, with none, a token that still advances on
   an idle outbox (guarantee 7).
+- Read-ahead: after a read that returned changes (a catch-up), the next getMore is sent at once
+  from a reader thread, so mongod scans the oplog while the loop encodes and publishes. The
+  session and cursor are used by one thread at a time: the loop's thread touches them only after
+  collecting the read in flight. A read-ahead's changes are returned whole, under their own
+  post-batch token, by the next `next_batch` whose limit they fit; while they do not fit (the
+  window shrank), `next_batch` returns no change under the previous token and keeps them.
 - A drop, rename or invalidate ends the stream: the inserts before it form a batch whose token is
   the last insert's own `_id`; the next read raises StreamInvalidatedError.
 - Resumable errors (relay.mongo.errors.resumable: network errors, CursorNotFound, errors labelled
@@ -36,7 +43,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator, Mapping
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 from bson import Int64, Timestamp
 from bson.raw_bson import RawBSONDocument
@@ -69,6 +77,14 @@ def inspect(changes: list[Any]) -> tuple[int, list[int]]:
     return _native.inspect(changes)  # type: ignore[no-any-return]
 
 
+class _Read(NamedTuple):
+    """One getMore's reply: its changes, the cursor id after it, and its post-batch token."""
+
+    changes: list[RawBSONDocument]
+    cursor_id: int
+    token: dict[str, Any]
+
+
 class ChangeSource:
     """Reads the outbox collection's change stream in batches (relay.core.boundaries.ChangeSource).
 
@@ -83,9 +99,11 @@ class ChangeSource:
         occurred_at_field: str = "occurredAt",
         pipeline: list[dict[str, Any]] = PIPELINE,
         scan_filter: Mapping[str, Any] | None = None,
+        read_ahead: bool = True,
     ) -> None:
         """`pipeline` is the stream's (relay.mongo.pipeline.pipeline); `scan_filter` selects the
-        documents a rescan serves (one partition's, with RELAY_PARTITIONS > 1)."""
+        documents a rescan serves (one partition's, with RELAY_PARTITIONS > 1); `read_ahead` sends
+        the next getMore while the loop publishes (see the module's docstring)."""
         self._collection = collection
         self._db = collection.database
         self._pipeline = pipeline
@@ -96,7 +114,11 @@ class ChangeSource:
         self._cursor_id = 0  # 0: no cursor open
         self._token: dict[str, Any] | None = None  # covers every change returned so far
         self._scan: Iterator[dict[str, Any]] | None = None
-        self._held: tuple[list[RawBSONDocument], dict[str, Any]] | None = None  # open()'s probe read
+        self._held: _Read | None = None  # returned changes not yet handed out (probe, read-ahead)
+        self._probed = False  # `_held` is the probe's read (open() at a resume point)
+        self._read_ahead = read_ahead
+        self._reader: ThreadPoolExecutor | None = None
+        self._ahead: Future[_Read] | None = None  # the getMore in flight on the reader thread
         self._ended: StreamInvalidatedError | None = None  # raised by the next read
 
     # ---- the commands ---------------------------------------------------------------------------
@@ -122,7 +144,8 @@ class ChangeSource:
         self._cursor_id = int(cursor["id"])
         self._token = self._post_batch_token(cursor)
 
-    def _get_more(self, max_events: int, await_ms: int | None = None) -> list[RawBSONDocument]:
+    def _get_more(self, max_events: int, await_ms: int | None = None) -> _Read:
+        """One getMore; changes nothing in `self` (it may run on the reader thread)."""
         reply = self._command(
             {
                 "getMore": Int64(self._cursor_id),
@@ -132,10 +155,17 @@ class ChangeSource:
             }
         )
         cursor = reply["cursor"]
-        changes: list[RawBSONDocument] = list(cursor["nextBatch"])
-        self._cursor_id = int(cursor["id"])
-        self._token = self._post_batch_token(cursor)
-        return changes
+        return _Read(list(cursor["nextBatch"]), int(cursor["id"]), self._post_batch_token(cursor))
+
+    def _collect(self) -> _Read | None:
+        """Wait for the read in flight on the reader thread, if any (its errors are raised here)."""
+        ahead, self._ahead = self._ahead, None
+        return None if ahead is None else ahead.result()
+
+    def _send_read_ahead(self, max_events: int) -> None:
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-change-stream")
+        self._ahead = self._reader.submit(self._get_more, max_events)
 
     @staticmethod
     def _post_batch_token(cursor: Mapping[str, Any]) -> dict[str, Any]:
@@ -148,6 +178,8 @@ class ChangeSource:
 
     def _kill_cursor(self) -> None:
         """Release the server's cursor; best effort (a cursor on a dead connection times out)."""
+        with contextlib.suppress(Exception):
+            self._collect()  # the session serves one command at a time; its outcome no longer matters
         if self._cursor_id:
             cursor_id, self._cursor_id = self._cursor_id, 0
             with contextlib.suppress(PyMongoError):
@@ -178,12 +210,10 @@ class ChangeSource:
 
         Invariant: `token` stays the opening token until the held change is handed out, so
         nothing is ever covered by a token before `next_batch` has returned it."""
-        opening = self._token
-        changes = self._get_more(1, await_ms=1)
-        if changes:
-            assert self._token is not None
-            self._held = (changes, self._token)
-        self._token = opening
+        read = self._get_more(1, await_ms=1)
+        self._cursor_id = read.cursor_id
+        if read.changes:
+            self._held, self._probed = read, True
 
     def rescan(self) -> None:
         """Open at "now", then serve every outbox document (relay.mongo.rescan), then the opening token."""
@@ -212,18 +242,30 @@ class ChangeSource:
         if self._ended is not None:
             raise self._ended
         assert self._session is not None, "open() first"
-        if self._held is not None:
-            changes, self._token = self._held
-            self._held = None
-            return self._batch(changes)
         try:
-            changes = self._get_more(max_events)
+            if self._held is None:
+                self._held = self._collect() or self._get_more(max_events)
+            elif self._probed and len(self._held.changes) < max_events:
+                # The probe took one change: top it up to a whole read (the later token covers both).
+                more = self._get_more(max_events - len(self._held.changes), await_ms=1)
+                self._held = _Read(self._held.changes + more.changes, more.cursor_id, more.token)
         except PyMongoError as exc:
             if not resumable(exc):
                 raise translate(exc) from exc
+            self._held = None  # read again after the last token handed out
             self._resume()
             return Batch([], self._token, resumed=True)
-        return self._batch(changes)
+        finally:
+            self._probed = False
+        self._cursor_id = self._held.cursor_id
+        read = self._held
+        if len(read.changes) > max_events:
+            return Batch([], self._token)  # a read-ahead bigger than the room left: kept for later
+        self._held = None
+        self._token = read.token
+        if self._read_ahead and read.changes and self._cursor_id:
+            self._send_read_ahead(max_events)
+        return self._batch(read.changes)
 
     def _batch(self, changes: list[RawBSONDocument]) -> Batch:
         """The changes of one read as a Batch under the current token, cut before a drop, rename
@@ -267,9 +309,12 @@ class ChangeSource:
     def close(self) -> None:
         """Release the cursor and the session; safe to call twice."""
         self._scan = None
-        self._held = None
+        self._held, self._probed = None, False
         self._ended = None
         self._kill_cursor()
         session, self._session = self._session, None
         if session is not None:
             session.end_session()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.shutdown()

@@ -80,3 +80,31 @@ def test_an_idle_stream_still_advances_its_token_and_a_closed_one_releases_its_c
         source.close()
     assert open_cursors() == 0, "close() kills the server's cursor"
     source.close()  # twice is safe
+
+
+def test_a_read_ahead_is_handed_out_whole_under_its_own_token(env):
+    """After a read with changes the next getMore is already in flight; when the loop then asks
+    for fewer changes than it returned, the source returns none (under the token of what it did
+    return) and keeps them whole for a later read: a read-ahead is never cut."""
+    outbox = env.db[env.settings.outbox_collection]
+    source = _source(env)
+    source.open(StartPoint())
+    written = [str(i) for i in Outbox(outbox).add_many(
+        OutboxEvent.new("order", f"a{i}", "Created", {"n": i}) for i in range(12))]
+    try:
+        first = wait_until(lambda: (b := source.next_batch(5)).changes and b, 30, "the first changes")
+        assert _ids(first) == written[:len(first.changes)]
+        taken = _ids(first)
+        smaller = source.next_batch(2)  # the read-ahead asked for 5
+        if smaller.changes:
+            assert len(smaller.changes) <= 2
+        else:
+            assert smaller.token == first.token, "nothing handed out: the token does not move"
+        taken += _ids(smaller)
+        for _ in range(20):
+            taken += _ids(source.next_batch(5))
+            if len(taken) >= 12:
+                break
+        assert taken == written, "every change once, in order"
+    finally:
+        source.close()
