@@ -40,12 +40,17 @@ def _parser() -> argparse.ArgumentParser:
         help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
     )
     outbox = sub.add_parser("outbox", parents=[settings], help="outbox collection tasks")
-    outbox.add_argument("action", choices=["init"])
+    outbox.add_argument("action", choices=["init", "prune"])
     outbox.add_argument(
         "--ttl-seconds",
         type=int,
         default=None,
-        help="expire outbox documents after this long (only if the relay keeps up)",
+        help="init: expire outbox documents after this long, delivered or not (prefer RELAY_OUTBOX_RETENTION)",
+    )
+    outbox.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="prune: print what would be deleted, delete nothing",
     )
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
@@ -126,9 +131,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, interrupt)
         return run_demo(settings, events=args.events, rate=args.rate)
     if args.command == "outbox":
-        from relay.commands.outbox import init_outbox
+        from relay.commands.outbox import init_outbox, prune_outbox
 
-        for line in init_outbox(settings, args.ttl_seconds):
+        if args.action == "prune":
+            lines = prune_outbox(settings, dry_run=args.dry_run)
+        else:
+            lines = init_outbox(settings, args.ttl_seconds)
+        for line in lines:
             print(line)
         return 0
     if args.command == "tail":

@@ -30,7 +30,7 @@ from relay.core.config import LoopConfig, parse_start_time
 from relay.core.errors import ENV_PREFIX, KAFKA_ENV_PREFIX, ConfigError, env_name, kafka_env_name
 from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
-from relay.mongo.config import MongoConfig
+from relay.mongo.config import MongoConfig, OutboxCleanupConfig
 from relay.ops.config import HealthConfig, ObserverConfig, check_logging
 from relay.outbox import FieldNames
 
@@ -104,6 +104,18 @@ class Settings:
     restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
     on_poison: str = _setting("stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter")
     dead_letter_topic: str = _setting("outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter")
+    outbox_retention: str = _setting(
+        "",
+        "clean-up by position: delete outbox documents the committed checkpoint covers once older than this "
+        "(3600, 90m, 24h, 7d; empty or off: never); docs/outbox-cleanup.md",
+    )
+    outbox_check_interval_s: float = _setting(
+        30.0,
+        "how often the leader measures the outbox (size, oldest undelivered, TTL headroom) and cleans up (seconds)",
+    )
+    ttl_headroom_warn_s: float = _setting(
+        3600.0, "with a TTL index on the outbox: WARN and /readyz degraded when its headroom drops below this (seconds)"
+    )
     on_history_lost: str = _setting("stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)")
     on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
     delivery: str = _setting(
@@ -213,6 +225,7 @@ class Settings:
                 self.instance_id, self.namespace, self.http_port, self.dead_letter_topic, self.partitions, health
             ),
             group=GroupConfig(self.instance_id, self.namespace, self.partitions, self.standby_poll_s, self.lease_ttl_s),
+            cleanup=OutboxCleanupConfig(self.outbox_retention, self.outbox_check_interval_s, self.ttl_headroom_warn_s),
         )
 
     @property
@@ -299,6 +312,7 @@ class Parts:
     registry: RegistryConfig
     observer: ObserverConfig
     group: GroupConfig
+    cleanup: OutboxCleanupConfig
 
 
 def _public_fields() -> list[dataclasses.Field[Any]]:

@@ -8,8 +8,10 @@ places that build clients for the loop; the loop itself (`relay.core.loop.Relay`
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from pymongo import MongoClient
 
 from relay.avro.encoding import MessageBuilder
@@ -31,11 +33,14 @@ from relay.kafka.transactions import check_transactional_config
 from relay.mongo import errors as mongo_errors
 from relay.mongo.changes import ChangeSource
 from relay.mongo.connection import check_mongodb, mongo_client
+from relay.mongo.housekeeping import Cleaner, Housekeeper
 from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.pipeline import pipeline, pipeline_fingerprint, scan_filter
 from relay.mongo.repartition import check_server, prepare
+from relay.ops.health import GroupHealth, Health
 from relay.ops.observe import GroupObserver, Observer
+from relay.ops.outbox_checks import OutboxMetrics
 
 # What the loop does with the drivers' exceptions (relay.core.errors.classify).
 DRIVER_ERRORS = first_of(mongo_errors.action_for, kafka_errors.action_for)
@@ -107,6 +112,18 @@ def build_relay(
         else AtLeastOnce(kafka, lid, fingerprint, offsets)
     )
 
+    observer = observer or Observer(parts.observer)
+
+    def nothing() -> None:
+        pass
+
+    # One process measures and cleans up its outbox once: a group's partitions share the group's.
+    housekeeper = (
+        housekeeping(parts, client, [(lid, documents)], observer.metrics.registry, observer.health)
+        if own_client
+        else None
+    )
+
     def preflight() -> None:
         producers.check()
         check_mongodb(client, mongo)
@@ -114,9 +131,13 @@ def build_relay(
         check_kafka(kafka)
         if kafka.exactly_once:
             offsets.ensure()
+        if housekeeper is not None:
+            housekeeper.start()
 
-    def nothing() -> None:
-        pass
+    def close() -> None:
+        if housekeeper is not None:
+            housekeeper.stop()
+        client.close()
 
     return Relay(
         parts.loop,
@@ -126,10 +147,10 @@ def build_relay(
         producers=producers,
         lease=lease,
         encoder=message_builder(parts, folder, native=native),
-        observer=observer or Observer(parts.observer),
+        observer=observer,
         fingerprint=fingerprint,
         preflight=preflight if own_client else nothing,
-        close=client.close if own_client else nothing,
+        close=close if own_client else nothing,
         assignment=assignment,
         foreign_errors=DRIVER_ERRORS,
     )
@@ -188,5 +209,41 @@ def build_group(settings: Settings, folder: SchemaFolder | None = None, native: 
         if kafka.exactly_once:
             OffsetsTopic(kafka).ensure()
 
+    shares = [
+        (lease_id(mongo.namespace, p), scan_filter(p, parts.encoding.fields.aggregate_id))
+        for p in partitions(settings.partitions)
+    ]
+    housekeeper = housekeeping(parts, client, shares, observer.metrics.registry, observer.health)
+
+    def start() -> None:
+        preflight()
+        housekeeper.start()
+
+    def close() -> None:
+        housekeeper.stop()
+        client.close()
+
     membership = Membership(leases, mongo.namespace, settings.instance_id, settings.partitions, settings.lease_ttl_s)
-    return Group(parts.group, relays, balance, membership, observer, preflight, client.close)
+    return Group(parts.group, relays, balance, membership, observer, start, close)
+
+
+def housekeeping(
+    parts: Parts,
+    client: MongoClient[Any],
+    shares: Sequence[tuple[str, Mapping[str, Any] | None]],
+    registry: CollectorRegistry,
+    health: Health | GroupHealth,
+) -> Housekeeper:
+    """The outbox checks and clean-up by position (relay.mongo.housekeeping) of one process, over
+    the lease ids (with their documents) it may lead, reporting to its metrics and health."""
+    mongo = parts.mongo
+    db = client[mongo.database]
+    cleaner = Cleaner(
+        client,
+        db[mongo.outbox_collection],
+        db[mongo.lease_collection],
+        parts.encoding.fields.occurred_at,
+        parts.cleanup,
+    )
+    report = OutboxMetrics(registry, health)
+    return Housekeeper(cleaner, db[mongo.lease_collection], parts.group.instance_id, shares, parts.cleanup, report)

@@ -1,10 +1,21 @@
-"""`outbox-relay outbox init`: create the outbox collection and its index."""
+"""`outbox-relay outbox init` and `outbox prune`: create the outbox collection and its index;
+delete what the committed position covers."""
 
 from __future__ import annotations
 
 from relay.config import Settings
+from relay.core.partitions import lease_id, partitions
 from relay.mongo.connection import check_mongodb, mongo_client
+from relay.mongo.housekeeping import Cleaner, PositionUnknownError
+from relay.mongo.pipeline import scan_filter
 from relay.outbox import Outbox
+
+TTL_WARNING = (
+    "note: a TTL index deletes events whether or not the relay published them; a relay down or "
+    "behind for longer than the TTL loses them. Clean-up by position (RELAY_OUTBOX_RETENTION, or "
+    "`outbox-relay outbox prune`) is the safe choice; with a TTL index, watch "
+    "relay_outbox_ttl_headroom_seconds (the relay warns below RELAY_TTL_HEADROOM_WARN_S)"
+)
 
 
 def init_outbox(settings: Settings, ttl_seconds: int | None = None) -> list[str]:
@@ -14,4 +25,51 @@ def init_outbox(settings: Settings, ttl_seconds: int | None = None) -> list[str]
     with mongo_client(parts.mongo) as client:
         check_mongodb(client, parts.mongo)
         coll = client[settings.database][settings.outbox_collection]
-        return Outbox(coll, parts.encoding.fields).init(ttl_seconds)
+        done = Outbox(coll, parts.encoding.fields).init(ttl_seconds)
+        return done if ttl_seconds is None else [*done, TTL_WARNING]
+
+
+def prune_outbox(settings: Settings, dry_run: bool = False) -> list[str]:
+    """`outbox prune [--dry-run]`: delete (or, dry, count) the outbox documents every partition's
+    committed position covers and older than RELAY_OUTBOX_RETENTION (none set: 0 s). Refuses,
+    deleting nothing, while any partition's position is unknown (relay.mongo.housekeeping)."""
+    parts = settings.parts()
+    retention = parts.cleanup.retention_s
+    with mongo_client(parts.mongo) as client:
+        check_mongodb(client, parts.mongo)
+        db = client[settings.database]
+        cleaner = Cleaner(
+            client,
+            db[settings.outbox_collection],
+            db[settings.lease_collection],
+            parts.encoding.fields.occurred_at,
+            parts.cleanup,
+        )
+        shares = [
+            (lease_id(parts.mongo.namespace, p), scan_filter(p, parts.encoding.fields.aggregate_id))
+            for p in partitions(settings.partitions)
+        ]
+        unknown = [p for p in (cleaner.position(lid) for lid, _ in shares) if p.time is None]
+        if unknown:
+            raise PositionUnknownError(
+                "the relay's committed position is unknown, nothing deleted: "
+                + "; ".join(f"{p.lease_id}: {p.why}" for p in unknown)
+            )
+        lines = [
+            f"retention {retention or 0:.0f}s"
+            + ("" if retention is not None else " (RELAY_OUTBOX_RETENTION is off: every covered document)")
+            + (", dry run: nothing deleted" if dry_run else "")
+        ]
+        total = 0
+        for lid, documents in shares:
+            result = cleaner.run_pass(lid, documents, retention or 0.0, dry_run=dry_run)
+            total += result.deleted
+            verb = "would delete" if dry_run else "deleted"
+            time = result.position.time
+            lines.append(
+                f"{lid}: committed position at cluster time {time.time if time else '?'}.{time.inc if time else '?'}; "
+                f"{verb} {result.deleted} of {result.candidates} documents older than the retention "
+                f"({result.kept_uncovered} not yet covered, kept)"
+            )
+        lines.append(f"{'would delete' if dry_run else 'deleted'} {total} documents in {parts.mongo.namespace}")
+        return lines

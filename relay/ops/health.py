@@ -25,7 +25,18 @@ from relay.ops.config import HealthConfig
 PUBLISH_STALL_S = 30.0
 
 
-class Health:
+class _Degradable:
+    """A warning that leaves the relay ready but says something needs attention (/readyz answers
+    200 with `"status": "degraded"` and the reason), e.g. a TTL index about to delete an
+    undelivered event (relay.ops.outbox_checks)."""
+
+    degraded: str | None = None
+
+    def degrade(self, reason: str | None) -> None:
+        self.degraded = reason
+
+
+class Health(_Degradable):
     """Liveness and readiness from the loop's reports.
 
     Thresholds (attributes, so tests can shorten them):
@@ -101,7 +112,7 @@ class Health:
         return self.readiness()[0]
 
 
-class GroupHealth:
+class GroupHealth(_Degradable):
     """Liveness and readiness of a process running one relay per partition (relay.group.runner).
 
     Live while the group's coordinator and every partition's loop turn; ready while every
@@ -188,7 +199,12 @@ def _handler(health: Health | GroupHealth, registry: CollectorRegistry) -> type[
                 status, ctype = (200 if ok else 503), "application/json"
             elif path == "/readyz":
                 ok, why = health.readiness()
-                body = _json({"ok": ok, "role": health.role, "reason": why})
+                answer: dict[str, Any] = {"ok": ok, "role": health.role, "reason": why}
+                if ok:
+                    answer["status"] = "ready" if health.degraded is None else "degraded"
+                    if health.degraded is not None:
+                        answer["degraded"] = health.degraded
+                body = _json(answer)
                 status, ctype = (200 if ok else 503), "application/json"
             else:
                 body, status, ctype = b"not found\n", 404, "text/plain"
