@@ -27,8 +27,6 @@ use std::fmt::Write;
 /// Python path sees a DatetimeMS, which is not a date for `occurredAt`.
 const MIN_DATETIME_MS: i64 = -62_135_596_800_000;
 const MAX_DATETIME_MS: i64 = python_json::MAX_UTC_MS;
-/// Header names an outbox document may not use (relay.encoding._RESERVED_HEADERS).
-const RESERVED_HEADERS: [&str; 3] = ["ce_", "content-type", "relay_"];
 
 pub(crate) fn utc(ms: i64) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).ok()
@@ -76,23 +74,46 @@ struct Encoder {
     record_overhead: usize,
     message: Py<PyAny>,
     ce_source: Py<PyBytes>,
+    names: Names,
 }
+
+/// The names and rules every record shares, given by relay.core.message (never retyped here):
+/// header names, reserved prefixes, the trace-context headers and their CloudEvents copies,
+/// CloudEvents' specversion, the Avro content type, and Kafka's topic rule.
+struct Names {
+    ce: [String; 6], // ce_id, ce_type, ce_source, ce_specversion, ce_time, ce_subject
+    content_type: String,
+    fencing: String,
+    reserved: Vec<String>,
+    trace: Vec<(String, String)>,
+    specversion: Vec<u8>,
+    avro: Vec<u8>,
+    topic_max: usize,
+    topic_punctuation: Vec<u8>,
+}
+
+type NamesArg = (Vec<String>, String, String, Vec<String>, Vec<(String, String)>, Vec<u8>, Vec<u8>, usize, String);
 
 #[pymethods]
 impl Encoder {
     /// `fields`: the outbox field names (aggregateType, aggregateId, eventType, payload,
     /// occurredAt, headers, topic); `template`: the topic template as (literal, field or None)
     /// pairs; `typed`: event types with a typed envelope (declined); `fingerprint`: the generic
-    /// envelope's 8-byte CRC-64-AVRO fingerprint; `message`: the class of the messages returned.
+    /// envelope's 8-byte CRC-64-AVRO fingerprint; `message`: the class of the messages returned;
+    /// `names`: relay.avro.encoding.NATIVE_NAMES (from relay.core.message).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, fields: (String, String, String, String, String, String, String),
            template: Vec<(String, Option<String>)>, typed: Vec<String>, fingerprint: &[u8], database: String,
            collection: String, ce_source: &[u8], max_bytes: usize, record_overhead: usize,
-           message: Py<PyAny>) -> PyResult<Self> {
+           message: Py<PyAny>, names: NamesArg) -> PyResult<Self> {
         if fingerprint.len() != 8 {
             return Err(PyValueError::new_err("the fingerprint must be 8 bytes"));
         }
+        let (ce, content_type, fencing, reserved, trace, specversion, avro, topic_max, punctuation) = names;
+        let ce: [String; 6] = ce.try_into().map_err(|_| PyValueError::new_err("six CloudEvents header names"))?;
+        let names = Names { ce, content_type, fencing, reserved, trace, specversion, avro, topic_max,
+                            topic_punctuation: punctuation.into_bytes() };
         let mut parts = Vec::new();
         for (literal, field) in template {
             let field = match field.as_deref() {
@@ -109,7 +130,7 @@ impl Encoder {
             field_aggregate_type: fields.0, field_aggregate_id: fields.1, field_event_type: fields.2,
             field_payload: fields.3, field_occurred_at: fields.4, field_headers: fields.5, field_topic: fields.6,
             template: parts, typed: typed.into_iter().collect(), prefix, database, collection, max_bytes,
-            record_overhead, message, ce_source: PyBytes::new(py, ce_source).unbind(),
+            record_overhead, message, ce_source: PyBytes::new(py, ce_source).unbind(), names,
         })
     }
 
@@ -119,12 +140,15 @@ impl Encoder {
                    -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
         let fencing = PyBytes::new(py, fencing_token.to_string().as_bytes());
+        let n = &self.names;
         let constants = Constants {
-            ce_id: intern!(py, "ce_id"), ce_type: intern!(py, "ce_type"), ce_source: intern!(py, "ce_source"),
-            ce_specversion: intern!(py, "ce_specversion"), ce_time: intern!(py, "ce_time"),
-            ce_subject: intern!(py, "ce_subject"), content_type: intern!(py, "content-type"),
-            fencing_name: intern!(py, "relay_fencing_token"), specversion: PyBytes::new(py, b"1.0"),
-            avro: PyBytes::new(py, b"application/avro"), source: self.ce_source.bind(py).clone(), fencing,
+            ce_id: PyString::new(py, &n.ce[0]), ce_type: PyString::new(py, &n.ce[1]),
+            ce_source: PyString::new(py, &n.ce[2]), ce_specversion: PyString::new(py, &n.ce[3]),
+            ce_time: PyString::new(py, &n.ce[4]), ce_subject: PyString::new(py, &n.ce[5]),
+            content_type: PyString::new(py, &n.content_type), fencing_name: PyString::new(py, &n.fencing),
+            specversion: PyBytes::new(py, &n.specversion), avro: PyBytes::new(py, &n.avro),
+            source: self.ce_source.bind(py).clone(), fencing,
+            trace: n.trace.iter().map(|(from, to)| (from.as_str(), PyString::new(py, to))).collect(),
         };
         let mut value = Vec::with_capacity(512);
         let mut payload = String::with_capacity(256);
@@ -153,15 +177,16 @@ impl Encoder {
     }
 }
 
-struct Constants<'py> {
-    ce_id: &'py Bound<'py, PyString>,
-    ce_type: &'py Bound<'py, PyString>,
-    ce_source: &'py Bound<'py, PyString>,
-    ce_specversion: &'py Bound<'py, PyString>,
-    ce_time: &'py Bound<'py, PyString>,
-    ce_subject: &'py Bound<'py, PyString>,
-    content_type: &'py Bound<'py, PyString>,
-    fencing_name: &'py Bound<'py, PyString>,
+struct Constants<'py, 'n> {
+    ce_id: Bound<'py, PyString>,
+    ce_type: Bound<'py, PyString>,
+    ce_source: Bound<'py, PyString>,
+    ce_specversion: Bound<'py, PyString>,
+    ce_time: Bound<'py, PyString>,
+    ce_subject: Bound<'py, PyString>,
+    content_type: Bound<'py, PyString>,
+    fencing_name: Bound<'py, PyString>,
+    trace: Vec<(&'n str, Bound<'py, PyString>)>,
     specversion: Bound<'py, PyBytes>,
     avro: Bound<'py, PyBytes>,
     source: Bound<'py, PyBytes>,
@@ -169,7 +194,7 @@ struct Constants<'py> {
 }
 
 impl Encoder {
-    fn message<'py>(&self, py: Python<'py>, raw: &[u8], c: &Constants<'py>, value: &mut Vec<u8>,
+    fn message<'py>(&self, py: Python<'py>, raw: &[u8], c: &Constants<'py, '_>, value: &mut Vec<u8>,
                     payload: &mut String) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some((event, cluster_time, position)) = self.read(raw) else { return Ok(None) };
         if self.typed.contains(event.event_type) {
@@ -179,7 +204,7 @@ impl Encoder {
             Some(t) => t.to_string(),
             None => self.topic(&event),
         };
-        if !valid_topic(&topic) {
+        if !valid_topic(&topic, &self.names) {
             return Ok(None);
         }
         payload.clear();
@@ -200,28 +225,38 @@ impl Encoder {
         avro::write_string(value, position);
         let ce_time = rfc3339_millis(event.occurred_at_ms);
         let mut size = event.aggregate_id.len() + value.len() + self.record_overhead;
-        size += "ce_id".len() + event.id.len() + "ce_type".len() + event.event_type.len();
-        size += "ce_source".len() + c.source.as_bytes().len() + "ce_specversion".len() + 3;
-        size += "ce_time".len() + ce_time.len() + "ce_subject".len() + event.aggregate_id.len();
-        size += "content-type".len() + 16 + "relay_fencing_token".len() + c.fencing.as_bytes().len();
+        let n = &self.names;
+        size += n.ce[0].len() + event.id.len() + n.ce[1].len() + event.event_type.len();
+        size += n.ce[2].len() + c.source.as_bytes().len() + n.ce[3].len() + n.specversion.len();
+        size += n.ce[4].len() + ce_time.len() + n.ce[5].len() + event.aggregate_id.len();
+        size += n.content_type.len() + n.avro.len() + n.fencing.len() + c.fencing.as_bytes().len();
         for (name, v) in &event.headers {
             size += name.len() + v.len();
+        }
+        let traced: Vec<(&Bound<'py, PyString>, &str)> = c.trace.iter()
+            .filter_map(|(from, to)| event.headers.iter().find(|(h, _)| h == from).map(|(_, v)| (to, *v)))
+            .collect();
+        for (to, v) in &traced {
+            size += to.to_str()?.len() + v.len();
         }
         if size > self.max_bytes {
             return Ok(None); // the Python path raises the poison error naming the size
         }
         let headers = PyList::empty(py);
         let pair = |name: &Bound<'py, PyString>, v: &Bound<'py, PyBytes>| PyTuple::new(py, [name.as_any(), v.as_any()]);
-        headers.append(pair(c.ce_id, &PyBytes::new(py, event.id.as_bytes()))?)?;
-        headers.append(pair(c.ce_type, &PyBytes::new(py, event.event_type.as_bytes()))?)?;
-        headers.append(pair(c.ce_source, &c.source)?)?;
-        headers.append(pair(c.ce_specversion, &c.specversion)?)?;
-        headers.append(pair(c.ce_time, &PyBytes::new(py, ce_time.as_bytes()))?)?;
-        headers.append(pair(c.ce_subject, &PyBytes::new(py, event.aggregate_id.as_bytes()))?)?;
-        headers.append(pair(c.content_type, &c.avro)?)?;
-        headers.append(pair(c.fencing_name, &c.fencing)?)?;
+        headers.append(pair(&c.ce_id, &PyBytes::new(py, event.id.as_bytes()))?)?;
+        headers.append(pair(&c.ce_type, &PyBytes::new(py, event.event_type.as_bytes()))?)?;
+        headers.append(pair(&c.ce_source, &c.source)?)?;
+        headers.append(pair(&c.ce_specversion, &c.specversion)?)?;
+        headers.append(pair(&c.ce_time, &PyBytes::new(py, ce_time.as_bytes()))?)?;
+        headers.append(pair(&c.ce_subject, &PyBytes::new(py, event.aggregate_id.as_bytes()))?)?;
+        headers.append(pair(&c.content_type, &c.avro)?)?;
+        headers.append(pair(&c.fencing_name, &c.fencing)?)?;
         for (name, v) in &event.headers {
             headers.append(pair(&PyString::new(py, name), &PyBytes::new(py, v.as_bytes()))?)?;
+        }
+        for (to, v) in traced {
+            headers.append(pair(to, &PyBytes::new(py, v.as_bytes()))?)?;
         }
         let args = (PyString::new(py, &event.id), PyString::new(py, &topic),
                     PyBytes::new(py, event.aggregate_id.as_bytes()), PyBytes::new(py, value), headers);
@@ -293,7 +328,7 @@ impl Encoder {
                             let (name, v) = element.ok()?;
                             let name = name.as_str();
                             if headers.iter().any(|(n, _)| *n == name)
-                                || RESERVED_HEADERS.iter().any(|r| name.starts_with(r)) {
+                                || self.names.reserved.iter().any(|r| name.starts_with(r.as_str())) {
                                 return None;
                             }
                             match v {
@@ -340,10 +375,11 @@ fn non_empty(value: RawBsonRef<'_>) -> Option<&str> {
     }
 }
 
-/// Kafka's topic names: 1 to 249 of [A-Za-z0-9._-], not "." or ".." (relay.message.valid_topic).
-fn valid_topic(topic: &str) -> bool {
-    !topic.is_empty() && topic.len() <= 249 && topic != "." && topic != ".."
-        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+/// Kafka's topic names (relay.core.message.valid_topic): 1 to TOPIC_MAX_LENGTH letters, digits
+/// and TOPIC_PUNCTUATION, not "." or "..".
+fn valid_topic(topic: &str, names: &Names) -> bool {
+    !topic.is_empty() && topic.len() <= names.topic_max && topic != "." && topic != ".."
+        && topic.bytes().all(|b| b.is_ascii_alphanumeric() || names.topic_punctuation.contains(&b))
 }
 
 /// `ce_time`: UTC, milliseconds, "Z" (Python: isoformat(timespec="milliseconds") with "+00:00" as "Z").

@@ -34,10 +34,15 @@ from relay.avro.framing import Framing, SingleObjectFraming
 from relay.avro.mapping import UnmappableValueError
 from relay.core.errors import PoisonEventError
 from relay.core.message import (
+    CE_HEADERS,
     CE_SPECVERSION,
     CONTENT_TYPE_AVRO,
+    HEADER_CONTENT_TYPE,
     HEADER_FENCING,
     RESERVED_HEADER_PREFIXES,
+    TOPIC_MAX_LENGTH,
+    TOPIC_PUNCTUATION,
+    TRACE_HEADERS,
     OutgoingMessage,
     event_id_of,
     valid_topic,
@@ -192,20 +197,23 @@ class MessageBuilder:
         return dead_letter_message(decoded(change), reason, fencing_token, self._config)
 
     def _headers(self, event: Any, fencing_token: int) -> list[tuple[str, bytes]]:
-        headers = [
-            ("ce_id", event.id_str.encode()),
-            ("ce_type", event.event_type.encode()),
-            ("ce_source", self._source),
-            ("ce_specversion", CE_SPECVERSION),
-            ("ce_time", _rfc3339(event.occurred_at).encode()),
-            ("ce_subject", event.aggregate_id.encode()),
-            ("content-type", CONTENT_TYPE_AVRO),
-            (HEADER_FENCING, str(fencing_token).encode()),
-        ]
-        for name, value in (event.headers or {}).items():
+        ce_values = (
+            event.id_str.encode(),
+            event.event_type.encode(),
+            self._source,
+            CE_SPECVERSION,
+            _rfc3339(event.occurred_at).encode(),
+            event.aggregate_id.encode(),
+        )
+        headers = [*zip(CE_HEADERS, ce_values, strict=True)]
+        headers += [(HEADER_CONTENT_TYPE, CONTENT_TYPE_AVRO), (HEADER_FENCING, str(fencing_token).encode())]
+        own = event.headers or {}
+        for name, value in own.items():
             if name.startswith(RESERVED_HEADER_PREFIXES):
                 raise MalformedEventError(f"{self._fields.headers}.{name}", "uses a header name the relay reserves")
             headers.append((name, value.encode()))
+        # The trace context, also as the CloudEvents distributed-tracing extension's attributes.
+        headers += [(copy, own[name].encode()) for name, copy in TRACE_HEADERS if name in own]
         return headers
 
 
@@ -247,4 +255,19 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
         config.max_message_bytes,
         RECORD_OVERHEAD,
         OutgoingMessage,
+        NATIVE_NAMES,
     )
+
+
+# What the compiled encoder takes from relay.core.message instead of retyping it.
+NATIVE_NAMES = (
+    list(CE_HEADERS),
+    HEADER_CONTENT_TYPE,
+    HEADER_FENCING,
+    list(RESERVED_HEADER_PREFIXES),
+    list(TRACE_HEADERS),
+    CE_SPECVERSION,
+    CONTENT_TYPE_AVRO,
+    TOPIC_MAX_LENGTH,
+    TOPIC_PUNCTUATION,
+)

@@ -10,7 +10,8 @@ messages of committed Kafka transactions and every non-transactional one; its en
 stable offset (an open transaction holds it back). read_uncommitted also shows the messages of
 aborted transactions (a killed or fenced exactly-once relay's), to look at what the broker holds.
 
-Each line holds the Kafka coordinates, the key, the headers, the framing (`single-object` or
+Each line holds the Kafka coordinates, the key, the headers, the trace context (`trace`: the
+W3C `traceparent` split into `traceId` and `spanId`, and `tracestate`; null without one), the framing (`single-object` or
 `confluent`), the writer schema's full name and fingerprint or registry id, and the decoded
 value as JSON: timestamps as RFC 3339 text, decimals as text (exact), bytes as base64. The
 generic envelope's payload (Extended JSON text) is printed as the JSON it holds. A value that
@@ -69,6 +70,18 @@ def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", errors="backslashreplace")
 
 
+def trace_of(headers: dict[str, Any]) -> dict[str, Any] | None:
+    """The W3C trace context a message carries (`traceparent`: version-traceId-spanId-flags)."""
+    parent = headers.get("traceparent")
+    if not isinstance(parent, str):
+        return None
+    parts = parent.split("-")
+    trace: dict[str, Any] = {"traceparent": parent, "tracestate": headers.get("tracestate")}
+    if len(parts) >= 4:
+        trace.update(traceId=parts[1], spanId=parts[2], flags=parts[3])
+    return trace
+
+
 def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
     """One consumed message as the JSON object tail prints."""
     _kind, millis = msg.timestamp()
@@ -80,6 +93,7 @@ def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
         "key": _text(msg.key()),
         "headers": {k: _text(v) for k, v in (msg.headers() or [])},
     }
+    line["trace"] = trace_of(line["headers"])
     value = msg.value()
     if value is None:
         line["value"] = None

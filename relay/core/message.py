@@ -14,6 +14,14 @@ from typing import Any
 
 # The header that carries the lease's fencing token on every record (events and dead letters).
 HEADER_FENCING = "relay_fencing_token"
+HEADER_CONTENT_TYPE = "content-type"
+# CloudEvents' attributes in Kafka binary mode, in the order every record carries them.
+CE_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_specversion", "ce_time", "ce_subject")
+# W3C trace context: an outbox document's `headers.traceparent` / `tracestate` (OutboxEvent.new
+# records them) pass through as Kafka headers of the same names, which OpenTelemetry's Kafka
+# instrumentation reads, and are copied to the CloudEvents distributed-tracing extension's
+# attributes (`ce_traceparent`, `ce_tracestate`) for CloudEvents SDKs (docs/trace-context.md).
+TRACE_HEADERS = (("traceparent", "ce_traceparent"), ("tracestate", "ce_tracestate"))
 # Header names an outbox document may not use in its own `headers`: CloudEvents' (`ce_`), the
 # content type, and the relay's own (`relay_`).
 RESERVED_HEADER_PREFIXES = ("ce_", "content-type", "relay_")
@@ -21,8 +29,10 @@ CONTENT_TYPE_AVRO = b"application/avro"
 CONTENT_TYPE_JSON = b"application/json"
 CE_SPECVERSION = b"1.0"
 
-# Kafka's rule for topic names: legal characters, 1-249 long, not "." or "..".
-TOPIC_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,249}$"
+# Kafka's rule for topic names: letters, digits and these, 1-249 long, not "." or "..".
+TOPIC_MAX_LENGTH = 249
+TOPIC_PUNCTUATION = "._-"
+TOPIC_NAME_PATTERN = rf"^[A-Za-z0-9{re.escape(TOPIC_PUNCTUATION)}]{{1,{TOPIC_MAX_LENGTH}}}$"
 _TOPIC_NAME = re.compile(TOPIC_NAME_PATTERN)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from bson import ObjectId
 
+from relay.outbox.trace import current_trace_headers
+
 
 class MalformedEventError(ValueError):
     """Raised when an outbox document lacks a field or holds the wrong type in it."""
@@ -60,8 +62,20 @@ class OutboxEvent:
 
     @classmethod
     def new(
-        cls, aggregate_type: str, aggregate_id: str, event_type: str, payload: Mapping[str, Any], **kw: Any
+        cls,
+        aggregate_type: str,
+        aggregate_id: str,
+        event_type: str,
+        payload: Mapping[str, Any],
+        *,
+        trace_context: bool = True,
+        **kw: Any,
     ) -> OutboxEvent:
+        """A new event; with `trace_context` (default) and OpenTelemetry installed, the active
+        span's W3C trace context is recorded in `headers` (`traceparent`, `tracestate`; headers
+        given in `headers` win). Without OpenTelemetry nothing changes (relay.outbox.trace)."""
+        if trace_context and (trace := current_trace_headers()):
+            kw["headers"] = {**trace, **(kw.get("headers") or {})}
         return cls(aggregate_type, aggregate_id, event_type, payload, **kw)
 
     @property

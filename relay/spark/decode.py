@@ -38,7 +38,17 @@ _PLACEHOLDER = re.compile(r"\{(aggregateType|eventType)\}")
 
 # The columns `decode_events` returns, in order.
 EVENT_COLUMNS = ("id", "aggregateType", "aggregateId", "eventType", "occurredAt", "payload", "source", "writerSchema")
-KAFKA_COLUMNS = ("topic", "partition", "offset", "kafkaTimestamp", "key", "fencingToken", "decodeError")
+KAFKA_COLUMNS = (
+    "topic",
+    "partition",
+    "offset",
+    "kafkaTimestamp",
+    "key",
+    "fencingToken",
+    "traceparent",
+    "tracestate",
+    "decodeError",
+)
 
 
 def topic_pattern(template: str) -> str:
@@ -161,11 +171,16 @@ def _message_name() -> Column:
     )
 
 
-def _fencing_token() -> Column:
+def _header(name: str) -> Column:
+    """The first header called `name`, as text (null if absent)."""
     from pyspark.sql import functions as F
 
-    header = F.try_element_at(F.filter("headers", lambda h: h["key"] == F.lit(HEADER_FENCING)), F.lit(1))
-    return header["value"].cast("string").try_cast("long")
+    header = F.try_element_at(F.filter("headers", lambda h: h["key"] == F.lit(name)), F.lit(1))
+    return header["value"].cast("string")
+
+
+def _fencing_token() -> Column:
+    return _header(HEADER_FENCING).try_cast("long")
 
 
 def _branches(schemas: Sequence[WriterSchema]) -> list[Column]:
@@ -208,7 +223,7 @@ def decode_events(kafka: DataFrame, schemas: Sequence[WriterSchema], strict: boo
     """The Kafka source's rows (read with `includeHeaders`) as `EVENT_COLUMNS + KAFKA_COLUMNS`.
 
     `fencingToken` is the `relay_fencing_token` header as a number (null if absent or not a
-    number); `key` the Kafka key as text. With `strict`, an undecodable value fails the query with
+    number); `traceparent` and `tracestate` the W3C trace context headers (null without one); `key` the Kafka key as text. With `strict`, an undecodable value fails the query with
     an error naming the message; otherwise its event columns are null and `decodeError` says why.
     """
     from pyspark.sql import functions as F
@@ -227,6 +242,8 @@ def decode_events(kafka: DataFrame, schemas: Sequence[WriterSchema], strict: boo
         F.col("timestamp").alias("kafkaTimestamp"),
         F.col("key").cast("string").alias("key"),
         _fencing_token().alias("fencingToken"),
+        _header("traceparent").alias("traceparent"),
+        _header("tracestate").alias("tracestate"),
     )
     error = F.lit(None).cast("string") if strict else F.when(F.col("e").isNull(), _undecodable_reason(F.col("value")))
     return stage2.select(
@@ -237,5 +254,7 @@ def decode_events(kafka: DataFrame, schemas: Sequence[WriterSchema], strict: boo
         "kafkaTimestamp",
         "key",
         "fencingToken",
+        "traceparent",
+        "tracestate",
         error.alias("decodeError"),
     )

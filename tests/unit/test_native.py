@@ -194,3 +194,38 @@ def test_changes_whose_bytes_are_a_memoryview_are_read_too():
     from relay.mongo.changes import inspect
 
     assert inspect([viewed]) == inspect([change]) == (-1, [int(change["wallTime"].timestamp() * 1000)])
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.mark.parametrize("headers", [
+    {"traceparent": TRACEPARENT},
+    {"tracestate": "congo=t61rcWkgMzE", "x-tenant": "t1", "traceparent": TRACEPARENT},
+    {"x-tenant": "t1"},
+])
+def test_trace_context_is_copied_to_the_cloudevents_extension_on_both_paths(headers):
+    fast = _assert_same_or_declined(_change(_outbox({"n": 1}, headers=headers)))
+    assert fast is not None, "the compiled path builds it"
+    names = dict(fast.headers)
+    for name, copy in (("traceparent", "ce_traceparent"), ("tracestate", "ce_tracestate")):
+        if name in headers:
+            assert names[name] == names[copy] == headers[name].encode()
+        else:
+            assert name not in names and copy not in names
+
+
+def test_the_compiled_encoder_takes_the_shared_names_from_relay_core_message():
+    """NATIVE_NAMES is the one place the compiled code learns header names, reserved prefixes,
+    the trace headers and the topic rule: what Python refuses, it declines."""
+    from relay.avro.encoding import NATIVE_NAMES
+    from relay.core import message
+
+    assert NATIVE_NAMES[3] == list(message.RESERVED_HEADER_PREFIXES)
+    assert NATIVE_NAMES[4] == list(message.TRACE_HEADERS)
+    for reserved in message.RESERVED_HEADER_PREFIXES:
+        change = _change(_outbox({"n": 1}, headers={f"{reserved}x": "v"}))
+        assert NATIVE.build_many([change], 7) == [None]
+        assert isinstance(_python(change), PoisonEventError)
+    for topic in ("a" * message.TOPIC_MAX_LENGTH, "a" * (message.TOPIC_MAX_LENGTH + 1), "bad topic", "ok._-"):
+        _assert_same_or_declined(_change(_outbox({"n": 1}, topic=topic)))
