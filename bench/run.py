@@ -11,12 +11,16 @@ mongod replica-set member and one Kafka broker, topics with 3 partitions), stopp
 `stop()` and deleted at the end. The relay runs in this process, in a thread
 (`bench.relay_under_test`); the steady-state writer is a child process; each peer its own process.
 
-Order: warm up Kafka; for each payload variant (default first, then 2 KB, 20 KB, typed): write
-its backlog, relay catch-up (for the default variant also in exactly-once mode, on the same
-backlog), bare relay, bare change stream, bare producer (the long-backlog
-memory run comes before the default variant's bare producer, whose queue leaves this process
-larger); then the peers on the default backlog, one at a time; then one
-steady-state step per rate; with `--partitions`, last, the partitioned outbox
+Order: warm up Kafka; first the catch-up on equal terms (bench/scenarios/fair.py, `--rounds`,
+default 3): the relay, the relay with clean-up by position on, the relay in exactly-once mode, the
+bare relay, the bare change stream and each Kafka Connect peer at its defaults and tuned by its
+documentation, each on a fresh backlog written just before it, once the servers are idle, in an
+order rotated every round; its medians give the headline ratios and the goals. Then, for each
+payload variant (default first, then 2 KB, 20 KB, typed): write its backlog, relay catch-up (for
+the default variant also in exactly-once mode, on the same backlog), bare relay, bare change
+stream, bare producer (the long-backlog memory run comes before the default variant's bare
+producer, whose queue leaves this process larger); then Conduit (unless `--no-conduit`); then
+one steady-state step per rate; with `--partitions`, last, the partitioned outbox
 (bench/scenarios/partitions.py): a backlog of `--partition-events`, drained by one relay process
 at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it.
 """
@@ -50,10 +54,11 @@ from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
 from bench.scenarios.exactly_once import exactly_once_catch_up
+from bench.scenarios.fair import contestants, fair_catch_up
 from bench.scenarios.latency import steady_state
 from bench.scenarios.memory import memory_run
 from bench.scenarios.partitions import group_catch_up, stream_cost
-from bench.scenarios.peers import Peer, conduit_peer, connect_peer, connect_specs, peer_catch_up
+from bench.scenarios.peers import Peer, conduit_peer, peer_catch_up
 from bench.scenarios.producer import bare_producer
 from relay.dev.stack import LocalStack
 
@@ -127,6 +132,9 @@ def prepare_peers(args: argparse.Namespace, report: Report) -> dict[str, Any]:
     except PeerError as exc:
         prepared["jars_error"] = str(exc)
         log.error("Kafka Connect peers skipped: %s", exc)
+    if not args.conduit:
+        prepared["conduit_error"] = "skipped (--no-conduit)"
+        return prepared
     progress("building Conduit and its MongoDB connector (go install, first run only)")
     try:
         prepared["conduit"] = conduit.build()
@@ -143,7 +151,7 @@ def run(args: argparse.Namespace) -> Report:
     started = time.monotonic()
     report = Report(params={
         "events": args.events, "payload_bytes": args.payload_bytes, "rates": args.rates, "seconds": args.seconds,
-        "long_events": args.long_events, "run_id": run_id, "command": args.command,
+        "long_events": args.long_events, "run_id": run_id, "command": args.command, "rounds": args.rounds,
         "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -165,15 +173,17 @@ def run(args: argparse.Namespace) -> Report:
                 return report
             runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
             report.variants = {v.key: v.label for v in runs}
+            if args.rounds:
+                field = contestants(stack, client, prepared.get("jars"), prepared.get("jars_error"), args.peers,
+                                    args.exactly_once)
+                report.fair = fair_catch_up(stack, client, runs[0], run_id, args.rounds, field)
             default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events,
                                         args.exactly_once)
             for variant in runs[1:]:
                 variant_scenarios(stack, client, variant, run_id, report)
-            if args.peers:
-                bootstrap = stack.kafka.bootstrap_servers
-                peers: list[Peer] = [connect_peer(spec, prepared["jars"], prepared["jars_error"], bootstrap)
-                                     for spec in connect_specs(stack, default, run_id)]
-                peers.append(conduit_peer(stack, default, run_id, prepared["conduit"], prepared["conduit_error"]))
+            if args.peers and args.conduit:
+                peers: list[Peer] = [conduit_peer(stack, default, run_id, prepared["conduit"],
+                                                  prepared["conduit_error"])]
                 for peer in peers:
                     progress(peer.label)
                     report.rows.append(peer_catch_up(stack, default, peer))
@@ -236,6 +246,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="backlog of the memory run (default 1000000; 0 skips it)")
     p.add_argument("--no-peers", dest="peers", action="store_false",
                    help="skip the peers (Debezium, MongoDB connector, Conduit)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of the catch-up on equal terms (bench/scenarios/fair.py; default 3, 0 skips it)")
+    p.add_argument("--no-conduit", dest="conduit", action="store_false", help="skip the Conduit peer")
     p.add_argument("--no-exactly-once", dest="exactly_once", action="store_false",
                    help="skip the catch-up in exactly-once mode (RELAY_DELIVERY=exactly-once)")
     p.add_argument("--no-variants", dest="variants", action="store_false",
@@ -255,6 +268,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--rates: comma-separated numbers expected, got {args.rates!r}")
     if args.partition_events < 1:
         p.error("--partition-events must be at least 1")
+    if args.rounds < 0:
+        p.error("--rounds must be 0 or more")
     if args.events < 1 or args.seconds <= 0 or args.payload_bytes < 32 or args.long_events < 0 \
             or any(r <= 0 for r in args.rates):
         p.error("--events >= 1, --seconds > 0, --payload-bytes >= 32, --long-events >= 0 and rates > 0 are required")

@@ -127,6 +127,7 @@ class ConnectorSpec:
     topic: str               # every message of the benchmark's outbox ends up here
     config: dict[str, str]   # connector properties (name, class, converters, ...)
     output: str              # what a message is, in words, for the table
+    worker: dict[str, str] = field(default_factory=dict)  # extra worker properties (producer.*)
 
     @property
     def name(self) -> str:
@@ -207,6 +208,40 @@ def mongodb_source_connector(mongo_uri: str, database: str, collection: str, sta
                          "JSON (StringConverter): whole outbox document (extended JSON); no headers; key {_id}")
 
 
+# The throughput settings each peer's own documentation recommends (BENCHMARKS.md names them):
+# - Kafka Connect's producer, for every source connector (worker properties with the `producer.`
+#   prefix): larger batches, a linger, lz4 compression - Confluent, "How to Tune Kafka Connect
+#   Source Connectors to Optimize Throughput" (confluent.io/blog/how-to-increase-throughput-on-
+#   kafka-connect-source-connectors);
+# - the MongoDB source connector: `poll.max.batch.size` (records per poll, default 1000) and
+#   `batch.size` (the change stream cursor's batch, default 0 = server default) - MongoDB Kafka
+#   Connector docs, source connector configuration properties (change stream, Kafka topic);
+# - Debezium's MongoDB connector: `max.batch.size` (default 2048) and `max.queue.size` (default
+#   8192, must exceed the batch), `poll.interval.ms` - Debezium MongoDB connector docs,
+#   "Advanced connector configuration properties".
+TUNED_PRODUCER = {"producer.linger.ms": "100", "producer.batch.size": "262144", "producer.compression.type": "lz4"}
+TUNED_CONNECTOR = {
+    "mongo": {"poll.max.batch.size": "10000", "batch.size": "10000", "poll.await.time.ms": "100"},
+    "debezium": {"max.batch.size": "10000", "max.queue.size": "40000", "poll.interval.ms": "100"},
+}
+
+
+def tuned(spec: ConnectorSpec) -> ConnectorSpec:
+    """The same connector with its documented throughput settings (TUNED_*), writing to a topic
+    of its own."""
+    topic = f"{spec.topic}.tuned"
+    config = {**spec.config, **TUNED_CONNECTOR[spec.key], "name": f"{spec.config['name']}-tuned"}
+    if spec.key == "mongo":
+        config["topic.prefix"] = f"{config['topic.prefix']}.tuned"
+        topic = f"{config['topic.prefix']}.{config['database']}.{config['collection']}"
+    else:  # the outbox router's topic replacement
+        route = "transforms.outbox.route.topic.replacement"
+        config[route] = config[route].replace("${routedByValue}", "tuned.${routedByValue}")
+        topic = spec.topic.rsplit(".", 1)[0] + ".tuned." + spec.topic.rsplit(".", 1)[1]
+    return ConnectorSpec(f"{spec.key}-tuned", f"{spec.label} (tuned)", spec.plugin, topic, config, spec.output,
+                         dict(TUNED_PRODUCER))
+
+
 # ---- the worker -----------------------------------------------------------------------------------
 
 def java_binary() -> str:
@@ -258,6 +293,7 @@ class StandaloneWorker(PeerProcess):
             "offset.storage.file.filename": str(self.work_dir / "connect.offsets"),
             "plugin.path": str(self.jars.plugin_path(self.spec.plugin)),
             "listeners": f"http://127.0.0.1:{self.rest_port}",
+            **self.spec.worker,
         }
         (self.work_dir / "worker.properties").write_text(_properties(worker))
         (self.work_dir / "connector.properties").write_text(_properties(self.spec.config))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import confluent_kafka
+import psutil
 
 from bench.common import (
     AGGREGATE_TYPE,
@@ -113,6 +114,16 @@ def failed_row(peer: Peer, backlog: Backlog, error: str) -> Row:
                                                                                     "output": peer.output})
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its children so far."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+        return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+    except psutil.Error:
+        return 0.0
+
+
 def peer_catch_up(stack: LocalStack, backlog: Backlog, peer: Peer) -> Row:
     """The peer drains the backlog into its topic (see the module docstring)."""
     if peer.launch is None:
@@ -122,8 +133,11 @@ def peer_catch_up(stack: LocalStack, backlog: Backlog, peer: Peer) -> Row:
         create_topic(bootstrap, peer.topic)
         with consumer(bootstrap) as c, peer.launch() as process:
             first: list[float] = []
+            cpu_at_start: list[float] = []  # the peer's CPU when its connector started (JVM start-up)
 
             def all_in_kafka() -> bool:
+                if not cpu_at_start and process.pid is not None and process.connector_started_at() is not None:
+                    cpu_at_start.append(_tree_cpu_s(process.pid))
                 count = in_kafka(c, peer.topic)
                 if count > 0 and not first:
                     first.append(time.time())
@@ -149,8 +163,11 @@ def peer_catch_up(stack: LocalStack, backlog: Backlog, peer: Peer) -> Row:
                 if started > launched else "from process launch")
         if final != backlog.events:
             note += f"; {final} messages in topic"
+        # CPU over the interval the rate covers: from the connector's start, without the JVM's.
+        peer_cpu = usage.cpu_s.get("peer", math.nan) - (cpu_at_start[0] if cpu_at_start else 0.0)
+        note += f"; CPU from connector start (JVM start-up {cpu_at_start[0]:.1f} s CPU excluded)" if cpu_at_start else ""
         return Row(peer.label, backlog.events, seconds, rate(backlog.events, seconds), variant=backlog.variant.key,
-                   kind="peer", cpu_us_per_event=usage.cpu_us_per_event("peer", backlog.events),
+                   kind="peer", cpu_us_per_event=peer_cpu / backlog.events * 1e6,
                    mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", backlog.events),
                    peak_rss_mb=usage.peak_rss_mb.get("peer", math.nan), other_cores=usage.other_cores,
                    iowait_cores=usage.iowait_cores, note=note,

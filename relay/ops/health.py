@@ -28,7 +28,7 @@ PUBLISH_STALL_S = 30.0
 class _Degradable:
     """A warning that leaves the relay ready but says something needs attention (/readyz answers
     200 with `"status": "degraded"` and the reason), e.g. a TTL index about to delete an
-    undelivered event (relay.ops.outbox_checks)."""
+    undelivered event (relay.ops.outbox_checks). A ready relay's body is unchanged otherwise."""
 
     degraded: str | None = None
 
@@ -200,10 +200,8 @@ def _handler(health: Health | GroupHealth, registry: CollectorRegistry) -> type[
             elif path == "/readyz":
                 ok, why = health.readiness()
                 answer: dict[str, Any] = {"ok": ok, "role": health.role, "reason": why}
-                if ok:
-                    answer["status"] = "ready" if health.degraded is None else "degraded"
-                    if health.degraded is not None:
-                        answer["degraded"] = health.degraded
+                if ok and health.degraded is not None:
+                    answer.update(status="degraded", degraded=health.degraded)
                 body = _json(answer)
                 status, ctype = (200 if ok else 503), "application/json"
             else:
