@@ -300,6 +300,9 @@ def _goal_table(report: Report) -> list[str]:
     lines = ["goals (issue 20; reported, never asserted)"]
     for g in rows:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
+        if g["target"] == 0 and not math.isnan(g["value"]):
+            lines.append(f"  {g['goal']:<58} {_f(g['value'], '.2f', 8)} {g['unit']:<2} (reported, no goal)")
+            continue
         op = ">=" if g["unit"] == "x" else "<="
         lines.append(f"  {g['goal']:<58} {_f(g['value'], '.2f', 8)} {g['unit']:<2} (goal {op} {g['target']:g}) "
                      f"{verdict}")
