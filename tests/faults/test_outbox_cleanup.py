@@ -115,19 +115,19 @@ def test_cleanup_during_a_backlog_with_kills_deletes_only_covered_documents_and_
     outbox = env.db[settings.outbox_collection]
     written = Written()
     writer = threading.Thread(target=write_events, kwargs=dict(
-        db=env.db, collection=settings.outbox_collection, total=3000, writers=2, written=written, seed=2,
+        db=env.db, collection=settings.outbox_collection, total=2000, writers=2, written=written, seed=2,
         pause=lambda: time.sleep(0.01)), daemon=True)
     sampler, audit = _SizeSampler(outbox), DeletionAudit(env.db, settings)
     sampler.start()
     audit.start()
-    write_events(env.db, settings.outbox_collection, total=20_000, writers=4, written=written)  # a backlog
+    write_events(env.db, settings.outbox_collection, total=8_000, writers=4, written=written)  # a backlog
     writer.start()
     rng, runs = random.Random(7), []
     try:
-        for i in range(3):
+        for i in range(2):
             proc = RelayProcess(settings.replace(instance_id=f"run-{i}"), tmp_path, f"run-{i}", CLEANUP).start()
             runs.append(proc)
-            time.sleep(rng.uniform(2.0, 4.0))
+            time.sleep(rng.uniform(1.5, 3.0))
             proc.kill()
             time.sleep(1.0)  # the writers add to the backlog while no relay runs
         final = RelayProcess(settings.replace(instance_id="final"), tmp_path, "final", CLEANUP).start()
