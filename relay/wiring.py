@@ -33,7 +33,7 @@ from relay.kafka.transactions import check_transactional_config
 from relay.mongo import errors as mongo_errors
 from relay.mongo.changes import ChangeSource
 from relay.mongo.connection import check_mongodb, mongo_client
-from relay.mongo.housekeeping import Cleaner, Housekeeper
+from relay.mongo.housekeeping import Housekeeper, cleaner_for, shares_of
 from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.pipeline import pipeline, pipeline_fingerprint, scan_filter
@@ -209,10 +209,7 @@ def build_group(settings: Settings, folder: SchemaFolder | None = None, native: 
         if kafka.exactly_once:
             OffsetsTopic(kafka).ensure()
 
-    shares = [
-        (lease_id(mongo.namespace, p), scan_filter(p, parts.encoding.fields.aggregate_id))
-        for p in partitions(settings.partitions)
-    ]
+    shares = shares_of(mongo.namespace, settings.partitions, parts.encoding.fields.aggregate_id)
     housekeeper = housekeeping(parts, client, shares, observer.metrics.registry, observer.health)
 
     def start() -> None:
@@ -237,13 +234,7 @@ def housekeeping(
     """The outbox checks and clean-up by position (relay.mongo.housekeeping) of one process, over
     the lease ids (with their documents) it may lead, reporting to its metrics and health."""
     mongo = parts.mongo
-    db = client[mongo.database]
-    cleaner = Cleaner(
-        client,
-        db[mongo.outbox_collection],
-        db[mongo.lease_collection],
-        parts.encoding.fields.occurred_at,
-        parts.cleanup,
-    )
+    cleaner = cleaner_for(client, mongo, parts.encoding.fields.occurred_at, parts.cleanup)
     report = OutboxMetrics(registry, health)
-    return Housekeeper(cleaner, db[mongo.lease_collection], parts.group.instance_id, shares, parts.cleanup, report)
+    leases = client[mongo.database][mongo.lease_collection]
+    return Housekeeper(cleaner, leases, parts.group.instance_id, shares, parts.cleanup, report)

@@ -4,10 +4,8 @@ delete what the committed position covers."""
 from __future__ import annotations
 
 from relay.config import Settings
-from relay.core.partitions import lease_id, partitions
 from relay.mongo.connection import check_mongodb, mongo_client
-from relay.mongo.housekeeping import Cleaner, PositionUnknownError
-from relay.mongo.pipeline import scan_filter
+from relay.mongo.housekeeping import PositionUnknownError, cleaner_for, shares_of
 from relay.outbox import Outbox
 
 TTL_WARNING = (
@@ -37,18 +35,8 @@ def prune_outbox(settings: Settings, dry_run: bool = False) -> list[str]:
     retention = parts.cleanup.retention_s
     with mongo_client(parts.mongo) as client:
         check_mongodb(client, parts.mongo)
-        db = client[settings.database]
-        cleaner = Cleaner(
-            client,
-            db[settings.outbox_collection],
-            db[settings.lease_collection],
-            parts.encoding.fields.occurred_at,
-            parts.cleanup,
-        )
-        shares = [
-            (lease_id(parts.mongo.namespace, p), scan_filter(p, parts.encoding.fields.aggregate_id))
-            for p in partitions(settings.partitions)
-        ]
+        cleaner = cleaner_for(client, parts.mongo, parts.encoding.fields.occurred_at, parts.cleanup)
+        shares = shares_of(parts.mongo.namespace, settings.partitions, parts.encoding.fields.aggregate_id)
         unknown = [p for p in (cleaner.position(lid) for lid, _ in shares) if p.time is None]
         if unknown:
             raise PositionUnknownError(

@@ -40,10 +40,12 @@ from pymongo import ASCENDING, MongoClient
 from pymongo.collection import Collection
 
 from relay.core.errors import OperatorActionError
+from relay.core.partitions import lease_id, partitions
 from relay.core.positions import ClusterTime
 from relay.mongo.changes import oplog_start
-from relay.mongo.config import OutboxCleanupConfig
+from relay.mongo.config import MongoConfig, OutboxCleanupConfig
 from relay.mongo.lease import cluster_time
+from relay.mongo.pipeline import scan_filter
 
 log = logging.getLogger("relay.outbox")
 
@@ -216,6 +218,17 @@ class Cleaner:
             if len(candidates) < self._config.batch:
                 break
         return result
+
+
+def cleaner_for(client: MongoClient[Any], mongo: MongoConfig, occurred_at: str, config: OutboxCleanupConfig) -> Cleaner:
+    """The Cleaner of the configured outbox and lease collections."""
+    db = client[mongo.database]
+    return Cleaner(client, db[mongo.outbox_collection], db[mongo.lease_collection], occurred_at, config)
+
+
+def shares_of(namespace: str, count: int, aggregate_id_field: str) -> list[tuple[str, dict[str, Any] | None]]:
+    """Every partition's lease id and documents (RELAY_PARTITIONS = `count`)."""
+    return [(lease_id(namespace, p), scan_filter(p, aggregate_id_field)) for p in partitions(count)]
 
 
 class OutboxReport(Protocol):

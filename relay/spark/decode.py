@@ -248,13 +248,6 @@ def decode_events(kafka: DataFrame, schemas: Sequence[WriterSchema], strict: boo
     error = F.lit(None).cast("string") if strict else F.when(F.col("e").isNull(), _undecodable_reason(F.col("value")))
     return stage2.select(
         *[F.col("e")[c].alias(c) for c in EVENT_COLUMNS],
-        "topic",
-        "partition",
-        "offset",
-        "kafkaTimestamp",
-        "key",
-        "fencingToken",
-        "traceparent",
-        "tracestate",
+        *KAFKA_COLUMNS[:-1],
         error.alias("decodeError"),
     )
