@@ -2,17 +2,20 @@
 //!
 //! `Encoder.encode(changes, fencing_token)` turns a batch of insert change events, each the raw
 //! BSON of a `RawBSONDocument`, into the Kafka messages the Python path
-//! (`relay.encoding.MessageBuilder.build`) would build for them: the generic envelope
-//! `io.outboxrelay.v1.OutboxEvent` in Avro single-object encoding, the key, the CloudEvents
-//! headers and the fencing token. It returns one `OutgoingMessage` per change, or `None` where it
-//! declines: anything it does not handle exactly as the Python path does (a typed event type, a
-//! malformed document, a payload value of a type `python_json` does not write, a message over the
-//! size limit, a change without raw bytes). The caller builds those with the Python path, which
-//! also raises the poison-event errors, so the two paths never disagree on what is published or
+//! (`relay.avro.encoding.MessageBuilder.build`) would build for them: the generic envelope
+//! `io.outboxrelay.v1.OutboxEvent` (payload as relaxed Extended JSON, python_json.rs) or an event
+//! type's typed envelope (payload by the BSON -> Avro mapping, typed.rs), in Avro single-object
+//! encoding, the key, the CloudEvents headers and the fencing token. It returns one
+//! `OutgoingMessage` per change, or `None` where it declines: anything it does not handle exactly
+//! as the Python path does (a malformed document, a payload value the mapping refuses or that is
+//! not written here, a message over the size limit, a change without raw bytes). The caller
+//! builds those with the Python path, which also raises the poison-event errors, so the two
+//! paths never disagree on what is published or
 //! on why something is not. tests/unit/test_native.py checks byte equality on random documents.
 
 mod avro;
 mod python_json;
+mod typed;
 
 use bson::{RawBsonRef, RawDocument};
 use pyo3::exceptions::PyValueError;
@@ -20,13 +23,13 @@ use pyo3::buffer::PyBuffer;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt::Write;
 
 /// The earliest and latest millisecond Python's datetime holds (years 1 to 9999): outside, the
 /// Python path sees a DatetimeMS, which is not a date for `occurredAt`.
-const MIN_DATETIME_MS: i64 = -62_135_596_800_000;
-const MAX_DATETIME_MS: i64 = python_json::MAX_UTC_MS;
+pub(crate) const MIN_DATETIME_MS: i64 = -62_135_596_800_000;
+pub(crate) const MAX_DATETIME_MS: i64 = python_json::MAX_UTC_MS;
 
 pub(crate) fn utc(ms: i64) -> Option<time::OffsetDateTime> {
     time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000).ok()
@@ -66,7 +69,7 @@ struct Encoder {
     field_headers: String,
     field_topic: String,
     template: Vec<TemplatePart>,
-    typed: HashSet<String>,
+    typed: HashMap<String, Typed>,
     prefix: Vec<u8>, // C3 01 and the generic envelope's fingerprint
     database: String,
     collection: String,
@@ -92,19 +95,26 @@ struct Names {
     topic_punctuation: Vec<u8>,
 }
 
+/// A typed envelope: its single-object prefix (C3 01 and its fingerprint) and its payload's program.
+struct Typed {
+    prefix: Vec<u8>,
+    payload: typed::Program,
+}
+
 type NamesArg = (Vec<String>, String, String, Vec<String>, Vec<(String, String)>, Vec<u8>, Vec<u8>, usize, String);
 
 #[pymethods]
 impl Encoder {
     /// `fields`: the outbox field names (aggregateType, aggregateId, eventType, payload,
     /// occurredAt, headers, topic); `template`: the topic template as (literal, field or None)
-    /// pairs; `typed`: event types with a typed envelope (declined); `fingerprint`: the generic
+    /// pairs; `typed`: for each event type with a typed envelope, (event type, the envelope's
+    /// fingerprint, its payload program's root and nodes: relay.avro.native_program); `fingerprint`: the generic
     /// envelope's 8-byte CRC-64-AVRO fingerprint; `message`: the class of the messages returned;
     /// `names`: relay.avro.encoding.NATIVE_NAMES (from relay.core.message).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, fields: (String, String, String, String, String, String, String),
-           template: Vec<(String, Option<String>)>, typed: Vec<String>, fingerprint: &[u8], database: String,
+           template: Vec<(String, Option<String>)>, typed: Vec<(String, Vec<u8>, usize, Vec<typed::NodeArg>)>, fingerprint: &[u8], database: String,
            collection: String, ce_source: &[u8], max_bytes: usize, record_overhead: usize,
            message: Py<PyAny>, names: NamesArg) -> PyResult<Self> {
         if fingerprint.len() != 8 {
@@ -124,12 +134,20 @@ impl Encoder {
             };
             parts.push(TemplatePart { literal, field });
         }
-        let mut prefix = vec![0xC3, 0x01];
-        prefix.extend_from_slice(fingerprint);
+        let single_object = |fingerprint: &[u8]| [&[0xC3, 0x01], fingerprint].concat();
+        let prefix = single_object(fingerprint);
+        let mut envelopes = HashMap::new();
+        for (event_type, fingerprint, root, nodes) in typed {
+            if fingerprint.len() != 8 {
+                return Err(PyValueError::new_err(format!("the fingerprint of {event_type}'s envelope must be 8 bytes")));
+            }
+            let payload = typed::Program::new(root, nodes)?;
+            envelopes.insert(event_type, Typed { prefix: single_object(&fingerprint), payload });
+        }
         Ok(Encoder {
             field_aggregate_type: fields.0, field_aggregate_id: fields.1, field_event_type: fields.2,
             field_payload: fields.3, field_occurred_at: fields.4, field_headers: fields.5, field_topic: fields.6,
-            template: parts, typed: typed.into_iter().collect(), prefix, database, collection, max_bytes,
+            template: parts, typed: envelopes, prefix, database, collection, max_bytes,
             record_overhead, message, ce_source: PyBytes::new(py, ce_source).unbind(), names,
         })
     }
@@ -197,9 +215,6 @@ impl Encoder {
     fn message<'py>(&self, py: Python<'py>, raw: &[u8], c: &Constants<'py, '_>, value: &mut Vec<u8>,
                     payload: &mut String) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some((event, cluster_time, position)) = self.read(raw) else { return Ok(None) };
-        if self.typed.contains(event.event_type) {
-            return Ok(None);
-        }
         let topic = match event.topic {
             Some(t) => t.to_string(),
             None => self.topic(&event),
@@ -207,18 +222,30 @@ impl Encoder {
         if !valid_topic(&topic, &self.names) {
             return Ok(None);
         }
-        payload.clear();
-        if python_json::write_document(payload, event.payload).is_err() {
-            return Ok(None);
-        }
+        let envelope = self.typed.get(event.event_type);
         value.clear();
-        value.extend_from_slice(&self.prefix);
+        value.extend_from_slice(envelope.map_or(&self.prefix, |t| &t.prefix));
         avro::write_string(value, &event.id);
         avro::write_string(value, event.aggregate_type);
         avro::write_string(value, event.aggregate_id);
         avro::write_string(value, event.event_type);
         avro::write_long(value, event.occurred_at_ms);
-        avro::write_string(value, payload);
+        match envelope {
+            // Typed: the payload record by the BSON -> Avro mapping; a refusal is the Python
+            // path's to report (it names the field path).
+            Some(t) => {
+                if t.payload.write(value, event.payload).is_err() {
+                    return Ok(None);
+                }
+            }
+            None => {
+                payload.clear();
+                if python_json::write_document(payload, event.payload).is_err() {
+                    return Ok(None);
+                }
+                avro::write_string(value, payload);
+            }
+        }
         avro::write_string(value, &self.database);
         avro::write_string(value, &self.collection);
         avro::write_long(value, cluster_time);

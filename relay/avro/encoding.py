@@ -28,10 +28,12 @@ from bson.json_util import RELAXED_JSON_OPTIONS
 from bson.raw_bson import RawBSONDocument
 
 from relay.avro.config import EncodingConfig
+from relay.avro.contract import PAYLOAD_FIELD
 from relay.avro.deadletter import dead_letter_message
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import Framing, SingleObjectFraming
 from relay.avro.mapping import UnmappableValueError
+from relay.avro.native_program import native_program
 from relay.core.errors import PoisonEventError
 from relay.core.message import (
     CE_HEADERS,
@@ -99,10 +101,11 @@ class MessageBuilder:
 
     `framing` defaults to single-object encoding with the folder (relay.avro.framing). With
     `native` (the default) and single-object framing, `build_many` first hands a batch to the
-    compiled encoder (`relay._native`, native/src), which builds the generic-envelope messages
-    and declines everything else (typed event types, malformed documents, payload types it does
-    not write exactly as this module does); `build` (this module) makes the rest, so both give
-    the same bytes and the same errors (tests/unit/test_native.py).
+    compiled encoder (`relay._native`, native/src), which builds generic and typed envelopes
+    (typed payloads compiled for it by relay.avro.native_program) and declines everything else
+    (malformed documents, payloads the mapping refuses, values it does not write exactly as this
+    module does); `build` (this module) makes the rest, so both give the same bytes and the same
+    errors (tests/unit/test_native.py).
     """
 
     def __init__(
@@ -127,8 +130,8 @@ class MessageBuilder:
         return self._native is not None
 
     def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
-        """Messages for the changes the compiled encoder takes (`RawBSONDocument` changes of
-        event types without a typed schema), None for the others: build those with `build`."""
+        """Messages for the changes the compiled encoder takes (`RawBSONDocument` changes),
+        None for the others, in the same order: build those with `build`."""
         if self._native is None:
             return [None] * len(changes)
         return self._native.encode(changes if isinstance(changes, list) else list(changes), fencing_token)  # type: ignore[no-any-return]
@@ -235,6 +238,12 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
             return None
         template.append((literal, field))
     generic = folder.writer_for("").name  # the generic envelope: what every untyped event gets
+    typed = []
+    for event_type in folder.event_types:
+        name = folder.writer_for(event_type).name
+        payload = next(f for f in folder.schema(name)["fields"] if f["name"] == PAYLOAD_FIELD)
+        root, nodes = native_program(payload["type"], folder.schema(name)["__named_schemas"])
+        typed.append((event_type, folder.fingerprint(name), root, nodes))
     fields = config.fields
     return _native.Encoder(
         (
@@ -247,7 +256,7 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
             fields.topic,
         ),
         template,
-        folder.event_types,
+        typed,
         folder.fingerprint(generic),
         config.database,
         config.collection,

@@ -356,7 +356,11 @@ def _float(value: Any) -> float:
         as_float = _double(value)
     except _Mismatch as exc:
         raise _Mismatch(exc.reason.replace("Avro double", "Avro float")) from exc
-    if math.isfinite(as_float) and struct.unpack("f", struct.pack("f", as_float))[0] != as_float:
+    try:
+        exact = not math.isfinite(as_float) or struct.unpack("f", struct.pack("f", as_float))[0] == as_float
+    except OverflowError:  # beyond a 32-bit float's range
+        exact = False
+    if not exact:
         raise _Mismatch(f"holds {value!r}, which a 32-bit Avro float cannot hold exactly; declare it double")
     return as_float
 
