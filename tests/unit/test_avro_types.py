@@ -115,6 +115,7 @@ LINES = {"type": "array", "items": {"type": "record", "name": "Line", "fields": 
     ("long", True, "payload.v", "holds boolean"),
     ("double", Int64(2**53 + 1), "payload.v", "cannot hold exactly"),
     ("float", 0.1, "payload.v", "32-bit Avro float cannot hold exactly"),
+    ("float", 1e300, "payload.v", "32-bit Avro float cannot hold exactly"),  # beyond its range, not an OverflowError
     ("string", None, "payload.v", "holds null"),
     (DEC, Decimal128("12.345"), "payload.v", "more than the 2 decimal places of decimal(10,2)"),
     (DEC, Decimal128("123456789.01"), "payload.v", "more than the 10 digits"),
