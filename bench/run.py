@@ -20,7 +20,8 @@ payload variant (default first, then 2 KB, 20 KB, typed): write its backlog, rel
 the default variant also in exactly-once mode, on the same backlog), bare relay, bare change
 stream, bare producer (the long-backlog memory run comes before the default variant's bare
 producer, whose queue leaves this process larger); then Conduit (unless `--no-conduit`); then
-one steady-state step per rate; with `--partitions`, last, the partitioned outbox
+one steady-state step per rate, for the relay and each Kafka Connect peer tuned
+(bench/scenarios/latency.py); with `--partitions`, last, the partitioned outbox
 (bench/scenarios/partitions.py): a backlog of `--partition-events`, drained by one relay process
 at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it.
 """
@@ -55,7 +56,7 @@ from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
 from bench.scenarios.exactly_once import exactly_once_catch_up
 from bench.scenarios.fair import contestants, fair_catch_up
-from bench.scenarios.latency import steady_state
+from bench.scenarios.latency import steady_step
 from bench.scenarios.memory import memory_run
 from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.scenarios.peers import Peer, conduit_peer, peer_catch_up
@@ -188,11 +189,11 @@ def run(args: argparse.Namespace) -> Report:
                     progress(peer.label)
                     report.rows.append(peer_catch_up(stack, default, peer))
             factory = runs[0].factory()
-            for rate in args.rates:
+            steady_peers = prepared.get("jars") if args.peers else None
+            for step, rate in enumerate(args.rates):
                 batch = 1 if rate <= 2000 else max(1, round(rate / 100))
-                progress(f"steady state: {rate:g} events/s for {args.seconds:g} s ({batch} per insert)")
-                report.latency.append(steady_state(stack, client, factory, args.payload_bytes, rate, args.seconds,
-                                                   batch, run_id))
+                report.latency += steady_step(stack, client, factory, args.payload_bytes, rate, args.seconds,
+                                              batch, run_id, steady_peers, step)
             if args.partitions:
                 partition_scenarios(stack, client, args.partition_events, run_id, report)
     finally:

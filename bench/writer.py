@@ -15,9 +15,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from pymongo import MongoClient
+from pymongo.client_session import ClientSession
+from pymongo.collection import Collection
 
 from bench.events import EventFactory
-from relay.outbox import Outbox
+from relay.outbox import Outbox, OutboxEvent
 
 # Threads sharing one schedule. An insert_one with majority write concern takes 2-50 ms on two
 # busy cores: with 4 threads the writer fell behind at 1,000/s (415/s reached), so 16 for insert_one.
@@ -28,20 +30,21 @@ BATCH_WRITER_THREADS = 4   # insert_many every 10 ms: a few threads keep 10,000/
 class RateWriter:
     """Inserts outbox events on a fixed schedule; records when each write returned.
 
-    Event i is due at start + i / rate. Writes are `batch` events at a time: `insert_one`
-    for a batch of 1, else `insert_many` of the `batch` events due next, sent when the first
-    of them is due (10,000/s as one `insert_one` per event cannot be sustained by a Python
+    Event i is due at start + i / rate. Writes are `batch` events at a time, sent when the first
+    of them is due, each event with its business document (`business`, an `orders` collection)
+    in one transaction, as a service writes them (10,000/s as one `insert_one` per event cannot be sustained by a Python
     client on these two cores; 100 events every 10 ms can). A few threads share the
     schedule (each takes the next due write), so one slow write does not hold up the next.
     """
 
     def __init__(self, outbox: Outbox, factory: EventFactory, rate_per_s: float, seconds: float,
-                 batch: int = 1, threads: int | None = None) -> None:
-        self.outbox, self.factory = outbox, factory
+                 batch: int = 1, threads: int | None = None, business: Collection[Any] | None = None) -> None:
+        self.outbox, self.factory, self.business = outbox, factory, business
         self.rate, self.total, self.batch = rate_per_s, int(rate_per_s * seconds), max(1, batch)
         self.committed: dict[str, float] = {}   # event id -> time.time() after its write returned
         self.round_trips: list[float] = []      # seconds each write took (commit-time uncertainty)
         self.max_behind_s = 0.0
+        self.behind: list[float] = []           # seconds each write started after it was due
         self.seconds = 0.0
         self.errors: list[BaseException] = []
         self._threads = threads or (WRITER_THREADS if self.batch == 1 else BATCH_WRITER_THREADS)
@@ -65,18 +68,34 @@ class RateWriter:
                     time.sleep(ahead)
                 else:
                     self.max_behind_s = max(self.max_behind_s, -ahead)
+                self.behind.append(max(0.0, -ahead))
                 events = [self.factory.event(i) for i in seqs]
                 sent = time.time()
-                if len(events) == 1:
-                    self.outbox.add(events[0])
-                else:
-                    self.outbox.add_many(events)
+                self._commit(events)
                 returned = time.time()
                 for event in events:
                     self.committed[event.id_str] = returned
                 self.round_trips.append(returned - sent)
         except BaseException as exc:  # noqa: BLE001 - re-raised by run()
             self.errors.append(exc)
+
+    def _commit(self, events: list[OutboxEvent]) -> None:
+        """What a service does: its business documents and their outbox events in one
+        transaction (pymongo's `with_transaction` retries it on transient errors); without a
+        `business` collection, just the events."""
+        if self.business is None:
+            self.outbox.add_many(events)
+            return
+        business = self.business
+        orders = [{"_id": e.aggregate_id + "/" + e.id_str, "aggregateId": e.aggregate_id, "state": e.event_type}
+                  for e in events]
+
+        def write(session: ClientSession) -> None:
+            business.insert_many(orders, session=session)
+            self.outbox.add_many(events, session=session)
+
+        with business.database.client.start_session() as session:
+            session.with_transaction(write)
 
     def run(self) -> None:
         """Write every event (blocks); raises the first writer error."""
@@ -99,14 +118,15 @@ def writer_process(uri: str, database: str, rate_per_s: float, seconds: float, p
         with MongoClient(uri) as client:
             client.admin.command("ping")
             writer = RateWriter(Outbox(client[database]["outbox"]), EventFactory(payload_bytes),
-                                rate_per_s, seconds, batch=batch)
+                                rate_per_s, seconds, batch=batch, business=client[database]["orders"])
             conn.send("ready")
             if conn.recv() != "go":
                 return
             writer.run()
             # Plain values: a class defined here would pickle as `__mp_main__.<name>` under -m.
             conn.send({"committed": writer.committed, "seconds": writer.seconds,
-                       "max_behind_s": writer.max_behind_s, "round_trips": writer.round_trips})
+                       "max_behind_s": writer.max_behind_s, "round_trips": writer.round_trips,
+                       "behind": writer.behind})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(f"error: {exc!r}")
     finally:

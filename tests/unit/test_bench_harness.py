@@ -71,7 +71,7 @@ class _FakeOutbox:
         with self._lock:
             self.calls.append([event.id_str])
 
-    def add_many(self, events: list[Any]) -> list[Any]:
+    def add_many(self, events: list[Any], session: Any = None) -> list[Any]:
         with self._lock:
             self.calls.append([e.id_str for e in events])
         return [e.id_str for e in events]
@@ -149,3 +149,74 @@ def test_partition_table_compares_each_group_with_one_relay_at_one_partition() -
     four = next(line for line in text.splitlines() if line.strip().startswith("4 ") and "68.0" in line)
     assert "17.0" in four and "4.00" in four, four  # per stream, and 4x one stream
     assert "issue 15 goals" not in text and "every row" not in text
+
+
+def test_own_share_quantiles_come_from_the_buckets_observed_between_two_readings() -> None:
+    from bench.scenarios.latency import histogram_quantile
+
+    before = [(0.001, 5.0), (0.005, 5.0), (0.01, 5.0), (math.inf, 5.0)]
+    # 100 new observations: 50 in (0, 1 ms], 40 in (1, 5 ms], 10 in (5, 10 ms].
+    after = [(0.001, 55.0), (0.005, 95.0), (0.01, 105.0), (math.inf, 105.0)]
+    assert histogram_quantile(0.5, before, after) == pytest.approx(0.001)
+    assert histogram_quantile(0.99, before, after) == pytest.approx(0.005 + 0.005 * 0.9)
+    assert math.isnan(histogram_quantile(0.5, before, before))
+    # Beyond the last finite bound all one can say is that bound.
+    assert histogram_quantile(0.99, before, [(0.001, 5.0), (0.005, 5.0), (0.01, 5.0), (math.inf, 15.0)]) == 0.01
+
+
+def test_peer_messages_are_matched_to_events_by_their_id() -> None:
+    from bench.scenarios.latency import peer_event_id
+
+    class _Message:
+        def __init__(self, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
+            self._value, self._headers = value, headers
+
+        def value(self) -> bytes:
+            return self._value
+
+        def headers(self) -> list[tuple[str, bytes]] | None:
+            return self._headers
+
+    oid = "6b05e352d597e0f1f1ebd3f5"
+    mongo = _Message(b'{"_id": {"$oid": "' + oid.encode() + b'"}, "payload": {"ref": "' + b"a" * 24 + b'"}}')
+    debezium = _Message(b'{"ref": "' + b"b" * 24 + b'"}', [("id", b'"' + oid.encode() + b'"'), ("eventType", b"x")])
+    assert peer_event_id(mongo) == peer_event_id(debezium) == oid  # type: ignore[arg-type]
+
+
+def test_the_service_like_writer_commits_events_with_their_business_documents() -> None:
+    outbox, business = _FakeOutbox(), _FakeBusiness()
+    writer = RateWriter(outbox, EventFactory(64), rate_per_s=2000, seconds=0.02, batch=1,  # type: ignore[arg-type]
+                        business=business)  # type: ignore[arg-type]
+    writer.run()
+    assert business.transactions == len(outbox.calls) == writer.total == 40
+    assert len(writer.behind) == 40 and all(b >= 0 for b in writer.behind)
+
+
+class _FakeBusiness:
+    """A collection whose client's sessions run each transaction once (no server)."""
+
+    def __init__(self) -> None:
+        self.transactions = 0
+        self.database = self
+        self.client = self
+        self._lock = threading.Lock()
+
+    def start_session(self) -> Any:
+        outer = self
+
+        class _Session:
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                return None
+
+            def with_transaction(self, callback: Any) -> None:
+                callback(self)
+                with outer._lock:
+                    outer.transactions += 1
+
+        return _Session()
+
+    def insert_many(self, docs: list[Any], session: Any = None) -> None:
+        assert session is not None, "business documents are written in the transaction"
