@@ -1,7 +1,7 @@
 """Steady-state latency: a pipeline running, a writer committing at a fixed rate, per-event latency.
 
-Each step runs every contender (the relay; each Kafka Connect peer, tuned by its documentation)
-in turn, at the same rate with the same writer: a child process that does what a service does,
+Each step runs every contender (the relay; each Kafka Connect peer at its defaults and tuned by
+its documentation) in turn, at the same rate with the same writer: a child process that does what a service does,
 one transaction per write holding the business documents and their outbox events, and that
 reports how far behind its schedule it ran (a saturated writer shows there, not as latency).
 Each contender gets a database and a topic of its own, started at the current time (nothing to
@@ -134,19 +134,19 @@ def relay_contender(stack: LocalStack, client: MongoClient[Any], database: str, 
 
 def peer_contender(stack: LocalStack, client: MongoClient[Any], database: str, run_id: str, which: str,
                    jars: Any) -> Contender:
-    """A Kafka Connect peer ("mongo" or "debezium"), tuned by its documentation, its change stream
-    starting at the current cluster time."""
+    """A Kafka Connect peer ("mongo" or "debezium", at its defaults; "-tuned": tuned by its
+    documentation), its change stream starting at the current cluster time."""
     from bench.peers import debezium_outbox_connector, mongodb_source_connector
     from bench.peers.connect import StandaloneWorker, tuned
 
     now = client.admin.command("ping")["operationTime"]
     prefix = f"bench.{run_id}.{database}"
-    if which == "mongo":
+    if which.startswith("mongo"):
         spec = mongodb_source_connector(stack.mongo.uri, database, "outbox", now, f"{prefix}.mongo")
     else:
         spec = debezium_outbox_connector(stack.mongo.uri, database, "outbox", now, f"{prefix}.debezium",
                                          AGGREGATE_TYPE)
-    spec = tuned(spec)
+    spec = tuned(spec) if which.endswith("-tuned") else spec
 
     @contextmanager
     def start() -> Iterator[Running]:
@@ -253,15 +253,16 @@ def steady_state(stack: LocalStack, client: MongoClient[Any], factory: EventFact
 
 def steady_step(stack: LocalStack, client: MongoClient[Any], factory: EventFactory, payload_bytes: int,
                 rate_per_s: float, seconds: float, batch: int, run_id: str, peers: Any, step: int) -> list[Latency]:
-    """One rate: the relay and (with `peers`, the resolved Kafka Connect jars) each peer tuned by
-    its documentation, each on a database of its own, in an order rotated by `step`. A contender
-    that fails gets a result with its error; the step goes on."""
+    """One rate: the relay and (with `peers`, the resolved Kafka Connect jars) each peer at its
+    defaults and tuned by its documentation (the tuning is for throughput: a linger of 100 ms,
+    larger polls; at a low rate the defaults may be faster), each on a database of its own, in an
+    order rotated by `step`. A contender that fails gets a result with its error; the step goes on."""
     def make(which: str) -> Callable[[str], Contender]:
         if which == "relay":
             return lambda database: relay_contender(stack, client, database, run_id)
         return lambda database: peer_contender(stack, client, database, run_id, which, peers)
 
-    names = ["relay"] + (["mongo", "debezium"] if peers is not None else [])
+    names = ["relay"] + (["mongo", "mongo-tuned", "debezium", "debezium-tuned"] if peers is not None else [])
     names = names[step % len(names):] + names[:step % len(names)]
     out = []
     for which in names:

@@ -53,6 +53,10 @@ class Publisher(Protocol):
     def poll(self, timeout: float) -> None:
         """Run the delivery callbacks that are due, waiting up to `timeout` for one."""
 
+    def drain(self, timeout: float) -> None:
+        """Like `poll`, for when the loop waits for every report: send at once whatever the
+        producer holds back to fill a batch (linger.ms), then wait up to `timeout` for them all."""
+
     def failure(self, delivery: Delivery) -> Exception:
         """The error for the first failed report of `delivery` (it carries its action)."""
 

@@ -312,7 +312,7 @@ class Relay(Generic[ObserverT]):
                 if not delivery.done:
                     if len(window) <= keep:
                         break
-                    self._await(s, delivery)
+                    self._await(s, delivery, everything=keep == 0)
                 if delivery.failure is not None:
                     raise s.publisher.failure(delivery)
                 window.pop_acknowledged()
@@ -328,9 +328,12 @@ class Relay(Generic[ObserverT]):
                 self._commit(s, newest)
                 self._failures, self._repeat_code = 0, None  # progress
 
-    def _await(self, s: Session, delivery: Delivery) -> None:
+    def _await(self, s: Session, delivery: Delivery, everything: bool) -> None:
+        """Serve reports until `delivery`'s are in (`everything`: the loop waits for every
+        delivery in flight, so the producer need not hold anything back: Publisher.drain)."""
+        wait = s.publisher.drain if everything else s.publisher.poll
         while not delivery.done:
-            s.publisher.poll(_WAIT_SLICE_S)
+            wait(_WAIT_SLICE_S)
             self._heartbeat(s.grant)
 
     def _idle(self, s: Session, batch: Batch) -> None:

@@ -128,6 +128,16 @@ class Publisher(ProducerBase):
         except KafkaException as exc:
             raise produce_error(exc, "?") from exc
 
+    def drain(self, timeout: float) -> None:
+        """Wait up to `timeout` for every report. librdkafka's flush sends what linger.ms holds
+        back at once (since 1.8): the loop hands a whole batch over before it waits, so nothing
+        more would join it, and lingering would only delay its acknowledgement."""
+        try:
+            self._producer.flush(timeout)
+            self._poll(0)
+        except KafkaException as exc:
+            raise produce_error(exc, "?") from exc
+
     def _poll(self, timeout: float) -> int:
         served = super()._poll(timeout)
         if self._failed:

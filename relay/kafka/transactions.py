@@ -276,6 +276,11 @@ class TransactionalPublisher(ProducerBase):
                 raise ProducerFencedError(f"transactional producer fenced: {err}") from exc
             raise DeliveryError("?", err) from exc
 
+    def drain(self, timeout: float) -> None:
+        """`send` returned with its transaction committed (commit_transaction flushes): nothing
+        is held back, so this is `poll`."""
+        self.poll(timeout)
+
     def close(self) -> None:
         """Abort a transaction left open (best effort: the next leader's `init_transactions` aborts
         it anyway, or the broker after `transaction.timeout.ms`), drop anything queued."""

@@ -295,6 +295,10 @@ class FakePublisher:
             self.failed.clear()
             self.purge()
 
+    def drain(self, timeout: float) -> None:
+        """A flush that may time out: the same random share of the reports as `poll`."""
+        self.poll(timeout)
+
     def purge(self) -> None:
         """Drop what is held: each message is reported as purged, and none is written."""
         for queue in self.pending.values():

@@ -163,6 +163,9 @@ class FakeTxnPublisher:
     def poll(self, timeout: float) -> None:
         pass
 
+    def drain(self, timeout: float) -> None:
+        pass
+
     def failure(self, delivery: Delivery) -> Exception:
         return delivery_failure(delivery)
 
