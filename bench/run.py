@@ -15,7 +15,9 @@ Order: warm up Kafka; first the catch-up on equal terms (bench/scenarios/fair.py
 default 3): the relay, the relay with clean-up by position on, the relay in exactly-once mode, the
 bare relay, the bare change stream and each Kafka Connect peer at its defaults and tuned by its
 documentation, each on a fresh backlog written just before it, once the servers are idle, in an
-order rotated every round; its medians give the headline ratios and the goals. Then, for each
+order rotated every round; its medians give the headline ratios and the goals; then, the same
+way, the relay and its bare relay on each other payload variant (their goals are ratios of those
+medians). Then, for each
 payload variant (default first, then 2 KB, 20 KB, typed): write its backlog, relay catch-up (for
 the default variant also in exactly-once mode, on the same backlog), bare relay, bare change
 stream, bare producer (the long-backlog memory run comes before the default variant's bare
@@ -55,7 +57,7 @@ from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
 from bench.scenarios.exactly_once import exactly_once_catch_up
-from bench.scenarios.fair import contestants, fair_catch_up
+from bench.scenarios.fair import contestants, fair_catch_up, relay_and_bare
 from bench.scenarios.latency import steady_step
 from bench.scenarios.memory import memory_run
 from bench.scenarios.partitions import group_catch_up, stream_cost
@@ -178,6 +180,9 @@ def run(args: argparse.Namespace) -> Report:
                 field = contestants(stack, client, prepared.get("jars"), prepared.get("jars_error"), args.peers,
                                     args.exactly_once)
                 report.fair = fair_catch_up(stack, client, runs[0], run_id, args.rounds, field)
+                for variant in runs[1:]:  # each payload variant: the relay and its bare relay, the same way
+                    report.variant_fair[variant.key] = fair_catch_up(stack, client, variant, run_id, args.rounds,
+                                                                     relay_and_bare(stack, client))
             default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events,
                                         args.exactly_once)
             for variant in runs[1:]:

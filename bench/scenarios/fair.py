@@ -122,6 +122,12 @@ def contestants(stack: LocalStack, client: MongoClient[Any], jars: Any, jars_err
     return out
 
 
+def relay_and_bare(stack: LocalStack, client: MongoClient[Any]) -> list[Contestant]:
+    """The relay and its bare relay: the payload variants' pair on equal terms."""
+    return [c for c in contestants(stack, client, None, None, peers=False, exactly_once=False)
+            if c.name in (RELAY, "baseline: bare relay")]
+
+
 def fair_catch_up(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str, rounds: int,
                   entrants: list[Contestant]) -> list[Contestant]:
     """Run every contestant `rounds` times on equal terms (see the module docstring)."""
