@@ -2,14 +2,17 @@
 
 Run: `.venv/bin/python -m bench.encoding [--events N] [--repeat R]`.
 
-Measures `MessageBuilder.build(change, fencing_token)` exactly as the relay calls it for each
-insert change (BSON decode of the full document, outbox parsing, topic and headers, payload
-conversion, Avro encoding, framing, size check), in this process, no servers: the Confluent
-framing uses confluent-kafka's mock registry client (after the first event the serializer's
-subject and id are cached, as with a real registry). Each figure is the best of R runs over the
-same N pre-built changes (the cases interleaved round by round), in CPU microseconds of the
-encoding thread per event (median beside). Then the parts of it, measured alone:
-Extended JSON rendering of the payload (generic) and BSON -> Avro conversion (typed).
+Measures the message builder as the relay's loop calls it for a batch of insert changes (raw
+BSON, as the change stream hands them out): `MessageBuilder.build_many` (the compiled encoder,
+relay._native) and `build` (the Python path) for whatever it declines; beside it, the Python
+path alone (`native=False`: BSON decode of the full document, outbox parsing, topic and headers,
+payload conversion, Avro encoding, framing, size check). In this process, no servers: the
+Confluent framing (Python path only) uses confluent-kafka's mock registry client (after the first
+event the serializer's subject and id are cached, as with a real registry). Each figure is the
+best of R runs over the same N pre-built changes (the cases interleaved round by round), in CPU
+microseconds of the encoding thread per event (median beside). Then the parts of the Python
+path, measured alone: Extended JSON rendering of the payload (generic) and BSON -> Avro
+conversion (typed).
 """
 
 from __future__ import annotations
@@ -93,10 +96,17 @@ def _registry() -> SchemaFolder:
     return registry
 
 
-def _changes(event_type: str, payload: Callable[[int], dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def _changes(event_type: str, payload: Callable[[int], dict[str, Any]], n: int, raw: bool = False) -> list[Any]:
     return [insert_change(OutboxEvent.new("order", f"o-{i}", event_type, payload(i)).to_document(), TOKEN,
-                          delivered=True)
+                          delivered=True, raw=raw, clusterTime=bson.Timestamp(0x6B02209A, 1),
+                          wallTime=dt.datetime(2026, 1, 1, tzinfo=UTC))
             for i in range(n)]
+
+
+def as_the_loop_does(builder: MessageBuilder, changes: list[Any]) -> list[Any]:
+    """The batch through the compiled encoder, the changes it declines through `build`."""
+    built = builder.build_many(changes, 1)
+    return [m if m is not None else builder.build(c, 1) for m, c in zip(built, changes, strict=True)]
 
 
 def _best(fn: Callable[[], Any], n: int, repeat: int) -> tuple[float, float]:
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     n, repeat = args.events, args.repeat
     registry = _registry()
     single = message_builder(Settings(), registry)
+    python = message_builder(Settings(), registry, native=False)
     confluent = message_builder(Settings.load(env={"RELAY_SCHEMA_REGISTRY_URL": "mock://bench"}), registry)
 
     cases = [
@@ -129,26 +140,34 @@ def main(argv: list[str] | None = None) -> None:
         ("generic envelope, Confluent framing (mock registry)", confluent, "OrderFlagged", _order_payload),
         ("typed OrderPlaced, Confluent framing (mock registry)", confluent, "OrderPlaced", _order_payload),
     ]
-    print(f"encoding cost per event: MessageBuilder.build, CPU us per event, best (median) of {repeat} "
-          f"interleaved rounds x {n} events")
+    print(f"encoding cost per event: CPU us per event, best (median) of {repeat} interleaved rounds x {n} events; "
+          "as the loop does (compiled encoder, Python for what it declines) and the Python path alone")
     print(f"Python {platform.python_version()}, fastavro {fastavro.__version__}, {platform.machine()}\n")
-    print(f"{'case':<56} {'us/event':>9} {'median':>8} {'value bytes':>12}")
+    print(f"{'case':<56} {'loop us/ev':>10} {'median':>7} {'Python us/ev':>12} {'median':>7} {'value bytes':>12}")
     prepared = []
     for label, builder, event_type, payload in cases:
-        changes = _changes(event_type, payload, n)
-        prepared.append((label, builder, changes, len(builder.build(changes[0], 1).value)))
-    runs: dict[str, list[float]] = {label: [] for label, *_ in prepared}
+        changes = _changes(event_type, payload, n, raw=True)
+        alone = python if builder is single else builder
+        assert as_the_loop_does(builder, changes[:1]) == [alone.build(changes[0], 1)], label  # the same message
+        prepared.append((label, builder, alone, changes, len(alone.build(changes[0], 1).value)))
+    runs: dict[tuple[str, str], list[float]] = {}
     for _ in range(repeat):  # round by round, so machine drift affects every case alike
-        for label, builder, changes, _size in prepared:
-            def run(builder: MessageBuilder = builder, changes: list[dict[str, Any]] = changes) -> None:
+        for label, builder, alone, changes, _size in prepared:
+            def loop(builder: MessageBuilder = builder, changes: list[Any] = changes) -> None:
+                as_the_loop_does(builder, changes)
+
+            def python_path(alone: MessageBuilder = alone, changes: list[Any] = changes) -> None:
                 for change in changes:
-                    builder.build(change, 1)
-            runs[label].append(_best(run, n, 1)[0])
-    for label, _builder, _prepared_changes, size in prepared:
-        print(f"{label:<56} {min(runs[label]):>9.1f} {statistics.median(runs[label]):>8.1f} {size:>12}")
+                    alone.build(change, 1)
+            runs.setdefault((label, "loop"), []).append(_best(loop, n, 1)[0])
+            runs.setdefault((label, "python"), []).append(_best(python_path, n, 1)[0])
+    for label, _builder, _alone, _batch, size in prepared:
+        fast, slow = runs[(label, "loop")], runs[(label, "python")]
+        print(f"{label:<56} {min(fast):>10.1f} {statistics.median(fast):>7.1f} {min(slow):>12.1f} "
+              f"{statistics.median(slow):>7.1f} {size:>12}")
 
     # The parts that differ between generic and typed, alone.
-    docs = [bson.decode(c["fullDocument"].raw, CHANGE_CODEC)["payload"] for c in _changes("x", _order_payload, n)]
+    docs = [bson.decode(c["fullDocument"].raw, CHANGE_CODEC)["payload"] for c in _changes("x", _order_payload, n, True)]
     mapper = registry.writer_for("OrderPlaced").mapper
     assert mapper is not None
     converted = [mapper.convert(d) for d in docs]
