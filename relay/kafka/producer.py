@@ -15,6 +15,7 @@ at-least-once producer; relay.kafka.transactions builds the exactly-once one on 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from relay.kafka.errors import PERMANENT, config_error, produce_error
 log = logging.getLogger(__name__)
 
 WAIT_SLICE_S = 0.5  # longest one blocking Kafka call waits before the lease heartbeat runs
+DRAIN_SLICE_S = 0.01  # longest a drain flushes before it checks for a failed report
 
 
 def delivery_failure(delivery: Delivery) -> Exception:
@@ -131,9 +133,15 @@ class Publisher(ProducerBase):
     def drain(self, timeout: float) -> None:
         """Wait up to `timeout` for every report. librdkafka's flush sends what linger.ms holds
         back at once (since 1.8): the loop hands a whole batch over before it waits, so nothing
-        more would join it, and lingering would only delay its acknowledgement."""
+        more would join it, and lingering would only delay its acknowledgement.
+
+        Flushes in slices of DRAIN_SLICE_S: after a failed report the rest is dropped within one
+        slice (as `poll` does at once), not after `timeout`, so librdkafka does not get the time
+        to send what was queued behind the failed message (docs/faults.md, row 11)."""
+        deadline = time.monotonic() + timeout
         try:
-            self._producer.flush(timeout)
+            while self._producer.flush(DRAIN_SLICE_S) and not self._failed and time.monotonic() < deadline:
+                pass
             self._poll(0)
         except KafkaException as exc:
             raise produce_error(exc, "?") from exc

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.support import (
     CheckpointWatcher,
     RelayThread,
@@ -60,10 +62,12 @@ def test_broker_paused_past_the_delivery_timeout_replays_from_the_checkpoint(env
     print(f"\nbroker SIGSTOP past the delivery timeout: {len(written.ids)} events, {len(verdict.duplicates)} duplicates")
 
 
-def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env):
+@pytest.mark.parametrize("wait", ["poll", "drain"])
+def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env, wait):
     """librdkafka drains and bumps the epoch after a message times out, then sends what was queued
     behind it; the publisher drops that queue at the first failed report, so no later event of the
-    partition is written ahead of the replay of the earlier one (docs/faults.md, row 11)."""
+    partition is written ahead of the replay of the earlier one (docs/faults.md, row 11). The
+    same whether the loop waits by polling or by draining (Publisher.drain, which flushes)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from relay.core.message import OutgoingMessage
@@ -85,10 +89,10 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env)
         publisher.send(first, lambda: None)
         time.sleep(2.5)  # the later messages would time out 2.5 s after the first
         publisher.send(later, lambda: None)
-        wait_until(lambda: publisher.poll(0.05) or first.done, 30, "the first message to time out")
+        wait_until(lambda: getattr(publisher, wait)(0.05) or first.done, 30, "the first message to time out")
     finally:
         broker.process.resume()
-    wait_until(lambda: publisher.poll(0.05) or later.done, 30, "the later messages' reports")
+    wait_until(lambda: getattr(publisher, wait)(0.05) or later.done, 30, "the later messages' reports")
     publisher.close()
     assert first.failure is not None and later.failure is not None
     values = {m.value() for m in read_messages(env.servers.kafka_bootstrap, topic, timeout=10)}
