@@ -10,8 +10,8 @@
 //! as the Python path does (a malformed document, a payload value the mapping refuses or that is
 //! not written here, a message over the size limit, a change without raw bytes). The caller
 //! builds those with the Python path, which also raises the poison-event errors, so the two
-//! paths never disagree on what is published or
-//! on why something is not. tests/unit/test_native.py checks byte equality on random documents.
+//! paths never disagree on what is published or on why something is not. tests/unit/test_native.py
+//! and test_native_typed.py check byte equality on random documents and schemas.
 
 mod avro;
 mod python_json;

@@ -146,11 +146,9 @@ impl Program {
             (Node::Declined, _) => return Err(Fail::Decline),
             (Node::Null, B::Null) => {}
             (Node::Boolean, B::Boolean(b)) => out.push(b as u8),
-            (Node::Int | Node::Long | Node::Decimal { .. }, B::Int32(n)) => return self.integer(out, node, n as i64),
-            (Node::Int | Node::Long | Node::Decimal { .. }, B::Int64(n)) => return self.integer(out, node, n),
+            (_, B::Int32(n)) if !matches!(self.nodes[node], Node::Union(..)) => return self.integer(out, node, n as i64),
+            (_, B::Int64(n)) if !matches!(self.nodes[node], Node::Union(..)) => return self.integer(out, node, n),
             (Node::Double, B::Double(f)) => out.extend_from_slice(&f.to_le_bytes()),
-            (Node::Double | Node::Float, B::Int32(n)) => return self.integer(out, node, n as i64),
-            (Node::Double | Node::Float, B::Int64(n)) => return self.integer(out, node, n),
             (Node::Float, B::Double(f)) => write_float(out, f)?,
             (Node::Bytes, B::Binary(b)) if plain_binary(b.subtype) => {
                 write_long(out, b.bytes.len() as i64);
@@ -188,14 +186,15 @@ impl Program {
                     _ => return Err(Fail::Miss),
                 }
             }
-            // Binary of other subtypes, and documents that may be DBRefs: not decided here.
+            // Binary of other subtypes (pymongo's Binary, a bytes subclass): not decided here.
             (_, B::Binary(b)) if !plain_binary(b.subtype) => return Err(Fail::Decline),
             _ => return Err(Fail::Miss),
         }
         Ok(())
     }
 
-    /// An integer for an int, long, double, float or decimal node.
+    /// An integer (BSON int32 or int64) for any node but a union: int, long, double, float or
+    /// decimal take it by the mapping's rules, any other node refuses it.
     fn integer(&self, out: &mut Vec<u8>, node: usize, n: i64) -> Written {
         match self.nodes[node] {
             Node::Int if i32::try_from(n).is_ok() => write_long(out, n),

@@ -28,7 +28,6 @@ from bson.json_util import RELAXED_JSON_OPTIONS
 from bson.raw_bson import RawBSONDocument
 
 from relay.avro.config import EncodingConfig
-from relay.avro.contract import PAYLOAD_FIELD
 from relay.avro.deadletter import dead_letter_message
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import Framing, SingleObjectFraming
@@ -240,10 +239,9 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
     generic = folder.writer_for("").name  # the generic envelope: what every untyped event gets
     typed = []
     for event_type in folder.event_types:
-        name = folder.writer_for(event_type).name
-        payload = next(f for f in folder.schema(name)["fields"] if f["name"] == PAYLOAD_FIELD)
-        root, nodes = native_program(payload["type"], folder.schema(name)["__named_schemas"])
-        typed.append((event_type, folder.fingerprint(name), root, nodes))
+        writer = folder.writer_for(event_type)
+        root, nodes = native_program(writer.payload, writer.named)
+        typed.append((event_type, folder.fingerprint(writer.name), root, nodes))
     fields = config.fields
     return _native.Encoder(
         (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -26,11 +26,14 @@ from relay.avro.wire import SINGLE_OBJECT_MAGIC
 
 @dataclass(frozen=True)
 class WriterSchema:
-    """The schema an event type is written with; `mapper` converts a typed payload (None: generic)."""
+    """The schema an event type is written with; `mapper` converts a typed payload (None: generic),
+    whose type (fastavro-parsed) and the named types it may refer to are `payload` and `named`."""
 
     name: str
     path: str
     mapper: PayloadMapper | None
+    payload: Any = None
+    named: Mapping[str, Any] = field(default_factory=dict)
 
 
 class SchemaFolder:
@@ -75,12 +78,13 @@ class SchemaFolder:
         self._generic = WriterSchema(contract.generic.name, contract.generic.path, None)
         writers = {}
         for event_type, f in contract.typed.items():
-            payload = next(x for x in f.parsed["fields"] if x["name"] == PAYLOAD_FIELD)
+            payload = next(x for x in f.parsed["fields"] if x["name"] == PAYLOAD_FIELD)["type"]
+            named = f.parsed["__named_schemas"]
             try:
-                mapper = PayloadMapper(payload["type"], f.parsed["__named_schemas"])
+                mapper = PayloadMapper(payload, named)
             except ValueError as exc:
                 raise SchemaError(f.path, str(exc)) from exc
-            writers[event_type] = WriterSchema(f.name, f.path, mapper)
+            writers[event_type] = WriterSchema(f.name, f.path, mapper, payload, named)
         self._writers = writers
 
     # ---- lookups ------------------------------------------------------------------------------

@@ -262,7 +262,7 @@ class PayloadMapper:
     def _union(self, branches: list[Any], path: list[str]) -> Converter:
         has_null = "null" in branches
         others = [b for b in branches if b != "null"]
-        compiled = [(_branch_name(b), self._compile(b, path)) for b in others]
+        compiled = [(branch_name(b), self._compile(b, path)) for b in others]
         if len(compiled) == 1:
             ((_, only),) = compiled
 
@@ -304,7 +304,10 @@ class PayloadMapper:
         return _date
 
 
-def _branch_name(schema: Any) -> str:
+def branch_name(schema: Any) -> str:
+    """The name a union branch goes by, as fastavro matches a `(name, value)` datum to a branch
+    (its `write_union`): a named type's full name, else the type (a reference to a named type is
+    its full name). fastavro writes such a datum with the first branch of that name."""
     if isinstance(schema, str):
         return schema
     if isinstance(schema, dict) and schema["type"] in ("record", "enum", "fixed"):

@@ -32,25 +32,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from relay.avro.mapping import SUPPORTED_LOGICAL
+from relay.avro.mapping import SUPPORTED_LOGICAL, branch_name
 
 Node = tuple[str, int, int, list[int], list[str], list[int]]
 
-NAMED_TYPES = ("record", "enum", "fixed")
 REFUSE, DECLINE = -1, -2
 # Leaves of the mapping with nothing to configure: the node is just the kind.
 LEAVES = frozenset(
     {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
     | {logical for _, logical in SUPPORTED_LOGICAL if logical != "decimal"}
 )
-
-
-def _name(schema: Any) -> str:
-    """The name fastavro matches a union branch by (its `write_union`): a named type's full name,
-    else the type (a reference to a named type is its full name)."""
-    if isinstance(schema, dict):
-        return str(schema["name"]) if schema["type"] in NAMED_TYPES else str(schema["type"])
-    return str(schema)
 
 
 class _Compiler:
@@ -112,7 +103,7 @@ class _Compiler:
 
     def union(self, branches: list[Any]) -> int:
         null = branches.index("null") if "null" in branches else -1
-        names = [_name(b) for b in branches]
+        names = [branch_name(b) for b in branches]
         children, write = [], []
         for i, branch in enumerate(branches):
             if branch == "null":
