@@ -6,7 +6,7 @@ Run: `.venv/bin/python -m bench.spark_materialize [--events N] [--aggregates A]
 Set-up (not measured): a fresh local stack (`relay.dev.stack.LocalStack` in a temporary folder:
 one mongod replica-set member, one Kafka broker, topics of 3 partitions), stopped and deleted at
 the end. N outbox events over A aggregates are produced to one topic as the relay writes them:
-values from the relay's own encoder (`SchemaRegistry.encode`, generic envelope, payload of about
+values from the relay's own encoder (`SchemaFolder.encode`, generic envelope, payload of about
 100 bytes of Extended JSON), key = aggregate id, the relay's headers, positions increasing in
 production order. Then a fraction F of them is produced again (the duplicates a relay replay
 leaves), so the topic holds N * (1 + F) messages.
@@ -49,7 +49,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from relay.avro.contract import ENVELOPE
-from relay.avro.folder import SchemaRegistry
+from relay.avro.folder import SchemaFolder
 from relay.core.message import HEADER_FENCING
 from relay.dev.stack import LocalStack
 
@@ -79,7 +79,7 @@ Headers = list[tuple[str, str | bytes | None]]
 
 def _messages(events: int, aggregates: int, seed: int) -> list[tuple[bytes, bytes, Headers]]:
     """(key, value, headers) for `events` relay messages in commit order."""
-    registry = SchemaRegistry.bundled()
+    registry = SchemaFolder.bundled()
     rng = random.Random(seed)
     start = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
     out = []

@@ -1,4 +1,5 @@
-"""outbox-relay: publishes a MongoDB outbox collection to Kafka, in order, at least once.
+"""outbox-relay: publishes a MongoDB outbox collection to Kafka, in order, at least once
+(or exactly once for read_committed consumers, with RELAY_DELIVERY=exactly-once).
 
 Services write events with `from relay import Outbox, OutboxEvent` (relay.outbox). The names are
 loaded on first use, so importing a submodule (the Spark jobs' decoders on an executor, say)

@@ -22,10 +22,16 @@ from relay.core.errors import EXIT_CONFIG, EXIT_FATAL, run_command
 
 log = logging.getLogger("relay")
 
+DESCRIPTION = (
+    "Publish a MongoDB outbox collection to Kafka through its change stream: in commit order, "
+    "Avro-encoded, at least once (or exactly once for read_committed consumers), one active "
+    "replica per lease. Every setting is also a RELAY_<NAME> environment variable."
+)
+
 
 def _parser() -> argparse.ArgumentParser:
     settings = cfg.settings_parser()
-    p = argparse.ArgumentParser(prog="outbox-relay", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="outbox-relay", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
     sub.add_parser("status", parents=[settings], help="print the lease and checkpoint as JSON")

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relay.avro.config import EncodingConfig, RegistryConfig
-from relay.core.config import LoopConfig, parse_start_time
+from relay.core.config import EXACTLY_ONCE, LoopConfig, start_at_time
 from relay.core.errors import ENV_PREFIX, KAFKA_ENV_PREFIX, ConfigError, env_name, kafka_env_name
 from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
@@ -242,7 +242,7 @@ class Settings:
 
     def start_at_time(self) -> dt.datetime | None:
         """The operator-given start time, or None for `oplog-start` / `now`."""
-        return None if self.start_at in ("oplog-start", "now") else parse_start_time(self.start_at)
+        return start_at_time(self.start_at)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -293,7 +293,7 @@ class Settings:
         settings, and what no single part can: exactly-once mode needs one delivery in flight."""
         self.parts()
         check_logging(self.log_level, self.log_format)
-        if self.delivery == "exactly-once" and self.pipeline_depth != 1:
+        if self.delivery == EXACTLY_ONCE and self.pipeline_depth != 1:
             raise ConfigError(
                 env_name("pipeline_depth"),
                 f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "

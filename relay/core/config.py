@@ -8,9 +8,17 @@ from dataclasses import dataclass, fields
 
 from relay.core.errors import ConfigError, env_name
 
-POISON_POLICIES = ("stop", "dead-letter")
+STOP, DEAD_LETTER = "stop", "dead-letter"
+POISON_POLICIES = (STOP, DEAD_LETTER)  # RELAY_ON_POISON (relay.core.poison)
 HISTORY_LOST_POLICIES = ("stop", "rescan")
 LEASE_LOST_POLICIES = ("standby", "exit")
+AT_LEAST_ONCE, EXACTLY_ONCE = "at-least-once", "exactly-once"
+DELIVERY_MODES = (AT_LEAST_ONCE, EXACTLY_ONCE)  # RELAY_DELIVERY (relay.kafka.modes)
+START_KEYWORDS = ("oplog-start", "now")  # RELAY_START_AT values that are not a time
+
+# How long one blocking wait (delivery reports, a Kafka transaction call, a poll) lasts at most,
+# so the loop turns and the lease heartbeat runs between waits.
+WAIT_SLICE_S = 0.5
 
 
 def parse_start_time(text: str) -> dt.datetime:
@@ -20,6 +28,11 @@ def parse_start_time(text: str) -> dt.datetime:
     except ValueError as exc:
         raise ConfigError(env_name("start_at"), f"must be oplog-start, now, or an ISO-8601 time; got {text!r}") from exc
     return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def start_at_time(start_at: str) -> dt.datetime | None:
+    """The operator-given start time of RELAY_START_AT, or None for `oplog-start` / `now`."""
+    return None if start_at in START_KEYWORDS else parse_start_time(start_at)
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,4 @@ class LoopConfig:
 
     def start_at_time(self) -> dt.datetime | None:
         """The operator-given start time, or None for `oplog-start` / `now`."""
-        if self.start_at in ("oplog-start", "now"):
-            return None
-        return parse_start_time(self.start_at)
+        return start_at_time(self.start_at)

@@ -122,6 +122,15 @@ class StreamInvalidatedError(OperatorActionError):
 class PipelineMismatchError(OperatorActionError):
     """Raised when the stored token was produced by a different change stream pipeline."""
 
+    @classmethod
+    def between(cls, stored_in: str, stored: str | None, now: str) -> PipelineMismatchError:
+        """The error for a position stored in `stored_in` by the pipeline `stored`, now `now`."""
+        return cls(
+            f"{stored_in} was made by a different change stream pipeline (fingerprint {stored}, now {now}); "
+            "resuming could skip or repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) "
+            "and set RELAY_START_AT to continue"
+        )
+
 
 class RepeatedStreamError(OperatorActionError):
     """Raised when a reopenable change stream error repeats without any progress."""

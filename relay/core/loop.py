@@ -57,7 +57,7 @@ from relay.core.boundaries import (
     Publisher,
     SystemClock,
 )
-from relay.core.config import LoopConfig
+from relay.core.config import WAIT_SLICE_S, LoopConfig
 from relay.core.errors import (
     Action,
     BatchRefusedError,
@@ -74,8 +74,6 @@ from relay.core.positions import Batch, Checkpoint, Grant, Token, short_token, s
 from relay.core.window import Delivery, Window, split
 
 log = logging.getLogger("relay")
-
-_WAIT_SLICE_S = 0.5  # how long one wait on delivery reports lasts before the lease heartbeat runs
 
 
 @dataclass
@@ -333,7 +331,7 @@ class Relay(Generic[ObserverT]):
         delivery in flight, so the producer need not hold anything back: Publisher.drain)."""
         wait = s.publisher.drain if everything else s.publisher.poll
         while not delivery.done:
-            wait(_WAIT_SLICE_S)
+            wait(WAIT_SLICE_S)
             self._heartbeat(s.grant)
 
     def _idle(self, s: Session, batch: Batch) -> None:

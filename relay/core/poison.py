@@ -22,13 +22,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relay.core.boundaries import Encoder
+from relay.core.config import DEAD_LETTER, POISON_POLICIES, STOP
 from relay.core.errors import BatchRefusedError, PoisonEventError
 from relay.core.message import OutgoingMessage, event_id_of
 
 
 class Decision(enum.Enum):
-    STOP = "stop"
-    DEAD_LETTER = "dead-letter"
+    STOP = STOP
+    DEAD_LETTER = DEAD_LETTER
     ISOLATE = "isolate"
 
 
@@ -36,9 +37,9 @@ class PoisonPolicy:
     """RELAY_ON_POISON (`stop` or `dead-letter`) and what it has learned so far."""
 
     def __init__(self, on_poison: str) -> None:
-        if on_poison not in ("stop", "dead-letter"):
+        if on_poison not in POISON_POLICIES:
             raise ValueError(f"unknown poison policy {on_poison!r}")
-        self.dead_letters = on_poison == "dead-letter"
+        self.dead_letters = on_poison == DEAD_LETTER
         self._refused: dict[str, str] = {}  # event id -> the broker's reason
         self._one_by_one = 0  # events still to send one per request
 

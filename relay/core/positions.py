@@ -118,12 +118,7 @@ def start_point(
     """
     if checkpoint.token is not None:
         if checkpoint.fingerprint not in (None, fingerprint):
-            raise PipelineMismatchError(
-                f"the stored checkpoint was made by a different change stream pipeline "
-                f"(fingerprint {checkpoint.fingerprint}, now {fingerprint}); resuming could skip or "
-                "repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) and set "
-                "RELAY_START_AT to continue"
-            )
+            raise PipelineMismatchError.between("the stored checkpoint", checkpoint.fingerprint, fingerprint)
         return StartPoint(resume_after=checkpoint.token)
     if checkpoint.seed is not None:
         return StartPoint(at_time=checkpoint.seed)

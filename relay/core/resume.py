@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from relay.core.config import EXACTLY_ONCE
 from relay.core.errors import PipelineMismatchError
 from relay.core.positions import Checkpoint, Token, newer, token_cluster_time
-
-EXACTLY_ONCE = "exactly-once"
 
 
 class Committed(Protocol):
@@ -44,11 +43,8 @@ def resume_point(checkpoint: Checkpoint, record: Committed | None, fingerprint: 
     if checkpoint.token is None or record is None:
         return checkpoint
     if record.fingerprint != fingerprint:
-        raise PipelineMismatchError(
-            f"the newest record in {topic} (RELAY_OFFSETS_TOPIC) for {record.lease_id} was made by a "
-            f"different change stream pipeline (fingerprint {record.fingerprint}, now {fingerprint}); "
-            "resuming could skip or repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) "
-            "and set RELAY_START_AT to continue"
+        raise PipelineMismatchError.between(
+            f"the newest record in {topic} (RELAY_OFFSETS_TOPIC) for {record.lease_id}", record.fingerprint, fingerprint
         )
     if not newer(record.token, checkpoint.token):
         return checkpoint

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from relay.core.config import DELIVERY_MODES, EXACTLY_ONCE
 from relay.core.errors import ConfigError, env_name, kafka_env_name
 from relay.core.message import valid_topic
 
@@ -53,8 +54,6 @@ PRODUCER_ONLY = frozenset(
         "transaction.timeout.ms",
     }
 )
-DELIVERY_MODES = ("at-least-once", "exactly-once")
-EXACTLY_ONCE = "exactly-once"
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
+from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import ConfigError, ServerUnreachableError, TransientError, env_name
 from relay.kafka.admin import client_config
 from relay.kafka.config import KafkaConfig
 from relay.kafka.offsets_record import OffsetsRecord, partition_for
-from relay.kafka.producer import WAIT_SLICE_S
 
 log = logging.getLogger(__name__)
 

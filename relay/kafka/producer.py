@@ -21,13 +21,13 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import BatchRefusedError, DeliveryError, PoisonEventError
 from relay.core.window import Delivery
 from relay.kafka.errors import PERMANENT, config_error, produce_error
 
 log = logging.getLogger(__name__)
 
-WAIT_SLICE_S = 0.5  # longest one blocking Kafka call waits before the lease heartbeat runs
 DRAIN_SLICE_S = 0.01  # longest a drain flushes before it checks for a failed report
 
 

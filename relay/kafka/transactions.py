@@ -35,6 +35,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import (
     ConfigError,
     DeliveryError,
@@ -51,7 +52,7 @@ from relay.kafka.config import KafkaConfig
 from relay.kafka.errors import config_error, fenced, produce_error
 from relay.kafka.offsets_record import OffsetsRecord, transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
-from relay.kafka.producer import WAIT_SLICE_S, ProducerBase, delivery_failure
+from relay.kafka.producer import ProducerBase, delivery_failure
 
 log = logging.getLogger(__name__)
 

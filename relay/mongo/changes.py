@@ -41,8 +41,10 @@ carries the opening token, then the stream continues.
 from __future__ import annotations
 
 import contextlib
+import enum
+import functools
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
@@ -69,7 +71,7 @@ def oplog_start(client: MongoClient[Any]) -> Timestamp:
     return oldest["ts"]  # type: ignore[no-any-return]
 
 
-def inspect(changes: list[Any]) -> tuple[int, list[int]]:
+def raw_facts(changes: list[Any]) -> tuple[int, list[int]]:
     """(index of the first change that is not an insert or -1, each change's wallTime in Unix
     ms or -1), read from the raw bytes without decoding them (relay._native.inspect)."""
     from relay import _native
@@ -83,6 +85,63 @@ class _Read(NamedTuple):
     changes: list[RawBSONDocument]
     cursor_id: int
     token: dict[str, Any]
+
+
+class Pending:
+    """The read the loop has not taken yet, in one explicit state (`state`):
+
+    - EMPTY: none; the next `next_batch` sends a getMore of its own.
+    - IN_FLIGHT: a read-ahead getMore runs on the reader thread (`send`).
+    - HELD: a returned read not handed out yet: a read-ahead bigger than the room the loop had.
+    - PROBED: the one change the probe at `open()` returned, to be topped up to a whole read.
+
+    `take()` leaves it EMPTY whatever it returns or raises. Only the loop's thread calls these;
+    the session and cursor are used by one thread at a time because the loop's thread touches
+    them only after `take()` or `discard()` collected a read in flight.
+    """
+
+    class State(enum.Enum):
+        EMPTY = "empty"
+        IN_FLIGHT = "in flight"
+        HELD = "held"
+        PROBED = "probed"
+
+    def __init__(self) -> None:
+        self.state = Pending.State.EMPTY
+        self._read: _Read | None = None
+        self._future: Future[_Read] | None = None
+        self._reader: ThreadPoolExecutor | None = None
+
+    def send(self, get_more: Callable[[], _Read]) -> None:
+        """Run `get_more` on the reader thread (EMPTY -> IN_FLIGHT)."""
+        assert self.state is Pending.State.EMPTY, f"a read is {self.state.value}"
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-change-stream")
+        self._future, self.state = self._reader.submit(get_more), Pending.State.IN_FLIGHT
+
+    def hold(self, read: _Read, probed: bool = False) -> None:
+        """Keep `read` for a later `take()` (EMPTY -> HELD or PROBED)."""
+        assert self.state is Pending.State.EMPTY, f"a read is {self.state.value}"
+        self._read, self.state = read, (Pending.State.PROBED if probed else Pending.State.HELD)
+
+    def take(self) -> tuple[_Read | None, bool]:
+        """(the pending read, whether it is the probe's), waiting for one in flight (its error is
+        raised here); (None, False) when EMPTY. Leaves the state EMPTY."""
+        read, future, probed = self._read, self._future, self.state is Pending.State.PROBED
+        self._read, self._future, self.state = None, None, Pending.State.EMPTY
+        return (future.result() if future is not None else read), probed
+
+    def discard(self) -> None:
+        """Drop the pending read, waiting for one in flight to end (its outcome no longer matters)."""
+        with contextlib.suppress(Exception):
+            self.take()
+
+    def shutdown(self) -> None:
+        """Drop the pending read and stop the reader thread; safe to call twice."""
+        self.discard()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.shutdown()
 
 
 class ChangeSource:
@@ -114,11 +173,8 @@ class ChangeSource:
         self._cursor_id = 0  # 0: no cursor open
         self._token: dict[str, Any] | None = None  # covers every change returned so far
         self._scan: Iterator[dict[str, Any]] | None = None
-        self._held: _Read | None = None  # returned changes not yet handed out (probe, read-ahead)
-        self._probed = False  # `_held` is the probe's read (open() at a resume point)
         self._read_ahead = read_ahead
-        self._reader: ThreadPoolExecutor | None = None
-        self._ahead: Future[_Read] | None = None  # the getMore in flight on the reader thread
+        self._pending = Pending()  # the read not handed out yet: probe, read-ahead
         self._ended: StreamInvalidatedError | None = None  # raised by the next read
 
     # ---- the commands ---------------------------------------------------------------------------
@@ -157,16 +213,6 @@ class ChangeSource:
         cursor = reply["cursor"]
         return _Read(list(cursor["nextBatch"]), int(cursor["id"]), self._post_batch_token(cursor))
 
-    def _collect(self) -> _Read | None:
-        """Wait for the read in flight on the reader thread, if any (its errors are raised here)."""
-        ahead, self._ahead = self._ahead, None
-        return None if ahead is None else ahead.result()
-
-    def _send_read_ahead(self, max_events: int) -> None:
-        if self._reader is None:
-            self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-change-stream")
-        self._ahead = self._reader.submit(self._get_more, max_events)
-
     @staticmethod
     def _post_batch_token(cursor: Mapping[str, Any]) -> dict[str, Any]:
         token = cursor.get("postBatchResumeToken")
@@ -178,8 +224,7 @@ class ChangeSource:
 
     def _kill_cursor(self) -> None:
         """Release the server's cursor; best effort (a cursor on a dead connection times out)."""
-        with contextlib.suppress(Exception):
-            self._collect()  # the session serves one command at a time; its outcome no longer matters
+        self._pending.discard()  # the session serves one command at a time
         if self._cursor_id:
             cursor_id, self._cursor_id = self._cursor_id, 0
             with contextlib.suppress(PyMongoError):
@@ -213,7 +258,7 @@ class ChangeSource:
         read = self._get_more(1, await_ms=1)
         self._cursor_id = read.cursor_id
         if read.changes:
-            self._held, self._probed = read, True
+            self._pending.hold(read, probed=True)
 
     def rescan(self) -> None:
         """Open at "now", then serve every outbox document (relay.mongo.rescan), then the opening token."""
@@ -243,36 +288,38 @@ class ChangeSource:
             raise self._ended
         assert self._session is not None, "open() first"
         try:
-            if self._held is None:
-                self._held = self._collect() or self._get_more(max_events)
-            elif self._probed and len(self._held.changes) < max_events:
-                # The probe took one change: top it up to a whole read (the later token covers both).
-                more = self._get_more(max_events - len(self._held.changes), await_ms=1)
-                self._held = _Read(self._held.changes + more.changes, more.cursor_id, more.token)
+            read = self._take_read(max_events)
         except PyMongoError as exc:
             if not resumable(exc):
                 raise translate(exc) from exc
-            self._held = None  # read again after the last token handed out
-            self._resume()
+            self._resume()  # read again after the last token handed out
             return Batch([], self._token, resumed=True)
-        finally:
-            self._probed = False
-        self._cursor_id = self._held.cursor_id
-        read = self._held
+        self._cursor_id = read.cursor_id
         if len(read.changes) > max_events:
-            return Batch([], self._token)  # a read-ahead bigger than the room left: kept for later
-        self._held = None
+            self._pending.hold(read)  # a read-ahead bigger than the room left: kept for later
+            return Batch([], self._token)
         self._token = read.token
         if self._read_ahead and read.changes and self._cursor_id:
-            self._send_read_ahead(max_events)
+            self._pending.send(functools.partial(self._get_more, max_events))
         return self._batch(read.changes)
+
+    def _take_read(self, max_events: int) -> _Read:
+        """The pending read (the probe's topped up to a whole read, under the later token that
+        covers both), or a getMore of its own."""
+        read, probed = self._pending.take()
+        if read is None:
+            return self._get_more(max_events)
+        if probed and len(read.changes) < max_events:
+            more = self._get_more(max_events - len(read.changes), await_ms=1)
+            return _Read(read.changes + more.changes, more.cursor_id, more.token)
+        return read
 
     def _batch(self, changes: list[RawBSONDocument]) -> Batch:
         """The changes of one read as a Batch under the current token, cut before a drop, rename
         or invalidate."""
         if not changes:
             return Batch([], self._token)
-        other, wall_ms = inspect(changes)
+        other, wall_ms = raw_facts(changes)
         if other < 0:
             return Batch(changes, self._token, wall_ms=wall_ms)
         # A drop, rename or invalidate ends the stream: the inserts before it are published and
@@ -309,12 +356,9 @@ class ChangeSource:
     def close(self) -> None:
         """Release the cursor and the session; safe to call twice."""
         self._scan = None
-        self._held, self._probed = None, False
         self._ended = None
         self._kill_cursor()
         session, self._session = self._session, None
         if session is not None:
             session.end_session()
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.shutdown()
+        self._pending.shutdown()

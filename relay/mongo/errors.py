@@ -26,25 +26,68 @@ from pymongo.errors import (
 
 from relay.core.errors import Action, HistoryLostError, ReopenableStreamError
 
-# MongoDB server error codes the relay treats specially, with their names.
+# MongoDB server error codes the relay treats specially, by name (the server's error_codes.yml).
 ERROR_NAMES: dict[int, str] = {
+    6: "HostUnreachable",
+    7: "HostNotFound",
     43: "CursorNotFound",
+    64: "WriteConcernFailed",
+    89: "NetworkTimeout",
+    91: "ShutdownInProgress",
+    100: "UnsatisfiableWriteConcern",
+    112: "WriteConflict",
+    117: "ConflictingOperationInProgress",
+    133: "FailedToSatisfyReadPreference",
+    134: "ReadConcernMajorityNotAvailableYet",
     136: "CappedPositionLost",
+    150: "StaleEpoch",
+    189: "PrimarySteppedDown",
+    234: "RetryChangeStream",
+    262: "ExceededTimeLimit",
     280: "ChangeStreamFatalError",
     286: "ChangeStreamHistoryLost",
+    9001: "SocketException",
+    10107: "NotWritablePrimary",
     11000: "DuplicateKey",
+    11600: "InterruptedAtShutdown",
+    11602: "InterruptedDueToReplStateChange",
+    13435: "NotPrimaryNoSecondaryOk",
+    13436: "NotPrimaryOrSecondary",
 }
-CURSOR_NOT_FOUND = 43
-DUPLICATE_KEY = 11000  # an upsert lost a race on _id (relay.spark.state's conditional upserts)
-HISTORY_LOST_CODES = frozenset({286})
+CODES: dict[str, int] = {name: code for code, name in ERROR_NAMES.items()}
+CURSOR_NOT_FOUND = CODES["CursorNotFound"]
+DUPLICATE_KEY = CODES["DuplicateKey"]  # an upsert lost a race on _id (relay.spark.state's upserts)
+HISTORY_LOST_CODES = frozenset({CODES["ChangeStreamHistoryLost"]})
 # Server errors a later attempt can succeed after (elections, shutdowns, interruptions,
 # failed writes that the failCommand failpoint also injects).
 TRANSIENT_CODES = frozenset(
-    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 64, 100, 112, 117, 133, 134, 150, 234}
+    CODES[name]
+    for name in (
+        "HostUnreachable",
+        "HostNotFound",
+        "NetworkTimeout",
+        "ShutdownInProgress",
+        "PrimarySteppedDown",
+        "ExceededTimeLimit",
+        "SocketException",
+        "NotWritablePrimary",
+        "InterruptedAtShutdown",
+        "InterruptedDueToReplStateChange",
+        "NotPrimaryNoSecondaryOk",
+        "NotPrimaryOrSecondary",
+        "WriteConcernFailed",
+        "UnsatisfiableWriteConcern",
+        "WriteConflict",
+        "ConflictingOperationInProgress",
+        "FailedToSatisfyReadPreference",
+        "ReadConcernMajorityNotAvailableYet",
+        "StaleEpoch",
+        "RetryChangeStream",
+    )
 )
 # Not resumable, but a fresh cursor from the stored token may succeed; if the same code
 # repeats without progress the relay stops (relay.core.loop).
-REOPENABLE_CODES = frozenset({136, 280})
+REOPENABLE_CODES = frozenset({CODES["CappedPositionLost"], CODES["ChangeStreamFatalError"]})
 RESUMABLE_LABEL = "ResumableChangeStreamError"
 
 

@@ -369,7 +369,7 @@ def test_json_formatter_keeps_extra_fields_and_the_traceback():
 # ---- the pieces the hot path relies on -----------------------------------------------------------
 
 def test_wall_time_and_operation_are_read_from_real_raw_change_events(env):
-    from relay.mongo.changes import inspect
+    from relay.mongo.changes import raw_facts
     from relay.mongo.codecs import RAW_CHANGE_CODEC
     from relay.mongo.pipeline import PIPELINE
 
@@ -378,9 +378,9 @@ def test_wall_time_and_operation_are_read_from_real_raw_change_events(env):
         change = wait_until(stream.try_next, 30, "the change event")
         env.outbox.drop()
         dropped = wait_until(stream.try_next, 30, "the drop event")
-    assert inspect([change, dropped]) == (1, [int(change["wallTime"].timestamp() * 1000),
+    assert raw_facts([change, dropped]) == (1, [int(change["wallTime"].timestamp() * 1000),
                                               int(dropped["wallTime"].timestamp() * 1000)])
-    assert inspect([{"operationType": "insert"}]) == (-1, [-1]), "synthetic changes: inserts, no wall time"
+    assert raw_facts([{"operationType": "insert"}]) == (-1, [-1]), "synthetic changes: inserts, no wall time"
 
 
 def test_batch_histogram_exposes_what_prometheus_histogram_would():

@@ -27,7 +27,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.avro.folder import SchemaRegistry
+from relay.avro.folder import SchemaFolder
 from relay.core.errors import EXIT_DATA
 from relay.dev.stack import free_port
 from relay.outbox import Outbox, OutboxEvent
@@ -47,7 +47,7 @@ from tests.support import (
 
 TYPED = "io.outboxrelay.v1.events.OrderCreated"
 GENERIC = "io.outboxrelay.v1.OutboxEvent"
-FOLDER = SchemaRegistry.bundled()
+FOLDER = SchemaFolder.bundled()
 
 
 # ---- helpers -----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from bson.json_util import RELAXED_JSON_OPTIONS
 from confluent_kafka import Producer
 
 from relay.avro.contract import ENVELOPE
-from relay.avro.folder import SchemaRegistry
+from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.message import HEADER_FENCING
 from relay.outbox import OutboxEvent
@@ -29,7 +29,7 @@ from relay.spark.state import read_state
 from tests.support import ROOT, Record, Written, settings_env, wait_until
 
 VIEW_COLLECTION = "aggregate_state"
-REGISTRY = SchemaRegistry.bundled()
+REGISTRY = SchemaFolder.bundled()
 
 # ---- the oracle --------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import fastavro
 import pytest
 
 from relay.avro.contract import ENVELOPE
-from relay.avro.folder import SchemaRegistry
+from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder, registry_client
 from relay.commands.status import reset_checkpoint
 from relay.core.errors import EXIT_DATA, ServerUnreachableError
@@ -43,7 +43,7 @@ from tests.support import (
     write_events,
 )
 
-FOLDER = SchemaRegistry.bundled()
+FOLDER = SchemaFolder.bundled()
 WHEN = dt.datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=dt.UTC)
 
 

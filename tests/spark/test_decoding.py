@@ -11,7 +11,7 @@ from importlib import resources
 import pytest
 
 from relay.avro.contract import ENVELOPE
-from relay.avro.folder import SchemaRegistry
+from relay.avro.folder import SchemaFolder
 from relay.spark.decode import decode_events, topic_pattern
 from relay.spark.schemas import writer_schemas
 
@@ -46,7 +46,7 @@ def registry_folder(tmp_path):
 
 
 def test_fingerprints_and_names_match_the_relays_registry():
-    relay_registry = SchemaRegistry.bundled()
+    relay_registry = SchemaFolder.bundled()
     schemas = writer_schemas()
     fingerprints = {s.fingerprint for s in schemas}
     assert ENVELOPE in {s.name for s in schemas}
@@ -64,7 +64,7 @@ def test_topic_pattern_matches_exactly_the_topics_the_template_produces():
 
 
 def test_generic_and_typed_events_decode_to_the_common_columns_with_json_payloads(spark, registry_folder):
-    registry = SchemaRegistry(registry_folder)
+    registry = SchemaFolder(registry_folder)
     when = dt.datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=dt.UTC)
     common = {"aggregateType": "order", "aggregateId": "o-1", "occurredAt": when, "source": SOURCE}
     generic = registry.encode(ENVELOPE, {**common, "id": "e1", "eventType": "OrderCreated",

@@ -36,7 +36,7 @@ from relay.core.message import HEADER_FENCING
 from relay.core.positions import Batch, Checkpoint, Grant, StartPoint
 from relay.core.window import Delivery
 from relay.kafka.producer import delivery_failure
-from relay.mongo.changes import inspect
+from relay.mongo.changes import raw_facts
 from relay.mongo.codecs import insert_change
 from relay.ops.observe import Observer
 from relay.wiring import message_builder
@@ -216,7 +216,7 @@ class FakeSource:
         self.position += n
         if not changes:
             self.world.clock.advance(AWAIT_S)  # a getMore with nothing new waits RELAY_MAX_AWAIT_MS
-        return Batch(list(changes), token(self.position), wall_ms=inspect(list(changes))[1])
+        return Batch(list(changes), token(self.position), wall_ms=raw_facts(list(changes))[1])
 
     def close(self) -> None:
         if self.position is not None:

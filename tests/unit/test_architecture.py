@@ -5,8 +5,10 @@ error raised without the cause it translates."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 RELAY = Path(__file__).resolve().parents[2] / "relay"
@@ -40,6 +42,19 @@ def test_the_import_rules_hold():
     result = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
                              "lint_imports_command()"], capture_output=True, text=True, cwd=RELAY.parent)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_the_architecture_page_draws_the_contracts_layers_in_order():
+    """docs/architecture.md's drawing is the import-linter layers contract, top to bottom: the
+    page cannot drift from the rule the build enforces."""
+    root = RELAY.parent
+    contracts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    page = (root / "docs" / "architecture.md").read_text()
+    drawing = re.search(r"```\n(.*?)```", page, re.S)
+    assert drawing is not None, "docs/architecture.md has no drawing of the layers"
+    drawn = [re.split(r"\s{2,}", line.strip())[0] for line in drawing.group(1).splitlines() if line.strip()]
+    assert drawn == [layer.replace("relay.", "") for layer in layers]
 
 
 def test_no_private_attribute_of_a_library_is_read():

@@ -189,9 +189,9 @@ def test_changes_whose_bytes_are_a_memoryview_are_read_too():
     change = _change(_outbox({"n": 1}))
     viewed = RawBSONDocument(memoryview(bytes(change.raw)), RAW_CHANGE_CODEC)
     assert NATIVE.build_many([viewed], 7) == NATIVE.build_many([change], 7) != [None]
-    from relay.mongo.changes import inspect
+    from relay.mongo.changes import raw_facts
 
-    assert inspect([viewed]) == inspect([change]) == (-1, [int(change["wallTime"].timestamp() * 1000)])
+    assert raw_facts([viewed]) == raw_facts([change]) == (-1, [int(change["wallTime"].timestamp() * 1000)])
 
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
