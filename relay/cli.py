@@ -13,7 +13,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
     )
-    outbox = sub.add_parser("outbox", parents=[settings], help="outbox collection tasks")
-    outbox.add_argument("action", choices=["init", "prune"])
-    outbox.add_argument(
-        "--ttl-seconds",
-        type=int,
-        default=None,
-        help="init: expire outbox documents after this long, delivered or not (prefer RELAY_OUTBOX_RETENTION)",
-    )
-    outbox.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="prune: print what would be deleted, delete nothing",
-    )
+    _add_outbox(sub.add_parser("outbox", parents=[settings], help="outbox collection tasks"))
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
     checkpoint.add_argument(
@@ -68,7 +56,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     pipeline.add_argument("job", choices=["materialize", "audit"])
     pipeline.add_argument("job_args", nargs=argparse.REMAINDER, help="the job's options (see --help after the job)")
-    schemas = sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility")
+    _add_schemas(sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility"))
+    _add_tail(sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines"))
+    return p
+
+
+def _add_outbox(outbox: argparse.ArgumentParser) -> None:
+    outbox.add_argument("action", choices=["init", "prune"])
+    outbox.add_argument(
+        "--ttl-seconds",
+        type=int,
+        default=None,
+        help="init: expire outbox documents after this long, delivered or not (prefer RELAY_OUTBOX_RETENTION)",
+    )
+    outbox.add_argument("--dry-run", action="store_true", help="prune: print what would be deleted, delete nothing")
+
+
+def _add_schemas(schemas: argparse.ArgumentParser) -> None:
     schemas.add_argument("action", choices=["check"])
     schemas.add_argument("--dir", type=Path, default=None, help="schema folder (default: the installed schemas/)")
     baseline = schemas.add_mutually_exclusive_group()
@@ -85,7 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     schemas.add_argument(
         "--keep-history", action="store_true", help="copy the previous version of each changed schema into history/"
     )
-    tail = sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines")
+
+
+def _add_tail(tail: argparse.ArgumentParser) -> None:
     tail.add_argument("topic")
     tail.add_argument("-n", "--last", type=int, default=10, help="start this many messages before each partition's end")
     tail.add_argument("--from-beginning", action="store_true", help="start at each partition's first message")
@@ -98,7 +104,6 @@ def _parser() -> argparse.ArgumentParser:
         help="read_committed (default): what consumers see, committed Kafka transactions only; "
         "read_uncommitted: also the messages of aborted transactions",
     )
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command: the ones without settings first, then the others with settings loaded
+    and logging configured from them."""
     from relay.ops.logs import setup_logging
 
     if args.command == "dev":
@@ -121,49 +128,59 @@ def _dispatch(args: argparse.Namespace) -> int:
         return check_schemas(args.dir, args.baseline, args.git_ref, args.keep_history)
     settings = cfg.load_settings(args)
     setup_logging(settings.log_level, settings.log_format)
-    if args.command == "run":
-        return _run(settings)
-    if args.command == "status":
-        from relay.commands.status import status
+    command = _WITH_SETTINGS.get(args.command)
+    return EXIT_FATAL if command is None else command(settings, args)
 
-        print(json.dumps(status(settings), indent=2, default=str))
-        return 0
-    if args.command == "demo":
-        from relay.dev.demo import run_demo
 
-        def interrupt(signum: int, _frame: Any) -> None:
-            raise KeyboardInterrupt  # the demo's finally stops everything it started
+def _status(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    from relay.commands.status import status
 
-        signal.signal(signal.SIGTERM, interrupt)
-        return run_demo(settings, events=args.events, rate=args.rate)
-    if args.command == "outbox":
-        from relay.commands.outbox import init_outbox, prune_outbox
+    print(json.dumps(status(settings), indent=2, default=str))
+    return 0
 
-        if args.action == "prune":
-            lines = prune_outbox(settings, dry_run=args.dry_run)
-        else:
-            lines = init_outbox(settings, args.ttl_seconds)
-        for line in lines:
-            print(line)
-        return 0
-    if args.command == "tail":
-        from relay.commands.tail import tail
 
-        return tail(
-            settings,
-            args.topic,
-            from_beginning=args.from_beginning,
-            last=args.last,
-            follow=args.follow,
-            max_messages=args.max_messages,
-            isolation=args.isolation,
-        )
-    if args.command == "checkpoint":
-        from relay.commands.status import reset_checkpoint
+def _demo(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    from relay.dev.demo import run_demo
 
-        print(reset_checkpoint(settings, force=args.force))
-        return 0
-    return EXIT_FATAL
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt  # the demo's finally stops everything it started
+
+    signal.signal(signal.SIGTERM, interrupt)
+    return run_demo(settings, events=args.events, rate=args.rate)
+
+
+def _outbox(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    from relay.commands.outbox import init_outbox, prune_outbox
+
+    lines = (
+        prune_outbox(settings, dry_run=args.dry_run)
+        if args.action == "prune"
+        else init_outbox(settings, args.ttl_seconds)
+    )
+    for line in lines:
+        print(line)
+    return 0
+
+
+def _tail(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    from relay.commands.tail import tail
+
+    return tail(
+        settings,
+        args.topic,
+        from_beginning=args.from_beginning,
+        last=args.last,
+        follow=args.follow,
+        max_messages=args.max_messages,
+        isolation=args.isolation,
+    )
+
+
+def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    from relay.commands.status import reset_checkpoint
+
+    print(reset_checkpoint(settings, force=args.force))
+    return 0
 
 
 def _run(settings: cfg.Settings) -> int:
@@ -219,3 +236,14 @@ if __name__ == "__main__":
 
 
 __all__ = ["EXIT_CONFIG", "main"]
+
+
+# The commands that read the settings, by name (`_dispatch` loads the settings first).
+_WITH_SETTINGS: dict[str, Callable[[cfg.Settings, argparse.Namespace], int]] = {
+    "run": lambda settings, _args: _run(settings),
+    "status": _status,
+    "demo": _demo,
+    "outbox": _outbox,
+    "tail": _tail,
+    "checkpoint": _checkpoint,
+}

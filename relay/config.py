@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import functools
 import os
 import socket
 import tomllib
@@ -25,12 +26,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pymongo import MongoClient
+
 from relay.avro.config import EncodingConfig, RegistryConfig
 from relay.core.config import EXACTLY_ONCE, LoopConfig, start_at_time
 from relay.core.errors import ENV_PREFIX, KAFKA_ENV_PREFIX, ConfigError, env_name, kafka_env_name
+from relay.core.partitions import Partition, lease_id
 from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
+from relay.mongo.lease import LeaseStore
 from relay.ops.config import HealthConfig, ObserverConfig, check_logging
 from relay.outbox import FieldNames
 
@@ -52,10 +57,15 @@ def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _setting(default: Any, help: str, **kw: Any) -> Any:
+def _setting(default: Any, help: str, *, to: str | tuple[str, ...] = (), internal: bool = False) -> Any:
+    """One setting, declared once: its type (the annotation), `default`, meaning (`help`, which the
+    README's table shows) and where it goes: `to` names each part configuration that takes it, as
+    `part` (the same field name there) or `part.field`. `internal`: not a RELAY_ variable of its own."""
+    targets = tuple(t.partition(".")[::2] for t in ((to,) if isinstance(to, str) else to))
+    meta = {"help": help, "to": tuple((part, name or "") for part, name in targets), "internal": internal}
     if callable(default):
-        return field(default_factory=default, metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -65,167 +75,179 @@ class Settings:
     mongodb_uri: str = _setting(
         "mongodb://localhost:27017/?replicaSet=rs0",
         "MongoDB connection string (a replica set: change streams need one)",
+        to="mongo.uri",
     )
-    database: str = _setting("app", "database holding the outbox collection")
-    outbox_collection: str = _setting("outbox", "the outbox collection to watch")
-    kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
+    database: str = _setting("app", "database holding the outbox collection", to=("mongo", "encoding"))
+    outbox_collection: str = _setting("outbox", "the outbox collection to watch", to=("mongo", "encoding.collection"))
+    kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers", to="kafka.bootstrap_servers")
     topic_template: str = _setting(
-        "outbox.event.{aggregateType}", "topic for an event; placeholders {aggregateType}, {eventType}"
+        "outbox.event.{aggregateType}", "topic for an event; placeholders {aggregateType}, {eventType}", to="encoding"
     )
-    start_at: str = _setting("oplog-start", "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
-    instance_id: str = _setting(_default_instance_id, "this replica's name in the lease (default: host name and pid)")
-    http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)")
+    start_at: str = _setting(
+        "oplog-start", "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time", to="loop"
+    )
+    instance_id: str = _setting(
+        _default_instance_id, "this replica's name in the lease (default: host name and pid)", to=("observer", "group")
+    )
+    http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)", to="observer")
     partitions: int = _setting(
         1,
         "split the outbox into this many partitions by a hash of aggregateId, each with "
         "its own lease and checkpoint, shared by the replicas (1: one lease, as before; "
         "change it only as docs/partitions.md says)",
+        to=("observer", "group"),
     )
-    lease_collection: str = _setting("outbox_relay_leases", "collection holding the lease and checkpoint documents")
-    lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)")
+    lease_collection: str = _setting(
+        "outbox_relay_leases", "collection holding the lease and checkpoint documents", to="mongo"
+    )
+    lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)", to=("loop", "group"))
     heartbeat_interval_s: float = _setting(
-        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)"
+        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)", to="loop"
     )
-    standby_poll_s: float = _setting(2.0, "how often a standby replica tries to take the lease (seconds)")
+    standby_poll_s: float = _setting(
+        2.0, "how often a standby replica tries to take the lease (seconds)", to=("loop", "health", "group")
+    )
     batch_max_events: int = _setting(
         1000,
         "most events handed to Kafka and not yet acknowledged (also what a replica that lost its lease may still publish)",
+        to="loop",
     )
     batch_max_bytes: int = _setting(
-        4 * 1024 * 1024, "most bytes of encoded messages in one batch (a larger batch is split)"
+        4 * 1024 * 1024, "most bytes of encoded messages in one batch (a larger batch is split)", to="loop"
     )
     # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
     # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
     pipeline_depth: int = _setting(
-        1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)"
+        1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)", to="loop"
     )
-    max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
-    connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
-    restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
-    on_poison: str = _setting("stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter")
-    dead_letter_topic: str = _setting("outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter")
+    max_await_ms: int = _setting(
+        500, "longest a change stream getMore waits for new events (ms)", to=("mongo", "health")
+    )
+    connect_timeout_s: float = _setting(
+        30.0, "how long start-up waits for MongoDB and Kafka (seconds)", to=("mongo", "kafka", "health")
+    )
+    restart_backoff_max_s: float = _setting(
+        30.0, "longest wait between restarts after transient errors (seconds)", to=("loop", "health")
+    )
+    on_poison: str = _setting(
+        "stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter", to="loop"
+    )
+    dead_letter_topic: str = _setting(
+        "outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter", to=("encoding", "observer")
+    )
     outbox_retention: str = _setting(
         "",
         "clean-up by position: delete outbox documents the committed checkpoint covers once older than this "
         "(3600, 90m, 24h, 7d; empty or off: never); docs/outbox-cleanup.md",
+        to="cleanup.retention",
     )
     outbox_check_interval_s: float = _setting(
         30.0,
         "how often the leader measures the outbox (size, oldest undelivered, TTL headroom) and cleans up (seconds)",
+        to="cleanup.check_interval_s",
     )
     ttl_headroom_warn_s: float = _setting(
-        3600.0, "with a TTL index on the outbox: WARN and /readyz degraded when its headroom drops below this (seconds)"
+        3600.0,
+        "with a TTL index on the outbox: WARN and /readyz degraded when its headroom drops below this (seconds)",
+        to="cleanup",
     )
-    on_history_lost: str = _setting("stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)")
-    on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
+    on_history_lost: str = _setting(
+        "stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)", to="loop"
+    )
+    on_lease_lost: str = _setting(
+        "standby", "after losing the lease: standby (wait to take it again), or exit", to="loop"
+    )
     delivery: str = _setting(
         "at-least-once",
         "at-least-once, or exactly-once: each batch in one Kafka transaction with its resume "
         "token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
         "(docs/exactly-once.md)",
+        to="kafka",
     )
     offsets_topic: str = _setting(
         "outbox-relay.offsets",
         "compacted topic holding each lease's committed resume token (RELAY_DELIVERY=exactly-once; created if missing)",
+        to="kafka",
     )
-    ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
+    ce_source: str = _setting(
+        "", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)", to="encoding"
+    )
     schema_registry_url: str = _setting(
         "",
         "Confluent Schema Registry URL(s), comma-separated; set: values use the Confluent wire format "
         "(magic byte 0, 4-byte schema id); empty: Avro single-object encoding, schemas/ is the registry",
+        to="registry.url",
     )
     schema_registry_subject_strategy: str = _setting(
         "topic-record",
         "subject a writer schema is registered under: topic (<topic>-value), record "
         "(<record full name>) or topic-record (<topic>-<record full name>)",
+        to="registry.subject_strategy",
     )
-    schema_registry_auto_register: str = _setting(
-        "true", "true: register writer schemas on first use; false: only use schemas registered beforehand"
+    schema_registry_auto_register: bool = _setting(
+        True,
+        "true: register writer schemas on first use; false: only use schemas registered beforehand",
+        to="registry.auto_register",
     )
-    schema_registry_basic_auth: str = _setting("", "USER:PASSWORD for the Schema Registry (HTTP basic auth)")
-    field_aggregate_type: str = _setting("aggregateType", "outbox field naming the aggregate type")
-    field_aggregate_id: str = _setting("aggregateId", "outbox field holding the aggregate id (the Kafka key)")
-    field_event_type: str = _setting("eventType", "outbox field holding the event type")
-    field_payload: str = _setting("payload", "outbox field holding the event's data")
-    field_occurred_at: str = _setting("occurredAt", "outbox field holding when the event happened")
-    field_headers: str = _setting("headers", "outbox field holding extra Kafka headers")
-    field_topic: str = _setting("topic", "outbox field that overrides the routed topic")
+    schema_registry_basic_auth: str = _setting(
+        "", "USER:PASSWORD for the Schema Registry (HTTP basic auth)", to="registry.basic_auth"
+    )
+    field_aggregate_type: str = _setting(
+        "aggregateType", "outbox field naming the aggregate type", to="fields.aggregate_type"
+    )
+    field_aggregate_id: str = _setting(
+        "aggregateId", "outbox field holding the aggregate id (the Kafka key)", to="fields.aggregate_id"
+    )
+    field_event_type: str = _setting("eventType", "outbox field holding the event type", to="fields.event_type")
+    field_payload: str = _setting("payload", "outbox field holding the event's data", to="fields.payload")
+    field_occurred_at: str = _setting(
+        "occurredAt", "outbox field holding when the event happened", to="fields.occurred_at"
+    )
+    field_headers: str = _setting("headers", "outbox field holding extra Kafka headers", to="fields.headers")
+    field_topic: str = _setting("topic", "outbox field that overrides the routed topic", to="fields.topic")
     log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _setting(
         "auto", "log lines: json (one object per line), text, or auto (text when stderr is a terminal, else json)"
     )
-    kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)", internal=True)
+    kafka: Mapping[str, str] = _setting(
+        dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)", internal=True, to="kafka.properties"
+    )
 
     # ---- the parts' configurations ------------------------------------------------------------
 
     def parts(self) -> Parts:
         """Each part's own configuration, made from these settings and checked by the part
-        (ConfigError names the setting). `relay.wiring` hands each part its own."""
-        kafka = KafkaConfig(
-            self.kafka_bootstrap_servers, dict(self.kafka), self.connect_timeout_s, self.delivery, self.offsets_topic
+        (ConfigError names the setting); built once per Settings object. `relay.wiring` hands
+        each part its own."""
+        return self._parts
+
+    def _for(self, part: str) -> dict[str, Any]:
+        """The keyword arguments of `part`'s configuration: every setting declared `to` it."""
+        return {
+            name or f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            for target, name in f.metadata["to"]
+            if target == part
+        }
+
+    @functools.cached_property
+    def _parts(self) -> Parts:
+        kafka = KafkaConfig(**self._for("kafka"))
+        encoding = EncodingConfig(
+            fields=FieldNames(**self._for("fields")), max_message_bytes=kafka.max_message_bytes, **self._for("encoding")
         )
-        fields = FieldNames(
-            self.field_aggregate_type,
-            self.field_aggregate_id,
-            self.field_event_type,
-            self.field_payload,
-            self.field_occurred_at,
-            self.field_headers,
-            self.field_topic,
-        )
-        auto_register = self.schema_registry_auto_register.lower()
-        if auto_register not in ("true", "false"):
-            raise ConfigError(
-                env_name("schema_registry_auto_register"),
-                f"must be true or false, got {self.schema_registry_auto_register!r}",
-            )
-        health = HealthConfig(
-            self.connect_timeout_s, self.restart_backoff_max_s, self.standby_poll_s, self.max_await_ms
+        observer = ObserverConfig(
+            namespace=self.namespace, health=HealthConfig(**self._for("health")), **self._for("observer")
         )
         return Parts(
-            loop=LoopConfig(
-                self.namespace,
-                self.batch_max_events,
-                self.batch_max_bytes,
-                self.pipeline_depth,
-                self.lease_ttl_s,
-                self.heartbeat_interval_s,
-                self.standby_poll_s,
-                self.restart_backoff_max_s,
-                self.on_poison,
-                self.on_history_lost,
-                self.on_lease_lost,
-                self.start_at,
-            ),
-            mongo=MongoConfig(
-                self.mongodb_uri,
-                self.database,
-                self.outbox_collection,
-                self.lease_collection,
-                self.connect_timeout_s,
-                self.max_await_ms,
-            ),
+            loop=LoopConfig(namespace=self.namespace, **self._for("loop")),
+            mongo=MongoConfig(**self._for("mongo")),
             kafka=kafka,
-            encoding=EncodingConfig(
-                self.database,
-                self.outbox_collection,
-                fields,
-                self.topic_template,
-                self.ce_source,
-                kafka.max_message_bytes,
-                self.dead_letter_topic,
-            ),
-            registry=RegistryConfig(
-                self.schema_registry_url,
-                self.schema_registry_subject_strategy,
-                auto_register == "true",
-                self.schema_registry_basic_auth,
-            ),
-            observer=ObserverConfig(
-                self.instance_id, self.namespace, self.http_port, self.dead_letter_topic, self.partitions, health
-            ),
-            group=GroupConfig(self.instance_id, self.namespace, self.partitions, self.standby_poll_s, self.lease_ttl_s),
-            cleanup=OutboxCleanupConfig(self.outbox_retention, self.outbox_check_interval_s, self.ttl_headroom_warn_s),
+            encoding=encoding,
+            registry=RegistryConfig(**self._for("registry")),
+            observer=observer,
+            group=GroupConfig(namespace=self.namespace, **self._for("group")),
+            cleanup=OutboxCleanupConfig(**self._for("cleanup")),
         )
 
     @property
@@ -314,6 +336,20 @@ class Parts:
     group: GroupConfig
     cleanup: OutboxCleanupConfig
 
+    def lease_store(self, client: MongoClient[Any], partition: Partition | None = None) -> LeaseStore:
+        """The lease document of `partition` (None: the whole outbox) for this replica: the one
+        way the running relay, the group's start-up and the commands build it."""
+        mongo, group = self.mongo, self.group
+        return LeaseStore(
+            client[mongo.database][mongo.lease_collection],
+            lease_id(mongo.namespace, partition),
+            group.instance_id,
+            group.lease_ttl_s,
+            partition=partition,
+            namespace=mongo.namespace,
+            delivery=self.kafka.delivery,
+        )
+
 
 def _public_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
@@ -330,6 +366,10 @@ def _parse(name: str, raw: Any, source: str) -> Any:
     kind = _HINTS[name]
     if isinstance(raw, kind):
         return raw
+    if kind is bool:
+        if str(raw).strip().lower() not in ("true", "false"):
+            raise ConfigError(source, f"must be true or false, got {raw!r}")
+        return str(raw).strip().lower() == "true"
     try:
         if kind is int:
             return int(str(raw).strip())
@@ -399,11 +439,16 @@ def load_settings(args: argparse.Namespace) -> Settings:
     return Settings.load(flags=flags, kafka_flags=kafka, config_file=args.config_file)
 
 
+def _shown(default: Any) -> str:
+    """A default as a user writes it (`true`, not `True`)."""
+    return str(default).lower() if isinstance(default, bool) else str(default)
+
+
 # The README's configuration table is generated from this list (see tests/unit/test_config.py).
 SETTINGS_DOC: list[tuple[str, str, str]] = [
     (
         env_name(f.name),
-        str(f.default) if f.default is not dataclasses.MISSING else "host name and pid",
+        _shown(f.default) if f.default is not dataclasses.MISSING else "host name and pid",
         f.metadata["help"],
     )
     for f in _public_fields()

@@ -8,7 +8,7 @@ places that build clients for the loop; the loop itself (`relay.core.loop.Relay`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -34,7 +34,6 @@ from relay.mongo import errors as mongo_errors
 from relay.mongo.changes import ChangeSource
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.housekeeping import Housekeeper, cleaner_for, shares_of
-from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.pipeline import pipeline, pipeline_fingerprint, scan_filter
 from relay.mongo.repartition import check_server, prepare
@@ -51,7 +50,7 @@ def build(
 ) -> Relay[Observer] | Group:
     """What runs the outbox: `build_relay` when RELAY_PARTITIONS is 1, else `build_group`.
     Either has `run()`, `stop()` and `observer` (with its metrics `registry`)."""
-    if settings.partitions == 1:
+    if settings.parts().group.partitions == 1:
         return build_relay(settings, observer, folder, native=native)
     return build_group(settings, folder, native=native)
 
@@ -76,152 +75,153 @@ def build_relay(
     client: MongoClient[Any] | None = None,
     assignment: Assignment = ALWAYS,
 ) -> Relay[Observer]:
-    """A relay for `settings`: its MongoDB client (closed when the relay stops), lease document,
-    change source factory, delivery mode (relay.kafka.modes: the producer of each leading session
-    and where it resumes), the message builder, and start-up checks (librdkafka accepts the
-    configuration; MongoDB and Kafka answer; the partition count did not change under running
-    relays; in exactly-once mode the offsets topic exists, compacted) that run first in `Relay.run()`.
-
-    For one partition of a group (`partition`, built by `build_group`): the group's `client`
-    (the group checks and closes it), the partition's lease, pipeline and assignment.
+    """A relay for `settings`: its MongoDB client, lease, change source, delivery mode, message
+    builder and start-up checks (`_own_hooks`), which `Relay.run()` runs first. For one partition
+    of a group (`partition`, from `build_group`): the group's `client`, which the group checks and
+    closes, and the partition's lease, pipeline and assignment.
     """
     parts = settings.parts()
-    mongo, kafka = parts.mongo, parts.kafka
+    mongo = parts.mongo
     own_client = client is None
     client = mongo_client(mongo) if client is None else client
-    db = client[mongo.database]
-    outbox = db[mongo.outbox_collection]
-    leases = db[mongo.lease_collection]
     lid = lease_id(mongo.namespace, partition)
-    lease = LeaseStore(
-        leases,
-        lid,
-        settings.instance_id,
-        settings.lease_ttl_s,
-        partition=partition,
-        namespace=mongo.namespace,
-        delivery=kafka.delivery,
-    )
-    stages = pipeline(partition, parts.encoding.fields.aggregate_id)
-    documents = scan_filter(partition, parts.encoding.fields.aggregate_id)
-    fingerprint = pipeline_fingerprint(mongo.namespace, stages)
-    offsets = OffsetsTopic(kafka)
-    producers: AtLeastOnce | ExactlyOnce = (
-        ExactlyOnce(kafka, lid, fingerprint, offsets, parts.loop.start_at)
-        if kafka.exactly_once
-        else AtLeastOnce(kafka, lid, fingerprint, offsets)
-    )
-
+    source, documents, fingerprint = _change_source(parts, client, partition)
+    producers = delivery_mode(parts, lid, fingerprint)
     observer = observer or Observer(parts.observer)
-
-    def nothing() -> None:
-        pass
-
-    # One process measures and cleans up its outbox once: a group's partitions share the group's.
-    housekeeper = (
-        housekeeping(parts, client, [(lid, documents)], observer.metrics.registry, observer.health)
-        if own_client
-        else None
+    # A group's partitions share the group's client, checks and housekeeping.
+    preflight, close = (
+        _own_hooks(parts, client, producers, (lid, documents), observer) if own_client else (_nothing, _nothing)
     )
-
-    def preflight() -> None:
-        producers.check()
-        check_mongodb(client, mongo)
-        prepare(leases, mongo.namespace, settings.partitions)
-        check_kafka(kafka)
-        if kafka.exactly_once:
-            offsets.ensure()
-        if housekeeper is not None:
-            housekeeper.start()
-
-    def close() -> None:
-        if housekeeper is not None:
-            housekeeper.stop()
-        client.close()
-
     return Relay(
         parts.loop,
-        source=lambda: ChangeSource(
-            outbox, mongo.max_await_ms, parts.encoding.fields.occurred_at, pipeline=stages, scan_filter=documents
-        ),
+        source=source,
         producers=producers,
-        lease=lease,
+        lease=parts.lease_store(client, partition),
         encoder=message_builder(parts, folder, native=native),
         observer=observer,
         fingerprint=fingerprint,
-        preflight=preflight if own_client else nothing,
-        close=close if own_client else nothing,
+        preflight=preflight,
+        close=close,
         assignment=assignment,
         foreign_errors=DRIVER_ERRORS,
     )
 
 
-def build_group(settings: Settings, folder: SchemaFolder | None = None, native: bool = True) -> Group:
-    """A group of RELAY_PARTITIONS relays sharing one MongoDB client (relay.group.runner.Group),
-    with its heartbeat, and start-up checks: librdkafka accepts the configuration, MongoDB answers
-    and can compute partitions, the partition count did not change under running relays (or the
-    outbox moves to it: relay.mongo.repartition), every partition's lease document exists, Kafka
-    answers (and, in exactly-once mode, the offsets topic exists, compacted)."""
-    parts = settings.parts()
+def _change_source(
+    parts: Parts, client: MongoClient[Any], partition: Partition | None
+) -> tuple[Callable[[], ChangeSource], Mapping[str, Any] | None, str]:
+    """The change source factory of `partition` (None: the whole outbox), the filter of the
+    documents a rescan serves, and the fingerprint of its pipeline."""
+    mongo, fields = parts.mongo, parts.encoding.fields
+    stages = pipeline(partition, fields.aggregate_id)
+    documents = scan_filter(partition, fields.aggregate_id)
+    outbox = client[mongo.database][mongo.outbox_collection]
+
+    def source() -> ChangeSource:
+        return ChangeSource(outbox, mongo.max_await_ms, fields.occurred_at, pipeline=stages, scan_filter=documents)
+
+    return source, documents, pipeline_fingerprint(mongo.namespace, stages)
+
+
+def delivery_mode(parts: Parts, lid: str, fingerprint: str) -> AtLeastOnce | ExactlyOnce:
+    """The delivery mode of lease `lid` (RELAY_DELIVERY): the producer of each leading session and
+    where it resumes (relay.kafka.modes)."""
+    kafka = parts.kafka
+    offsets = OffsetsTopic(kafka)
+    if kafka.exactly_once:
+        return ExactlyOnce(kafka, lid, fingerprint, offsets, parts.loop.start_at)
+    return AtLeastOnce(kafka, lid, fingerprint, offsets)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _own_hooks(
+    parts: Parts,
+    client: MongoClient[Any],
+    producers: AtLeastOnce | ExactlyOnce,
+    share: tuple[str, Mapping[str, Any] | None],
+    observer: Observer,
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(preflight, close) of a relay with a client of its own. Start-up checks: librdkafka accepts
+    the configuration; MongoDB and Kafka answer; the partition count did not change under running
+    relays; in exactly-once mode the offsets topic exists, compacted. Then its housekeeping
+    starts; at the end, housekeeping stops and the client closes."""
     mongo, kafka = parts.mongo, parts.kafka
-    client = mongo_client(mongo)
-    db = client[mongo.database]
-    leases = db[mongo.lease_collection]
-    folder = folder or SchemaFolder.bundled()
-    observer = GroupObserver(parts.observer)
-    balance = Balance(settings.partitions)
-    relays = [
-        (
-            p,
-            build_relay(
-                settings,
-                observer.partition(p),
-                folder,
-                native=native,
-                partition=p,
-                client=client,
-                assignment=PartitionAssignment(balance, p.index),
-            ),
-        )
-        for p in partitions(settings.partitions)
-    ]
+    housekeeper = housekeeping(parts, client, [share], observer.metrics.registry, observer.health)
 
     def preflight() -> None:
-        if kafka.exactly_once:
-            for p in partitions(settings.partitions):
-                check_transactional_config(kafka, lease_id(mongo.namespace, p))
-        else:
-            check_config(kafka.producer_config())
+        producers.check()
         check_mongodb(client, mongo)
-        check_server(db[mongo.outbox_collection], settings.partitions)
-        prepare(leases, mongo.namespace, settings.partitions)
-        for p in partitions(settings.partitions):  # so a later change of count finds all of them
-            LeaseStore(
-                leases,
-                lease_id(mongo.namespace, p),
-                settings.instance_id,
-                settings.lease_ttl_s,
-                partition=p,
-                namespace=mongo.namespace,
-                delivery=kafka.delivery,
-            ).ensure()
+        prepare(client[mongo.database][mongo.lease_collection], mongo.namespace, parts.group.partitions)
         check_kafka(kafka)
         if kafka.exactly_once:
             OffsetsTopic(kafka).ensure()
-
-    shares = shares_of(mongo.namespace, settings.partitions, parts.encoding.fields.aggregate_id)
-    housekeeper = housekeeping(parts, client, shares, observer.metrics.registry, observer.health)
-
-    def start() -> None:
-        preflight()
         housekeeper.start()
 
     def close() -> None:
         housekeeper.stop()
         client.close()
 
-    membership = Membership(leases, mongo.namespace, settings.instance_id, settings.partitions, settings.lease_ttl_s)
-    return Group(parts.group, relays, balance, membership, observer, start, close)
+    return preflight, close
+
+
+def build_group(settings: Settings, folder: SchemaFolder | None = None, native: bool = True) -> Group:
+    """A group of RELAY_PARTITIONS relays sharing one MongoDB client (relay.group.runner.Group),
+    with its heartbeat (membership), housekeeping and start-up checks (`_group_preflight`)."""
+    parts = settings.parts()
+    mongo = parts.mongo
+    client = mongo_client(mongo)
+    leases = client[mongo.database][mongo.lease_collection]
+    folder = folder or SchemaFolder.bundled()
+    observer = GroupObserver(parts.observer)
+    count = parts.group.partitions
+    balance = Balance(count)
+
+    def relay_of(p: Partition) -> Relay[Observer]:
+        assignment = PartitionAssignment(balance, p.index)
+        return build_relay(
+            settings, observer.partition(p), folder, native=native, partition=p, client=client, assignment=assignment
+        )
+
+    relays = [(p, relay_of(p)) for p in partitions(count)]
+
+    shares = shares_of(mongo.namespace, count, parts.encoding.fields.aggregate_id)
+    housekeeper = housekeeping(parts, client, shares, observer.metrics.registry, observer.health)
+
+    def start() -> None:
+        _group_preflight(parts, client)
+        housekeeper.start()
+
+    def close() -> None:
+        housekeeper.stop()
+        client.close()
+
+    g = parts.group
+    membership = Membership(leases, mongo.namespace, g.instance_id, count, g.lease_ttl_s)
+    return Group(g, relays, balance, membership, observer, start, close)
+
+
+def _group_preflight(parts: Parts, client: MongoClient[Any]) -> None:
+    """A group's start-up checks: librdkafka accepts the configuration, MongoDB answers and can
+    compute partitions, the partition count did not change under running relays (or the outbox
+    moves to it: relay.mongo.repartition), every partition's lease document exists, Kafka answers
+    (and, in exactly-once mode, the offsets topic exists, compacted)."""
+    mongo, kafka, count = parts.mongo, parts.kafka, parts.group.partitions
+    if kafka.exactly_once:
+        for p in partitions(count):
+            check_transactional_config(kafka, lease_id(mongo.namespace, p))
+    else:
+        check_config(kafka.producer_config())
+    check_mongodb(client, mongo)
+    check_server(client[mongo.database][mongo.outbox_collection], count)
+    prepare(client[mongo.database][mongo.lease_collection], mongo.namespace, count)
+    for p in partitions(count):  # so a later change of count finds all of them
+        parts.lease_store(client, p).ensure()
+    check_kafka(kafka)
+    if kafka.exactly_once:
+        OffsetsTopic(kafka).ensure()
 
 
 def housekeeping(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from relay.core.errors import ConfigError, env_name
 from relay.core.message import valid_topic
@@ -12,18 +12,18 @@ TOPIC_FIELDS = ("aggregateType", "eventType")
 SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EncodingConfig:
     """How an outbox document becomes a Kafka message (relay.avro.encoding.MessageBuilder) or a
     dead letter (relay.avro.deadletter)."""
 
     database: str
     collection: str
-    fields: FieldNames = field(default_factory=FieldNames)
-    topic_template: str = "outbox.event.{aggregateType}"
-    ce_source: str = ""  # CloudEvents source; empty: /outbox-relay/<database>/<collection>
-    max_message_bytes: int = 1_000_000
-    dead_letter_topic: str = "outbox.deadletter"
+    fields: FieldNames
+    topic_template: str
+    ce_source: str  # CloudEvents source; empty: /outbox-relay/<database>/<collection>
+    max_message_bytes: int
+    dead_letter_topic: str
 
     def __post_init__(self) -> None:
         try:
@@ -46,15 +46,15 @@ class EncodingConfig:
         return self.ce_source or f"/outbox-relay/{self.database}/{self.collection}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RegistryConfig:
     """The Schema Registry (RELAY_SCHEMA_REGISTRY_*): with a URL, values use the Confluent wire
     format; without, Avro single-object encoding (relay.avro.framing)."""
 
-    url: str = ""
-    subject_strategy: str = "topic-record"
-    auto_register: bool = True
-    basic_auth: str = ""
+    url: str
+    subject_strategy: str
+    auto_register: bool
+    basic_auth: str
 
     def __post_init__(self) -> None:
         for url in self.urls:

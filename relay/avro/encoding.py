@@ -29,7 +29,7 @@ from bson.raw_bson import RawBSONDocument
 
 from relay.avro.config import EncodingConfig
 from relay.avro.deadletter import dead_letter_message
-from relay.avro.folder import SchemaFolder
+from relay.avro.folder import SchemaFolder, WriterSchema
 from relay.avro.framing import Framing, SingleObjectFraming
 from relay.avro.mapping import UnmappableValueError
 from relay.avro.native_program import native_program
@@ -50,7 +50,7 @@ from relay.core.message import (
 )
 from relay.core.positions import token_cluster_time
 from relay.mongo.codecs import CHANGE_CODEC
-from relay.outbox import MalformedEventError, parse
+from relay.outbox import MalformedEventError, OutboxEvent, parse
 
 # Bytes Kafka adds around key, value and headers in a record batch; kept generous.
 RECORD_OVERHEAD = 512
@@ -143,28 +143,54 @@ class MessageBuilder:
         event_id = event_id_of(doc)
         try:
             event = parse(doc, self._fields)
-            topic = event.topic or self._template.format(aggregateType=event.aggregate_type, eventType=event.event_type)
-            if not valid_topic(topic):
-                raise MalformedEventError(
-                    self._fields.topic if event.topic else self._fields.aggregate_type,
-                    f"gives an invalid Kafka topic name {topic!r}",
-                )
+            topic = self._topic(event)
             headers = self._headers(event, fencing_token)
         except MalformedEventError as exc:
             raise PoisonEventError(event_id, f"malformed outbox document: {exc}") from exc
         writer = self._registry.writer_for(event.event_type)
+        record = self._record(event_id, event, self._payload(event_id, event, writer), change)
+        try:
+            value = self._framing.encode(writer.name, record, topic)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise PoisonEventError(event_id, f"cannot be Avro-encoded with {writer.name}: {exc}") from exc
+        key = event.aggregate_id.encode()
+        size = len(key) + len(value) + RECORD_OVERHEAD + sum(len(k) + len(v) for k, v in headers)
+        if size > self._max_bytes:
+            raise PoisonEventError(
+                event_id,
+                f"message of about {size} bytes exceeds message.max.bytes "
+                f"({self._max_bytes}, RELAY_KAFKA_MESSAGE_MAX_BYTES)",
+            )
+        return OutgoingMessage(event_id, topic, key, value, headers)
+
+    def _topic(self, event: OutboxEvent) -> str:
+        """The event's topic: its own, or the template's; MalformedEventError when invalid."""
+        topic = event.topic or self._template.format(aggregateType=event.aggregate_type, eventType=event.event_type)
+        if not valid_topic(topic):
+            raise MalformedEventError(
+                self._fields.topic if event.topic else self._fields.aggregate_type,
+                f"gives an invalid Kafka topic name {topic!r}",
+            )
+        return topic
+
+    @staticmethod
+    def _payload(event_id: str, event: OutboxEvent, writer: WriterSchema) -> Any:
+        """The payload as the writer schema carries it: relaxed Extended JSON text (generic), or
+        the typed record (PoisonEventError naming the field the schema refuses)."""
         if writer.mapper is None:
-            payload: Any = relaxed_json(event.payload)
-        else:
-            try:
-                payload = writer.mapper.convert(event.payload)
-            except UnmappableValueError as exc:
-                raise PoisonEventError(
-                    event_id, f"payload does not match schema {writer.name} (schemas/{writer.path}): {exc}"
-                ) from exc
+            return relaxed_json(event.payload)
+        try:
+            return writer.mapper.convert(event.payload)
+        except UnmappableValueError as exc:
+            raise PoisonEventError(
+                event_id, f"payload does not match schema {writer.name} (schemas/{writer.path}): {exc}"
+            ) from exc
+
+    def _record(self, event_id: str, event: OutboxEvent, payload: Any, change: Mapping[str, Any]) -> dict[str, Any]:
+        """The envelope record of the event, with its position in the change stream."""
         token = change["_id"]
         cluster_time = change.get("clusterTime") or token_cluster_time(token)
-        record = {
+        return {
             "id": event_id,
             "aggregateType": event.aggregate_type,
             "aggregateId": event.aggregate_id,
@@ -178,21 +204,6 @@ class MessageBuilder:
                 "position": token["_data"],
             },
         }
-        try:
-            value = self._framing.encode(writer.name, record, topic)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise PoisonEventError(event_id, f"cannot be Avro-encoded with {writer.name}: {exc}") from exc
-        key = event.aggregate_id.encode()
-        size = len(key) + len(value) + RECORD_OVERHEAD
-        for k, v in headers:
-            size += len(k) + len(v)
-        if size > self._max_bytes:
-            raise PoisonEventError(
-                event_id,
-                f"message of about {size} bytes exceeds message.max.bytes "
-                f"({self._max_bytes}, RELAY_KAFKA_MESSAGE_MAX_BYTES)",
-            )
-        return OutgoingMessage(event_id, topic, key, value, headers)
 
     def dead_letter(self, change: Mapping[str, Any], reason: str, fencing_token: int) -> OutgoingMessage:
         """The dead-letter record that stands in for a poison event (relay.avro.deadletter)."""

@@ -270,6 +270,30 @@ def check(
     paths the baseline has, changed or not, default the baseline's keys)."""
     report = Report()
     texts = dict(iter_texts(folder))
+    files = _parsed(texts, report)
+    for file, problem in problems_of(files):
+        report.problem(file, problem)
+    for f in files:
+        if f.historical and PurePosixPath(f.path).name != PurePosixPath(history_file_name(f)).name:
+            report.problem(
+                f.path,
+                f"a history file must be named {history_file_name(f)} (its full name "
+                "and fingerprint); history files are never edited",
+            )
+    against = _Baseline(folder, texts, {f.path: f for f in files}, baseline_label, keep_history, report)
+    for path, old_text in sorted((baseline or {}).items()):
+        against.compare(path, old_text)
+    known = set(baseline or {}) if known is None else known
+    for f in files:
+        if not f.historical and f.path not in known:
+            report.note(f"{f.path}: new ({f.name}, fingerprint {f.fingerprint.hex()})")
+    report.note(f"{len(files)} schema files checked in {folder} against the {baseline_label}")
+    return report
+
+
+def _parsed(texts: Mapping[str, str], report: Report) -> list[SchemaFile]:
+    """The schema files that parse (by the relay's rules and by the Apache Avro parser); the
+    others are reported."""
     files: list[SchemaFile] = []
     for path, text in texts.items():
         try:
@@ -282,69 +306,75 @@ def check(
             report.problem(path, f"the Apache Avro parser refuses it: {exc}")
             continue
         files.append(f)
-    for file, problem in problems_of(files):
-        report.problem(file, problem)
-    for f in files:
-        if f.historical and PurePosixPath(f.path).name != PurePosixPath(history_file_name(f)).name:
-            report.problem(
-                f.path,
-                f"a history file must be named {history_file_name(f)} (its full name "
-                "and fingerprint); history files are never edited",
-            )
-    by_path = {f.path: f for f in files}
-    kept = {f.fingerprint for f in files}
-    for path, old_text in sorted((baseline or {}).items()):
+    return files
+
+
+@dataclass
+class _Baseline:
+    """Compares each baseline file with the folder: history files are never removed, a schema
+    is never removed, a change is compatible both ways, and the old version of a compatible
+    change is kept in history/ (written with `keep_history`)."""
+
+    folder: Path
+    texts: Mapping[str, str]
+    by_path: Mapping[str, SchemaFile]
+    label: str
+    keep_history: bool
+    report: Report
+    kept: set[bytes] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.kept = {f.fingerprint for f in self.by_path.values()}
+
+    def compare(self, path: str, old_text: str) -> None:
         if PurePosixPath(path).parts[0] == HISTORY_DIR:
-            if path not in texts:
-                report.problem(
+            if path not in self.texts:
+                self.report.problem(
                     path,
-                    f"removed, but it is in the {baseline_label}: history files are "
+                    f"removed, but it is in the {self.label}: history files are "
                     "never removed (readers need them to decode older messages)",
                 )
-            continue
+            return
         try:
             old = parse_file(path, old_text)
         except SchemaError:
-            report.note(f"{path}: the {baseline_label} version does not parse; not compared")
-            continue
-        new = by_path.get(path)
+            self.report.note(f"{path}: the {self.label} version does not parse; not compared")
+            return
+        new = self.by_path.get(path)
         if new is None:
-            if path in texts:
-                continue  # it does not parse now: reported above
-            report.problem(
-                path,
-                f"removed, but it is in the {baseline_label}: messages of "
-                f"{old.event_type or old.name} would change schema (breaking); keep it",
-            )
-            continue
-        if signature(new.raw) == signature(old.raw):
-            continue
+            if path not in self.texts:  # else it does not parse now: reported already
+                self.report.problem(
+                    path,
+                    f"removed, but it is in the {self.label}: messages of "
+                    f"{old.event_type or old.name} would change schema (breaking); keep it",
+                )
+            return
+        if signature(new.raw) != signature(old.raw):
+            self._changed(path, old, new, old_text)
+
+    def _changed(self, path: str, old: SchemaFile, new: SchemaFile, old_text: str) -> None:
         breaking = breaking_changes(old.raw, new.raw)
         for problem in breaking:
-            report.problem(path, f"breaking change against the {baseline_label}: {problem}")
-        if not breaking:
-            report.note(f"{path}: compatible with the {baseline_label}")
-        if old.fingerprint not in kept and not breaking:
-            target = folder / history_file_name(old)
-            if keep_history:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(old_text)
-                kept.add(old.fingerprint)
-                report.note(f"{path}: kept the {baseline_label} version as {history_file_name(old)}")
-            else:
-                report.problem(
-                    path,
-                    f"changed, but the {baseline_label} version (fingerprint "
-                    f"{old.fingerprint.hex()}) is not kept: readers need it to decode messages "
-                    f"already written; run `outbox-relay schemas check --keep-history` "
-                    f"to add {history_file_name(old)}",
-                )
-    known = set(baseline or {}) if known is None else known
-    for f in files:
-        if not f.historical and f.path not in known:
-            report.note(f"{f.path}: new ({f.name}, fingerprint {f.fingerprint.hex()})")
-    report.note(f"{len(files)} schema files checked in {folder} against the {baseline_label}")
-    return report
+            self.report.problem(path, f"breaking change against the {self.label}: {problem}")
+        if breaking:
+            return
+        self.report.note(f"{path}: compatible with the {self.label}")
+        if old.fingerprint in self.kept:
+            return
+        if not self.keep_history:
+            self.report.problem(
+                path,
+                f"changed, but the {self.label} version (fingerprint "
+                f"{old.fingerprint.hex()}) is not kept: readers need it to decode messages "
+                f"already written; run `outbox-relay schemas check --keep-history` "
+                f"to add {history_file_name(old)}",
+            )
+            return
+        target = self.folder / history_file_name(old)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(old_text)
+        self.kept.add(old.fingerprint)
+        self.report.note(f"{path}: kept the {self.label} version as {history_file_name(old)}")
 
 
 def run(

@@ -12,7 +12,7 @@ from typing import Any
 
 from relay.config import Settings
 from relay.core.errors import LeaseHeldError
-from relay.core.partitions import Partition, lease_id, partitions
+from relay.core.partitions import Partition, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.lease import LeaseStore
@@ -20,15 +20,7 @@ from relay.mongo.membership import Membership
 
 
 def _lease_store(settings: Settings, client: Any, partition: Partition | None = None) -> LeaseStore:
-    db = client[settings.database]
-    return LeaseStore(
-        db[settings.lease_collection],
-        lease_id(settings.namespace, partition),
-        settings.instance_id,
-        settings.lease_ttl_s,
-        partition,
-        settings.namespace,
-    )
+    return settings.parts().lease_store(client, partition)
 
 
 def _stores(settings: Settings, client: Any) -> list[LeaseStore]:

@@ -148,7 +148,7 @@ def tail(
 ) -> int:
     """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
     An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer
 
     from relay.kafka.admin import check_kafka
 
@@ -161,33 +161,59 @@ def tail(
         if meta is None or meta.error is not None or not meta.partitions:
             print(f"outbox-relay tail: no topic {topic!r} at {settings.kafka_bootstrap_servers}", file=sys.stderr)
             return 2
-        assignment, pending = [], set()
-        for p in sorted(meta.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=settings.connect_timeout_s)
-            start = low if from_beginning else max(low, high - last)
-            assignment.append(TopicPartition(topic, p, start))
-            if start < high:
-                pending.add((p, high))
-        consumer.assign(assignment)
-        printed = 0
-        while (follow or pending) and (max_messages is None or printed < max_messages):
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                # The end of a partition (its last offsets may be transaction markers, never
-                # delivered as messages; read_committed ends at the last stable offset), or a
-                # transient error (librdkafka retries).
-                if error.code() == KafkaError._PARTITION_EOF:
-                    pending = {(p, end) for p, end in pending if p != msg.partition()}
-                continue
-            print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
-            printed += 1
-            offset = msg.offset() or 0
-            pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}
+        pending = _assign(consumer, topic, sorted(meta.partitions), from_beginning, last, settings.connect_timeout_s)
+        _print(consumer, pending, decoder, out, follow, max_messages)
         return 0
     except KeyboardInterrupt:
         return 0
     finally:
         consumer.close()
+
+
+def _assign(
+    consumer: Any, topic: str, partitions: list[int], from_beginning: bool, last: int, timeout_s: float
+) -> set[tuple[int, int]]:
+    """Assign each partition at its first message, or `last` before its end; the (partition,
+    end offset) pairs that have messages to print."""
+    from confluent_kafka import TopicPartition
+
+    assignment, pending = [], set()
+    for p in partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+        start = low if from_beginning else max(low, high - last)
+        assignment.append(TopicPartition(topic, p, start))
+        if start < high:
+            pending.add((p, high))
+    consumer.assign(assignment)
+    return pending
+
+
+def _print(
+    consumer: Any,
+    pending: set[tuple[int, int]],
+    decoder: MessageDecoder,
+    out: TextIO,
+    follow: bool,
+    max_messages: int | None,
+) -> None:
+    """Print messages until every pending partition reached its end (or forever with `follow`),
+    at most `max_messages`."""
+    from confluent_kafka import KafkaError
+
+    printed = 0
+    while (follow or pending) and (max_messages is None or printed < max_messages):
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        error = msg.error()
+        if error is not None:
+            # The end of a partition (its last offsets may be transaction markers, never
+            # delivered as messages; read_committed ends at the last stable offset), or a
+            # transient error (librdkafka retries).
+            if error.code() == KafkaError._PARTITION_EOF:
+                pending = {(p, end) for p, end in pending if p != msg.partition()}
+            continue
+        print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
+        printed += 1
+        offset = msg.offset() or 0
+        pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}

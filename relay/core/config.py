@@ -35,7 +35,7 @@ def start_at_time(start_at: str) -> dt.datetime | None:
     return None if start_at in START_KEYWORDS else parse_start_time(start_at)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoopConfig:
     """The loop's limits, timing and policies (relay.core.loop.Relay).
 
@@ -44,18 +44,18 @@ class LoopConfig:
     it; the policies are ones the loop knows.
     """
 
-    namespace: str = "app.outbox"  # what the loop's log lines name
-    batch_max_events: int = 1000
-    batch_max_bytes: int = 4 * 1024 * 1024
-    pipeline_depth: int = 1
-    lease_ttl_s: float = 30.0
-    heartbeat_interval_s: float = 5.0
-    standby_poll_s: float = 2.0
-    restart_backoff_max_s: float = 30.0
-    on_poison: str = "stop"
-    on_history_lost: str = "stop"
-    on_lease_lost: str = "standby"
-    start_at: str = "oplog-start"
+    namespace: str  # what the loop's log lines name
+    batch_max_events: int
+    batch_max_bytes: int
+    pipeline_depth: int
+    lease_ttl_s: float
+    heartbeat_interval_s: float
+    standby_poll_s: float
+    restart_backoff_max_s: float
+    on_poison: str
+    on_history_lost: str
+    on_lease_lost: str
+    start_at: str
 
     def __post_init__(self) -> None:
         for f in fields(self):

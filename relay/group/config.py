@@ -8,7 +8,7 @@ from relay.core.errors import ConfigError, env_name
 from relay.core.partitions import MAX_PARTITIONS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupConfig:
     """This replica, its outbox, the partition count, and the heartbeat period of the group.
 
@@ -18,9 +18,9 @@ class GroupConfig:
 
     instance_id: str
     namespace: str
-    partitions: int = 1
-    standby_poll_s: float = 2.0
-    lease_ttl_s: float = 30.0
+    partitions: int
+    standby_poll_s: float
+    lease_ttl_s: float
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS:

@@ -10,7 +10,7 @@ user's properties that any client takes (security, client id), without the produ
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from relay.core.config import DELIVERY_MODES, EXACTLY_ONCE
 from relay.core.errors import ConfigError, env_name, kafka_env_name
@@ -56,16 +56,16 @@ PRODUCER_ONLY = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KafkaConfig:
     """The broker, the user's client properties, and the delivery mode (RELAY_KAFKA_*,
     RELAY_DELIVERY, RELAY_OFFSETS_TOPIC)."""
 
-    bootstrap_servers: str = "localhost:9092"
-    properties: Mapping[str, str] = field(default_factory=dict)  # RELAY_KAFKA_<PROPERTY>, as given
-    connect_timeout_s: float = 30.0
-    delivery: str = "at-least-once"
-    offsets_topic: str = "outbox-relay.offsets"
+    bootstrap_servers: str
+    properties: Mapping[str, str]  # RELAY_KAFKA_<PROPERTY>, as given
+    connect_timeout_s: float
+    delivery: str
+    offsets_topic: str
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 from relay.core.errors import ConfigError, env_name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MongoConfig:
     """Where the outbox and the lease documents live, and how long to wait for the server."""
 
-    uri: str = "mongodb://localhost:27017/?replicaSet=rs0"
-    database: str = "app"
-    outbox_collection: str = "outbox"
-    lease_collection: str = "outbox_relay_leases"
-    connect_timeout_s: float = 30.0
-    max_await_ms: int = 500  # the longest a getMore waits for new changes
+    uri: str
+    database: str
+    outbox_collection: str
+    lease_collection: str
+    connect_timeout_s: float
+    max_await_ms: int  # the longest a getMore waits for new changes
 
     def __post_init__(self) -> None:
         if not self.uri.startswith(("mongodb://", "mongodb+srv://")):
@@ -51,13 +51,13 @@ def parse_duration(setting: str, value: str) -> float | None:
     return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutboxCleanupConfig:
     """What clean-up and the outbox checks take from the settings."""
 
-    retention: str = ""  # RELAY_OUTBOX_RETENTION: off by default
-    check_interval_s: float = 30.0  # RELAY_OUTBOX_CHECK_INTERVAL_S
-    ttl_headroom_warn_s: float = 3600.0  # RELAY_TTL_HEADROOM_WARN_S
+    retention: str  # RELAY_OUTBOX_RETENTION: off by default
+    check_interval_s: float  # RELAY_OUTBOX_CHECK_INTERVAL_S
+    ttl_headroom_warn_s: float  # RELAY_TTL_HEADROOM_WARN_S
     batch: int = 500  # documents per delete
     pass_budget_s: float = 2.0  # longest one pass deletes before yielding
 

@@ -96,14 +96,8 @@ class LeaseStore:
         """
         self.ensure()
         me = self.owner
-        free_or_mine = {
-            "$expr": {
-                "$or": [
-                    {"$eq": ["$owner", me]},
-                    {"$lte": ["$expiresAt", "$$NOW"]},  # also true when expiresAt is missing or null
-                ]
-            }
-        }
+        # Free, expired or ours, by the server's clock ($lte is also true for a missing or null expiresAt).
+        free_or_mine = {"$expr": {"$or": [{"$eq": ["$owner", me]}, {"$lte": ["$expiresAt", "$$NOW"]}]}}
         update = [
             {
                 "$set": {

@@ -37,7 +37,7 @@ from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 
 from relay.core.errors import ConfigError, env_name
-from relay.core.partitions import lease_id, lease_id_pattern, parse_lease_id, partitions
+from relay.core.partitions import Partition, lease_id, lease_id_pattern, parse_lease_id, partitions
 from relay.mongo.lease import MAJORITY
 from relay.mongo.pipeline import partition_expression
 
@@ -119,6 +119,9 @@ def _refuse_if_held(others: list[dict[str, Any]], namespace: str, count: int) ->
 
 
 def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSession) -> str | None:
+    """Move the outbox's lease documents to `count` partitions in `session`'s transaction: each
+    new partition starts at the oldest checkpoint of the previous count (when every old
+    partition had one), fencing tokens continue above the old ones; None when nothing moved."""
     docs = _outbox_leases(leases, namespace, session)
     others = [d for d in docs if _count(namespace, d) != count]
     if not others:
@@ -126,34 +129,16 @@ def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSe
     _refuse_if_held(others, namespace, count)
     if any(_held(d) for d in docs if _count(namespace, d) == count):
         return None  # a relay of this count already runs: it moved the outbox when it started
-    by_count: dict[int, list[dict[str, Any]]] = {}
-    for d in others:
-        by_count.setdefault(_count(namespace, d), []).append(d)
-    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
-
-    def newest(c: int) -> dt.datetime:
-        return max((_aware(d.get("checkpointAt")) or epoch for d in by_count[c]), default=epoch)
-
-    previous = max(by_count, key=newest)
-    old = by_count[previous]
+    previous, old = _newest_count(namespace, others)
     times: list[Timestamp | None] = [d.get("tokenClusterTime") for d in old]
     seed = min(t for t in times if t is not None) if len(old) == previous and None not in times else None
     fencing = max(int(d.get("fencingToken") or 0) for d in docs)
     for p in partitions(count):
-        fields: dict[str, Any] = {"owner": None, "expiresAt": None}
-        if count > 1:
-            fields |= {"outbox": namespace, "partition": p.index, "partitions": count}
-        update: dict[str, Any] = {
-            "$setOnInsert": fields,
-            "$max": {"fencingToken": fencing},
-            "$unset": {"resumeToken": "", "tokenClusterTime": "", "pipelineFingerprint": ""},
-        }
-        if seed is not None:
-            update["$set"] = {"startAtClusterTime": seed, "seededFrom": {"partitions": previous, "clusterTime": seed}}
-        else:
-            update["$unset"]["startAtClusterTime"] = ""
         leases.with_options(write_concern=MAJORITY).update_one(
-            {"_id": lease_id(namespace, p)}, update, upsert=True, session=session
+            {"_id": lease_id(namespace, p)},
+            _new_lease(namespace, p, count, fencing, seed, previous),
+            upsert=True,
+            session=session,
         )
     leases.delete_many({"_id": {"$in": [d["_id"] for d in others]}}, session=session)
     if seed is None:
@@ -169,6 +154,40 @@ def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSe
         f"cluster time {seed.time}.{seed.inc}, the oldest checkpoint of the old ones (events after it "
         f"may be published again); old lease documents removed, fencing tokens continue above {fencing}"
     )
+
+
+def _newest_count(namespace: str, others: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
+    """The partition count among `others` whose documents hold the newest checkpoint, and them."""
+    by_count: dict[int, list[dict[str, Any]]] = {}
+    for d in others:
+        by_count.setdefault(_count(namespace, d), []).append(d)
+    epoch = dt.datetime.min.replace(tzinfo=dt.UTC)
+
+    def newest(c: int) -> dt.datetime:
+        return max((_aware(d.get("checkpointAt")) or epoch for d in by_count[c]), default=epoch)
+
+    previous = max(by_count, key=newest)
+    return previous, by_count[previous]
+
+
+def _new_lease(
+    namespace: str, p: Partition, count: int, fencing: int, seed: Timestamp | None, previous: int
+) -> dict[str, Any]:
+    """The upsert of partition `p`'s lease document: free, no checkpoint, fencing token at least
+    `fencing`, starting at `seed` when there is one."""
+    fields: dict[str, Any] = {"owner": None, "expiresAt": None}
+    if count > 1:
+        fields |= {"outbox": namespace, "partition": p.index, "partitions": count}
+    update: dict[str, Any] = {
+        "$setOnInsert": fields,
+        "$max": {"fencingToken": fencing},
+        "$unset": {"resumeToken": "", "tokenClusterTime": "", "pipelineFingerprint": ""},
+    }
+    if seed is not None:
+        update["$set"] = {"startAtClusterTime": seed, "seededFrom": {"partitions": previous, "clusterTime": seed}}
+    else:
+        update["$unset"]["startAtClusterTime"] = ""
+    return update
 
 
 def _aware(value: Any) -> dt.datetime | None:

@@ -10,14 +10,14 @@ LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HealthConfig:
     """The waits the health thresholds are derived from (relay.ops.health.Health)."""
 
-    connect_timeout_s: float = 30.0
-    restart_backoff_max_s: float = 30.0
-    standby_poll_s: float = 2.0
-    max_await_ms: int = 500
+    connect_timeout_s: float
+    restart_backoff_max_s: float
+    standby_poll_s: float
+    max_await_ms: int
 
     @property
     def live_stall_s(self) -> float:
@@ -34,16 +34,16 @@ class HealthConfig:
         return 10.0 + 2 * max(self.max_await_ms / 1000.0, self.standby_poll_s)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ObserverConfig:
     """Who this relay is, where it serves its metrics and health, and its health thresholds."""
 
     instance_id: str
     namespace: str
-    http_port: int = 8080
-    dead_letter_topic: str = "outbox.deadletter"  # named in the dead-letter log lines
-    partitions: int = 1
-    health: HealthConfig = HealthConfig()
+    http_port: int
+    dead_letter_topic: str  # named in the dead-letter log lines
+    partitions: int
+    health: HealthConfig
 
     def __post_init__(self) -> None:
         if not self.instance_id.strip():

@@ -211,16 +211,11 @@ def _extra_messages(duplicated: DataFrame) -> int:
 
 def audit(spark: SparkSession, cfg: AuditConfig) -> dict[str, Any]:
     """Compare the outbox with Kafka for the range; the report as a JSON-ready dict."""
-    from pyspark.sql import functions as F
-
     outbox = outbox_events(spark, cfg).cache()
     messages = kafka_messages(spark, cfg).cache()
     in_range = _in_range(messages, cfg)
     firsts = first_occurrences(in_range).cache()
     try:
-        decoded_ids = messages.where(F.col("decodeError").isNull()).select("id").distinct()
-        dups = firsts.where("occurrences > 1")
-        stale = fencing_regressions(messages.where(F.col("decodeError").isNull()), per_key=cfg.relay_partitions > 1)
         report: dict[str, Any] = {
             "range": {"since": cfg.since.isoformat(), "until": cfg.until.isoformat()},
             "topics": list(cfg.topics) or cfg.topic_pattern,
@@ -230,28 +225,7 @@ def audit(spark: SparkSession, cfg: AuditConfig) -> dict[str, Any]:
                 "messagesInRange": in_range.count(),
                 "eventsInRange": firsts.count(),
             },
-            "missing": _finding(outbox.join(decoded_ids, "id", "left_anti").orderBy("occurredAt", "id"), cfg.sample),
-            "orderViolations": _finding(order_violations(firsts), cfg.sample),
-            "keysOnSeveralPartitions": _finding(keys_on_several_partitions(firsts), cfg.sample),
-            "duplicates": {
-                **_finding(dups.select("id", "topic", "key", "occurrences").orderBy("id"), cfg.sample),
-                "extraMessages": _extra_messages(dups),
-            },
-            "notInOutbox": _finding(
-                firsts.join(outbox.select("id"), "id", "left_anti")
-                .select("id", "topic", "partition", "offset", "aggregateId", "occurredAt")
-                .orderBy("id"),
-                cfg.sample,
-            ),
-            "fencingRegressions": _finding(
-                stale.where(F.col("occurredAt") >= F.lit(cfg.since)).where(F.col("occurredAt") < F.lit(cfg.until)),
-                cfg.sample,
-            ),
-            "undecodable": _finding(
-                messages.where(F.col("decodeError").isNotNull()).select("topic", "partition", "offset", "decodeError"),
-                cfg.sample,
-            ),
-            "withoutFencingToken": {"count": in_range.where(F.col("fencingToken").isNull()).count()},
+            **_findings(cfg, outbox, messages, in_range, firsts),
         }
     finally:
         for cached in (firsts, messages, outbox):
@@ -259,6 +233,43 @@ def audit(spark: SparkSession, cfg: AuditConfig) -> dict[str, Any]:
     report["failures"] = [name for name in FAILING if report[name]["count"]]
     report["passed"] = not report["failures"]
     return report
+
+
+def _findings(
+    cfg: AuditConfig, outbox: DataFrame, messages: DataFrame, in_range: DataFrame, firsts: DataFrame
+) -> dict[str, Any]:
+    """Each finding of the audit: a count and a sample (relay.spark.audit.FAILING fail it)."""
+    from pyspark.sql import functions as F
+
+    decoded = messages.where(F.col("decodeError").isNull())
+    dups = firsts.where("occurrences > 1")
+    stale = fencing_regressions(decoded, per_key=cfg.relay_partitions > 1)
+    return {
+        "missing": _finding(
+            outbox.join(decoded.select("id").distinct(), "id", "left_anti").orderBy("occurredAt", "id"), cfg.sample
+        ),
+        "orderViolations": _finding(order_violations(firsts), cfg.sample),
+        "keysOnSeveralPartitions": _finding(keys_on_several_partitions(firsts), cfg.sample),
+        "duplicates": {
+            **_finding(dups.select("id", "topic", "key", "occurrences").orderBy("id"), cfg.sample),
+            "extraMessages": _extra_messages(dups),
+        },
+        "notInOutbox": _finding(
+            firsts.join(outbox.select("id"), "id", "left_anti")
+            .select("id", "topic", "partition", "offset", "aggregateId", "occurredAt")
+            .orderBy("id"),
+            cfg.sample,
+        ),
+        "fencingRegressions": _finding(
+            stale.where(F.col("occurredAt") >= F.lit(cfg.since)).where(F.col("occurredAt") < F.lit(cfg.until)),
+            cfg.sample,
+        ),
+        "undecodable": _finding(
+            messages.where(F.col("decodeError").isNotNull()).select("topic", "partition", "offset", "decodeError"),
+            cfg.sample,
+        ),
+        "withoutFencingToken": {"count": in_range.where(F.col("fencingToken").isNull()).count()},
+    }
 
 
 def summary(report: dict[str, Any]) -> str:

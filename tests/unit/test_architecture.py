@@ -66,3 +66,17 @@ def test_translated_errors_keep_their_cause():
     offenders = [f"{p.relative_to(RELAY.parent)}:{n}" for p in sorted(RELAY.rglob("*.py"))
                  for n, line in enumerate(p.read_text().splitlines(), 1) if "from None" in line]
     assert offenders == []
+
+
+def test_functions_stay_small():
+    """No function in relay/ over 60 lines (docstring included), at most 5 over 40: a long one
+    is split where its steps are, as the loop's are."""
+    lengths = []
+    for path in sorted(RELAY.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                assert node.end_lineno is not None
+                lengths.append((node.end_lineno - node.lineno + 1, f"{path.relative_to(RELAY.parent)}:{node.name}"))
+    assert [where for n, where in lengths if n > 60] == []
+    over_40 = sorted(where for n, where in lengths if n > 40)
+    assert len(over_40) <= 5, over_40

@@ -85,3 +85,33 @@ def test_readme_configuration_table_matches_the_settings_object():
     assert block.group(1).strip() == markdown_table().strip(), (
         "README configuration table is stale: paste `python -c 'from relay.config import "
         "markdown_table; print(markdown_table())'` between the markers")
+
+
+def test_each_setting_is_declared_once_and_reaches_its_parts_by_keyword():
+    """A setting's default lives in Settings alone: every field of a part's configuration that a
+    setting feeds has no default of its own, and the value set is the value the part gets."""
+    import dataclasses
+
+    parts = Settings().parts()
+    configs = {f.name: getattr(parts, f.name) for f in dataclasses.fields(parts)}
+    configs |= {"health": parts.observer.health}
+    fed: dict[str, set[str]] = {}
+    for f in dataclasses.fields(Settings):
+        for part, name in f.metadata["to"]:
+            fed.setdefault(part, set()).add(name or f.name)
+    for part, names in fed.items():
+        if part == "fields":  # the outbox document's field names: their defaults are the outbox contract
+            continue
+        for f in dataclasses.fields(type(configs[part])):
+            if f.name in names:
+                assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, (part, f.name)
+    changed = Settings(standby_poll_s=1.5, connect_timeout_s=7.0, field_payload="body").parts()
+    assert changed.loop.standby_poll_s == changed.group.standby_poll_s == changed.observer.health.standby_poll_s == 1.5
+    assert changed.mongo.connect_timeout_s == changed.kafka.connect_timeout_s == 7.0
+    assert changed.encoding.fields.payload == "body"
+
+
+def test_the_parts_are_built_once_per_settings_object():
+    settings = Settings()
+    assert settings.parts() is settings.parts()
+    assert settings.replace(batch_max_events=5).parts().loop.batch_max_events == 5

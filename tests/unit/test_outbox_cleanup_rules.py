@@ -8,9 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from relay.config import Settings
 from relay.core.errors import ConfigError
-from relay.mongo.config import OutboxCleanupConfig, parse_duration
+from relay.mongo.config import parse_duration
 from relay.mongo.housekeeping import deletable
-from relay.ops.config import HealthConfig
 from relay.ops.health import Health
 from relay.ops.outbox_checks import OutboxMetrics
 
@@ -31,9 +30,9 @@ def test_a_bad_retention_names_the_setting(bad):
 
 def test_a_bad_interval_or_threshold_names_its_setting():
     with pytest.raises(ConfigError, match="RELAY_OUTBOX_CHECK_INTERVAL_S"):
-        OutboxCleanupConfig(check_interval_s=0)
+        Settings(outbox_check_interval_s=0).parts()
     with pytest.raises(ConfigError, match="RELAY_TTL_HEADROOM_WARN_S"):
-        OutboxCleanupConfig(ttl_headroom_warn_s=-1)
+        Settings(ttl_headroom_warn_s=-1).parts()
 
 
 def test_only_candidates_not_found_after_the_position_are_deletable():
@@ -42,7 +41,7 @@ def test_only_candidates_not_found_after_the_position_are_deletable():
 
 
 def test_ttl_headroom_below_the_threshold_warns_once_and_degrades_readiness_until_it_recovers(caplog):
-    health = Health(HealthConfig(), lambda: 0.0)
+    health = Health(Settings().parts().observer.health, lambda: 0.0)
     registry = CollectorRegistry()
     metrics = OutboxMetrics(registry, health)
     with caplog.at_level("WARNING", logger="relay.outbox"):
