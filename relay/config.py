@@ -36,6 +36,7 @@ from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
 from relay.mongo.lease import LeaseStore
+from relay.mongo.lease_admin import LeaseDocument
 from relay.ops.config import HealthConfig, ObserverConfig, check_logging
 from relay.outbox import FieldNames
 
@@ -335,6 +336,11 @@ class Parts:
     observer: ObserverConfig
     group: GroupConfig
     cleanup: OutboxCleanupConfig
+
+    def lease_document(self, client: MongoClient[Any], partition: Partition | None = None) -> LeaseDocument:
+        """The operator's view of `partition`'s lease document (relay.mongo.lease_admin)."""
+        mongo = self.mongo
+        return LeaseDocument(client[mongo.database][mongo.lease_collection], lease_id(mongo.namespace, partition))
 
     def lease_store(self, client: MongoClient[Any], partition: Partition | None = None) -> LeaseStore:
         """The lease document of `partition` (None: the whole outbox) for this replica: the one

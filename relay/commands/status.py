@@ -15,15 +15,15 @@ from relay.core.errors import LeaseHeldError
 from relay.core.partitions import Partition, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.mongo.connection import check_mongodb, mongo_client
-from relay.mongo.lease import LeaseStore
+from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
 
 
-def _lease_store(settings: Settings, client: Any, partition: Partition | None = None) -> LeaseStore:
-    return settings.parts().lease_store(client, partition)
+def _lease_store(settings: Settings, client: Any, partition: Partition | None = None) -> LeaseDocument:
+    return settings.parts().lease_document(client, partition)
 
 
-def _stores(settings: Settings, client: Any) -> list[LeaseStore]:
+def _stores(settings: Settings, client: Any) -> list[LeaseDocument]:
     if settings.partitions == 1:
         return [_lease_store(settings, client)]
     return [_lease_store(settings, client, p) for p in partitions(settings.partitions)]

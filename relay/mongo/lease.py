@@ -13,6 +13,8 @@ Invariants enforced here:
   stale fencing token matches nothing and raises LeaseLostError, so a paused replica can never
   move the checkpoint, forward or back.
 
+What operators read and reset (`status`, `checkpoint reset`) is relay.mongo.lease_admin's.
+
 A partition's document (`<db>.<collection>#<k>/<N>`) also holds `outbox`, `partition`,
 `partitions` and `acquiredAt` (server time of the last change of owner), and, after a change of
 RELAY_PARTITIONS (relay.mongo.repartition), `startAtClusterTime`: where the partition starts while it
@@ -36,8 +38,6 @@ from relay.core.partitions import Partition
 from relay.core.positions import Checkpoint, ClusterTime, Grant, token_cluster_time
 
 MAJORITY = WriteConcern("majority")
-# What `checkpoint reset` forgets: the stored position, and where a new partition count starts.
-_CHECKPOINT_FIELDS = ("resumeToken", "tokenClusterTime", "pipelineFingerprint", "delivery", "startAtClusterTime")
 
 
 class LeaseStore:
@@ -179,55 +179,6 @@ class LeaseStore:
                 [{"$set": {"outbox": self.lease_id, "instance": self.owner, "role": role, "seenAt": "$$NOW"}}],
                 upsert=True,
             )
-
-    def replicas(self) -> list[dict[str, Any]]:
-        """Every replica that announced itself for this outbox, newest first."""
-        return list(
-            self._replicas.find({"outbox": self.lease_id, "partitions": {"$exists": False}}, sort=[("seenAt", -1)])
-        )
-
-    def read(self) -> dict[str, Any] | None:
-        """The lease document as stored, with the server's current time (for `status`)."""
-        docs = list(
-            self._coll.aggregate(
-                [
-                    {"$match": {"_id": self.lease_id}},
-                    {"$addFields": {"serverTime": "$$NOW"}},
-                ]
-            )
-        )
-        return docs[0] if docs else None
-
-    def reset_checkpoint(self, force: bool = False) -> str | None:
-        """Forget the stored token (operator action); the next leader starts at RELAY_START_AT.
-
-        Only while no owner holds an unexpired lease (by the server's clock), in one conditional
-        write; returns the holder and changes nothing otherwise. With `force` the token is
-        forgotten anyway and the holder fenced out: the fencing token grows and the lease is
-        freed, so the holder's next fenced write fails. Returns the holder (None if none).
-        """
-        self.ensure()
-        forget = {"$unset": {name: "" for name in _CHECKPOINT_FIELDS}}
-        free = {"$expr": {"$or": [{"$eq": [{"$ifNull": ["$owner", None]}, None]}, {"$lte": ["$expiresAt", "$$NOW"]}]}}
-        if self._coll.update_one({"_id": self.lease_id, **free}, forget).matched_count:
-            return None
-        holder = (self._coll.find_one({"_id": self.lease_id}) or {}).get("owner")
-        if force:
-            self._coll.update_one(
-                {"_id": self.lease_id},
-                [
-                    {"$unset": list(_CHECKPOINT_FIELDS)},
-                    {
-                        "$set": {
-                            "owner": None,
-                            "expiresAt": "$$NOW",
-                            "releasedAt": "$$NOW",
-                            "fencingToken": {"$add": [{"$ifNull": ["$fencingToken", 0]}, 1]},
-                        }
-                    },
-                ],
-            )
-        return str(holder) if holder is not None else None
 
 
 def _timestamp(time: ClusterTime | None) -> Timestamp | None:
