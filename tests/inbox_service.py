@@ -19,7 +19,10 @@ def main(uri: str, database: str, topic: str, group: str, bootstrap: str) -> Non
     db = pymongo.MongoClient(uri, tz_aware=True)[database]
     # Small batches: more MongoDB commits followed by Kafka commits for a kill to fall between.
     Inbox(db[INBOX]).run(effects_handler(db), topics=[topic], group_id=group, bootstrap_servers=bootstrap,
-                         batch_max_events=40, batch_max_ms=50)
+                         batch_max_events=40, batch_max_ms=50,
+                         # Static membership: the restarted process takes its partitions back at
+                         # once instead of waiting for the killed member's session to expire.
+                         kafka={"group.instance.id": f"{group}-service", "session.timeout.ms": "6000"})
 
 
 if __name__ == "__main__":
