@@ -27,6 +27,7 @@ from pymongo.database import Database
 from relay.avro.folder import SchemaFolder
 from relay.commands.tail import to_json
 from relay.config import Settings
+from relay.inbox import Inbox, InboxEvent
 from relay.outbox import FieldNames, Outbox, OutboxEvent
 
 _FLOW = ["OrderCreated", "OrderPaid", "OrderShipped"]
@@ -65,6 +66,72 @@ class DemoService:
             ahead = self.written / rate - (time.monotonic() - started)
             if ahead > 0:
                 stop.wait(ahead)
+
+
+class ShippingService:
+    """A downstream service consuming the orders through the inbox (relay.inbox): each order's
+    shipment document lists the order's steps, each applied exactly once, in order, however
+    often the relay delivers it."""
+
+    GROUP = "demo-shipping"
+
+    def __init__(self, db: Database[Any], settings: Settings, topic: str) -> None:
+        self.db = db
+        self.inbox = Inbox(db.demo_inbox)
+        self.topic = topic
+        kafka = {k: v for k, v in settings.kafka_client_config().items() if k != "bootstrap.servers"}
+        self.run_options: dict[str, Any] = {
+            "topics": [topic],
+            "group_id": self.GROUP,
+            "bootstrap_servers": settings.kafka_bootstrap_servers,
+            "kafka": kafka,
+        }
+
+    def handle(self, event: InboxEvent, session: Any) -> None:
+        self.db.shipments.update_one(
+            {"_id": event.aggregate_id},
+            {"$push": {"steps": event.event_type}, "$set": {"amount": event.payload.get("amount")}},
+            upsert=True,
+            session=session,
+        )
+
+    def run(self) -> None:
+        self.inbox.run(self.handle, **self.run_options)
+
+    def count(self, metric: str) -> int:
+        return int(self.inbox.registry.get_sample_value(metric, {"topic": self.topic}) or 0)
+
+    def wait(self, metric: str, at_least: int, timeout_s: float, stop: threading.Event) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.count(metric) < at_least and time.monotonic() < deadline and not stop.is_set():
+            stop.wait(0.1)
+
+    def summary(self) -> str:
+        shipments = list(self.db.shipments.find().sort("_id").limit(3))
+        lines = [f"shipping: {s['_id']} steps={s['steps']} amount={s.get('amount')}" for s in shipments]
+        applied = self.count("relay_inbox_events_processed_total")
+        skipped = self.count("relay_inbox_duplicates_skipped_total")
+        total = self.db.shipments.count_documents({})
+        lines.append(
+            f"shipping service (inbox): {applied} events applied to {total} shipments, {skipped} duplicates skipped"
+        )
+        return "\n".join(lines)
+
+
+def _replay(settings: Settings, relay: Any, shipping: ShippingService, events: int, stop: threading.Event) -> Any:
+    """Show the inbox at work: reset the relay's checkpoint, so it publishes every event again at
+    new offsets (what a crash does to the events after the checkpoint); the inbox skips them."""
+    from relay.commands.status import reset_checkpoint
+    from relay.wiring import build
+
+    shipping.wait("relay_inbox_events_processed_total", events, 60, stop)
+    relay.stop()
+    print("demo: resetting the relay's checkpoint: it publishes every event again", file=sys.stderr, flush=True)
+    reset_checkpoint(settings, force=True)
+    replayed = build(settings.replace(http_port=0))
+    threading.Thread(target=replayed.run, name="relay-replay", daemon=True).start()
+    shipping.wait("relay_inbox_duplicates_skipped_total", events, 60, stop)
+    return replayed
 
 
 def _json_text(payload: Any) -> str:
@@ -131,6 +198,7 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     stop = threading.Event()
     threads: list[threading.Thread] = []
     relay: Relay[Any] | Group | None = None
+    shipping: ShippingService | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
         AdminClient(dict(settings.kafka_client_config())).create_topics(
@@ -141,14 +209,19 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
             db: Database[Any] = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
             service = DemoService(db, settings.outbox_collection, settings.parts().encoding.fields)
+            shipping = ShippingService(db, settings, topic)
             relay = build(settings.replace(http_port=0))
             threads = [
                 threading.Thread(target=relay.run, name="relay", daemon=True),
                 threading.Thread(target=service.run, args=(stop, rate, events), name="service", daemon=True),
+                threading.Thread(target=shipping.run, name="shipping", daemon=True),
             ]
             for t in threads:
                 t.start()
             got = _printer(SchemaFolder.bundled(), settings, topic, events, stop)
+            if events is not None and got >= events:
+                relay = _replay(settings, relay, shipping, service.written, stop)
+            print(shipping.summary(), flush=True)
             print(
                 f"\ndemo: {service.written} events written in transactions, {got} delivered and decoded",
                 file=sys.stderr,
@@ -158,6 +231,8 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
         print("\ndemo: interrupted, stopping", file=sys.stderr)
     finally:
         stop.set()
+        if shipping is not None:
+            shipping.inbox.stop()
         if relay is not None:
             relay.stop()
         for t in threads:
