@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pymongo.client_session import ClientSession
@@ -85,7 +86,9 @@ class Inbox:
         store = InboxStore(self.collection, group_id, self.retention)
         store.ensure_indexes()
         self._stop.clear()
-        run = _Run(self.metrics, self._stop, self._folder, opts, store, handler)
+        dead_letters = DeadLetterSender(opts) if opts.on_poison == "dead-letter" else None
+        parts = Parts(KafkaSource(opts), EventDecoder(self._folder, opts.schema_registry_url), store, dead_letters)
+        run = Steps(self.metrics, self._stop, opts, parts, handler)
         log.info("inbox consuming %s as group %s", ",".join(opts.topics), group_id, extra={"group": group_id})
         with _signals(self.stop), self.collection.database.client.start_session() as session:
             try:
@@ -96,23 +99,26 @@ class Inbox:
         log.info("inbox stopped", extra={"group": group_id})
 
 
-class _Run:
-    """One `run` call: its consumer, decoder, store and dead-letter producer."""
+@dataclass(frozen=True)
+class Parts:
+    """The boundaries one `run` call uses (fakes in tests/unit/test_inbox_steps.py)."""
+
+    source: KafkaSource
+    decoder: EventDecoder
+    store: InboxStore
+    dead_letters: DeadLetterSender | None
+
+
+class Steps:
+    """One `run` call's steps over its parts: `step` is one batch, `close` the end."""
 
     def __init__(
-        self,
-        metrics: InboxMetrics,
-        stop: threading.Event,
-        folder: SchemaFolder | None,
-        options: RunOptions,
-        store: InboxStore,
-        handler: Handler,
+        self, metrics: InboxMetrics, stop: threading.Event, options: RunOptions, parts: Parts, handler: Handler
     ) -> None:
-        self.metrics, self.stop, self.options, self.store, self.handler = metrics, stop, options, store, handler
+        self.metrics, self.stop, self.options, self.handler = metrics, stop, options, handler
         self.limits = BatchLimits(options.batch_max_events, options.batch_max_ms / 1000)
-        self.decoder = EventDecoder(folder, options.schema_registry_url)
-        self.source = KafkaSource(options)
-        self.dead_letters = DeadLetterSender(options) if options.on_poison == "dead-letter" else None
+        self.source, self.decoder, self.store = parts.source, parts.decoder, parts.store
+        self.dead_letters = parts.dead_letters
         self.received: dict[tuple[str, int, int], Received] = {}
 
     def step(self, session: ClientSession) -> None:
