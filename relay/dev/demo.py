@@ -118,7 +118,14 @@ class ShippingService:
         return "\n".join(lines)
 
 
-def _replay(settings: Settings, relay: Any, shipping: ShippingService, events: int, stop: threading.Event) -> Any:
+def _replay(
+    settings: Settings,
+    relay: Any,
+    shipping: ShippingService,
+    events: int,
+    stop: threading.Event,
+    threads: list[threading.Thread],
+) -> Any:
     """Show the inbox at work: reset the relay's checkpoint, so it publishes every event again at
     new offsets (what a crash does to the events after the checkpoint); the inbox skips them."""
     from relay.commands.status import reset_checkpoint
@@ -129,7 +136,9 @@ def _replay(settings: Settings, relay: Any, shipping: ShippingService, events: i
     print("demo: resetting the relay's checkpoint: it publishes every event again", file=sys.stderr, flush=True)
     reset_checkpoint(settings, force=True)
     replayed = build(settings.replace(http_port=0))
-    threading.Thread(target=replayed.run, name="relay-replay", daemon=True).start()
+    thread = threading.Thread(target=replayed.run, name="relay-replay", daemon=True)
+    thread.start()
+    threads.append(thread)
     shipping.wait("relay_inbox_duplicates_skipped_total", events, 60, stop)
     return replayed
 
@@ -186,26 +195,15 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
 
     stack: LocalStack | None = None
     if not (os.environ.get("RELAY_MONGODB_URI") or os.environ.get("RELAY_KAFKA_BOOTSTRAP_SERVERS")):
-        stack = LocalStack.in_temp_dir()
-        print(
-            f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        stack.start()
-        settings = settings.replace(mongodb_uri=stack.mongo.uri, kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
-        print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
+        stack, settings = _local_stack(settings)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     relay: Relay[Any] | Group | None = None
     shipping: ShippingService | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
-        AdminClient(dict(settings.kafka_client_config())).create_topics(
-            [NewTopic(topic, 3, 1)]
-        )  # if it exists already, the returned error is ignored
-        client: MongoClient[Any]
-        with MongoClient(settings.mongodb_uri) as client:
+        AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])  # exists: ignored
+        with MongoClient[dict[str, Any]](settings.mongodb_uri) as client:
             db: Database[Any] = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
             service = DemoService(db, settings.outbox_collection, settings.parts().encoding.fields)
@@ -220,24 +218,43 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
                 t.start()
             got = _printer(SchemaFolder.bundled(), settings, topic, events, stop)
             if events is not None and got >= events:
-                relay = _replay(settings, relay, shipping, service.written, stop)
-            print(shipping.summary(), flush=True)
-            print(
-                f"\ndemo: {service.written} events written in transactions, {got} delivered and decoded",
-                file=sys.stderr,
-            )
-            print(json.dumps({"written": service.written, "delivered": got}))
+                relay = _replay(settings, relay, shipping, service.written, stop, threads)
+            _report(service, shipping, got)
     except KeyboardInterrupt:
         print("\ndemo: interrupted, stopping", file=sys.stderr)
     finally:
-        stop.set()
-        if shipping is not None:
-            shipping.inbox.stop()
-        if relay is not None:
-            relay.stop()
-        for t in threads:
-            t.join(timeout=30)
-        if stack is not None:
-            stack.stop()
-            shutil.rmtree(stack.base_dir, ignore_errors=True)
+        _wind_down(stop, [shipping.inbox if shipping else None, relay], threads, stack)
     return 0
+
+
+def _local_stack(settings: Settings) -> tuple[Any, Settings]:
+    """A local MongoDB replica set and Kafka broker in a temporary folder, and the settings for them."""
+    from relay.dev.stack import LocalStack
+
+    stack = LocalStack.in_temp_dir()
+    print(f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...", file=sys.stderr, flush=True)
+    stack.start()
+    print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
+    return stack, settings.replace(mongodb_uri=stack.mongo.uri, kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
+
+
+def _report(service: DemoService, shipping: ShippingService, delivered: int) -> None:
+    print(shipping.summary(), flush=True)
+    print(
+        f"\ndemo: {service.written} events written in transactions, {delivered} delivered and decoded", file=sys.stderr
+    )
+    print(json.dumps({"written": service.written, "delivered": delivered}))
+
+
+def _wind_down(stop: threading.Event, stoppable: list[Any], threads: list[threading.Thread], stack: Any) -> None:
+    """Stop the writer, the inbox and the relay; wait for their threads; then stop the local stack
+    by pid and remove it."""
+    stop.set()
+    for part in stoppable:
+        if part is not None:
+            part.stop()
+    for t in threads:
+        t.join(timeout=30)
+    if stack is not None:
+        stack.stop()
+        shutil.rmtree(stack.base_dir, ignore_errors=True)

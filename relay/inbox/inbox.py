@@ -46,8 +46,8 @@ class Inbox:
     """Exactly-once effects for a consumer whose state is in MongoDB.
 
     `collection` holds the inbox records (one per event and consumer group; several services may
-    share it). Options: `retention` (how long a record is kept, default 7 days: a TTL index the
-    inbox creates or changes), `registry` (a prometheus_client CollectorRegistry for the metrics;
+    share it). Options: `retention` (how long a record is kept, a timedelta or seconds, default
+    7 days: a TTL index the inbox creates or changes), `registry` (a prometheus_client CollectorRegistry for the metrics;
     a new one by default, see `registry`), `schema_folder` (the writer schemas; default the
     bundled `schemas/`).
     """
@@ -56,7 +56,7 @@ class Inbox:
         self,
         collection: Collection[Any],
         *,
-        retention: dt.timedelta = DEFAULT_RETENTION,
+        retention: dt.timedelta | float = DEFAULT_RETENTION,
         registry: Any = None,
         schema_folder: SchemaFolder | None = None,
     ) -> None:

@@ -9,7 +9,7 @@
 | `relay_inbox_dead_letters_total{topic}` | counter | poison events sent to the dead-letter topic |
 | `relay_inbox_transaction_retries_total` | counter | batch transactions run again after a transient error (write conflict, primary change) |
 | `relay_inbox_batches_total` | counter | batch transactions committed |
-| `relay_inbox_batch_seconds` | histogram | from the start of a batch's transaction to its Kafka offset commit |
+| `relay_inbox_batch_seconds` | histogram | a batch's MongoDB transaction, from its start to its commit (retries included) |
 | `relay_inbox_lag_messages{topic,partition}` | gauge | the partition's end offset minus the offset committed last (as last fetched) |
 """
 
@@ -51,7 +51,7 @@ class InboxMetrics:
         )
         self.batches = Counter("relay_inbox_batches", "Batch transactions committed", registry=r)
         self.batch_seconds = Histogram(
-            "relay_inbox_batch_seconds", "From a batch's transaction start to its offset commit", registry=r
+            "relay_inbox_batch_seconds", "A batch's MongoDB transaction, start to commit", registry=r
         )
         self.lag = Gauge(
             "relay_inbox_lag_messages", "End offset minus committed offset", ["topic", "partition"], registry=r

@@ -67,7 +67,11 @@ def is_infrastructure(exc: BaseException) -> bool:
 class InboxStore:
     """The inbox collection of one consumer group."""
 
-    def __init__(self, collection: Collection[Any], group_id: str, retention: dt.timedelta = DEFAULT_RETENTION) -> None:
+    def __init__(
+        self, collection: Collection[Any], group_id: str, retention: dt.timedelta | float = DEFAULT_RETENTION
+    ) -> None:
+        if not isinstance(retention, dt.timedelta):
+            retention = dt.timedelta(seconds=retention)  # a number of seconds
         if retention.total_seconds() < 1:
             raise ValueError(f"retention must be at least 1 s, got {retention}")
         self.collection = collection.with_options(write_concern=WriteConcern("majority"))

@@ -156,3 +156,21 @@ def test_events_decode_to_the_outbox_fields_in_both_envelopes(env):
     assert a.occurred_at == typed.occurred_at and a.topic == env.topic()
     assert b.payload == {"ref": oid, "price": Decimal128("12.345"), "seq": 7, "when": at}
     assert b.occurred_at == at and b.headers is None and b.event_type == "Noted"
+
+
+def test_records_are_unique_per_group_and_expire_after_the_retention_which_can_change(env):
+    from pymongo.errors import DuplicateKeyError
+
+    from relay.inbox.store import InboxStore
+
+    InboxStore(env.db[INBOX], "shipping").ensure_indexes()
+    indexes = env.db[INBOX].index_information()
+    assert indexes["retention"]["expireAfterSeconds"] == 7 * 24 * 3600 and indexes["retention"]["key"] == [
+        ("processedAt", 1)]
+    assert indexes["group_event"]["unique"] is True
+    InboxStore(env.db[INBOX], "shipping", dt.timedelta(days=2)).ensure_indexes()  # changed: collMod
+    assert env.db[INBOX].index_information()["retention"]["expireAfterSeconds"] == 2 * 24 * 3600
+    env.db[INBOX].insert_one({"group": "shipping", "eventId": "e1"})
+    env.db[INBOX].insert_one({"group": "billing", "eventId": "e1"})  # another group may share the collection
+    with pytest.raises(DuplicateKeyError):
+        env.db[INBOX].insert_one({"group": "shipping", "eventId": "e1"})
