@@ -27,6 +27,7 @@ from pymongo.database import Database
 from relay.avro.folder import SchemaFolder
 from relay.commands.tail import to_json
 from relay.config import Settings
+from relay.inbox import Inbox, InboxEvent
 from relay.outbox import FieldNames, Outbox, OutboxEvent
 
 _FLOW = ["OrderCreated", "OrderPaid", "OrderShipped"]
@@ -65,6 +66,81 @@ class DemoService:
             ahead = self.written / rate - (time.monotonic() - started)
             if ahead > 0:
                 stop.wait(ahead)
+
+
+class ShippingService:
+    """A downstream service consuming the orders through the inbox (relay.inbox): each order's
+    shipment document lists the order's steps, each applied exactly once, in order, however
+    often the relay delivers it."""
+
+    GROUP = "demo-shipping"
+
+    def __init__(self, db: Database[Any], settings: Settings, topic: str) -> None:
+        self.db = db
+        self.inbox = Inbox(db.demo_inbox)
+        self.topic = topic
+        kafka = {k: v for k, v in settings.kafka_client_config().items() if k != "bootstrap.servers"}
+        self.run_options: dict[str, Any] = {
+            "topics": [topic],
+            "group_id": self.GROUP,
+            "bootstrap_servers": settings.kafka_bootstrap_servers,
+            "kafka": kafka,
+        }
+
+    def handle(self, event: InboxEvent, session: Any) -> None:
+        self.db.shipments.update_one(
+            {"_id": event.aggregate_id},
+            {"$push": {"steps": event.event_type}, "$set": {"amount": event.payload.get("amount")}},
+            upsert=True,
+            session=session,
+        )
+
+    def run(self) -> None:
+        self.inbox.run(self.handle, **self.run_options)
+
+    def count(self, metric: str) -> int:
+        return int(self.inbox.registry.get_sample_value(metric, {"topic": self.topic}) or 0)
+
+    def wait(self, metric: str, at_least: int, timeout_s: float, stop: threading.Event) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.count(metric) < at_least and time.monotonic() < deadline and not stop.is_set():
+            stop.wait(0.1)
+
+    def summary(self) -> str:
+        shipments = list(self.db.shipments.find().sort("_id").limit(3))
+        lines = [f"shipping: {s['_id']} steps={s['steps']} amount={s.get('amount')}" for s in shipments]
+        applied = self.count("relay_inbox_events_processed_total")
+        skipped = self.count("relay_inbox_duplicates_skipped_total")
+        total = self.db.shipments.count_documents({})
+        lines.append(
+            f"shipping service (inbox): {applied} events applied to {total} shipments, {skipped} duplicates skipped"
+        )
+        return "\n".join(lines)
+
+
+def _replay(
+    settings: Settings,
+    relay: Any,
+    shipping: ShippingService,
+    events: int,
+    stop: threading.Event,
+    threads: list[threading.Thread],
+) -> Any:
+    """Show the inbox at work: reset the relay's checkpoint, so it publishes every event again at
+    new offsets (what a crash does to the events after the checkpoint); the inbox skips them."""
+    from relay.commands.status import reset_checkpoint
+    from relay.wiring import build
+
+    shipping.wait("relay_inbox_events_processed_total", events, 60, stop)
+    relay.stop()
+    print("demo: resetting the relay's checkpoint: it publishes every event again", file=sys.stderr, flush=True)
+    reset_checkpoint(settings, force=True)
+    replayed = build(settings.replace(http_port=0))
+    thread = threading.Thread(target=replayed.run, name="relay-replay", daemon=True)
+    thread.start()
+    threads.append(thread)
+    shipping.wait("relay_inbox_duplicates_skipped_total", events, 60, stop)
+    return replayed
 
 
 def _json_text(payload: Any) -> str:
@@ -119,50 +195,66 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
 
     stack: LocalStack | None = None
     if not (os.environ.get("RELAY_MONGODB_URI") or os.environ.get("RELAY_KAFKA_BOOTSTRAP_SERVERS")):
-        stack = LocalStack.in_temp_dir()
-        print(
-            f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        stack.start()
-        settings = settings.replace(mongodb_uri=stack.mongo.uri, kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
-        print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
+        stack, settings = _local_stack(settings)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     relay: Relay[Any] | Group | None = None
+    shipping: ShippingService | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
-        AdminClient(dict(settings.kafka_client_config())).create_topics(
-            [NewTopic(topic, 3, 1)]
-        )  # if it exists already, the returned error is ignored
-        client: MongoClient[Any]
-        with MongoClient(settings.mongodb_uri) as client:
+        AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])  # exists: ignored
+        with MongoClient[dict[str, Any]](settings.mongodb_uri) as client:
             db: Database[Any] = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
             service = DemoService(db, settings.outbox_collection, settings.parts().encoding.fields)
+            shipping = ShippingService(db, settings, topic)
             relay = build(settings.replace(http_port=0))
             threads = [
                 threading.Thread(target=relay.run, name="relay", daemon=True),
                 threading.Thread(target=service.run, args=(stop, rate, events), name="service", daemon=True),
+                threading.Thread(target=shipping.run, name="shipping", daemon=True),
             ]
             for t in threads:
                 t.start()
             got = _printer(SchemaFolder.bundled(), settings, topic, events, stop)
-            print(
-                f"\ndemo: {service.written} events written in transactions, {got} delivered and decoded",
-                file=sys.stderr,
-            )
-            print(json.dumps({"written": service.written, "delivered": got}))
+            if events is not None and got >= events:
+                relay = _replay(settings, relay, shipping, service.written, stop, threads)
+            _report(service, shipping, got)
     except KeyboardInterrupt:
         print("\ndemo: interrupted, stopping", file=sys.stderr)
     finally:
-        stop.set()
-        if relay is not None:
-            relay.stop()
-        for t in threads:
-            t.join(timeout=30)
-        if stack is not None:
-            stack.stop()
-            shutil.rmtree(stack.base_dir, ignore_errors=True)
+        _wind_down(stop, [shipping.inbox if shipping else None, relay], threads, stack)
     return 0
+
+
+def _local_stack(settings: Settings) -> tuple[Any, Settings]:
+    """A local MongoDB replica set and Kafka broker in a temporary folder, and the settings for them."""
+    from relay.dev.stack import LocalStack
+
+    stack = LocalStack.in_temp_dir()
+    print(f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...", file=sys.stderr, flush=True)
+    stack.start()
+    print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
+    return stack, settings.replace(mongodb_uri=stack.mongo.uri, kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
+
+
+def _report(service: DemoService, shipping: ShippingService, delivered: int) -> None:
+    print(shipping.summary(), flush=True)
+    print(
+        f"\ndemo: {service.written} events written in transactions, {delivered} delivered and decoded", file=sys.stderr
+    )
+    print(json.dumps({"written": service.written, "delivered": delivered}))
+
+
+def _wind_down(stop: threading.Event, stoppable: list[Any], threads: list[threading.Thread], stack: Any) -> None:
+    """Stop the writer, the inbox and the relay; wait for their threads; then stop the local stack
+    by pid and remove it."""
+    stop.set()
+    for part in stoppable:
+        if part is not None:
+            part.stop()
+    for t in threads:
+        t.join(timeout=30)
+    if stack is not None:
+        stack.stop()
+        shutil.rmtree(stack.base_dir, ignore_errors=True)

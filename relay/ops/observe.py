@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
 
@@ -266,9 +266,10 @@ class Observer:
         )
 
 
-def write_stop_line(exc: BaseException) -> None:
+def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) -> None:
     """The one ERROR line of a stop: the kind, the event, the reason, the exit code, and the
-    driver's error that caused it (`cause`, when the relay's error was raised from one)."""
+    driver's error that caused it (`cause`, when the relay's error was raised from one); `where`
+    adds fields that locate the event (the inbox's topic, partition and offset)."""
     kind = type(exc).__name__
     exit_code = getattr(exc, "exit_code", EXIT_FATAL)
     event_id = getattr(exc, "event_id", None)
@@ -284,6 +285,7 @@ def write_stop_line(exc: BaseException) -> None:
             "reason": reason,
             "exit_code": exit_code,
             "cause": cause_of(exc),
+            **(where or {}),
         },
     )
 

@@ -1,0 +1,79 @@
+"""`Inbox.run`'s options: one frozen object, every field with its default, checked once at start.
+
+Unknown options and librdkafka settings the inbox owns raise `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from relay.core.config import POISON_POLICIES
+from relay.core.errors import ConfigError
+
+# librdkafka settings the guarantee rests on: set by the inbox, refused in `kafka`.
+FORCED_CONSUMER_SETTINGS = {
+    "isolation.level": "read_committed",  # messages of aborted Kafka transactions are never seen
+    "enable.auto.commit": "false",  # offsets are committed only after the MongoDB transaction
+    "enable.auto.offset.store": "false",
+}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What `Inbox.run(handler, *, topics, group_id, bootstrap_servers, **options)` takes."""
+
+    topics: tuple[str, ...]
+    group_id: str
+    bootstrap_servers: str
+    batch_max_events: int = 500  # messages per MongoDB transaction, at most
+    batch_max_ms: int = 200  # how long a batch gathers after its first message, at most
+    poll_timeout_s: float = 0.5  # longest wait in one poll: how quickly stop() is noticed when idle
+    on_poison: str = "stop"  # `stop` or `dead-letter`, as RELAY_ON_POISON
+    dead_letter_topic: str = "outbox.deadletter"  # as RELAY_DEAD_LETTER_TOPIC
+    auto_offset_reset: str = "earliest"  # where a group without committed offsets starts
+    schema_registry_url: str = ""  # the Confluent wire format's registry ("" : single-object only)
+    retry_backoff_max_s: float = 10.0  # the longest wait before a batch whose transaction failed is retried
+    kafka: Mapping[str, str] = field(default_factory=dict)  # more librdkafka settings for both clients
+
+    def __post_init__(self) -> None:
+        if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
+            raise ConfigError("topics", f"must be a non-empty list of topic names, got {self.topics!r}")
+        for name in ("group_id", "bootstrap_servers"):
+            if not getattr(self, name):
+                raise ConfigError(name, "must be set")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+                raise ConfigError(f.name, f"must be greater than 0, got {value}")
+        if self.on_poison not in POISON_POLICIES:
+            raise ConfigError("on_poison", f"must be one of {', '.join(POISON_POLICIES)}; got {self.on_poison!r}")
+        for key in self.kafka:
+            if key in FORCED_CONSUMER_SETTINGS or key in ("group.id", "bootstrap.servers"):
+                raise ConfigError(f"kafka[{key!r}]", "is set by the inbox (or by its own option); remove it")
+
+    @classmethod
+    def of(cls, topics: Any, group_id: str, bootstrap_servers: str, options: Mapping[str, Any]) -> RunOptions:
+        """The options of one `run` call; an unknown option raises ConfigError naming it."""
+        known = {f.name for f in fields(cls)} - {"topics", "group_id", "bootstrap_servers"}
+        for name in options:
+            if name not in known:
+                raise ConfigError(name, f"is not an option of Inbox.run (known: {', '.join(sorted(known))})")
+        names = (topics,) if isinstance(topics, str) else tuple(topics)
+        return cls(names, group_id, bootstrap_servers, **options)
+
+    def consumer_config(self) -> dict[str, str]:
+        """The consumer's librdkafka configuration."""
+        return {
+            **{k: str(v) for k, v in self.kafka.items()},
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group_id,
+            "auto.offset.reset": self.auto_offset_reset,
+            **FORCED_CONSUMER_SETTINGS,
+        }
+
+    def producer_config(self) -> dict[str, str]:
+        """The dead-letter producer's configuration: idempotent, acks=all."""
+        plain = {k: str(v) for k, v in self.kafka.items() if not k.startswith(("session.", "max.poll", "fetch."))}
+        return {**plain, "bootstrap.servers": self.bootstrap_servers, "enable.idempotence": "true", "acks": "all"}

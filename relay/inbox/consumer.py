@@ -1,0 +1,140 @@
+"""The Kafka side: a consumer in the group that hands out batches and commits what was applied.
+
+Contracts:
+- `isolation.level=read_committed` (the messages of the relay's aborted Kafka transactions are
+  never seen) and `enable.auto.commit=false`: offsets move only through `commit`, which the inbox
+  calls after the batch's MongoDB transaction committed (relay.inbox.config forces both).
+- Rebalances happen only inside `gather` (librdkafka runs the callbacks inside `consume`), never
+  while a batch is being applied. On a revocation (or a lost assignment) the messages of the
+  revoked partitions are dropped from the batch being gathered (`batching.without_partitions`),
+  so nothing is applied or committed for a partition this consumer lost; the new owner reads them
+  from the committed offset.
+- A failed offset commit is logged and ignored: the events stay recorded in the inbox, so the
+  consumer that reads them again skips them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from relay.inbox.batching import BatchLimits, without_partitions
+from relay.inbox.config import RunOptions
+from relay.inbox.decoding import header_dict
+
+log = logging.getLogger("relay.inbox")
+
+
+@dataclass(frozen=True)
+class Received:
+    """One consumed message, detached from librdkafka's object."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    raw_headers: list[tuple[str, str | bytes | None]]
+
+    @classmethod
+    def of(cls, msg: Message) -> Received:
+        given = msg.headers() or []
+        raw = list(given.items()) if isinstance(given, dict) else list(given)
+        return cls(str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0), msg.key(), msg.value(), raw)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return header_dict(self.raw_headers)
+
+
+class KafkaSource:
+    """The group's consumer: `gather` a batch, `commit` its offsets, `close` on the way out."""
+
+    def __init__(self, options: RunOptions) -> None:
+        self._options = options
+        self._consumer = Consumer(options.consumer_config())
+        self._batch: list[Received] = []
+        self.revocations = 0
+        self._consumer.subscribe(
+            list(options.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %s", _names(partitions), extra={"partitions": _names(partitions)})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {(p.topic, p.partition) for p in partitions}
+        before = len(self._batch)
+        self._batch[:] = without_partitions(self._batch, lost)
+        self.revocations += 1
+        log.info(
+            "revoked %s; %d messages of them dropped from the batch being gathered",
+            _names(partitions),
+            before - len(self._batch),
+            extra={"partitions": _names(partitions)},
+        )
+
+    def gather(self, limits: BatchLimits, stop: threading.Event) -> list[Received]:
+        """The next batch, in delivery order; [] after an idle poll or when `stop` is set first.
+
+        Closes at `limits` (count, or time since the first message) or when a poll returns nothing.
+        """
+        self._batch = []
+        first_at: float | None = None
+        while not stop.is_set() and not limits.closed(len(self._batch), first_at, time.monotonic()):
+            if first_at is None:
+                timeout = self._options.poll_timeout_s
+            else:
+                timeout = max(first_at + limits.max_seconds - time.monotonic(), 0.0)
+            messages = self._consumer.consume(limits.room(len(self._batch)), timeout)
+            for msg in messages:
+                if msg.error() is None:
+                    self._batch.append(Received.of(msg))
+                else:
+                    _consumer_error(msg.error())
+            if not self._batch or (not messages and first_at is not None):
+                break
+            first_at = first_at or time.monotonic()
+        return self._batch
+
+    def commit(self, offsets: dict[tuple[str, int], int]) -> bool:
+        """Commit `offsets` (next offset to read per partition) synchronously; False if it failed."""
+        if not offsets:
+            return True
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
+            )
+        except KafkaException as exc:
+            log.warning("offset commit failed (redelivered events will be skipped): %s", exc, extra={"cause": str(exc)})
+            return False
+        return True
+
+    def end_offset(self, topic: str, partition: int) -> int | None:
+        """The partition's end offset as last fetched (no request), or None when not known yet."""
+        try:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        except KafkaException:
+            return None
+        return int(high) if high is not None and high >= 0 else None
+
+    def close(self) -> None:
+        """Leave the group (the partitions go to the other members at once)."""
+        self._consumer.close()
+
+
+def _names(partitions: list[TopicPartition]) -> list[str]:
+    return [f"{p.topic}[{p.partition}]" for p in partitions]
+
+
+def _consumer_error(error: Any) -> None:
+    if error.code() == KafkaError._PARTITION_EOF:
+        return
+    if error.fatal():
+        raise KafkaException(error)
+    log.warning("consumer error: %s", error, extra={"cause": str(error)})

@@ -1,0 +1,123 @@
+"""Helpers for the inbox's server tests: a downstream service's handler, the inbox on a thread or
+in a child process, and the oracle: effects compared with the outbox.
+
+The handler of every scenario appends the event's per-aggregate sequence number (`seq`, written by
+tests.support.write_events in commit order, starting at 1) to the aggregate's effect document, in
+the inbox's transaction. Exactly-once effects in the relay's order then mean: for every aggregate,
+the effect document's `seqs` is exactly 1, 2, ..., n, n being how many events the outbox holds for
+it. One comparison catches a lost event, an event applied twice and a reordering.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pymongo.client_session import ClientSession
+
+from relay.inbox import Inbox, InboxEvent
+from tests.support import ROOT, Written, wait_until
+
+EFFECTS = "effects"
+INBOX = "inbox"
+
+
+def effects_handler(db: Any, fail_on: Callable[[InboxEvent], bool] | None = None) -> Callable[[InboxEvent, ClientSession], None]:
+    """The downstream service: one `update_one` per event, in the inbox's session."""
+    def handle(event: InboxEvent, session: ClientSession) -> None:
+        if fail_on is not None and fail_on(event):
+            raise ValueError(f"refusing {event.event_id}")
+        db[EFFECTS].update_one({"_id": event.aggregate_id}, {"$push": {"seqs": event.payload["seq"]}},
+                               upsert=True, session=session)
+    return handle
+
+
+def effects(db: Any) -> dict[str, list[int]]:
+    return {doc["_id"]: doc["seqs"] for doc in db[EFFECTS].find()}
+
+
+def applied_count(db: Any) -> int:
+    return sum(len(s) for s in effects(db).values())
+
+
+def assert_effects_exactly_once_in_order(db: Any, written: Written, except_ids: set[str] = frozenset()) -> None:
+    """Every outbox event applied once, per aggregate in commit order (`except_ids`: poison events)."""
+    got = effects(db)
+    bad = []
+    for agg, ids in written.per_aggregate.items():
+        want = [i + 1 for i, eid in enumerate(ids) if eid not in except_ids]
+        if got.get(agg, []) != want:
+            bad.append(f"{agg}: applied {got.get(agg, [])[:20]} want {want[:20]}")
+    assert not bad, f"{len(bad)} aggregates wrong, e.g. {bad[:3]}"
+    assert set(got) <= set(written.per_aggregate), "effects for aggregates never written"
+
+
+def wait_applied(db: Any, count: int, timeout: float = 90, alive: Callable[[], None] | None = None) -> None:
+    wait_until(lambda: applied_count(db) >= count, timeout, f"{count} events applied", interval=0.3, alive=alive)
+
+
+class InboxThread:
+    """`Inbox.run` on a thread (stopped with `Inbox.stop`); its error, if it raised."""
+
+    def __init__(self, db: Any, handler: Callable[..., None], **run: Any) -> None:
+        self.inbox = Inbox(db[INBOX])
+        self.run_kwargs = run
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(handler,), daemon=True)
+
+    def _run(self, handler: Callable[..., None]) -> None:
+        try:
+            self.inbox.run(handler, **self.run_kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+
+    def check_alive(self) -> None:
+        if not self.thread.is_alive():
+            raise RuntimeError(f"the inbox stopped: {self.error!r}") from self.error
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.inbox.registry.get_sample_value(name, labels) or 0.0
+
+    def __enter__(self) -> InboxThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.inbox.stop()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the inbox did not stop"
+
+
+class InboxProcess:
+    """tests/inbox_service.py as a child process (SIGKILLed by the kill test; stopped by pid)."""
+
+    def __init__(self, log_path: Path, mongodb_uri: str, database: str, topic: str, group: str, bootstrap: str) -> None:
+        self.args = [mongodb_uri, database, topic, group, bootstrap]
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> InboxProcess:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.inbox_service", *self.args], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()

@@ -1,0 +1,180 @@
+"""The inbox's rules with in-memory values, no server: what a batch runs, what it skips, which
+offsets it commits, where it stops at a poison message, what a rebalance drops; run's options;
+decoding in both framings and envelopes (the Confluent one through confluent-kafka's mock
+registry, `mock://`); the dead-letter record."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from bson import Decimal128, ObjectId
+
+from relay.avro.folder import SchemaFolder
+from relay.config import Settings
+from relay.core.errors import ConfigError
+from relay.inbox import InboxEvent
+from relay.inbox.batching import (
+    BatchLimits,
+    Poisoned,
+    offsets_to_commit,
+    plan,
+    split_at_poison,
+    without_partitions,
+)
+from relay.inbox.config import RunOptions
+from relay.inbox.decoding import EventDecoder, UndecodableMessageError
+from relay.inbox.poison import HEADER_SOURCE, dead_letter
+from relay.mongo.codecs import insert_change
+from relay.outbox import OutboxEvent
+from relay.wiring import message_builder
+
+TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
+
+
+@dataclass(frozen=True)
+class Msg:
+    """A consumed, decoded message as the rules see it."""
+
+    event_id: str
+    partition: int
+    offset: int
+    topic: str = "t"
+
+
+def ids(events) -> list[str]:
+    return [e.event_id for e in events]
+
+
+# ---- what runs, what is skipped ---------------------------------------------------------------
+
+def test_events_already_recorded_are_skipped_and_the_rest_run_in_delivery_order():
+    batch = [Msg("a", 0, 1), Msg("b", 0, 2), Msg("c", 1, 7), Msg("d", 0, 3)]
+    result = plan(batch, recorded={"b", "x"})
+    assert ids(result.run) == ["a", "c", "d"]
+    assert ids(result.skip) == ["b"]
+
+
+def test_a_duplicate_inside_one_batch_runs_once_the_first_time_it_appears():
+    batch = [Msg("a", 0, 1), Msg("b", 1, 4), Msg("a", 2, 9), Msg("b", 1, 5)]  # a relay replay, new offsets
+    result = plan(batch, recorded=set())
+    assert [(e.event_id, e.offset) for e in result.run] == [("a", 1), ("b", 4)]
+    assert [(e.event_id, e.offset) for e in result.skip] == [("a", 9), ("b", 5)]
+
+
+def test_a_batch_of_only_duplicates_runs_nothing_but_still_commits_its_offsets():
+    batch = [Msg("a", 0, 10), Msg("b", 0, 11)]
+    assert plan(batch, recorded={"a", "b"}).run == []
+    assert offsets_to_commit(batch) == {("t", 0): 12}
+
+
+# ---- offsets ------------------------------------------------------------------------------------
+
+def test_offsets_to_commit_are_one_past_the_last_message_of_each_partition_in_the_batch():
+    batch = [Msg("a", 0, 5), Msg("b", 1, 3), Msg("c", 0, 6), Msg("d", 1, 4), Msg("e", 2, 0, topic="u")]
+    assert offsets_to_commit(batch) == {("t", 0): 7, ("t", 1): 5, ("u", 2): 1}
+    assert offsets_to_commit([]) == {}
+
+
+# ---- poison messages ----------------------------------------------------------------------------
+
+def test_a_batch_is_applied_only_up_to_its_first_poison_message():
+    poison = Poisoned("t", 1, 8, "p", "cannot decode")
+    later = Poisoned("t", 0, 9, None, "cannot decode")
+    batch = [Msg("a", 0, 7), poison, Msg("b", 0, 8), later, Msg("c", 1, 9)]
+    head, found, rest = split_at_poison(batch)
+    assert ids(head) == ["a"] and found is poison
+    assert rest == [Msg("b", 0, 8), later, Msg("c", 1, 9)]
+    # Nothing after the poison message is committed with the head: not even other partitions'.
+    assert offsets_to_commit(head) == {("t", 0): 8}
+
+
+def test_a_batch_without_poison_is_applied_whole():
+    batch = [Msg("a", 0, 7), Msg("b", 1, 8)]
+    assert split_at_poison(batch) == (batch, None, [])
+
+
+# ---- rebalances -----------------------------------------------------------------------------------
+
+def test_a_revocation_drops_the_lost_partitions_messages_from_the_batch_being_gathered():
+    batch = [Msg("a", 0, 1), Msg("b", 1, 1), Msg("c", 2, 1), Msg("d", 1, 2)]
+    kept = without_partitions(batch, {("t", 1)})
+    assert ids(kept) == ["a", "c"]
+    assert ("t", 1) not in offsets_to_commit(kept)
+
+
+# ---- batch limits ---------------------------------------------------------------------------------
+
+def test_a_batch_closes_at_its_event_count_or_its_time_after_the_first_message():
+    limits = BatchLimits(max_events=3, max_seconds=0.2)
+    assert not limits.closed(0, None, 100.0)  # nothing yet: keep polling
+    assert not limits.closed(2, 100.0, 100.1)
+    assert limits.closed(2, 100.0, 100.2)
+    assert limits.closed(3, 100.0, 100.0)
+    assert limits.room(2) == 1 and limits.room(5) == 0
+    with pytest.raises(ValueError, match="positive"):
+        BatchLimits(max_events=0)
+
+
+# ---- options ---------------------------------------------------------------------------------------
+
+def test_run_options_force_read_committed_and_manual_commits_and_name_bad_keys():
+    opts = RunOptions.of(["x"], "g", "b:9092", {"kafka": {"fetch.min.bytes": "1"}})
+    conf = opts.consumer_config()
+    assert conf["isolation.level"] == "read_committed" and conf["enable.auto.commit"] == "false"
+    assert conf["group.id"] == "g" and conf["fetch.min.bytes"] == "1"
+    assert RunOptions.of("x", "g", "b", {}).topics == ("x",)
+    with pytest.raises(ConfigError, match="batch_size"):
+        RunOptions.of(["x"], "g", "b", {"batch_size": 3})
+    with pytest.raises(ConfigError, match="enable.auto.commit"):
+        RunOptions.of(["x"], "g", "b", {"kafka": {"enable.auto.commit": "true"}})
+    with pytest.raises(ConfigError, match="on_poison"):
+        RunOptions.of(["x"], "g", "b", {"on_poison": "skip"})
+    with pytest.raises(ConfigError, match="topics"):
+        RunOptions.of([], "g", "b", {})
+
+
+# ---- decoding ---------------------------------------------------------------------------------------
+
+def _message(doc: dict, schema_registry_url: str = ""):
+    settings = Settings().replace(schema_registry_url=schema_registry_url)
+    return message_builder(settings, SchemaFolder.bundled()).build(insert_change(doc, TOKEN, delivered=True), 1)
+
+
+@pytest.mark.parametrize("framing", ["single-object", "confluent"])
+def test_both_envelopes_decode_to_the_outbox_fields_in_both_framings(framing):
+    url = f"mock://{uuid.uuid4().hex}" if framing == "confluent" else ""
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+    oid = ObjectId()
+    typed = OutboxEvent.new("order", "o-1", "OrderCreated", {"orderId": "o-1", "amount": 9.5, "step": 1},
+                            occurred_at=at, headers={"team": "blue"}, trace_context=False)
+    generic = OutboxEvent.new("order", "o-1", "Noted", {"ref": oid, "n": Decimal128("1.10"), "at": at},
+                              occurred_at=at, trace_context=False)
+    decoder = EventDecoder(schema_registry_url=url)
+    for event in (typed, generic):
+        msg = _message(event.to_document(), url)
+        got = decoder.decode(msg.topic, 2, 41, msg.value, {k: v.decode() for k, v in msg.headers})
+        want = InboxEvent(event.id_str, "order", "o-1", event.event_type, dict(event.payload), at,
+                          dict(event.headers) if event.headers else None, msg.topic, 2, 41)
+        assert got == want
+
+
+def test_values_the_relay_did_not_write_are_undecodable_with_the_reason():
+    decoder = EventDecoder()
+    with pytest.raises(UndecodableMessageError, match="single-object"):
+        decoder.decode("t", 0, 0, b"{\"id\": 1}", {})
+    with pytest.raises(UndecodableMessageError, match="no value"):
+        decoder.decode("t", 0, 0, None, {})
+    with pytest.raises(UndecodableMessageError, match="Schema Registry"):
+        decoder.decode("t", 0, 0, b"\x00\x00\x00\x00\x01rest", {})
+
+
+def test_a_dead_letter_keeps_the_message_and_adds_the_reason_and_where_it_came_from():
+    poisoned = Poisoned("orders", 2, 41, "e-1", "handler raised ValueError: no")
+    letter = dead_letter(poisoned, "dlq", "shipping", b"k", b"v", [("ce_type", b"X")])
+    headers = dict(letter.headers)
+    assert (letter.topic, letter.key, letter.value) == ("dlq", b"k", b"v")
+    assert headers["relay_dead_letter_reason"] == b"handler raised ValueError: no"
+    assert headers[HEADER_SOURCE] == b"orders/2/41" and headers["ce_id"] == b"e-1" and headers["ce_type"] == b"X"
