@@ -4,8 +4,10 @@
 #   native       the relay's wheel, with its compiled hot path (native/, Rust): the only stage
 #                with a compiler (the Rust image's cargo and gcc); Debian 12's Python 3.11
 #                builds a cp311 wheel the python:3.11 stages install
-#   build        a virtual environment in /opt/venv with the relay and its dependencies
-#   spark-build  the same plus PySpark and the Spark connector jars (resolved with Maven here)
+#   deps         a virtual environment in /opt/venv with the relay's dependencies (cached while
+#                only the relay's sources change)
+#   build        deps plus the relay
+#   spark-build  deps plus PySpark, the relay and the Spark connector jars (resolved with Maven)
 #   pipeline     `outbox-relay pipeline ...` (docker-compose profile "spark"): JRE, no Maven
 #   relay        the default target (last stage): the relay alone, as a non-root user
 #
@@ -21,37 +23,51 @@ FROM ${RUST_IMAGE} AS native
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv /opt/wheel-build
+    && python3 -m venv /opt/wheel-build \
+    && /opt/wheel-build/bin/pip install --no-cache-dir --upgrade pip
 WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY schemas ./schemas
 COPY relay ./relay
 COPY native ./native
-RUN /opt/wheel-build/bin/pip install --no-cache-dir --upgrade pip \
-    && /opt/wheel-build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# cargo's build folder is a cache mount: when only relay/ changes, the crate is not compiled again.
+RUN --mount=type=cache,target=/src/native/target \
+    /opt/wheel-build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${PYTHON_IMAGE} AS deps
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY --from=native /wheels /wheels
+# The relay's dependencies from pyproject.toml and constraints.txt alone: this layer (and the
+# Spark one on top) stays cached when only the relay's sources change.
 COPY pyproject.toml README.md constraints.txt ./
+RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+       > /tmp/requirements.txt \
+    && pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt
+
+
+FROM deps AS build
+COPY --from=native /wheels /wheels
 COPY schemas ./schemas
 COPY relay ./relay
 RUN pip install --no-cache-dir -c constraints.txt /wheels/outbox_relay-*.whl
 
 
-FROM build AS spark-build
+FROM deps AS spark-build
 # hadolint ignore=DL3008
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends maven openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
 RUN pip install --no-cache-dir -c /src/constraints.txt pyspark
+COPY --from=native /wheels /wheels
+COPY schemas ./schemas
+COPY relay ./relay
+RUN pip install --no-cache-dir -c constraints.txt /wheels/outbox_relay-*.whl
 ENV RELAY_CACHE_DIR=/opt/outbox-relay-cache
 # From the source tree (sys.path[0] is /src under -m): the Maven pom lives beside the module.
 RUN python -m relay.dev.spark_jars

@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
-.PHONY: setup demo test test-fast lint bench dev-up dev-down docs clean
+.PHONY: setup containers demo test test-fast lint bench dev-up dev-down docs clean
 
 $(STAMP): pyproject.toml constraints.txt native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@command -v cargo >/dev/null || { echo "make: cargo (Rust) is needed to build relay._native from native/; install it with rustup: https://rustup.rs" >&2; exit 1; }
@@ -40,7 +40,13 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test: setup lint
+# The container tests' engine and stand-in base images (tests/containers/prepare.py): Docker when
+# one works, else Debian's podman (installed with apt-get when root); the bases are built once and
+# kept in the engine's image store. With no engine the container tests skip, saying why.
+containers: $(STAMP)
+	$(PY) -m tests.containers.prepare
+
+test: setup lint containers
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 test-fast: setup

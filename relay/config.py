@@ -53,6 +53,11 @@ __all__ = [
     "settings_parser",
 ]
 
+# RELAY_ variables that are not settings: the file to read settings from, and where the project
+# caches what it downloads (relay.cachedir; the pipeline image sets it). RELAY_DEV_*, RELAY_TEST_*
+# and RELAY_BENCH_* belong to the dev stack, the tests and the benchmarks (skipped below).
+_NOT_SETTINGS = frozenset({"RELAY_CONFIG_FILE", "RELAY_CACHE_DIR"})
+
 
 def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -291,7 +296,7 @@ class Settings:
             kafka.update(file_kafka)
         names = {f.name for f in _public_fields()}
         for key, raw in env.items():
-            if not key.startswith(ENV_PREFIX) or key == "RELAY_CONFIG_FILE":
+            if not key.startswith(ENV_PREFIX) or key in _NOT_SETTINGS:
                 continue
             name = key[len(ENV_PREFIX) :].lower()
             if name in names:

@@ -3,7 +3,7 @@
 Servers: by default a local stack (mongod replica set + Kafka broker) started for the session
 in a temporary folder and stopped by process id at the end. With RELAY_TEST_MONGODB_URI and
 RELAY_TEST_KAFKA_BOOTSTRAP set, those servers are used instead. With RELAY_TEST_DOCKER=1 (and a
-Docker engine), testcontainers start them.
+Docker API at DOCKER_HOST), testcontainers start them (tests/docker_servers.py).
 
 A Schema Registry (Apicurio, Confluent API; relay.dev.registry) is started only for the tests
 that ask for the `schema_registry` fixture (the first run fetches it with Maven, about 110 MB);
@@ -27,19 +27,6 @@ from relay.config import Settings
 from tests.support import CapturedLogs, Servers, captured_logs
 
 
-def _docker_servers() -> Iterator[Servers]:
-    from testcontainers.kafka import KafkaContainer
-    from testcontainers.mongodb import MongoDbContainer
-
-    mongo = MongoDbContainer("mongo:7.0").with_command("--replSet rs0 --bind_ip_all")
-    kafka = KafkaContainer("confluentinc/cp-kafka:7.6.0").with_kraft()
-    with mongo, kafka:
-        port = mongo.get_exposed_port(27017)
-        direct = pymongo.MongoClient(f"mongodb://localhost:{port}/?directConnection=true")
-        direct.admin.command("replSetInitiate", {"_id": "rs0", "members": [{"_id": 0, "host": f"localhost:{port}"}]})
-        yield Servers(f"mongodb://localhost:{port}/?directConnection=true", kafka.get_bootstrap_server(), None)
-
-
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
     uri, bootstrap = os.environ.get("RELAY_TEST_MONGODB_URI"), os.environ.get("RELAY_TEST_KAFKA_BOOTSTRAP")
@@ -47,7 +34,9 @@ def servers() -> Iterator[Servers]:
         yield Servers(uri, bootstrap, None)
         return
     if os.environ.get("RELAY_TEST_DOCKER") == "1":
-        yield from _docker_servers()
+        from tests.docker_servers import docker_servers
+
+        yield from docker_servers()
         return
     from relay.dev.stack import LocalStack
 
@@ -142,10 +131,12 @@ def env(servers: Servers) -> Iterator[Env]:
 # One SparkSession (a JVM) for every Spark test: three of them beside the servers of three
 # workers overload two cores (measured: 973 s against 877 s with one).
 _GROUPS = (("tests/spark/", "spark"), ("tests/interop/test_spark_from_avro.py", "spark"),
-           ("tests/integration/test_schema_registry.py", "registry"))
+           ("tests/integration/test_schema_registry.py", "registry"),
+           # One engine service and one image build for every container test.
+           ("tests/containers/", "containers"))
 # Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
 # groups, then the other server tests, the unit tests last.
-_ORDER = ("slow", "spark", "registry", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
+_ORDER = ("slow", "containers", "spark", "registry", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
           "tests/unit/")
 
 

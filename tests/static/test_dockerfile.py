@@ -89,12 +89,12 @@ def test_hadolint_would_catch_a_careless_dockerfile(tmp_path: Path):
 def test_build_is_multi_stage_with_the_relay_image_as_the_default_target():
     args, stages = _stages()
     names = [s.name for s in stages]
-    assert names == ["native", "build", "spark-build", "pipeline", "relay"], names
+    assert names == ["native", "deps", "build", "spark-build", "pipeline", "relay"], names
     assert args["PYTHON_IMAGE"].startswith("python:3.11-slim"), args
     assert args["RUST_IMAGE"].startswith("rust:") and args["RUST_IMAGE"].endswith("-bookworm"), args
     assert stages[0].base == args["RUST_IMAGE"], "the compiled hot path is built in the Rust image"
     for stage in stages[1:]:
-        assert stage.base in ("build", args["PYTHON_IMAGE"]), f"{stage.name} starts from {stage.base}"
+        assert stage.base in ("deps", args["PYTHON_IMAGE"]), f"{stage.name} starts from {stage.base}"
 
 
 def test_final_image_runs_the_relay_as_a_non_root_user_without_compilers():

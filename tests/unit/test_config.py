@@ -115,3 +115,14 @@ def test_the_parts_are_built_once_per_settings_object():
     settings = Settings()
     assert settings.parts() is settings.parts()
     assert settings.replace(batch_max_events=5).parts().loop.batch_max_events == 5
+
+
+def test_documented_variables_that_are_not_settings_are_accepted(tmp_path):
+    """RELAY_CACHE_DIR (relay.cachedir; the pipeline image sets it), RELAY_CONFIG_FILE and the
+    tests' RELAY_TEST_* variables are read elsewhere: `run` and `pipeline` must start with them."""
+    path = tmp_path / "relay.toml"
+    path.write_text('database = "from_file"\n')
+    s = Settings.load(env={"RELAY_CACHE_DIR": "/opt/outbox-relay-cache", "RELAY_CONFIG_FILE": str(path),
+                           "RELAY_TEST_DOCKER": "1", "RELAY_TEST_MONGODB_URI": "mongodb://x",
+                           "RELAY_TEST_KAFKA_BOOTSTRAP": "x:9092"})
+    assert s.database == "from_file"
