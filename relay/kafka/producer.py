@@ -7,7 +7,7 @@ instance unusable, so after any failure the relay drops this producer, builds a 
 replays from the checkpoint (docs/faults.md, "Delivery errors").
 
 `ProducerBase` holds what every producer of the relay shares: building the librdkafka instance,
-logging its client errors, and `_hand_over`, the one produce loop (each message with the
+logging its client errors, and `_produce_all`, the one produce loop (each message with the
 delivery's bound callback, serving reports while the local queue is full). `Publisher` is the
 at-least-once producer; relay.kafka.transactions builds the exactly-once one on the same base.
 """
@@ -72,7 +72,7 @@ class ProducerBase:
         important = err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN
         log.log(logging.WARNING if important else logging.DEBUG, "kafka client: %s", err)
 
-    def _hand_over(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+    def _produce_all(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         """Hand every message of `delivery` to the producer with its bound report callback,
         blocking only while the local queue is full (then serving reports and `while_waiting`).
         Raises librdkafka's KafkaException; `self._current` names the message it was handing over."""
@@ -117,7 +117,7 @@ class Publisher(ProducerBase):
         """Hand every message to the producer (blocking only while its queue is full)."""
         delivery.failures = self._failed
         try:
-            self._hand_over(delivery, while_waiting)
+            self._produce_all(delivery, while_waiting)
             self._poll(0)
         except KafkaException as exc:
             raise produce_error(exc, self._current) from exc

@@ -182,7 +182,7 @@ class TransactionalPublisher(ProducerBase):
         token = delivery.token
 
         def produce_all() -> None:
-            self._hand_over(delivery, while_waiting)
+            self._produce_all(delivery, while_waiting)
             if token is not None:
                 self._produce_record(
                     OffsetsRecord(self._lease_id, token, self._fingerprint, grant.fencing_token, grant.owner).encode()
