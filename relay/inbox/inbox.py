@@ -133,9 +133,11 @@ class Steps:
             if handler_poison is not None:
                 poisoned, rest = handler_poison, [*after, *([poisoned] if poisoned else []), *rest]
             if poisoned is None:
-                return
+                break
+            self.metrics.totals["poison"] += 1
             self._poison(session, poisoned)
             items = rest
+        self.metrics.summarize(self.options.group_id)
 
     def _decode(self, msg: Received) -> Item:
         headers = msg.headers
@@ -206,6 +208,7 @@ class Steps:
         self._commit([poisoned])
 
     def close(self) -> None:
+        self.metrics.summarize(self.options.group_id, force=True)
         try:
             self.source.close()
         finally:
