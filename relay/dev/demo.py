@@ -2,9 +2,11 @@
 
 With no servers configured (RELAY_MONGODB_URI and RELAY_KAFKA_BOOTSTRAP_SERVERS unset) it
 starts the local stack in a temporary folder. Then a demo service writes orders and their
-outbox events in transactions, the relay publishes them, and a consumer prints each decoded
-event with a progress line. `--events N` stops after N distinct events arrived; Ctrl-C stops
-earlier. Everything the demo started is stopped on the way out.
+outbox events in transactions, the relay publishes them, a consumer prints each decoded event
+with a progress line, and a shipping service consumes them through the inbox (relay.inbox).
+`--events N` stops after N distinct events arrived: then the relay's checkpoint is reset, the
+relay publishes every event again, and the shipping service's effects and skipped duplicates
+are printed. Ctrl-C stops earlier. Everything the demo started is stopped on the way out.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ offsets; then the poison policy for that message, and the same for the rest of t
 Shutdown order (SIGTERM, SIGINT or `stop()`): stop gathering; finish the batch in hand (its
 transaction and its offset commit); close the consumer, which leaves the group so the partitions
 move at once; flush the dead-letter producer. A batch whose transaction cannot commit (MongoDB
-unreachable past pymongo's retries) is retried with backoff; nothing of it is committed to Kafka
+unreachable past pymongo's retries, relay.inbox.store.retryable) is retried with backoff; nothing of it is committed to Kafka
 until it succeeds, and a stop during the wait leaves it to the next consumer.
 """
 
@@ -36,7 +36,7 @@ from relay.inbox.decoding import EventDecoder, UndecodableMessageError
 from relay.inbox.event import InboxEvent
 from relay.inbox.metrics import InboxMetrics
 from relay.inbox.poison import log_dead_letter, stop_at
-from relay.inbox.store import DEFAULT_RETENTION, Handler, HandlerError, InboxStore
+from relay.inbox.store import DEFAULT_RETENTION, Handler, HandlerError, InboxStore, retryable
 
 log = logging.getLogger("relay.inbox")
 Item = InboxEvent | Poisoned
@@ -133,9 +133,11 @@ class Steps:
             if handler_poison is not None:
                 poisoned, rest = handler_poison, [*after, *([poisoned] if poisoned else []), *rest]
             if poisoned is None:
-                return
+                break
+            self.metrics.totals["poison"] += 1
             self._poison(session, poisoned)
             items = rest
+        self.metrics.summarize(self.options.group_id)
 
     def _decode(self, msg: Received) -> Item:
         headers = msg.headers
@@ -173,7 +175,7 @@ class Steps:
             try:
                 applied = self.store.apply(session, events, self.handler)
             except PyMongoError as exc:
-                if self.stop.is_set():
+                if self.stop.is_set() or not retryable(exc):
                     raise
                 log.warning("batch transaction failed, retrying in %.1fs: %s", delay, exc, extra={"cause": str(exc)})
                 self.metrics.retries.inc()
@@ -206,6 +208,7 @@ class Steps:
         self._commit([poisoned])
 
     def close(self) -> None:
+        self.metrics.summarize(self.options.group_id, force=True)
         try:
             self.source.close()
         finally:

@@ -15,12 +15,17 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from relay.inbox.event import InboxEvent
+
+summary_log = logging.getLogger("relay.summary")
+SUMMARY_EVERY_S = 60.0
 
 
 def _per_topic(events: Iterable[InboxEvent]) -> Tally[str]:
@@ -56,9 +61,37 @@ class InboxMetrics:
         self.lag = Gauge(
             "relay_inbox_lag_messages", "End offset minus committed offset", ["topic", "partition"], registry=r
         )
+        self.totals: Tally[str] = Tally()  # for the summary line
+        self.summary_every_s = SUMMARY_EVERY_S
+        self._last_summary = time.monotonic()
+        self._summarized = 0
 
-    def applied(self, ran: Iterable[InboxEvent], skipped: Iterable[InboxEvent], attempts: int) -> None:
+    def summarize(self, group: str, force: bool = False) -> None:
+        """The periodic summary line (every `summary_every_s`, and at the end with `force`)."""
+        now = time.monotonic()
+        if not force and now - self._last_summary < self.summary_every_s:
+            return
+        interval = max(now - self._last_summary, 1e-9)
+        recent = self.totals["processed"] - self._summarized
+        self._last_summary, self._summarized = now, self.totals["processed"]
+        fields = {f"{k}_total": self.totals[k] for k in ("processed", "duplicates", "batches", "retries", "poison")}
+        summary_log.info(
+            "inbox summary: group=%s processed=%d (+%d in %.0fs, %.1f/s) duplicates=%d batches=%d retries=%d poison=%d",
+            group,
+            self.totals["processed"],
+            recent,
+            interval,
+            recent / interval,
+            self.totals["duplicates"],
+            self.totals["batches"],
+            self.totals["retries"],
+            self.totals["poison"],
+            extra={"summary": True, "group": group, "events_per_second": round(recent / interval, 2), **fields},
+        )
+
+    def applied(self, ran: Sequence[InboxEvent], skipped: Sequence[InboxEvent], attempts: int) -> None:
         """One committed batch transaction."""
+        self.totals.update(processed=len(ran), duplicates=len(skipped), batches=1, retries=attempts - 1)
         self.batches.inc()
         if attempts > 1:
             self.retries.inc(attempts - 1)

@@ -23,12 +23,14 @@ from typing import Any
 from pymongo import ASCENDING
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
-from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
+from relay.core.errors import Action
 from relay.inbox.batching import plan
 from relay.inbox.event import InboxEvent
+from relay.mongo.errors import action_for
 
 Handler = Callable[[InboxEvent, ClientSession], object]
 
@@ -55,13 +57,21 @@ class Applied:
     attempts: int
 
 
-def is_infrastructure(exc: BaseException) -> bool:
-    """Whether an error from the handler's MongoDB writes is the database's, not the event's: a
-    transaction pymongo retries (TransientTransactionError) or a lost connection. Such errors abort
-    and retry the batch; every other exception from the handler makes the event poison."""
-    if isinstance(exc, PyMongoError) and exc.has_error_label("TransientTransactionError"):
+def retryable(exc: BaseException) -> bool:
+    """The one predicate for database errors: whether a later attempt at the batch can succeed.
+
+    True for what pymongo labels transient in a transaction (TransientTransactionError,
+    UnknownTransactionCommitResult) and for what the relay restarts on (network errors, elections,
+    timeouts, write concern errors, transient codes: relay.mongo.errors.action_for). Such errors
+    retry the whole batch, also when the handler raised them. Any other error from the handler
+    makes its event poison; any other database error of the inbox's own stops `run` (e.g. no
+    replica set, or a missing privilege).
+    """
+    if isinstance(exc, PyMongoError) and (
+        exc.has_error_label("TransientTransactionError") or exc.has_error_label("UnknownTransactionCommitResult")
+    ):
         return True
-    return isinstance(exc, ConnectionFailure)
+    return action_for(exc) is Action.RESTART
 
 
 class InboxStore:
@@ -147,10 +157,10 @@ class InboxStore:
 
 
 def _call(handler: Handler, event: InboxEvent, session: ClientSession) -> None:
-    """The handler for one event; its own database errors stay the database's (retried)."""
+    """The handler for one event; its retryable database errors stay the database's (retried)."""
     try:
         handler(event, session)
     except Exception as exc:
-        if is_infrastructure(exc):
+        if retryable(exc):
             raise
         raise HandlerError(event, exc) from exc

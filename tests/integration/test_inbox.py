@@ -57,7 +57,11 @@ def test_relay_replay_after_checkpoint_reset_is_skipped_by_event_id_at_new_offse
         wait_until(lambda: inbox.metric("relay_inbox_duplicates_skipped_total", topic=env.topic()) >= 600, 60,
                    "the replayed events skipped", alive=inbox.check_alive)
         processed = inbox.metric("relay_inbox_events_processed_total", topic=env.topic())
+        lags = [inbox.inbox.registry.get_sample_value("relay_inbox_lag_messages", {"topic": env.topic(),
+                                                                                   "partition": str(p)})
+                for p in range(3)]
     assert processed == 600
+    assert lags == [0, 0, 0], lags  # every partition read to its end and committed
     assert_effects_exactly_once_in_order(env.db, written)
     assert env.db[INBOX].count_documents({"group": "shipping"}) == 600
 

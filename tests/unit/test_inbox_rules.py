@@ -178,3 +178,19 @@ def test_a_dead_letter_keeps_the_message_and_adds_the_reason_and_where_it_came_f
     assert (letter.topic, letter.key, letter.value) == ("dlq", b"k", b"v")
     assert headers["relay_dead_letter_reason"] == b"handler raised ValueError: no"
     assert headers[HEADER_SOURCE] == b"orders/2/41" and headers["ce_id"] == b"e-1" and headers["ce_type"] == b"X"
+
+
+def test_one_predicate_decides_which_database_errors_retry_the_batch():
+    from pymongo.errors import AutoReconnect, DuplicateKeyError, NotPrimaryError, OperationFailure
+
+    from relay.inbox.store import retryable
+
+    assert retryable(AutoReconnect("connection reset"))
+    assert retryable(NotPrimaryError("not primary"))
+    assert retryable(OperationFailure("write conflict", code=112))
+    assert retryable(OperationFailure("no such transaction", code=251,
+                                      details={"errorLabels": ["TransientTransactionError"]}))
+    assert not retryable(OperationFailure("Transaction numbers are only allowed on a replica set member", code=20))
+    assert not retryable(OperationFailure("not authorized", code=13))
+    assert not retryable(DuplicateKeyError("E11000"))  # from a handler: its event is poison
+    assert not retryable(ValueError("a handler's own error"))

@@ -139,3 +139,13 @@ def test_dead_letter_sends_the_poison_event_records_it_and_goes_on_in_order():
         ("transaction", ["c"]), ("commit", {("t", 0): 3}),
     ]
     assert store.effects == ["a", "c"]
+
+
+def test_the_summary_line_counts_what_the_batches_did(caplog):
+    journal: list = []
+    run, _ = steps(journal, [[msg(b"a", 0, 0), msg(b"a", 0, 1), msg(b"b", 0, 2)]])
+    run.metrics.summary_every_s = 0.0
+    with caplog.at_level("INFO", logger="relay.summary"):
+        run.step(None)
+    line = next(r for r in caplog.records if r.name == "relay.summary")
+    assert (line.processed_total, line.duplicates_total, line.batches_total, line.group) == (2, 1, 1, "g")
