@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
         help="read_committed (default): what consumers see, committed Kafka transactions only; "
         "read_uncommitted: also the messages of aborted transactions",
     )
+    security = sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
+    security.add_argument("action", choices=["role"])
+    security.add_argument("--role-name", default="outboxRelay", help="the role's name (on the admin database)")
+    security.add_argument("--inbox", default=None, metavar="COLLECTION", help="also relay.inbox's collection")
+    security.add_argument("--json", action="store_true", help="print the bare createRole document")
+    security.add_argument(
+        "--create", action="store_true", help="create the role (or set its privileges) as RELAY_MONGODB_URI's user"
+    )
     return p
 
 
@@ -152,6 +160,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             max_messages=args.max_messages,
             isolation=args.isolation,
         )
+    if args.command == "security":
+        from relay.commands.security import create_role, role
+
+        if args.create:
+            print(create_role(settings, args.role_name, args.inbox))
+        else:
+            print(role(settings, args.role_name, args.inbox, as_json=args.json))
+        return 0
     if args.command == "checkpoint":
         from relay.commands.status import reset_checkpoint
 

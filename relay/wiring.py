@@ -37,6 +37,8 @@ from relay.mongo.housekeeping import Housekeeper, cleaner_for, shares_of
 from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.pipeline import pipeline, pipeline_fingerprint, scan_filter
+from relay.mongo.privileges import check as check_privileges
+from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
 from relay.ops.health import GroupHealth, Health
 from relay.ops.observe import GroupObserver, Observer
@@ -127,6 +129,7 @@ def build_relay(
     def preflight() -> None:
         producers.check()
         check_mongodb(client, mongo)
+        check_privileges(client, required_for(mongo, parts.cleanup, settings.partitions))
         prepare(leases, mongo.namespace, settings.partitions)
         check_kafka(kafka)
         if kafka.exactly_once:
@@ -193,6 +196,7 @@ def build_group(settings: Settings, folder: SchemaFolder | None = None, native: 
         else:
             check_config(kafka.producer_config())
         check_mongodb(client, mongo)
+        check_privileges(client, required_for(mongo, parts.cleanup, settings.partitions))
         check_server(db[mongo.outbox_collection], settings.partitions)
         prepare(leases, mongo.namespace, settings.partitions)
         for p in partitions(settings.partitions):  # so a later change of count finds all of them

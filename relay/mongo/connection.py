@@ -15,6 +15,7 @@ from pymongo.errors import PyMongoError
 from pymongo.server_api import ServerApi
 
 from relay.core.errors import ConfigError, ServerUnreachableError, env_name
+from relay.core.redact import redact_uri
 from relay.mongo.config import MongoConfig
 
 _TIMEOUTS = re.compile(r" \(configured timeouts: [^)]*\)")
@@ -57,12 +58,12 @@ def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
         hello = client.admin.command("hello")
     except PyMongoError as exc:
         raise ServerUnreachableError(
-            f"cannot reach MongoDB at {config.uri} within {config.connect_timeout_s:g}s "
+            f"cannot reach MongoDB at {redact_uri(config.uri)} within {config.connect_timeout_s:g}s "
             f"({env_name('mongodb_uri')}): {mongo_cause(exc)}"
         ) from exc
     if "setName" not in hello:
         raise ConfigError(
             env_name("mongodb_uri"),
-            f"MongoDB at {config.uri} answers but is not a replica set member; "
+            f"MongoDB at {redact_uri(config.uri)} answers but is not a replica set member; "
             "change streams need one (start mongod with --replSet and initiate it)",
         )

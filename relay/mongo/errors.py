@@ -15,6 +15,8 @@ does with the rest.
 
 from __future__ import annotations
 
+import re
+
 from pymongo.errors import (
     ConnectionFailure,
     CursorNotFound,
@@ -24,10 +26,27 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
-from relay.core.errors import Action, HistoryLostError, ReopenableStreamError
+from relay.core.errors import Action, HistoryLostError, PermissionDeniedError, ReopenableStreamError
+
+# The privilege action a refused command needs (MongoDB's "not authorized on <db> to execute
+# command { <command>: <collection>, ... }").
+_COMMAND_ACTIONS = {
+    "find": "find",
+    "getMore": "find",
+    "count": "find",
+    "aggregate": "find",
+    "insert": "insert",
+    "update": "update",
+    "delete": "remove",
+    "findAndModify": "find, update",
+    "createIndexes": "createIndex",
+    "listIndexes": "listIndexes",
+}
+_REFUSED = re.compile(r'not authorized on (?P<db>\S+) to execute command \{ (?P<command>\w+): (?P<target>"[^"]*"|\S+)')
 
 # MongoDB server error codes the relay treats specially, with their names.
 ERROR_NAMES: dict[int, str] = {
+    13: "Unauthorized",
     43: "CursorNotFound",
     136: "CappedPositionLost",
     280: "ChangeStreamFatalError",
@@ -35,6 +54,7 @@ ERROR_NAMES: dict[int, str] = {
     11000: "DuplicateKey",
 }
 CURSOR_NOT_FOUND = 43
+UNAUTHORIZED = 13  # the user lacks a privilege: PermissionDeniedError names the action and namespace
 DUPLICATE_KEY = 11000  # an upsert lost a race on _id (relay.spark.state's conditional upserts)
 HISTORY_LOST_CODES = frozenset({286})
 # Server errors a later attempt can succeed after (elections, shutdowns, interruptions,
@@ -60,6 +80,8 @@ def resumable(exc: PyMongoError) -> bool:
 def translate(exc: PyMongoError) -> BaseException:
     """The relay error for a server error with a meaning of its own, else `exc` itself."""
     if isinstance(exc, OperationFailure):
+        if exc.code == UNAUTHORIZED:
+            return unauthorized(exc)
         if exc.code in HISTORY_LOST_CODES:
             return HistoryLostError(
                 "the stored checkpoint is no longer in the oplog (ChangeStreamHistoryLost): "
@@ -70,6 +92,18 @@ def translate(exc: PyMongoError) -> BaseException:
             code = int(exc.code)
             return ReopenableStreamError(code, ERROR_NAMES.get(code, "?"), str(exc))
     return exc
+
+
+def unauthorized(exc: OperationFailure) -> PermissionDeniedError:
+    """PermissionDeniedError naming the action and namespace MongoDB refused (code 13)."""
+    text = str(exc)
+    m = _REFUSED.search(text)
+    if m is None:
+        return PermissionDeniedError(f"MongoDB refused the relay's user (Unauthorized, code 13): {text}", [])
+    command, target = m["command"], m["target"].strip('"')
+    action = "changeStream" if "$changeStream" in text else _COMMAND_ACTIONS.get(command, command)
+    namespace = f"{m['db']}.{target}" if m["target"].startswith('"') else m["db"]
+    return PermissionDeniedError.missing("MongoDB", "the relay's user", [(action, namespace)])
 
 
 def action_for(exc: BaseException) -> Action | None:

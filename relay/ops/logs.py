@@ -5,6 +5,10 @@ files, pipes) and text on a terminal. A JSON line has `time` (UTC, ms), `level`,
 `message`, then every extra field of the record. Lines emitted on a relay loop thread carry the
 loop's context (`instance`, `fencing`, `token`, and `partition` when the outbox is partitioned),
 set by `relay.ops.observe.Observer` through `bind_loop_context`.
+
+Both formats pass the whole line (message, fields, traceback, causes) through
+`relay.core.redact.scrub`: URIs show `user:***@`, and the loaded settings' credential values
+are masked wherever they appear, at every level.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from typing import IO, Any
 
+from relay.core.redact import scrub
 from relay.ops.config import LOG_FORMATS
 
 __all__ = [
@@ -77,7 +82,7 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return scrub(json.dumps(out, default=str, ensure_ascii=False))
 
 
 class TextFormatter(logging.Formatter):
@@ -90,9 +95,9 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         fields = [f"{k}={v}" for k, v in _extras(record).items() if k not in _TEXT_HIDDEN]
         if not fields:
-            return line
+            return scrub(line)
         head, sep, tail = line.partition("\n")  # keep a traceback below the fields
-        return f"{head}  {' '.join(fields)}{sep}{tail}"
+        return scrub(f"{head}  {' '.join(fields)}{sep}{tail}")
 
 
 def resolve_log_format(fmt: str, stream: IO[str]) -> str:

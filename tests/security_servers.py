@@ -1,0 +1,137 @@
+"""Servers with security on, for the security tests: a mongod replica set with `--auth` and a
+keyfile (its first user made through the localhost exception), users holding exactly the relay's
+role, and a throwaway certificate authority (the `cryptography` package) for the TLS tests.
+
+Every server lives in a fresh temporary folder and is stopped by process id.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import ipaddress
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pymongo
+
+from relay.dev.stack import MongoReplicaSet
+from relay.mongo.privileges import Privilege, role_document
+
+ADMIN_USER = "admin"
+
+
+@dataclass
+class AuthMongo:
+    """A replica set with authentication on, and its administrator's password."""
+
+    rs: MongoReplicaSet
+    admin_password: str
+
+    def uri(self, user: str, password: str) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.rs.ports)
+        options = f"&{self.rs.uri_options}" if self.rs.uri_options else ""
+        return f"mongodb://{user}:{password}@{hosts}/?replicaSet={self.rs.name}&authSource=admin{options}"
+
+    @property
+    def admin_uri(self) -> str:
+        return self.uri(ADMIN_USER, self.admin_password)
+
+    def admin(self) -> pymongo.MongoClient[Any]:
+        return pymongo.MongoClient(self.admin_uri, tz_aware=True)
+
+    def user_with(self, user: str, password: str, privileges: Sequence[Privilege]) -> str:
+        """Create (or replace) a role holding exactly `privileges` and a user holding only it;
+        returns the user's URI."""
+        role = f"{user}Role"
+        with self.admin() as client:
+            admin = client.admin
+            if admin.command({"rolesInfo": role})["roles"]:
+                admin.command({"dropRole": role})
+            admin.command(role_document(role, privileges))
+            if admin.command({"usersInfo": user})["users"]:
+                admin.command({"dropUser": user})
+            admin.command({"createUser": user, "pwd": password, "roles": [{"role": role, "db": "admin"}]})
+        return self.uri(user, password)
+
+
+@contextlib.contextmanager
+def auth_mongo(extra_args: Sequence[str] = (), uri_options: str = "") -> Iterator[AuthMongo]:
+    """A one-member replica set started with `--auth --keyFile` (plus `extra_args`), initiated
+    and given an administrator through the localhost exception."""
+    base = Path(tempfile.mkdtemp(prefix="relay-auth-"))
+    key = base / "keyfile"
+    key.write_text(base64.b64encode(secrets.token_bytes(48)).decode())  # base64 characters only
+    key.chmod(0o400)
+    rs = MongoReplicaSet(base / "rs", extra_args=["--auth", "--keyFile", str(key), *extra_args], uri_options=uri_options)
+    password = secrets.token_urlsafe(16)
+    try:
+        rs.start()  # initiates through the localhost exception (no user exists yet)
+        with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=10000) as client:
+            client.admin.command({"createUser": ADMIN_USER, "pwd": password, "roles": ["root"]})
+        yield AuthMongo(rs, password)
+    finally:
+        rs.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- a throwaway certificate authority --------------------------------------------------------
+
+
+@dataclass
+class Certificates:
+    """PEM files: the CA's certificate, and a server's certificate and key signed by it."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    combined: Path  # certificate then key, as mongod's --tlsCertificateKeyFile takes them
+
+
+def make_certificates(folder: Path, host: str = "127.0.0.1", name: str = "ca") -> Certificates:
+    """A new CA and a server certificate for `host` (an IP address or a DNS name) signed by it."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"outbox-relay test {name}")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    try:
+        san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        san = x509.DNSName(host)
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    pem = serialization.Encoding.PEM
+    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    out = Certificates(folder / f"{name}.pem", folder / f"{name}-server.pem", folder / f"{name}-server.key",
+                       folder / f"{name}-server-combined.pem")
+    out.ca.write_bytes(ca.public_bytes(pem))
+    out.cert.write_bytes(cert.public_bytes(pem))
+    out.key.write_bytes(key_pem)
+    out.combined.write_bytes(cert.public_bytes(pem) + key_pem)
+    return out
