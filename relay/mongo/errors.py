@@ -47,6 +47,7 @@ _REFUSED = re.compile(r'not authorized on (?P<db>\S+) to execute command \{ (?P<
 # MongoDB server error codes the relay treats specially, with their names.
 ERROR_NAMES: dict[int, str] = {
     13: "Unauthorized",
+    18: "AuthenticationFailed",
     43: "CursorNotFound",
     136: "CappedPositionLost",
     280: "ChangeStreamFatalError",
@@ -54,6 +55,7 @@ ERROR_NAMES: dict[int, str] = {
     11000: "DuplicateKey",
 }
 CURSOR_NOT_FOUND = 43
+AUTHENTICATION_FAILED = 18  # wrong user or password: a stop naming RELAY_MONGODB_URI (relay.mongo.connection)
 UNAUTHORIZED = 13  # the user lacks a privilege: PermissionDeniedError names the action and namespace
 DUPLICATE_KEY = 11000  # an upsert lost a race on _id (relay.spark.state's conditional upserts)
 HISTORY_LOST_CODES = frozenset({286})

@@ -122,3 +122,15 @@ def test_the_privilege_check_reads_resources_as_mongodb_does() -> None:
         ("changeStream", "app.outbox"), ("find", "local.oplog.rs")]
     assert json.dumps(needed[0].document()) == (
         '{"resource": {"db": "app", "collection": "outbox"}, "actions": ["find", "changeStream"]}')
+
+
+def test_an_unreachable_servers_error_names_the_uri_without_its_password() -> None:
+    from relay.dev.processes import free_port
+    from relay.mongo.config import MongoConfig
+    from relay.mongo.connection import check_mongodb, mongo_client
+
+    config = MongoConfig(f"mongodb://relayuser:{CANARY}@127.0.0.1:{free_port()}/?replicaSet=rs0", connect_timeout_s=0.3)
+    with mongo_client(config) as client, pytest.raises(ServerUnreachableError) as refused:
+        check_mongodb(client, config)
+    assert "mongodb://relayuser:***@127.0.0.1:" in str(refused.value)
+    assert CANARY not in str(refused.value)
