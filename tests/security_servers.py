@@ -135,3 +135,94 @@ def make_certificates(folder: Path, host: str = "127.0.0.1", name: str = "ca") -
     out.key.write_bytes(key_pem)
     out.combined.write_bytes(cert.public_bytes(pem) + key_pem)
     return out
+
+
+# ---- a Kafka broker with SASL/SCRAM and ACLs ---------------------------------------------------
+
+SCRAM = "SCRAM-SHA-256"
+_SASL_PROPERTIES = """
+listeners=SASL_PLAINTEXT://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}}
+advertised.listeners=SASL_PLAINTEXT://127.0.0.1:{{port}}
+listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=SASL_PLAINTEXT
+sasl.enabled.mechanisms={mechanism}
+sasl.mechanism.inter.broker.protocol={mechanism}
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=\
+org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:{user};User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+"""
+
+
+@dataclass
+class SaslKafka:
+    """A KRaft broker whose client listener takes SASL/SCRAM only and authorizes with ACLs
+    (StandardAuthorizer); its administrator is a super user (as is the controller listener's
+    anonymous principal, which only the broker itself uses)."""
+
+    broker: Any  # relay.dev.stack.KafkaBroker
+    admin_password: str
+
+    def client(self, user: str, password: str) -> dict[str, str]:
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": SCRAM, "sasl.username": user,
+                "sasl.password": password}
+
+    @property
+    def admin_client(self) -> dict[str, str]:
+        return self.client(ADMIN_USER, self.admin_password)
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.broker.bootstrap_servers, **self.admin_client})
+
+    def add_user(self, user: str, password: str) -> dict[str, str]:
+        """A SCRAM user with no ACL yet; returns its client properties."""
+        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+        upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096),
+                                              password.encode())
+        admin = self.admin()  # kept alive until the futures resolve
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(timeout=30)
+        return self.client(user, password)
+
+    def grant(self, user: str, acls: Sequence[Any]) -> None:
+        """ALLOW each relay.kafka.acls.Acl to `user`."""
+        from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+        bindings = [AclBinding(ResourceType[a.resource], a.name, ResourcePatternType[a.pattern], f"User:{user}", "*",
+                               AclOperation[a.operation], AclPermissionType.ALLOW) for a in acls]
+        admin = self.admin()
+        for future in admin.create_acls(bindings).values():
+            future.result(timeout=30)
+
+    def create_topics(self, *topics: str, partitions: int = 3) -> None:
+        from confluent_kafka.admin import NewTopic
+
+        admin = self.admin()
+        for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+            future.result(timeout=30)
+
+
+@contextlib.contextmanager
+def sasl_kafka() -> Iterator[SaslKafka]:
+    """A SASL/SCRAM broker with ACLs, its administrator's SCRAM credential made at `storage format`."""
+    from relay.dev.stack import KafkaBroker
+
+    base = Path(tempfile.mkdtemp(prefix="relay-sasl-"))
+    password = secrets.token_urlsafe(16)
+    broker = KafkaBroker(
+        base, heap="512m",
+        extra_properties=_SASL_PROPERTIES.format(mechanism=SCRAM, user=ADMIN_USER, password=password),
+        format_args=["--add-scram", f"{SCRAM}=[name={ADMIN_USER},password={password}]"],
+    )
+    server = SaslKafka(broker, password)
+    broker.client_config = server.admin_client
+    try:
+        broker.start()
+        yield server
+    finally:
+        broker.stop()
+        shutil.rmtree(base, ignore_errors=True)

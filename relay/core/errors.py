@@ -110,12 +110,11 @@ class PermissionDeniedError(RelayError):
         self.reason = message
 
     @classmethod
-    def missing(cls, server: str, principal: str, refused: list[tuple[str, str]]) -> PermissionDeniedError:
+    def missing(
+        cls, server: str, principal: str, refused: list[tuple[str, str]], hint: str = "docs/security.md"
+    ) -> PermissionDeniedError:
         listed = "; ".join(f"{action} on {resource}" for action, resource in refused)
-        return cls(
-            f"{server} does not allow {principal} {listed} (grant them: docs/security.md, outbox-relay security role)",
-            refused,
-        )
+        return cls(f"{server} does not allow {principal} {listed} (grant them: {hint})", refused)
 
 
 class LeaseHeldError(RelayError):

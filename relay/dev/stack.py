@@ -235,6 +235,12 @@ class KafkaBroker:
     port: int = 0
     controller_port: int = 0
     process: ManagedProcess | None = None
+    # The security tests' brokers (SASL, ACLs, TLS): properties appended to the defaults (a later
+    # line wins), more arguments to `storage format` (--add-scram), and the client properties
+    # the start-up check connects with. None by default.
+    extra_properties: str = ""
+    format_args: list[str] = field(default_factory=list)
+    client_config: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -263,6 +269,7 @@ class KafkaBroker:
                 log_dir=self.base_dir / "data",
                 partitions=self.partitions,
             )
+            + self.extra_properties.format(port=self.port, controller_port=self.controller_port)
         )
         java, cp = self._java(), self._classpath()
         jvm = [
@@ -278,7 +285,7 @@ class KafkaBroker:
         if not (self.base_dir / "data" / "meta.properties").exists():
             cluster_id = _cluster_id()
             fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), *self.format_args],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -294,7 +301,7 @@ class KafkaBroker:
             return False
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0, **self.client_config})
         return bool(admin.list_topics(timeout=3).brokers)
 
     def stop(self) -> None:

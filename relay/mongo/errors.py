@@ -105,7 +105,8 @@ def unauthorized(exc: OperationFailure) -> PermissionDeniedError:
     command, target = m["command"], m["target"].strip('"')
     action = "changeStream" if "$changeStream" in text else _COMMAND_ACTIONS.get(command, command)
     namespace = f"{m['db']}.{target}" if m["target"].startswith('"') else m["db"]
-    return PermissionDeniedError.missing("MongoDB", "the relay's user", [(action, namespace)])
+    hint = "docs/security.md; outbox-relay security role prints the role"
+    return PermissionDeniedError.missing("MongoDB", "the relay's user", [(action, namespace)], hint)
 
 
 def action_for(exc: BaseException) -> Action | None:

@@ -36,6 +36,7 @@ from relay.core.errors import PermissionDeniedError
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
 
 OPLOG = ("local", "oplog.rs")
+HINT = "docs/security.md; outbox-relay security role prints the role"
 
 
 @dataclass(frozen=True)
@@ -132,4 +133,4 @@ def check(client: MongoClient[Any], needed: Sequence[Privilege]) -> None:
     gaps = missing(info.get("authenticatedUserPrivileges", []), needed)
     if gaps:
         users = ", ".join(f"{u.get('user')}@{u.get('db')}" for u in info["authenticatedUsers"])
-        raise PermissionDeniedError.missing("MongoDB", users, gaps)
+        raise PermissionDeniedError.missing("MongoDB", users, gaps, HINT)
