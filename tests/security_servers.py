@@ -33,6 +33,7 @@ class AuthMongo:
 
     rs: MongoReplicaSet
     admin_password: str
+    certs: Certificates | None = None  # with TLS required: the CA clients must trust
 
     def uri(self, user: str, password: str) -> str:
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.rs.ports)
@@ -62,20 +63,27 @@ class AuthMongo:
 
 
 @contextlib.contextmanager
-def auth_mongo(extra_args: Sequence[str] = (), uri_options: str = "") -> Iterator[AuthMongo]:
-    """A one-member replica set started with `--auth --keyFile` (plus `extra_args`), initiated
-    and given an administrator through the localhost exception."""
+def auth_mongo(tls: bool = False) -> Iterator[AuthMongo]:
+    """A one-member replica set started with `--auth --keyFile` (and, with `tls`, `--tlsMode
+    requireTLS` with a certificate from a throwaway CA), initiated and given an administrator
+    through the localhost exception."""
     base = Path(tempfile.mkdtemp(prefix="relay-auth-"))
     key = base / "keyfile"
     key.write_text(base64.b64encode(secrets.token_bytes(48)).decode())  # base64 characters only
     key.chmod(0o400)
-    rs = MongoReplicaSet(base / "rs", extra_args=["--auth", "--keyFile", str(key), *extra_args], uri_options=uri_options)
+    args, uri_options, certs = ["--auth", "--keyFile", str(key)], "", None
+    if tls:
+        certs = make_certificates(base / "tls")
+        args += ["--tlsMode", "requireTLS", "--tlsCertificateKeyFile", str(certs.combined), "--tlsCAFile",
+                 str(certs.ca), "--tlsAllowConnectionsWithoutCertificates"]
+        uri_options = f"tls=true&tlsCAFile={certs.ca}"
+    rs = MongoReplicaSet(base / "rs", extra_args=args, uri_options=uri_options)
     password = secrets.token_urlsafe(16)
     try:
         rs.start()  # initiates through the localhost exception (no user exists yet)
         with pymongo.MongoClient(rs.uri, serverSelectionTimeoutMS=10000) as client:
             client.admin.command({"createUser": ADMIN_USER, "pwd": password, "roles": ["root"]})
-        yield AuthMongo(rs, password)
+        yield AuthMongo(rs, password, certs)
     finally:
         rs.stop()
         shutil.rmtree(base, ignore_errors=True)
@@ -141,13 +149,18 @@ def make_certificates(folder: Path, host: str = "127.0.0.1", name: str = "ca") -
 
 SCRAM = "SCRAM-SHA-256"
 _SASL_PROPERTIES = """
-listeners=SASL_PLAINTEXT://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}}
-advertised.listeners=SASL_PLAINTEXT://127.0.0.1:{{port}}
-listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT
-inter.broker.listener.name=SASL_PLAINTEXT
+listeners=SASL_SSL://127.0.0.1:{{port}},CONTROLLER://127.0.0.1:{{controller_port}}
+advertised.listeners=SASL_SSL://127.0.0.1:{{port}}
+listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=SASL_SSL
+ssl.keystore.type=PEM
+ssl.keystore.location={keystore}
+ssl.truststore.type=PEM
+ssl.truststore.location={ca}
+ssl.client.auth=none
 sasl.enabled.mechanisms={mechanism}
 sasl.mechanism.inter.broker.protocol={mechanism}
-listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=\
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=\
 org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 super.users=User:{user};User:ANONYMOUS
@@ -157,16 +170,18 @@ allow.everyone.if.no.acl.found=false
 
 @dataclass
 class SaslKafka:
-    """A KRaft broker whose client listener takes SASL/SCRAM only and authorizes with ACLs
-    (StandardAuthorizer); its administrator is a super user (as is the controller listener's
-    anonymous principal, which only the broker itself uses)."""
+    """A KRaft broker whose client listener takes SASL/SCRAM over TLS only (SASL_SSL, a PEM
+    keystore from a throwaway CA) and authorizes with ACLs (StandardAuthorizer); its administrator
+    is a super user (as is the controller listener's anonymous principal, which only the broker
+    itself uses)."""
 
     broker: Any  # relay.dev.stack.KafkaBroker
     admin_password: str
+    certs: Certificates
 
     def client(self, user: str, password: str) -> dict[str, str]:
-        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": SCRAM, "sasl.username": user,
-                "sasl.password": password}
+        return {"security.protocol": "SASL_SSL", "ssl.ca.location": str(self.certs.ca), "sasl.mechanisms": SCRAM,
+                "sasl.username": user, "sasl.password": password}
 
     @property
     def admin_client(self) -> dict[str, str]:
@@ -213,12 +228,12 @@ def sasl_kafka() -> Iterator[SaslKafka]:
 
     base = Path(tempfile.mkdtemp(prefix="relay-sasl-"))
     password = secrets.token_urlsafe(16)
-    broker = KafkaBroker(
-        base, heap="512m",
-        extra_properties=_SASL_PROPERTIES.format(mechanism=SCRAM, user=ADMIN_USER, password=password),
-        format_args=["--add-scram", f"{SCRAM}=[name={ADMIN_USER},password={password}]"],
-    )
-    server = SaslKafka(broker, password)
+    certs = make_certificates(base / "tls")
+    properties = _SASL_PROPERTIES.format(mechanism=SCRAM, user=ADMIN_USER, password=password, ca=certs.ca,
+                                         keystore=certs.combined)
+    broker = KafkaBroker(base / "kafka", heap="512m", extra_properties=properties,
+                         format_args=["--add-scram", f"{SCRAM}=[name={ADMIN_USER},password={password}]"])
+    server = SaslKafka(broker, password, certs)
     broker.client_config = server.admin_client
     try:
         broker.start()

@@ -1,6 +1,7 @@
-"""Least privilege on Kafka: a KRaft broker with SASL/SCRAM and StandardAuthorizer; the relay's
-principal holds exactly the documented ACLs (relay.kafka.acls) and every mode works, losing
-nothing; a missing ACL stops the relay naming the resource and the operation.
+"""Least privilege and TLS on Kafka: a KRaft broker with SASL/SCRAM over TLS (SASL_SSL, a
+throwaway CA) and StandardAuthorizer; the relay's principal holds exactly the documented ACLs
+(relay.kafka.acls) and every mode works, losing nothing; a missing ACL stops the relay naming the
+resource and the operation; a wrong CA or host name stops it with a line that says so.
 
 One SASL broker for the module (tests/security_servers.py); MongoDB is the session's.
 """
@@ -15,9 +16,9 @@ import pymongo
 import pytest
 
 from relay.config import Settings
-from relay.core.errors import PermissionDeniedError
+from relay.core.errors import PermissionDeniedError, ServerUnreachableError
 from relay.kafka.acls import Acl, required
-from tests.security_servers import SaslKafka, sasl_kafka
+from tests.security_servers import SaslKafka, make_certificates, sasl_kafka
 from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events
 
 
@@ -29,12 +30,13 @@ def kafka() -> Iterator[SaslKafka]:
 
 def _settings(servers: Servers, kafka: SaslKafka, **changes: Any) -> Settings:
     tag = uuid.uuid4().hex[:8]
-    return Settings().replace(
+    values: dict[str, Any] = dict(
         mongodb_uri=servers.mongodb_uri, kafka_bootstrap_servers=kafka.broker.bootstrap_servers, database=f"k_{tag}",
         topic_template=f"k{tag}.{{aggregateType}}", http_port=0, instance_id=f"test-{tag}", lease_ttl_s=4.0,
         heartbeat_interval_s=1.0, standby_poll_s=0.3, max_await_ms=200, connect_timeout_s=15.0,
-        restart_backoff_max_s=2.0, offsets_topic=f"k{tag}-offsets", **changes,
+        restart_backoff_max_s=2.0, offsets_topic=f"k{tag}-offsets",
     )
+    return Settings().replace(**(values | changes))
 
 
 def _acls(settings: Settings) -> list[Acl]:
@@ -73,7 +75,7 @@ def test_every_mode_runs_with_exactly_the_documented_acls(kafka: SaslKafka, serv
             client.drop_database(settings.database)
 
 
-def _stops_with(settings: Settings, servers: Servers) -> PermissionDeniedError:
+def _stops_with(settings: Settings, servers: Servers, kind: type[Exception] = PermissionDeniedError) -> Any:
     with pymongo.MongoClient(servers.mongodb_uri) as client:
         db = client[settings.database]
         db.create_collection(settings.outbox_collection)
@@ -84,7 +86,7 @@ def _stops_with(settings: Settings, servers: Servers) -> PermissionDeniedError:
         client.drop_database(settings.database)
     if relay.thread.is_alive():
         relay.stop()
-    assert isinstance(relay.error, PermissionDeniedError), repr(relay.error)
+    assert isinstance(relay.error, kind), repr(relay.error)
     return relay.error
 
 
@@ -110,3 +112,20 @@ def test_a_missing_transactional_id_acl_stops_the_relay_naming_it(kafka: SaslKaf
     [(operation, resource)] = error.refused
     assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in operation
     assert resource == f"TRANSACTIONAL_ID outbox-relay:{settings.namespace}"
+
+
+def test_a_wrong_ca_or_host_name_stops_the_relay_with_a_clear_line(
+    kafka: SaslKafka, servers: Servers, tmp_path: Any
+) -> None:
+    other = make_certificates(tmp_path, name="other")
+    settings = _settings(servers, kafka, connect_timeout_s=3.0)
+    client = {**kafka.client("relay-tls", "pw-tls-1234"), "message.timeout.ms": "30000"}
+    cases = {
+        "wrong CA": (settings.kafka_bootstrap_servers, {**client, "ssl.ca.location": str(other.ca)}),
+        "wrong host name": (f"localhost:{kafka.broker.port}", client),  # the certificate names 127.0.0.1
+    }
+    for case, (bootstrap, properties) in cases.items():
+        error = _stops_with(settings.replace(kafka_bootstrap_servers=bootstrap, kafka=properties), servers,
+                            ServerUnreachableError)
+        assert f"cannot reach Kafka at {bootstrap}" in str(error), case
+        assert "SSL handshake failed" in str(error) and "certificate verify failed" in str(error), f"{case}: {error}"

@@ -1,9 +1,10 @@
-"""Least privilege on MongoDB: the relay runs as a user holding only the documented role, in
-every mode, losing nothing; a user missing one privilege gets a stop naming the action and the
-namespace; the role command prints and creates exactly that role.
+"""Least privilege and TLS on MongoDB: the relay runs as a user holding only the documented
+role, in every mode, over TLS, losing nothing; a user missing one privilege gets a stop naming the
+action and the namespace; the role command prints and creates exactly that role; a wrong CA or
+host name stops the relay with a line that says so.
 
-One mongod with `--auth` and a keyfile for the module (tests/security_servers.py); Kafka is the
-session's broker.
+One mongod with `--auth`, a keyfile and `--tlsMode requireTLS` (a throwaway CA) for the module
+(tests/security_servers.py); Kafka is the session's broker.
 """
 
 from __future__ import annotations
@@ -18,27 +19,28 @@ import pytest
 
 from relay.cli import main
 from relay.config import Settings
-from relay.core.errors import PermissionDeniedError
+from relay.core.errors import PermissionDeniedError, ServerUnreachableError
 from relay.mongo.errors import translate
 from relay.mongo.privileges import Privilege, required
-from tests.security_servers import AuthMongo, auth_mongo
+from tests.security_servers import AuthMongo, auth_mongo, make_certificates
 from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events
 
 
 @pytest.fixture(scope="module")
 def mongo() -> Iterator[AuthMongo]:
-    with auth_mongo() as server:
+    with auth_mongo(tls=True) as server:
         yield server
 
 
 def _settings(servers: Servers, uri: str, **changes: Any) -> Settings:
     tag = uuid.uuid4().hex[:8]
-    return Settings().replace(
+    values: dict[str, Any] = dict(
         mongodb_uri=uri, kafka_bootstrap_servers=servers.kafka_bootstrap, database=f"s_{tag}",
         topic_template=f"s{tag}.{{aggregateType}}", http_port=0, instance_id=f"test-{tag}", lease_ttl_s=4.0,
         heartbeat_interval_s=1.0, standby_poll_s=0.3, max_await_ms=200, connect_timeout_s=15.0,
-        restart_backoff_max_s=2.0, kafka={"message.timeout.ms": "30000"}, **changes,
+        restart_backoff_max_s=2.0, kafka={"message.timeout.ms": "30000"},
     )
+    return Settings().replace(**(values | changes))
 
 
 def _needed(settings: Settings, inbox: str | None = None) -> list[Privilege]:
@@ -142,3 +144,27 @@ def test_the_role_command_prints_and_creates_exactly_the_documented_role(
         [info] = admin.admin.command({"rolesInfo": "relayShop", "showPrivileges": True})["roles"]
     stored = {(p["resource"]["db"], p["resource"]["collection"]): sorted(p["actions"]) for p in info["privileges"]}
     assert stored == {k: sorted(v) for k, v in resources.items()}
+
+
+def test_a_wrong_ca_or_host_name_stops_the_relay_with_a_clear_line(
+    mongo: AuthMongo, servers: Servers, tmp_path: Any
+) -> None:
+    assert mongo.certs is not None
+    other = make_certificates(tmp_path, name="other")
+    settings = _settings(servers, "", connect_timeout_s=3.0)
+    uri = mongo.user_with("relaytls", "pw-tls-1234", _needed(settings))
+    port = mongo.rs.ports[0]
+    cases = {
+        "wrong CA": uri.replace(str(mongo.certs.ca), str(other.ca)),
+        "wrong host name": f"mongodb://relaytls:pw-tls-1234@localhost:{port}/?directConnection=true&authSource=admin"
+                           f"&tls=true&tlsCAFile={mongo.certs.ca}",  # the certificate names 127.0.0.1
+    }
+    expected = {"wrong CA": "certificate verify failed", "wrong host name": "localhost"}
+    for case, bad in cases.items():
+        relay = RelayThread(settings.replace(mongodb_uri=bad))
+        relay.start()
+        relay.thread.join(60)
+        error = relay.error
+        assert isinstance(error, ServerUnreachableError), f"{case}: {error!r}"
+        assert "cannot reach MongoDB at mongodb://relaytls:***@" in str(error) and "pw-tls-1234" not in str(error)
+        assert "CERTIFICATE_VERIFY_FAILED" in str(error) and expected[case] in str(error), f"{case}: {error}"
