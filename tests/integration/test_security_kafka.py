@@ -129,3 +129,18 @@ def test_a_wrong_ca_or_host_name_stops_the_relay_with_a_clear_line(
                             ServerUnreachableError)
         assert f"cannot reach Kafka at {bootstrap}" in str(error), case
         assert "SSL handshake failed" in str(error) and "certificate verify failed" in str(error), f"{case}: {error}"
+
+
+def test_a_wrong_sasl_password_stops_the_relay_saying_so_without_printing_it(
+    kafka: SaslKafka, servers: Servers, logs: Any
+) -> None:
+    wrong = f"Wrong-Canary-{uuid.uuid4().hex[:8]}"
+    kafka.add_user("relay-wrongpw", "pw-right-1234")
+    settings = Settings.load(env={"RELAY_KAFKA_SASL_PASSWORD": wrong})  # registers it, as the command line does
+    settings = _settings(servers, kafka, connect_timeout_s=3.0).replace(
+        kafka={**kafka.client("relay-wrongpw", wrong), "message.timeout.ms": "30000"})
+    capture = logs("json", "DEBUG")
+    error = _stops_with(settings, servers, ServerUnreachableError)
+    assert "Authentication failed" in str(error) and "SCRAM-SHA-256" in str(error), str(error)
+    assert wrong not in str(error) and wrong not in capture.text
+    assert "stopping on ServerUnreachableError" in capture.text
