@@ -102,6 +102,25 @@ class Certificates:
     combined: Path  # certificate then key, as mongod's --tlsCertificateKeyFile takes them
 
 
+def _authority(name: str, now: dt.datetime) -> tuple[Any, Any]:
+    """A self-signed CA: its private key and certificate."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"outbox-relay test {name}")])
+    cert = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
 def make_certificates(folder: Path, host: str = "127.0.0.1", name: str = "ca") -> Certificates:
     """A new CA and a server certificate for `host` (an IP address or a DNS name) signed by it."""
     from cryptography import x509
@@ -110,15 +129,8 @@ def make_certificates(folder: Path, host: str = "127.0.0.1", name: str = "ca") -
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"outbox-relay test {name}")])
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca = _authority(name, now)
+    ca_name = ca.subject
     key = ec.generate_private_key(ec.SECP256R1())
     try:
         san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
