@@ -110,11 +110,26 @@ def resolve_log_format(fmt: str, stream: IO[str]) -> str:
         return "json"
 
 
+def _log_thread_crash(args: threading.ExceptHookArgs) -> None:
+    """An exception that ended a thread: one ERROR line through the relay's formatter (so it is
+    JSON in a container, and scrubbed of credentials) instead of a raw traceback on stderr."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("relay").error(
+        "thread %s ended on %s",
+        name,
+        args.exc_type.__name__,
+        exc_info=args.exc_value if args.exc_value is not None else True,
+    )
+
+
 def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None = None) -> logging.Handler:
     """Log to stderr (or `stream`) as JSON lines or text (RELAY_LOG_FORMAT); returns the handler.
 
     Calling it again replaces the handler it installed before; other handlers stay. librdkafka's
-    own lines (connection attempts) and py4j's (Spark's Python bridge) show only at DEBUG.
+    own lines (connection attempts) and py4j's (Spark's Python bridge) show only at DEBUG. An
+    exception that ends a thread is logged as an ERROR line too (`threading.excepthook`).
     """
     stream = stream or sys.stderr
     handler = logging.StreamHandler(stream)
@@ -125,6 +140,7 @@ def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None
     for old in [h for h in root.handlers if getattr(h, "outbox_relay", False)]:
         root.removeHandler(old)
     root.addHandler(handler)
+    threading.excepthook = _log_thread_crash
     debug = level.upper() == "DEBUG"
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("kafka.admin").setLevel(logging.CRITICAL)

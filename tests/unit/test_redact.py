@@ -134,3 +134,20 @@ def test_an_unreachable_servers_error_names_the_uri_without_its_password() -> No
         check_mongodb(client, config)
     assert "mongodb://relayuser:***@127.0.0.1:" in str(refused.value)
     assert CANARY not in str(refused.value)
+
+
+def test_a_thread_that_crashes_is_logged_through_the_scrubbing_formatter() -> None:
+    import threading
+
+    _loaded()
+    with captured_logs("json") as capture:
+        def crash() -> None:
+            raise RuntimeError(f"connect failed for mongodb://u:{CANARY}1@h/ with {CANARY}2")
+
+        thread = threading.Thread(target=crash, name="reader")
+        thread.start()
+        thread.join()
+    [line] = capture.lines()
+    assert line["level"] == "ERROR" and line["message"] == "thread reader ended on RuntimeError"
+    assert "RuntimeError: connect failed for mongodb://u:***@h/ with ***" in line["exc"]
+    assert CANARY not in capture.text
