@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     pipeline.add_argument("job_args", nargs=argparse.REMAINDER, help="the job's options (see --help after the job)")
     _add_schemas(sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility"))
     _add_tail(sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines"))
+    _add_security(
+        sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
+    )
     return p
 
 
@@ -103,6 +106,16 @@ def _add_tail(tail: argparse.ArgumentParser) -> None:
         default="read_committed",
         help="read_committed (default): what consumers see, committed Kafka transactions only; "
         "read_uncommitted: also the messages of aborted transactions",
+    )
+
+
+def _add_security(security: argparse.ArgumentParser) -> None:
+    security.add_argument("action", choices=["role"])
+    security.add_argument("--role-name", default="outboxRelay", help="the role's name (on the admin database)")
+    security.add_argument("--inbox", default=None, metavar="COLLECTION", help="also relay.inbox's collection")
+    security.add_argument("--json", action="store_true", help="print the bare createRole document")
+    security.add_argument(
+        "--create", action="store_true", help="create the role (or set its privileges) as RELAY_MONGODB_URI's user"
     )
 
 
@@ -176,6 +189,16 @@ def _tail(settings: cfg.Settings, args: argparse.Namespace) -> int:
     )
 
 
+def _security(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    from relay.commands.security import create_role, role
+
+    if args.create:
+        print(create_role(settings, args.role_name, args.inbox))
+    else:
+        print(role(settings, args.role_name, args.inbox, as_json=args.json))
+    return 0
+
+
 def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import reset_checkpoint
 
@@ -246,4 +269,5 @@ _WITH_SETTINGS: dict[str, Callable[[cfg.Settings, argparse.Namespace], int]] = {
     "outbox": _outbox,
     "tail": _tail,
     "checkpoint": _checkpoint,
+    "security": _security,
 }

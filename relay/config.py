@@ -32,6 +32,7 @@ from relay.avro.config import EncodingConfig, RegistryConfig
 from relay.core.config import EXACTLY_ONCE, LoopConfig, start_at_time
 from relay.core.errors import ENV_PREFIX, KAFKA_ENV_PREFIX, ConfigError, env_name, kafka_env_name
 from relay.core.partitions import Partition, lease_id
+from relay.core.redact import redact_mapping, register_secrets, secret_name, uri_secrets
 from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
@@ -74,9 +75,10 @@ def _setting(default: Any, help: str, *, to: str | tuple[str, ...] = (), interna
     return field(default=default, metadata=meta)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
-    """Everything the relay needs to run; immutable after `load()`."""
+    """Everything the relay needs to run; immutable after `load()`. Its `repr` and `rendered()`
+    show credentials as `***` (relay.core.redact)."""
 
     mongodb_uri: str = _setting(
         "mongodb://localhost:27017/?replicaSet=rs0",
@@ -96,6 +98,11 @@ class Settings:
         _default_instance_id, "this replica's name in the lease (default: host name and pid)", to=("observer", "group")
     )
     http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)", to="observer")
+    http_host: str = _setting(
+        "0.0.0.0",
+        "address the HTTP server binds (0.0.0.0: every interface; 127.0.0.1: this host only)",
+        to="observer",
+    )
     partitions: int = _setting(
         1,
         "split the outbox into this many partitions by a hash of aggregateId, each with "
@@ -275,6 +282,25 @@ class Settings:
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
 
+    # ---- credentials ----------------------------------------------------------------------
+
+    def rendered(self) -> dict[str, Any]:
+        """The settings as they may be shown: every credential as `***`, URIs as `user:***@`."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return redact_mapping(values)
+
+    def __repr__(self) -> str:
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in self.rendered().items()) + ")"
+
+    def secrets(self) -> list[str]:
+        """The credential values these settings carry (URI passwords, basic auth, password-like
+        Kafka properties), for `relay.core.redact.register_secrets`."""
+        found = uri_secrets(self.mongodb_uri) + uri_secrets(self.schema_registry_url)
+        if self.schema_registry_basic_auth:
+            found += [self.schema_registry_basic_auth, self.schema_registry_basic_auth.partition(":")[2]]
+        found += [v for k, v in self.kafka.items() if secret_name(k)]
+        return found
+
     # ---- loading --------------------------------------------------------------------------
 
     @classmethod
@@ -313,6 +339,7 @@ class Settings:
         kafka.update(kafka_flags or {})
         parsed = {name: _parse(name, raw, source) for name, (raw, source) in values.items()}
         settings = cls(**parsed, kafka=dict(kafka))
+        register_secrets(settings.secrets())  # before validating: a refused value is masked too
         settings.validate()
         return settings
 

@@ -36,6 +36,8 @@ from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.housekeeping import Housekeeper, cleaner_for, shares_of
 from relay.mongo.membership import Membership
 from relay.mongo.pipeline import pipeline, pipeline_fingerprint, scan_filter
+from relay.mongo.privileges import check as check_privileges
+from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
 from relay.ops.health import GroupHealth, Health
 from relay.ops.observe import GroupObserver, Observer
@@ -154,6 +156,7 @@ def _own_hooks(
     def preflight() -> None:
         producers.check()
         check_mongodb(client, mongo)
+        check_privileges(client, required_for(mongo, parts.cleanup, parts.group.partitions))
         prepare(client[mongo.database][mongo.lease_collection], mongo.namespace, parts.group.partitions)
         check_kafka(kafka)
         if kafka.exactly_once:
@@ -215,6 +218,7 @@ def _group_preflight(parts: Parts, client: MongoClient[Any]) -> None:
     else:
         check_config(kafka.producer_config())
     check_mongodb(client, mongo)
+    check_privileges(client, required_for(mongo, parts.cleanup, count))
     check_server(client[mongo.database][mongo.outbox_collection], count)
     prepare(client[mongo.database][mongo.lease_collection], mongo.namespace, count)
     for p in partitions(count):  # so a later change of count finds all of them

@@ -307,14 +307,17 @@ class Record:
         return int(self.headers["relay_fencing_token"])
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed") -> list[Record]:
-    """Every message in `topic` up to its current end, decoded, in (partition, offset) order."""
+def read_topic(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed",
+               client: dict[str, str] | None = None) -> list[Record]:
+    """Every message in `topic` up to its current end, decoded, in (partition, offset) order
+    (`client`: more consumer properties, e.g. SASL credentials)."""
     return [Record(msg.topic(), msg.partition(), msg.offset(), msg.key().decode(), REGISTRY.decode(msg.value()),
                    {k: v.decode() for k, v in (msg.headers() or [])})
-            for msg in read_messages(bootstrap, topic, timeout, isolation)]
+            for msg in read_messages(bootstrap, topic, timeout, isolation, client)]
 
 
-def read_messages(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed") -> list[Message]:
+def read_messages(bootstrap: str, topic: str, timeout: float = 60, isolation: str = "read_committed",
+                  client: dict[str, str] | None = None) -> list[Message]:
     """Every message in `topic` up to its current end, undecoded, in (partition, offset) order.
 
     `isolation` is the consumer's `isolation.level` (librdkafka's default, read_committed: the
@@ -323,7 +326,8 @@ def read_messages(bootstrap: str, topic: str, timeout: float = 60, isolation: st
     once a message at or past its end, or the end-of-partition event there, was seen (the last
     offsets of a transactional topic are commit markers, never delivered as messages)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oracle-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation})
+                         "enable.auto.commit": False, "enable.partition.eof": True, "isolation.level": isolation,
+                         **(client or {})})
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:

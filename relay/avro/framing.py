@@ -30,6 +30,7 @@ from relay.avro.config import SUBJECT_STRATEGIES, RegistryConfig
 from relay.avro.folder import SchemaFolder
 from relay.avro.wire import CONFLUENT, CONFLUENT_MAGIC, SINGLE_OBJECT, SINGLE_OBJECT_MAGIC
 from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
+from relay.core.redact import redact_text
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -174,7 +175,7 @@ class ConfluentFraming:
             ) from exc
         except Exception as exc:
             raise SchemaRegistryUnavailableError(
-                f"cannot reach the Schema Registry at {self._client.config().get('url', '?')}: "
+                f"cannot reach the Schema Registry at {redact_text(str(self._client.config().get('url', '?')))}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         assert value is not None

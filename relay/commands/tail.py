@@ -35,6 +35,7 @@ from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
 from relay.config import Settings
+from relay.core.redact import redact_text
 
 
 def to_json(value: Any) -> Any:
@@ -159,7 +160,10 @@ def tail(
     try:
         meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
-            print(f"outbox-relay tail: no topic {topic!r} at {settings.kafka_bootstrap_servers}", file=sys.stderr)
+            print(
+                f"outbox-relay tail: no topic {topic!r} at {redact_text(settings.kafka_bootstrap_servers)}",
+                file=sys.stderr,
+            )
             return 2
         pending = _assign(consumer, topic, sorted(meta.partitions), from_beginning, last, settings.connect_timeout_s)
         _print(consumer, pending, decoder, out, follow, max_messages)

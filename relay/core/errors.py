@@ -96,6 +96,27 @@ class ServerUnreachableError(RelayError):
     exit_code = EXIT_UNREACHABLE
 
 
+class PermissionDeniedError(RelayError):
+    """Raised when MongoDB or Kafka refuses the relay's user an action it needs; names each
+    action and the namespace, topic or resource it was refused on (docs/security.md lists what
+    to grant; `outbox-relay security role` prints MongoDB's)."""
+
+    action = Action.STOP
+    exit_code = EXIT_CONFIG
+
+    def __init__(self, message: str, refused: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.refused = refused  # (action or operation, namespace or resource)
+        self.reason = message
+
+    @classmethod
+    def missing(
+        cls, server: str, principal: str, refused: list[tuple[str, str]], hint: str = "docs/security.md"
+    ) -> PermissionDeniedError:
+        listed = "; ".join(f"{action} on {resource}" for action, resource in refused)
+        return cls(f"{server} does not allow {principal} {listed} (grant them: {hint})", refused)
+
+
 class LeaseHeldError(RelayError):
     """Raised when an operator action needs the lease to be free (e.g. `checkpoint reset`) and
     another replica holds it; names the holder."""
@@ -281,14 +302,21 @@ def cause_of(exc: BaseException) -> str | None:
 
 def run_command(prog: str, command: Callable[[], int]) -> int:
     """Run a command, turning the relay's errors into their exit codes with a one-line message
-    on stderr (no traceback), and Ctrl-C into 130."""
+    on stderr (no traceback), and Ctrl-C into 130. Anything else prints its traceback and exits
+    1, as Python would. Whatever is printed is scrubbed of credentials (relay.core.redact)."""
     import sys
+    import traceback
+
+    from relay.core.redact import scrub
 
     try:
         return command()
     except RelayError as exc:
         if not exc.logged:
-            print(f"{prog}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(scrub(f"{prog}: {type(exc).__name__}: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception:  # noqa: BLE001 - printed as Python would, scrubbed of credentials
+        print(scrub(traceback.format_exc()), file=sys.stderr, end="")
+        return EXIT_FATAL

@@ -81,13 +81,17 @@ class MongoReplicaSet:
     # Seconds between storage checkpoints; the oplog is truncated only up to the last one, so
     # a small oplog rolls over promptly only with a short delay (default: mongod's 60 s).
     sync_delay_s: int | None = None
+    # More mongod options (the security tests: --auth --keyFile, --tlsMode requireTLS ...) and
+    # the URI options a client then needs (tls=true&tlsCAFile=...); none by default.
+    extra_args: list[str] = field(default_factory=list)
+    uri_options: str = ""
     ports: list[int] = field(default_factory=list)
     processes: list[ManagedProcess] = field(default_factory=list)
 
     @property
     def uri(self) -> str:
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
-        return f"mongodb://{hosts}/?replicaSet={self.name}"
+        return f"mongodb://{hosts}/?replicaSet={self.name}" + (f"&{self.uri_options}" if self.uri_options else "")
 
     def _argv(self, i: int) -> list[str]:
         argv = [
@@ -112,7 +116,7 @@ class MongoReplicaSet:
             argv += ["--oplogSize", str(self.oplog_size_mb)]
         if self.sync_delay_s is not None:
             argv += ["--syncdelay", str(self.sync_delay_s)]
-        return argv
+        return argv + self.extra_args
 
     def start(self) -> None:
         """Start every member and initiate the set; returns once a primary is elected."""
@@ -134,8 +138,9 @@ class MongoReplicaSet:
     def _direct(self, i: int) -> Any:
         import pymongo
 
+        options = f"&{self.uri_options}" if self.uri_options else ""
         return pymongo.MongoClient(
-            f"mongodb://127.0.0.1:{self.ports[i]}/?directConnection=true",
+            f"mongodb://127.0.0.1:{self.ports[i]}/?directConnection=true{options}",
             serverSelectionTimeoutMS=5000,
         )
 
@@ -230,6 +235,12 @@ class KafkaBroker:
     port: int = 0
     controller_port: int = 0
     process: ManagedProcess | None = None
+    # The security tests' brokers (SASL, ACLs, TLS): properties appended to the defaults (a later
+    # line wins), more arguments to `storage format` (--add-scram), and the client properties
+    # the start-up check connects with. None by default.
+    extra_properties: str = ""
+    format_args: list[str] = field(default_factory=list)
+    client_config: dict[str, str] = field(default_factory=dict)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -258,6 +269,7 @@ class KafkaBroker:
                 log_dir=self.base_dir / "data",
                 partitions=self.partitions,
             )
+            + self.extra_properties.format(port=self.port, controller_port=self.controller_port)
         )
         java, cp = self._java(), self._classpath()
         jvm = [
@@ -273,7 +285,7 @@ class KafkaBroker:
         if not (self.base_dir / "data" / "meta.properties").exists():
             cluster_id = _cluster_id()
             fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), *self.format_args],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -289,7 +301,7 @@ class KafkaBroker:
             return False
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0, **self.client_config})
         return bool(admin.list_topics(timeout=3).brokers)
 
     def stop(self) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from relay.core.errors import ServerUnreachableError, env_name
+from relay.core.redact import redact_text
 from relay.kafka.config import KafkaConfig
 
 
@@ -19,15 +20,22 @@ def client_config(config: KafkaConfig, logger: str) -> dict[str, Any]:
 
 
 def check_kafka(config: KafkaConfig) -> None:
-    """Return once a Kafka broker answers a metadata request; else ServerUnreachableError."""
-    admin = AdminClient({**client_config(config, "kafka.admin"), "log_level": 0})
+    """Return once a Kafka broker answers a metadata request; else ServerUnreachableError,
+    naming what librdkafka last reported (a refused TLS certificate or host name, failed SASL
+    authentication), which points at the RELAY_KAFKA_SSL_* / SASL_* settings to look at."""
+    reported: list[KafkaError] = []
+    conf: dict[str, Any] = {**client_config(config, "kafka.admin"), "log_level": 0, "error_cb": reported.append}
+    admin = AdminClient(conf)
     cause: KafkaException | None = None
     try:
         if admin.list_topics(timeout=config.connect_timeout_s).brokers:
             return
     except KafkaException as exc:
         cause = exc
+    admin.poll(0)  # serves error_cb: what librdkafka reported while trying
+    causes = [e for e in reported if e.code() != KafkaError._ALL_BROKERS_DOWN] or reported
+    why = f": {causes[-1].str()}" if causes else ""
     raise ServerUnreachableError(
-        f"cannot reach Kafka at {config.bootstrap_servers} within {config.connect_timeout_s:g}s "
-        f"({env_name('kafka_bootstrap_servers')})"
+        f"cannot reach Kafka at {redact_text(config.bootstrap_servers)} within {config.connect_timeout_s:g}s "
+        f"({env_name('kafka_bootstrap_servers')}){why}"
     ) from cause

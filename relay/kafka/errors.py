@@ -16,6 +16,7 @@ from relay.core.errors import (
     Action,
     ConfigError,
     DeliveryError,
+    PermissionDeniedError,
     PoisonEventError,
     ProducerFatalError,
     kafka_env_name,
@@ -26,6 +27,16 @@ PERMANENT: dict[int, str] = {
     KafkaError.MSG_SIZE_TOO_LARGE: "larger than the broker accepts for this topic",
     KafkaError.INVALID_RECORD: "rejected by the broker as an invalid record",
     KafkaError.TOPIC_EXCEPTION: "the topic name is invalid",
+}
+# Refusals an operator cures by granting an ACL (docs/security.md): the relay stops naming the
+# resource and the operation instead of restarting forever. Code -> (resource kind, operations).
+AUTHORIZATION: dict[int, tuple[str, str]] = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: ("TOPIC", "WRITE, DESCRIBE"),
+    KafkaError.GROUP_AUTHORIZATION_FAILED: ("GROUP", "READ"),
+    # An idempotent producer gets its producer id with WRITE on any topic (KIP-679): a principal
+    # refused it holds WRITE on none of the relay's topics.
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: ("CLUSTER", "IDEMPOTENT_WRITE, or WRITE on the relay's topics"),
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ("TRANSACTIONAL_ID", "WRITE, DESCRIBE"),
 }
 # librdkafka names an aliased property by its canonical name; errors name what the user set.
 _ALIASES = {
@@ -56,13 +67,30 @@ def action_for(exc: BaseException) -> Action | None:
     (None for anything else): a fenced transactional producer means a newer leader took over;
     abortable and fatal ones are cured by a new producer and a restart from the resume point."""
     if isinstance(exc, KafkaException):
-        return Action.FENCED if fenced(kafka_error(exc)) else Action.RESTART
+        err = kafka_error(exc)
+        if err is not None and err.code() in AUTHORIZATION:
+            return Action.STOP  # an operator must grant an ACL
+        return Action.FENCED if fenced(err) else Action.RESTART
     return None
+
+
+def authorization_error(err: object, resource: str) -> PermissionDeniedError | None:
+    """PermissionDeniedError naming `resource` (a topic, transactional id ...) and the operations
+    the broker refused, when `err` is an authorization failure (AUTHORIZATION); else None."""
+    if not isinstance(err, KafkaError) or err.code() not in AUTHORIZATION:
+        return None
+    kind, operations = AUTHORIZATION[err.code()]
+    named = f"{kind} {resource}" if resource else kind
+    refused = [(f"{operations} ({err.name()})", named)]
+    return PermissionDeniedError.missing("Kafka", "the relay's principal", refused, "docs/security.md, Kafka ACLs")
 
 
 def produce_error(exc: KafkaException, event_id: str) -> Exception:
     """The relay error for a failure of `produce()`/`poll()` while handing `event_id` over."""
     err = kafka_error(exc)
+    denied = authorization_error(err, "")
+    if denied is not None:
+        return denied
     if err is not None and err.fatal():
         return ProducerFatalError(f"producer unusable: {err}")
     if err is not None and err.code() in PERMANENT:

@@ -17,6 +17,7 @@ from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import ConfigError, ServerUnreachableError, TransientError, env_name
 from relay.kafka.admin import client_config
 from relay.kafka.config import KafkaConfig
+from relay.kafka.errors import authorization_error
 from relay.kafka.offsets_record import OffsetsRecord, partition_for
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ class OffsetsTopic:
                         raise
             configs = self._describe(admin)
         except KafkaException as exc:
+            denied = authorization_error(exc.args[0] if exc.args else None, self.topic)
+            if denied is not None:
+                raise denied from exc
             raise ServerUnreachableError(
                 f"cannot create or describe the offsets topic {self.topic!r} ({env_name('offsets_topic')}) at "
                 f"{self._config.bootstrap_servers}: {exc.args[0] if exc.args else exc}"

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import BatchRefusedError, DeliveryError, PoisonEventError
 from relay.core.window import Delivery
-from relay.kafka.errors import PERMANENT, config_error, produce_error
+from relay.kafka.errors import PERMANENT, authorization_error, config_error, produce_error
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ def delivery_failure(delivery: Delivery) -> Exception:
     err = delivery.failure[1]
     event_id = delivery.failed_event_id()
     code = err.code()
+    topics = sorted({m.topic for m in delivery.messages if m.value == delivery.failure[0]})
+    denied = authorization_error(err, ", ".join(topics))
+    if denied is not None:
+        return denied
     if code in PERMANENT:
         if delivery.one_by_one:
             return PoisonEventError(event_id, f"{PERMANENT[code]} ({err.name()})")

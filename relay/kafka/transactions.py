@@ -49,7 +49,7 @@ from relay.core.positions import Checkpoint, Grant, short_token
 from relay.core.resume import forgets_record, resume_point
 from relay.core.window import Delivery
 from relay.kafka.config import KafkaConfig
-from relay.kafka.errors import config_error, fenced, produce_error
+from relay.kafka.errors import authorization_error, config_error, fenced, produce_error
 from relay.kafka.offsets_record import OffsetsRecord, transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
 from relay.kafka.producer import ProducerBase, delivery_failure
@@ -148,6 +148,10 @@ class TransactionalPublisher(ProducerBase):
                 return
             except KafkaException as exc:
                 err = exc.args[0]
+                denied = authorization_error(err, transactional_id(self._lease_id))
+                if denied is not None:
+                    self._unusable = True
+                    raise denied from exc
                 if err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
                     self._unusable = True
                     raise ConfigError(

@@ -11,11 +11,13 @@ import re
 from typing import Any
 
 from pymongo import MongoClient
-from pymongo.errors import PyMongoError
+from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.server_api import ServerApi
 
 from relay.core.errors import ConfigError, ServerUnreachableError, env_name
+from relay.core.redact import redact_uri
 from relay.mongo.config import MongoConfig
+from relay.mongo.errors import AUTHENTICATION_FAILED
 
 _TIMEOUTS = re.compile(r" \(configured timeouts: [^)]*\)")
 
@@ -50,19 +52,27 @@ def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
     """Return once MongoDB answers and is a replica set member.
 
     Raises ServerUnreachableError when nothing answers within RELAY_CONNECT_TIMEOUT_S, and
-    ConfigError naming RELAY_MONGODB_URI when the server answers but is not a replica set
-    member (change streams need one).
+    ConfigError naming RELAY_MONGODB_URI when the server refuses the credentials or answers but
+    is not a replica set member (change streams need one). The URI is shown redacted.
     """
     try:
         hello = client.admin.command("hello")
+    except OperationFailure as exc:
+        if exc.code != AUTHENTICATION_FAILED:
+            raise
+        raise ConfigError(
+            env_name("mongodb_uri"),
+            f"MongoDB at {redact_uri(config.uri)} refused the credentials (AuthenticationFailed, code 18): "
+            "check the user, its password and authSource",
+        ) from exc
     except PyMongoError as exc:
         raise ServerUnreachableError(
-            f"cannot reach MongoDB at {config.uri} within {config.connect_timeout_s:g}s "
+            f"cannot reach MongoDB at {redact_uri(config.uri)} within {config.connect_timeout_s:g}s "
             f"({env_name('mongodb_uri')}): {mongo_cause(exc)}"
         ) from exc
     if "setName" not in hello:
         raise ConfigError(
             env_name("mongodb_uri"),
-            f"MongoDB at {config.uri} answers but is not a replica set member; "
+            f"MongoDB at {redact_uri(config.uri)} answers but is not a replica set member; "
             "change streams need one (start mongod with --replSet and initiate it)",
         )

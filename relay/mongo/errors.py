@@ -15,6 +15,8 @@ does with the rest.
 
 from __future__ import annotations
 
+import re
+
 from pymongo.errors import (
     ConnectionFailure,
     CursorNotFound,
@@ -24,12 +26,30 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
-from relay.core.errors import Action, HistoryLostError, ReopenableStreamError
+from relay.core.errors import Action, HistoryLostError, PermissionDeniedError, ReopenableStreamError
+
+# The privilege action a refused command needs (MongoDB's "not authorized on <db> to execute
+# command { <command>: <collection>, ... }").
+_COMMAND_ACTIONS = {
+    "find": "find",
+    "getMore": "find",
+    "count": "find",
+    "aggregate": "find",
+    "insert": "insert",
+    "update": "update",
+    "delete": "remove",
+    "findAndModify": "find, update",
+    "createIndexes": "createIndex",
+    "listIndexes": "listIndexes",
+}
+_REFUSED = re.compile(r'not authorized on (?P<db>\S+) to execute command \{ (?P<command>\w+): (?P<target>"[^"]*"|\S+)')
 
 # MongoDB server error codes the relay treats specially, by name (the server's error_codes.yml).
 ERROR_NAMES: dict[int, str] = {
     6: "HostUnreachable",
     7: "HostNotFound",
+    13: "Unauthorized",
+    18: "AuthenticationFailed",
     43: "CursorNotFound",
     64: "WriteConcernFailed",
     89: "NetworkTimeout",
@@ -56,6 +76,9 @@ ERROR_NAMES: dict[int, str] = {
 }
 CODES: dict[str, int] = {name: code for code, name in ERROR_NAMES.items()}
 CURSOR_NOT_FOUND = CODES["CursorNotFound"]
+# Wrong user or password: a stop naming RELAY_MONGODB_URI (relay.mongo.connection).
+AUTHENTICATION_FAILED = CODES["AuthenticationFailed"]
+UNAUTHORIZED = CODES["Unauthorized"]  # the user lacks a privilege: PermissionDeniedError names the action and namespace
 DUPLICATE_KEY = CODES["DuplicateKey"]  # an upsert lost a race on _id (relay.spark.state's upserts)
 HISTORY_LOST_CODES = frozenset({CODES["ChangeStreamHistoryLost"]})
 # Server errors a later attempt can succeed after (elections, shutdowns, interruptions,
@@ -103,6 +126,8 @@ def resumable(exc: PyMongoError) -> bool:
 def translate(exc: PyMongoError) -> BaseException:
     """The relay error for a server error with a meaning of its own, else `exc` itself."""
     if isinstance(exc, OperationFailure):
+        if exc.code == UNAUTHORIZED:
+            return unauthorized(exc)
         if exc.code in HISTORY_LOST_CODES:
             return HistoryLostError(
                 "the stored checkpoint is no longer in the oplog (ChangeStreamHistoryLost): "
@@ -113,6 +138,19 @@ def translate(exc: PyMongoError) -> BaseException:
             code = int(exc.code)
             return ReopenableStreamError(code, ERROR_NAMES.get(code, "?"), str(exc))
     return exc
+
+
+def unauthorized(exc: OperationFailure) -> PermissionDeniedError:
+    """PermissionDeniedError naming the action and namespace MongoDB refused (code 13)."""
+    text = str(exc)
+    m = _REFUSED.search(text)
+    if m is None:
+        return PermissionDeniedError(f"MongoDB refused the relay's user (Unauthorized, code 13): {text}", [])
+    command, target = m["command"], m["target"].strip('"')
+    action = "changeStream" if "$changeStream" in text else _COMMAND_ACTIONS.get(command, command)
+    namespace = f"{m['db']}.{target}" if m["target"].startswith('"') else m["db"]
+    hint = "docs/security.md; outbox-relay security role prints the role"
+    return PermissionDeniedError.missing("MongoDB", "the relay's user", [(action, namespace)], hint)
 
 
 def action_for(exc: BaseException) -> Action | None:

@@ -44,8 +44,11 @@ class ObserverConfig:
     dead_letter_topic: str  # named in the dead-letter log lines
     partitions: int
     health: HealthConfig
+    http_host: str  # the address the HTTP server binds (RELAY_HTTP_HOST)
 
     def __post_init__(self) -> None:
+        if not self.http_host.strip():
+            raise ConfigError(env_name("http_host"), "must not be empty (0.0.0.0: every interface)")
         if not self.instance_id.strip():
             raise ConfigError(env_name("instance_id"), "must not be empty")
         if not 0 <= self.http_port <= 65535:

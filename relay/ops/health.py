@@ -7,7 +7,9 @@ through `relay.ops.observe.Observer`; the HTTP server reads it on its own thread
 
 from __future__ import annotations
 
+import errno
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -167,18 +169,25 @@ class GroupHealth(_Degradable):
         return self.readiness()[0]
 
 
-def serve(port: int, health: Health | GroupHealth, registry: CollectorRegistry) -> ThreadingHTTPServer | None:
-    """Serve /metrics, /livez, /readyz on `port` in a daemon thread (0: off).
+def serve(
+    port: int, health: Health | GroupHealth, registry: CollectorRegistry, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer | None:
+    """Serve /metrics, /livez, /readyz on `host`:`port` in a daemon thread (0: off).
 
-    /livez and /readyz answer 200 or 503 with a small JSON body that says why. Raises
-    ConfigError naming RELAY_HTTP_PORT when the port cannot be bound.
+    /livez and /readyz answer 200 or 503 with a small JSON body that says why (the role, the
+    reason, seconds since the loop turned); /metrics the relay's counters. None of them shows a
+    setting, a server address or an event's payload (docs/security.md). Raises ConfigError
+    naming RELAY_HTTP_PORT (or RELAY_HTTP_HOST) when the address cannot be bound.
     """
     if not port:
         return None
     try:
-        server = ThreadingHTTPServer(("0.0.0.0", port), _handler(health, registry))
+        server = ThreadingHTTPServer((host, port), _handler(health, registry))
+    except socket.gaierror as exc:
+        raise ConfigError(env_name("http_host"), f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     except OSError as exc:
-        raise ConfigError(env_name("http_port"), f"cannot listen on port {port}: {exc.strerror}") from exc
+        setting = "http_host" if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) else "http_port"
+        raise ConfigError(env_name(setting), f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="relay-http", daemon=True).start()
     return server

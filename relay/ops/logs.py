@@ -5,6 +5,10 @@ files, pipes) and text on a terminal. A JSON line has `time` (UTC, ms), `level`,
 `message`, then every extra field of the record. Lines emitted on a relay loop thread carry the
 loop's context (`instance`, `fencing`, `token`, and `partition` when the outbox is partitioned),
 set by `relay.ops.observe.Observer` through `bind_loop_context`.
+
+Both formats pass the whole line (message, fields, traceback, causes) through
+`relay.core.redact.scrub`: URIs show `user:***@`, and the loaded settings' credential values
+are masked wherever they appear, at every level.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Mapping
 from typing import IO, Any
 
+from relay.core.redact import scrub
 from relay.ops.config import LOG_FORMATS
 
 __all__ = [
@@ -77,7 +82,7 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return scrub(json.dumps(out, default=str, ensure_ascii=False))
 
 
 class TextFormatter(logging.Formatter):
@@ -90,9 +95,9 @@ class TextFormatter(logging.Formatter):
         line = super().format(record)
         fields = [f"{k}={v}" for k, v in _extras(record).items() if k not in _TEXT_HIDDEN]
         if not fields:
-            return line
+            return scrub(line)
         head, sep, tail = line.partition("\n")  # keep a traceback below the fields
-        return f"{head}  {' '.join(fields)}{sep}{tail}"
+        return scrub(f"{head}  {' '.join(fields)}{sep}{tail}")
 
 
 def resolve_log_format(fmt: str, stream: IO[str]) -> str:
@@ -105,11 +110,26 @@ def resolve_log_format(fmt: str, stream: IO[str]) -> str:
         return "json"
 
 
+def _log_thread_crash(args: threading.ExceptHookArgs) -> None:
+    """An exception that ended a thread: one ERROR line through the relay's formatter (so it is
+    JSON in a container, and scrubbed of credentials) instead of a raw traceback on stderr."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("relay").error(
+        "thread %s ended on %s",
+        name,
+        args.exc_type.__name__,
+        exc_info=args.exc_value if args.exc_value is not None else True,
+    )
+
+
 def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None = None) -> logging.Handler:
     """Log to stderr (or `stream`) as JSON lines or text (RELAY_LOG_FORMAT); returns the handler.
 
     Calling it again replaces the handler it installed before; other handlers stay. librdkafka's
-    own lines (connection attempts) and py4j's (Spark's Python bridge) show only at DEBUG.
+    own lines (connection attempts) and py4j's (Spark's Python bridge) show only at DEBUG. An
+    exception that ends a thread is logged as an ERROR line too (`threading.excepthook`).
     """
     stream = stream or sys.stderr
     handler = logging.StreamHandler(stream)
@@ -120,6 +140,7 @@ def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None
     for old in [h for h in root.handlers if getattr(h, "outbox_relay", False)]:
         root.removeHandler(old)
     root.addHandler(handler)
+    threading.excepthook = _log_thread_crash
     debug = level.upper() == "DEBUG"
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("kafka.admin").setLevel(logging.CRITICAL)

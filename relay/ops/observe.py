@@ -94,7 +94,7 @@ class Observer:
 
     def serve(self) -> ThreadingHTTPServer | None:
         """/metrics, /livez, /readyz on RELAY_HTTP_PORT (see relay.ops.health.serve)."""
-        return serve(self.config.http_port, self.health, self.metrics.registry)
+        return serve(self.config.http_port, self.health, self.metrics.registry, self.config.http_host)
 
     # ---- reports from the loop ------------------------------------------------------------------
 
@@ -314,7 +314,7 @@ class GroupObserver:
         return observer
 
     def serve(self) -> ThreadingHTTPServer | None:
-        return serve(self.config.http_port, self.health, self.metrics.registry)
+        return serve(self.config.http_port, self.health, self.metrics.registry, self.config.http_host)
 
     def tick(self, led: int, target: int) -> None:
         """The group's coordinator turned: this replica leads `led` partitions, its share is `target`."""

@@ -38,6 +38,7 @@ import fastavro
 from fastavro.schema import SchemaParseException, UnknownType, fingerprint, to_parsing_canonical_form
 
 from relay.core.errors import ServerUnreachableError
+from relay.core.redact import redact_text
 from relay.spark import PipelineError
 
 log = logging.getLogger("relay.spark.schemas")
@@ -181,11 +182,11 @@ def registry_schemas(registry: RegistryAccess) -> dict[int, str]:
         schemas = {schema_id: client.get_schema(schema_id) for schema_id in sorted(ids)}
     except SchemaRegistryError as exc:  # an answer, but a refusal (credentials, ...)
         raise PipelineError(
-            f"the Schema Registry at {registry.url} (RELAY_SCHEMA_REGISTRY_URL) refused to list its schemas: {exc}"
+            f"the Schema Registry at {redact_text(registry.url)} (RELAY_SCHEMA_REGISTRY_URL) refused to list its schemas: {exc}"
         ) from exc
     except Exception as exc:
         raise ServerUnreachableError(
-            f"cannot read the schemas of the Schema Registry at {registry.url} "
+            f"cannot read the schemas of the Schema Registry at {redact_text(registry.url)} "
             f"(RELAY_SCHEMA_REGISTRY_URL): {type(exc).__name__}: {exc}"
         ) from exc
     return {i: s.schema_str for i, s in schemas.items() if (s.schema_type or "AVRO") == "AVRO" and s.schema_str}

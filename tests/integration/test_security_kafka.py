@@ -1,0 +1,146 @@
+"""Least privilege and TLS on Kafka: a KRaft broker with SASL/SCRAM over TLS (SASL_SSL, a
+throwaway CA) and StandardAuthorizer; the relay's principal holds exactly the documented ACLs
+(relay.kafka.acls) and every mode works, losing nothing; a missing ACL stops the relay naming the
+resource and the operation; a wrong CA or host name stops it with a line that says so.
+
+One SASL broker for the module (tests/security_servers.py); MongoDB is the session's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+
+from relay.config import Settings
+from relay.core.errors import PermissionDeniedError, ServerUnreachableError
+from relay.kafka.acls import Acl, required
+from tests.security_servers import SaslKafka, make_certificates, sasl_kafka
+from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[SaslKafka]:
+    with sasl_kafka() as server:
+        yield server
+
+
+def _settings(servers: Servers, kafka: SaslKafka, **changes: Any) -> Settings:
+    tag = uuid.uuid4().hex[:8]
+    values: dict[str, Any] = dict(
+        mongodb_uri=servers.mongodb_uri, kafka_bootstrap_servers=kafka.broker.bootstrap_servers, database=f"k_{tag}",
+        topic_template=f"k{tag}.{{aggregateType}}", http_port=0, instance_id=f"test-{tag}", lease_ttl_s=4.0,
+        heartbeat_interval_s=1.0, standby_poll_s=0.3, max_await_ms=200, connect_timeout_s=15.0,
+        restart_backoff_max_s=2.0, offsets_topic=f"k{tag}-offsets",
+    )
+    return Settings().replace(**(values | changes))
+
+
+def _acls(settings: Settings) -> list[Acl]:
+    return required(settings.topic_template, exactly_once=settings.delivery == "exactly-once",
+                    offsets_topic=settings.offsets_topic)
+
+
+def _as_user(kafka: SaslKafka, settings: Settings, acls: list[Acl]) -> Settings:
+    user = f"relay-{settings.database}"
+    client = kafka.add_user(user, f"pw-{uuid.uuid4().hex}")
+    kafka.grant(user, acls)
+    return settings.replace(kafka={**client, "message.timeout.ms": "30000"})
+
+
+MODES = {"single": {}, "partitions": {"partitions": 2}, "exactly-once": {"delivery": "exactly-once"}}
+
+
+def test_every_mode_runs_with_exactly_the_documented_acls(kafka: SaslKafka, servers: Servers) -> None:
+    client: pymongo.MongoClient[Any]
+    with pymongo.MongoClient(servers.mongodb_uri, tz_aware=True) as client:
+        for mode, changes in MODES.items():
+            settings = _settings(servers, kafka, **changes)
+            topic = settings.topic_template.format(aggregateType="order")
+            kafka.create_topics(topic)  # beforehand: the relay's principal holds no CREATE on topics
+            settings = _as_user(kafka, settings, _acls(settings))
+            db = client[settings.database]
+            db.create_collection(settings.outbox_collection)
+            written = write_events(db, settings.outbox_collection, 60, writers=2)
+            with RelayThread(settings) as relay:
+                records = wait_until(
+                    lambda: (r := read_topic(kafka.broker.bootstrap_servers, topic, timeout=5,
+                                             client=kafka.admin_client)) and {x.id for x in r} >= written.ids and r,
+                    120, f"{mode}: every event", interval=1, alive=relay.check_alive)
+                assert_complete_and_ordered(records, written)
+            assert relay.error is None, f"{mode}: {relay.error!r}"
+            client.drop_database(settings.database)
+
+
+def _stops_with(settings: Settings, servers: Servers, kind: type[Exception] = PermissionDeniedError) -> Any:
+    with pymongo.MongoClient(servers.mongodb_uri) as client:
+        db = client[settings.database]
+        db.create_collection(settings.outbox_collection)
+        write_events(db, settings.outbox_collection, 5, writers=1)
+        relay = RelayThread(settings)
+        relay.start()
+        relay.thread.join(90)
+        client.drop_database(settings.database)
+    if relay.thread.is_alive():
+        relay.stop()
+    assert isinstance(relay.error, kind), repr(relay.error)
+    return relay.error
+
+
+def test_a_missing_topic_acl_stops_the_relay_naming_the_topic_and_operation(
+    kafka: SaslKafka, servers: Servers
+) -> None:
+    settings = _settings(servers, kafka)
+    topic = settings.topic_template.format(aggregateType="order")
+    kafka.create_topics(topic)
+    # WRITE on some other topic: enough for an idempotent producer id (KIP-679), not for these topics
+    others = [Acl("TOPIC", "unrelated.", "PREFIXED", "WRITE")]
+    settings = _as_user(kafka, settings, [a for a in _acls(settings) if a.operation != "WRITE"] + others)
+    error = _stops_with(settings, servers)
+    assert error.refused == [("WRITE, DESCRIBE (TOPIC_AUTHORIZATION_FAILED)", f"TOPIC {topic}")]
+    assert error.exit_code == 2
+
+
+def test_a_missing_transactional_id_acl_stops_the_relay_naming_it(kafka: SaslKafka, servers: Servers) -> None:
+    settings = _settings(servers, kafka, delivery="exactly-once")
+    kafka.create_topics(settings.topic_template.format(aggregateType="order"))
+    settings = _as_user(kafka, settings, [a for a in _acls(settings) if a.resource != "TRANSACTIONAL_ID"])
+    error = _stops_with(settings, servers)
+    [(operation, resource)] = error.refused
+    assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in operation
+    assert resource == f"TRANSACTIONAL_ID outbox-relay:{settings.namespace}"
+
+
+def test_a_wrong_ca_or_host_name_stops_the_relay_with_a_clear_line(
+    kafka: SaslKafka, servers: Servers, tmp_path: Any
+) -> None:
+    other = make_certificates(tmp_path, name="other")
+    settings = _settings(servers, kafka, connect_timeout_s=3.0)
+    client = {**kafka.client("relay-tls", "pw-tls-1234"), "message.timeout.ms": "30000"}
+    cases = {
+        "wrong CA": (settings.kafka_bootstrap_servers, {**client, "ssl.ca.location": str(other.ca)}),
+        "wrong host name": (f"localhost:{kafka.broker.port}", client),  # the certificate names 127.0.0.1
+    }
+    for case, (bootstrap, properties) in cases.items():
+        error = _stops_with(settings.replace(kafka_bootstrap_servers=bootstrap, kafka=properties), servers,
+                            ServerUnreachableError)
+        assert f"cannot reach Kafka at {bootstrap}" in str(error), case
+        assert "SSL handshake failed" in str(error) and "certificate verify failed" in str(error), f"{case}: {error}"
+
+
+def test_a_wrong_sasl_password_stops_the_relay_saying_so_without_printing_it(
+    kafka: SaslKafka, servers: Servers, logs: Any
+) -> None:
+    wrong = f"Wrong-Canary-{uuid.uuid4().hex[:8]}"
+    kafka.add_user("relay-wrongpw", "pw-right-1234")
+    settings = Settings.load(env={"RELAY_KAFKA_SASL_PASSWORD": wrong})  # registers it, as the command line does
+    settings = _settings(servers, kafka, connect_timeout_s=3.0).replace(
+        kafka={**kafka.client("relay-wrongpw", wrong), "message.timeout.ms": "30000"})
+    capture = logs("json", "DEBUG")
+    error = _stops_with(settings, servers, ServerUnreachableError)
+    assert "Authentication failed" in str(error) and "SCRAM-SHA-256" in str(error), str(error)
+    assert wrong not in str(error) and wrong not in capture.text
+    assert "stopping on ServerUnreachableError" in capture.text

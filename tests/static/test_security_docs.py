@@ -1,0 +1,51 @@
+"""docs/security.md's privilege and ACL tables say what the code requires (relay.mongo.privileges,
+relay.kafka.acls), mode by mode."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from relay.kafka.acls import required as required_acls
+from relay.mongo.privileges import required as required_privileges
+from tests.support import ROOT
+
+DOC = (ROOT / "docs" / "security.md").read_text()
+
+
+def _section(title: str) -> str:
+    return DOC.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _rows(section: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| `") or line.startswith("| topic") or line.startswith("| the ")
+            or line.startswith("| transactional") or line.startswith("| group")]
+
+
+def _ticked(cell: str) -> set[str]:
+    return set(re.findall(r"`([^`]+)`", cell))
+
+
+def test_the_mongodb_table_lists_every_privilege_of_every_mode() -> None:
+    documented: dict[str, set[str]] = defaultdict(set)
+    for resource, actions, *_ in _rows(_section("Least privilege on MongoDB")):
+        documented[resource.strip("`")] |= _ticked(actions)
+    needed: dict[str, set[str]] = defaultdict(set)
+    for cleanup in (False, True):
+        for partitions in (1, 3):
+            for p in required_privileges("<db>", "<outbox>", "<leases>", cleanup=cleanup, partitions=partitions,
+                                         inbox="<inbox>"):
+                needed[p.namespace] |= set(p.actions)
+    assert documented == needed
+
+
+def test_the_kafka_table_lists_every_acl_of_every_mode() -> None:
+    documented: set[tuple[str, str]] = set()
+    for resource, pattern, operations, *_ in _rows(_section("Least privilege on Kafka")):
+        kind = resource.split()[0].upper().replace("TRANSACTIONAL", "TRANSACTIONAL_ID")
+        documented |= {(kind, f"{pattern}:{op}") for op in _ticked(operations)}
+    acls = required_acls("outbox.event.{aggregateType}", exactly_once=True, offsets_topic="outbox-relay.offsets",
+                         dead_letter_topic="outbox.deadletter")
+    assert {(a.resource, f"{a.pattern}:{a.operation}") for a in acls} <= documented
+    assert {op for _, op in documented} == {f"{a.pattern}:{a.operation}" for a in acls}

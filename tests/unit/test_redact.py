@@ -1,0 +1,154 @@
+"""Redaction: URIs show `user:***@`, password-like settings `***`, and the log formatters and the
+command line mask the loaded credentials wherever they appear (relay.core.redact)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from relay.config import Settings
+from relay.core.errors import ConfigError, ServerUnreachableError, run_command
+from relay.core.redact import MASK, redact_mapping, redact_text, scrub, secret_name
+from relay.mongo.privileges import Privilege, missing
+from tests.support import captured_logs
+
+CANARY = "Canary-Pw-7c1e"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("mongodb://relayuser:S3cretPw@127.0.0.1:1/?replicaSet=rs0", "mongodb://relayuser:***@127.0.0.1:1/?replicaSet=rs0"),
+        ("mongodb+srv://u:p%40ss@db.example/app", "mongodb+srv://u:***@db.example/app"),
+        ("at mongodb://a:b@h1:1,h2:2/?tls=true&tlsCertificateKeyFilePassword=kp&w=1 now",
+         "at mongodb://a:***@h1:1,h2:2/?tls=true&tlsCertificateKeyFilePassword=***&w=1 now"),
+        ("http://reg:basic@registry:8081", "http://reg:***@registry:8081"),
+        ("mongodb://127.0.0.1:1/?replicaSet=rs0", "mongodb://127.0.0.1:1/?replicaSet=rs0"),
+        ("mongodb://onlyuser@h/", "mongodb://onlyuser:***@h/"),
+    ],
+)
+def test_a_uri_shows_its_user_but_not_its_password(text: str, shown: str) -> None:
+    assert redact_text(text) == shown
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sasl.password", "sasl.username", "sasl.jaas.config", "sasl.oauthbearer.client.secret", "ssl.key.password",
+     "ssl.keystore.password", "ssl.key.pem", "schema_registry_basic_auth", "basic.auth.user.info", "api_token",
+     "RELAY_KAFKA_SSL_KEY_PASSWORD"],
+)
+def test_password_like_names_are_secret(name: str) -> None:
+    assert secret_name(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["sasl.mechanism", "sasl.mechanisms", "security.protocol", "ssl.ca.location", "fencing_token", "fencingToken",
+     "token", "resumeToken", "mongodb_uri", "bootstrap.servers"],
+)
+def test_other_names_are_not(name: str) -> None:
+    assert not secret_name(name)
+
+
+def _loaded() -> Settings:
+    return Settings.load(env={
+        "RELAY_MONGODB_URI": f"mongodb://relayuser:{CANARY}1@127.0.0.1:1/?replicaSet=rs0",
+        "RELAY_KAFKA_SASL_PASSWORD": f"{CANARY}2",
+        "RELAY_KAFKA_SSL_KEY_PASSWORD": f"{CANARY}3",
+        "RELAY_SCHEMA_REGISTRY_BASIC_AUTH": f"reg:{CANARY}4",
+    })
+
+
+def test_settings_render_credentials_masked() -> None:
+    settings = _loaded()
+    shown = settings.rendered()
+    assert shown["mongodb_uri"] == "mongodb://relayuser:***@127.0.0.1:1/?replicaSet=rs0"
+    assert shown["schema_registry_basic_auth"] == MASK
+    assert shown["kafka"] == {"sasl.password": MASK, "ssl.key.password": MASK}
+    assert CANARY not in repr(settings) and CANARY not in str(settings)
+    assert redact_mapping({"nested": {"sasl.password": "x"}, "n": 3}) == {"nested": {"sasl.password": MASK}, "n": 3}
+
+
+def _raise_chained() -> None:
+    try:
+        raise ValueError(f"driver says: bad password {CANARY}2 for mongodb://u:{CANARY}1@h/")
+    except ValueError as exc:
+        raise ServerUnreachableError(f"cannot reach with basic auth reg:{CANARY}4 ({CANARY}3)") from exc
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_the_log_formatter_masks_loaded_credentials_at_every_level_and_in_causes(fmt: str) -> None:
+    _loaded()
+    log = logging.getLogger("relay.test_redact")
+    with captured_logs(fmt, "DEBUG") as capture:
+        for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR):
+            log.log(level, "connecting with %s", f"{CANARY}2", extra={"uri": f"mongodb://u:{CANARY}1@h/"})
+        try:
+            _raise_chained()
+        except ServerUnreachableError:
+            log.exception("stopping")
+    assert capture.text.count("***") >= 8
+    assert CANARY not in capture.text
+    if fmt == "json":
+        assert len(capture.lines()) == 5 and "ValueError" in capture.lines()[-1]["exc"]
+
+
+def test_the_command_line_masks_loaded_credentials_in_what_it_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    _loaded()
+
+    def refused() -> int:
+        raise ConfigError("RELAY_KAFKA_SASL_PASSWORD", f"refused {CANARY}2")
+
+    def crashed() -> int:
+        raise RuntimeError(f"unexpected, with mongodb://u:{CANARY}1@h/ and reg:{CANARY}4")
+
+    assert run_command("outbox-relay", refused) == 2
+    assert run_command("outbox-relay", crashed) == 1
+    err = capsys.readouterr().err
+    assert "RuntimeError" in err and "Traceback" in err
+    assert CANARY not in err
+    assert scrub(f"x {CANARY}3 y") == "x *** y"
+
+
+def test_the_privilege_check_reads_resources_as_mongodb_does() -> None:
+    needed = [Privilege("app", "outbox", ("find", "changeStream"), ""), Privilege("local", "oplog.rs", ("find",), "")]
+    assert missing([{"resource": {"anyResource": True}, "actions": ["anyAction"]}], needed) == []
+    assert missing([], needed) == [("find", "app.outbox"), ("changeStream", "app.outbox"), ("find", "local.oplog.rs")]
+    assert missing([{"resource": {"db": "", "collection": ""}, "actions": ["find", "changeStream"]}], needed) == []
+    assert missing([{"resource": {"db": "app", "collection": ""}, "actions": ["find"]},
+                    {"resource": {"cluster": True}, "actions": ["find"]}], needed) == [
+        ("changeStream", "app.outbox"), ("find", "local.oplog.rs")]
+    assert json.dumps(needed[0].document()) == (
+        '{"resource": {"db": "app", "collection": "outbox"}, "actions": ["find", "changeStream"]}')
+
+
+def test_an_unreachable_servers_error_names_the_uri_without_its_password() -> None:
+    from relay.config import Settings
+    from relay.dev.processes import free_port
+    from relay.mongo.connection import check_mongodb, mongo_client
+
+    uri = f"mongodb://relayuser:{CANARY}@127.0.0.1:{free_port()}/?replicaSet=rs0"
+    config = Settings(mongodb_uri=uri, connect_timeout_s=0.3).parts().mongo
+    with mongo_client(config) as client, pytest.raises(ServerUnreachableError) as refused:
+        check_mongodb(client, config)
+    assert "mongodb://relayuser:***@127.0.0.1:" in str(refused.value)
+    assert CANARY not in str(refused.value)
+
+
+def test_a_thread_that_crashes_is_logged_through_the_scrubbing_formatter() -> None:
+    import threading
+
+    _loaded()
+    with captured_logs("json") as capture:
+        def crash() -> None:
+            raise RuntimeError(f"connect failed for mongodb://u:{CANARY}1@h/ with {CANARY}2")
+
+        thread = threading.Thread(target=crash, name="reader")
+        thread.start()
+        thread.join()
+    [line] = capture.lines()
+    assert line["level"] == "ERROR" and line["message"] == "thread reader ended on RuntimeError"
+    assert "RuntimeError: connect failed for mongodb://u:***@h/ with ***" in line["exc"]
+    assert CANARY not in capture.text
