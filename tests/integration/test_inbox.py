@@ -69,7 +69,8 @@ def test_relay_replay_after_checkpoint_reset_is_skipped_by_event_id_at_new_offse
 def test_rebalance_between_two_consumers_of_one_group_applies_every_event_once_in_order(env):
     written = Written()
     with RelayThread(env.settings):
-        writer = background_writes(env, written, 2400, writers=3, pause=0.004)
+        # Paced (about 10 s of writes) so the second consumer joins while there is still work.
+        writer = background_writes(env, written, 2400, writers=3, pause=0.03)
         handler = effects_handler(env.db)
         with InboxThread(env.db, handler, **_run(env, batch_max_events=50)) as first:
             wait_applied(env.db, 400, alive=first.check_alive)
