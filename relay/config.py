@@ -128,6 +128,21 @@ class Settings:
         "outbox-relay.offsets",
         "compacted topic holding each lease's committed resume token (RELAY_DELIVERY=exactly-once; created if missing)",
     )
+    # Measured (docs/exactly-once.md#cost): a commit costs a fixed ~18 ms wait and broker work per
+    # partition, so a transaction spans several reads until one of these bounds is reached.
+    transaction_max_events: int = _setting(
+        10000,
+        "exactly-once: most events in one Kafka transaction, which spans several reads until this, "
+        "RELAY_TRANSACTION_MAX_BYTES or RELAY_TRANSACTION_MAX_MS is reached",
+    )
+    transaction_max_bytes: int = _setting(
+        16 * 1024 * 1024, "exactly-once: most bytes of encoded messages in one Kafka transaction"
+    )
+    transaction_max_ms: int = _setting(
+        100,
+        "exactly-once: longest a Kafka transaction stays open (ms); read_committed consumers see an "
+        "event at most about this much later than at-least-once",
+    )
     ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
     schema_registry_url: str = _setting(
         "",
@@ -162,7 +177,14 @@ class Settings:
         """Each part's own configuration, made from these settings and checked by the part
         (ConfigError names the setting). `relay.wiring` hands each part its own."""
         kafka = KafkaConfig(
-            self.kafka_bootstrap_servers, dict(self.kafka), self.connect_timeout_s, self.delivery, self.offsets_topic
+            self.kafka_bootstrap_servers,
+            dict(self.kafka),
+            self.connect_timeout_s,
+            self.delivery,
+            self.offsets_topic,
+            self.transaction_max_events,
+            self.transaction_max_bytes,
+            self.transaction_max_ms,
         )
         fields = FieldNames(
             self.field_aggregate_type,
@@ -196,6 +218,7 @@ class Settings:
                 self.on_history_lost,
                 self.on_lease_lost,
                 self.start_at,
+                self.transaction_max_events if kafka.exactly_once else None,
             ),
             mongo=MongoConfig(
                 self.mongodb_uri,

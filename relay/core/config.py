@@ -43,6 +43,9 @@ class LoopConfig:
     on_history_lost: str = "stop"
     on_lease_lost: str = "standby"
     start_at: str = "oplog-start"
+    # RELAY_DELIVERY=exactly-once: the events one Kafka transaction may hold over several reads
+    # (RELAY_TRANSACTION_MAX_EVENTS), which the window then holds until the commit; None otherwise.
+    transaction_max_events: int | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple
 
 from bson import Int64, Timestamp
@@ -266,6 +266,19 @@ class ChangeSource:
         if self._read_ahead and read.changes and self._cursor_id:
             self._send_read_ahead(max_events)
         return self._batch(read.changes)
+
+    def ready(self, timeout: float) -> bool:
+        """Whether `next_batch` can return without waiting on the server: a read is held, a scan
+        serves documents, the stream ended, or the read-ahead in flight comes back within
+        `timeout` seconds. With no read-ahead in flight (after an empty read) the next read is a
+        getMore that may wait up to RELAY_MAX_AWAIT_MS: not ready."""
+        if self._scan is not None or self._held is not None or self._ended is not None:
+            return True
+        ahead = self._ahead
+        if ahead is None:
+            return False
+        done, _ = wait([ahead], timeout=max(0.0, timeout))
+        return bool(done)
 
     def _batch(self, changes: list[RawBSONDocument]) -> Batch:
         """The changes of one read as a Batch under the current token, cut before a drop, rename
