@@ -120,8 +120,8 @@ class Settings:
     on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
     delivery: str = _setting(
         "at-least-once",
-        "at-least-once, or exactly-once: each batch in one Kafka transaction with its resume "
-        "token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
+        "at-least-once, or exactly-once: events in Kafka transactions (RELAY_TRANSACTION_MAX_*) with their "
+        "resume token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
         "(docs/exactly-once.md)",
     )
     offsets_topic: str = _setting(

@@ -1,14 +1,17 @@
-"""Exactly-once into Kafka (RELAY_DELIVERY=exactly-once): one Kafka transaction per delivery.
+"""Exactly-once into Kafka (RELAY_DELIVERY=exactly-once): Kafka transactions spanning several reads.
 
 `TransactionalPublisher` implements the loop's Publisher boundary (relay.core.boundaries) with a
-transactional producer (`transactional.id` = `outbox-relay:<lease id>`, relay.kafka.offsets_record). For each
-delivery `send()` runs one transaction: begin, produce the delivery's messages and one record to
-the compacted offsets topic (RELAY_OFFSETS_TOPIC, key = the lease id, value = the token covering
-the delivery: relay.kafka.offsets_record.OffsetsRecord), commit. It returns only once the commit succeeded, so
-a delivery the loop sees acknowledged is visible to read_committed consumers, and the MongoDB
-checkpoint (written by the loop right after) never covers an event that is not. One transaction is
-in flight at a time (RELAY_PIPELINE_DEPTH must be 1), bounded by RELAY_BATCH_MAX_EVENTS and
-RELAY_BATCH_MAX_BYTES like any delivery.
+transactional producer (`transactional.id` = `outbox-relay:<lease id>`, relay.kafka.offsets_record).
+`send()` adds a delivery (a read, or a part of one) to the open transaction, beginning one when
+none is open. The transaction commits once it holds RELAY_TRANSACTION_MAX_EVENTS events or
+RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago (checked by `send` and
+`poll`), or when the loop waits for every delivery (`drain`: an idle stream, a stop, a read that
+would keep the transaction waiting); before the commit, one record to the compacted offsets topic
+(RELAY_OFFSETS_TOPIC, key = the lease id, value = the newest token of the transaction:
+relay.kafka.offsets_record.OffsetsRecord). Each delivery is held (relay.core.window.Delivery.hold)
+until its transaction ends, so a delivery the loop sees acknowledged is visible to read_committed
+consumers, and the MongoDB checkpoint (written by the loop right after) never covers an event that
+is not. One transaction is open at a time (RELAY_PIPELINE_DEPTH must be 1).
 
 A new leading session first calls `resume_point()`: `init_transactions` fences every earlier
 producer of the lease (a zombie's open transaction is aborted, its later commits fail with a fenced

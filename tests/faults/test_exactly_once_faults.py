@@ -156,8 +156,8 @@ def test_zombie_leader_is_fenced_by_the_broker_and_nothing_it_sends_after_the_ta
     """A is paused (SIGSTOP) inside a transaction past its lease; B takes the lease, fences A's
     producer (init_transactions aborts A's transaction) and commits; A resumes: its commit fails
     fenced, it goes back to standby, and none of its messages after B's first is visible."""
-    batch = 100
-    settings = eos(env, batch_max_events=batch)
+    batch = 100  # reads and transactions of at most 100 events: A's open transaction holds at most that many
+    settings = eos(env, batch_max_events=batch, transaction_max_events=batch)
     a = RelayProcess(settings.replace(instance_id="A"), tmp_path, "A", module=SLOW_COMMIT,
                      extra_env={"RELAY_TEST_COMMIT_DELAY_S": "1.0"}).start()
     b = RelayProcess(settings.replace(instance_id="B"), tmp_path, "B")
