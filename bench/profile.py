@@ -4,7 +4,8 @@ Run: `.venv/bin/python -m bench.profile [--events N] [--variant default|2kb|20kb
 [--top 30] [--no-profile] [--repeat R] [--config NAME:KEY=VALUE,KEY=VALUE ...]`.
 
 Each `--config` is one relay configuration to measure, by name, as RELAY_* variables
-(`depth2:RELAY_PIPELINE_DEPTH=2`, `nolinger:RELAY_KAFKA_LINGER_MS=0`); `python:` (no variables)
+(`depth2:RELAY_PIPELINE_DEPTH=2`, `nolinger:RELAY_KAFKA_LINGER_MS=0`, `eos:RELAY_DELIVERY=exactly-once`,
+which runs bench.scenarios.catch_up's exactly-once mode); `python:` (no variables)
 is the Python path without the compiled encoder. The default is just the relay's defaults.
 Configurations alternate within each repeat, so the machine's load drifts over all of them.
 
@@ -115,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, env, native in configs:
                 tag = f"{run_id}{attempt}{name}"
                 env = {**env, "RELAY_LEASE_COLLECTION": f"leases_{tag}"}  # a fresh start each run
+                delivery = env.pop("RELAY_DELIVERY", "at-least-once")  # with its own offsets topic per run
                 progress(f"run {attempt + 1}, {name}")
                 if args.profile:
                     with _ProfiledThreads() as profiled:
-                        row = relay_catch_up(stack, client, backlog, tag, env=env, native=native)
+                        row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery)
                     print(profiled.report(args.top))
                 else:
-                    row = relay_catch_up(stack, client, backlog, tag, env=env, native=native)
+                    row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery)
                 row.scenario = f"relay [{name}]"
                 _print(row)
             settings = relay_settings(stack, backlog.database, "unused", "now")

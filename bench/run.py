@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> Report:
     started = time.monotonic()
     report = Report(params={
         "events": args.events, "payload_bytes": args.payload_bytes, "rates": args.rates, "seconds": args.seconds,
-        "long_events": args.long_events, "run_id": run_id, "command": args.command, "rounds": args.rounds,
+        "long_events": args.long_events, "run_id": run_id, "variant_keys": args.variant_keys, "command": args.command, "rounds": args.rounds,
         "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -175,10 +175,12 @@ def run(args: argparse.Namespace) -> Report:
                 partition_scenarios(stack, client, args.partition_events, run_id, report)
                 return report
             runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
+            runs = runs[:1] + [v for v in runs[1:] if v.key in args.variant_keys]
             report.variants = {v.key: v.label for v in runs}
             if args.rounds:
                 field = contestants(stack, client, prepared.get("jars"), prepared.get("jars_error"), args.peers,
                                     args.exactly_once)
+                field = [c for c in field if not any(part in c.name for part in args.skip_contestants)]
                 report.fair = fair_catch_up(stack, client, runs[0], run_id, args.rounds, field)
                 for variant in runs[1:]:  # each payload variant: the relay and its bare relay, the same way
                     report.variant_fair[variant.key] = fair_catch_up(stack, client, variant, run_id, args.rounds,
@@ -198,7 +200,7 @@ def run(args: argparse.Namespace) -> Report:
             for step, rate in enumerate(args.rates):
                 batch = 1 if rate <= 2000 else max(1, round(rate / 100))
                 report.latency += steady_step(stack, client, factory, args.payload_bytes, rate, args.seconds,
-                                              batch, run_id, steady_peers, step)
+                                              batch, run_id, steady_peers, step, args.exactly_once)
             if args.partitions:
                 partition_scenarios(stack, client, args.partition_events, run_id, report)
     finally:
@@ -259,6 +261,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="skip the catch-up in exactly-once mode (RELAY_DELIVERY=exactly-once)")
     p.add_argument("--no-variants", dest="variants", action="store_false",
                    help="only the default payload (skip 2 KB, 20 KB and typed)")
+    p.add_argument("--variant-keys", default="2kb,20kb,typed",
+                   help="which payload variants besides the default (comma-separated of 2kb, 20kb, typed)")
+    p.add_argument("--skip-contestants", default="",
+                   help="catch-up contestants to leave out, comma-separated parts of their names "
+                        "(e.g. 'clean-up,change stream')")
     p.add_argument("--partitions", action="store_true",
                    help="also run the partitioned-outbox scenarios (RELAY_PARTITIONS; about 6 minutes)")
     p.add_argument("--only-partitions", action="store_true",
@@ -268,6 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--update-benchmarks", action="store_true",
                    help="also write this run into BENCHMARKS.md (the section between the bench-latest markers)")
     args = p.parse_args(argv)
+    args.variant_keys = [k.strip() for k in args.variant_keys.split(",") if k.strip()]
+    args.skip_contestants = [k.strip() for k in args.skip_contestants.split(",") if k.strip()]
     try:
         args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
     except ValueError:

@@ -172,8 +172,8 @@ class Settings:
     )
     delivery: str = _setting(
         "at-least-once",
-        "at-least-once, or exactly-once: each batch in one Kafka transaction with its resume "
-        "token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
+        "at-least-once, or exactly-once: events in Kafka transactions (RELAY_TRANSACTION_MAX_*) with their "
+        "resume token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
         "(docs/exactly-once.md)",
         to="kafka",
     )
@@ -184,6 +184,23 @@ class Settings:
     )
     ce_source: str = _setting(
         "", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)", to="encoding"
+    )
+    # Measured (docs/exactly-once.md#cost): a commit costs a fixed ~18 ms wait and broker work per
+    # partition, so a transaction spans several reads until one of these bounds is reached.
+    transaction_max_events: int = _setting(
+        10000,
+        "exactly-once: most events in one Kafka transaction, which spans several reads until this, "
+        "RELAY_TRANSACTION_MAX_BYTES or RELAY_TRANSACTION_MAX_MS is reached",
+        to="kafka",
+    )
+    transaction_max_bytes: int = _setting(
+        16 * 1024 * 1024, "exactly-once: most bytes of encoded messages in one Kafka transaction", to="kafka"
+    )
+    transaction_max_ms: int = _setting(
+        100,
+        "exactly-once: longest a Kafka transaction stays open (ms); read_committed consumers see an "
+        "event at most about this much later than at-least-once",
+        to="kafka",
     )
     schema_registry_url: str = _setting(
         "",
@@ -253,7 +270,12 @@ class Settings:
             namespace=self.namespace, health=HealthConfig(**self._for("health")), **self._for("observer")
         )
         return Parts(
-            loop=LoopConfig(namespace=self.namespace, **self._for("loop")),
+            # The window holds an exactly-once transaction's reads until its commit (relay.core.window).
+            loop=LoopConfig(
+                namespace=self.namespace,
+                transaction_max_events=kafka.transaction_max_events if kafka.exactly_once else None,
+                **self._for("loop"),
+            ),
             mongo=MongoConfig(**self._for("mongo")),
             kafka=kafka,
             encoding=encoding,

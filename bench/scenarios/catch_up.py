@@ -92,7 +92,7 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
                 ended = max(ended, time.time())
         final = count(c)
     seconds = ended - started_wall
-    note = "incl. relay start-up" + ("; a Kafka transaction per batch" if exactly_once else "")
+    note = "incl. relay start-up" + ("; Kafka transactions spanning reads" if exactly_once else "")
     if at_checkpoint < backlog.events:
         note += f"; CHECKPOINT AHEAD OF KAFKA ({at_checkpoint} in topic)"
     if final != backlog.events:

@@ -13,21 +13,29 @@ Latency of an event = the broker's append time of its Kafka message (topic creat
 ms; same machine, same clock). The same messages are also measured from the moment the writer's
 commit returned (its own clock), with the commit round trip as the uncertainty of that figure.
 For the relay, its own share (`relay_read_to_ack_seconds`: from reading a change to Kafka's
-acknowledgement) is read from its histogram over the measured writes, p50 and p99 interpolated
-within buckets as Prometheus' `histogram_quantile` does.
+acknowledgement; in exactly-once mode to the commit of its transaction) is read from its histogram
+over the measured writes, p50 and p99 interpolated within buckets as Prometheus' `histogram_quantile`
+does.
+
+What a read_committed consumer sees: for the relay's contenders (at-least-once, and exactly-once
+where a message becomes visible only at its transaction's commit, after its append), a live
+consumer (isolation.level=read_committed, fetch.wait.max.ms=5) runs through the step in this process
+and notes when each event first arrives; `visible` = that time minus the commit's oplog wall time
+(both this machine's clock). Its CPU counts in the relay's column (the same process).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaException, Message
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaException, Message
 from pymongo import MongoClient
 
 from bench.common import (
@@ -90,6 +98,9 @@ class Latency:
     writer_p99_behind_ms: float = math.nan
     own_p50_ms: float = math.nan  # the relay's own share (relay_read_to_ack_seconds)
     own_p99_ms: float = math.nan
+    # When a live read_committed consumer first received it (relay contenders only).
+    visible_p50_ms: float = math.nan
+    visible_p99_ms: float = math.nan
     error: str | None = None
 
 
@@ -111,11 +122,17 @@ class Contender:
     topic: str
     start: Callable[[], Any]   # a context manager yielding Running
     event_id: Callable[[Message], str]
+    live: bool = False         # measure read_committed visibility with a live consumer
 
 
-def relay_contender(stack: LocalStack, client: MongoClient[Any], database: str, run_id: str) -> Contender:
+def relay_contender(stack: LocalStack, client: MongoClient[Any], database: str, run_id: str,
+                    delivery: str = "at-least-once") -> Contender:
     topic_template = f"bench.{run_id}.{database}.{{aggregateType}}"
     settings = relay_settings(stack, database, topic_template, "now")
+    label = "relay"
+    if delivery == "exactly-once":
+        settings = settings.replace(delivery=delivery, offsets_topic=f"bench.{run_id}.{database}.offsets")
+        label = "relay, exactly-once"
 
     @contextmanager
     def start() -> Iterator[Running]:
@@ -129,7 +146,33 @@ def relay_contender(stack: LocalStack, client: MongoClient[Any], database: str, 
             registry = runner.relay.observer.registry
             yield Running(runner.check_alive, None, lambda: histogram_buckets(registry, OWN_SHARE))
 
-    return Contender("relay", topic_template.format(aggregateType=AGGREGATE_TYPE), start, relay_event_id)
+    return Contender(label, topic_template.format(aggregateType=AGGREGATE_TYPE), start, relay_event_id, live=True)
+
+
+class LiveReader:
+    """A read_committed consumer of `topic` on a thread: when each event id first arrived."""
+
+    def __init__(self, bootstrap: str, topic: str, event_id: Callable[[Message], str]) -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-live-{topic}",
+                                   "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                                   "isolation.level": "read_committed", "fetch.wait.max.ms": 5})
+        self._consumer.subscribe([topic])
+        self._event_id = event_id
+        self.first_seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-live-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for m in self._consumer.consume(500, 0.05):
+                if m.error() is None:
+                    self.first_seen.setdefault(self._event_id(m), time.time())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._consumer.close()
 
 
 def peer_contender(stack: LocalStack, client: MongoClient[Any], database: str, run_id: str, which: str,
@@ -206,6 +249,7 @@ def steady_state(stack: LocalStack, client: MongoClient[Any], factory: EventFact
     create_topic(stack.kafka.bootstrap_servers, topic, {"message.timestamp.type": "LogAppendTime"})
     outbox = Outbox(client[database]["outbox"])
     outbox.init()
+    live = LiveReader(stack.kafka.bootstrap_servers, topic, contender.event_id) if contender.live else None
     with writer_child(stack.mongo.uri, database, rate_per_s, seconds, payload_bytes, batch) as conn, \
             contender.start() as running, consumer(stack.kafka.bootstrap_servers) as c:
         warm_up_ids = {str(i) for i in outbox.add_many(factory.event(-1 - i) for i in range(WARM_UP_EVENTS))}
@@ -223,6 +267,8 @@ def steady_state(stack: LocalStack, client: MongoClient[Any], factory: EventFact
         usage = sampler.stop()
         own_after = running.own_share() if running.own_share else []
         time.sleep(0.5)  # anything still in flight (duplicates) lands before the topic is read
+    if live is not None:
+        live.stop()
     messages = read_topic(stack.kafka.bootstrap_servers, topic, expected)
     written = len(result["committed"])
     walls = oplog_wall_times(client, f"{database}.outbox")
@@ -231,6 +277,8 @@ def steady_state(stack: LocalStack, client: MongoClient[Any], factory: EventFact
     round_trips = sorted(t * 1000 for t in result["round_trips"])
     behind = sorted(t * 1000 for t in result["behind"])
     who = "peer" if running.pid else "bench"
+    visible = sorted((live.first_seen[e] - walls[e]) * 1000 for e in result["committed"]
+                     if live is not None and e in live.first_seen and e in walls)
     return Latency(
         target_rate=rate_per_s, batch=batch, written=written, write_seconds=result["seconds"],
         achieved_rate=rate(written, result["seconds"]), received=len(from_returned),
@@ -248,21 +296,25 @@ def steady_state(stack: LocalStack, client: MongoClient[Any], factory: EventFact
         contender=contender.label,
         own_p50_ms=histogram_quantile(0.5, own_before, own_after) * 1000 if own_before else math.nan,
         own_p99_ms=histogram_quantile(0.99, own_before, own_after) * 1000 if own_before else math.nan,
+        visible_p50_ms=percentile(visible, 50), visible_p99_ms=percentile(visible, 99),
     )
 
 
 def steady_step(stack: LocalStack, client: MongoClient[Any], factory: EventFactory, payload_bytes: int,
-                rate_per_s: float, seconds: float, batch: int, run_id: str, peers: Any, step: int) -> list[Latency]:
+                rate_per_s: float, seconds: float, batch: int, run_id: str, peers: Any, step: int,
+                exactly_once: bool = False) -> list[Latency]:
     """One rate: the relay and (with `peers`, the resolved Kafka Connect jars) each peer at its
     defaults and tuned by its documentation (the tuning is for throughput: a linger of 100 ms,
     larger polls; at a low rate the defaults may be faster), each on a database of its own, in an
-    order rotated by `step`. A contender that fails gets a result with its error; the step goes on."""
+    order rotated by `step`; with `exactly_once`, the relay in exactly-once mode too. A contender that fails gets a result with its error; the step goes on."""
     def make(which: str) -> Callable[[str], Contender]:
         if which == "relay":
             return lambda database: relay_contender(stack, client, database, run_id)
+        if which == "relay-eos":
+            return lambda database: relay_contender(stack, client, database, run_id, "exactly-once")
         return lambda database: peer_contender(stack, client, database, run_id, which, peers)
 
-    names = ["relay"] + (["mongo", "mongo-tuned", "debezium", "debezium-tuned"] if peers is not None else [])
+    names = ["relay"] + (["relay-eos"] if exactly_once else []) + (["mongo", "mongo-tuned", "debezium", "debezium-tuned"] if peers is not None else [])
     names = names[step % len(names):] + names[:step % len(names)]
     out = []
     for which in names:

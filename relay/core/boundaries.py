@@ -37,14 +37,18 @@ class ChangeSource(Protocol):
         """The changes available now, at most `max_events`, and the token that covers exactly
         them and everything before; waits at most about RELAY_MAX_AWAIT_MS when none are."""
 
+    def ready(self, timeout: float) -> bool:
+        """Whether `next_batch` can return without waiting on the server, waiting up to `timeout`
+        seconds for the read in flight to come back (asked only while a transaction is open)."""
+
     def close(self) -> None:
         """Release the stream; safe to call twice."""
 
 
 class Publisher(Protocol):
     """One producer instance of one leading session (relay.kafka.producer.Publisher, or in
-    exactly-once mode relay.kafka.transactions.TransactionalPublisher, whose `send` is one
-    committed transaction)."""
+    exactly-once mode relay.kafka.transactions.TransactionalPublisher, which adds each delivery to
+    the open Kafka transaction and reports it only once that transaction committed)."""
 
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         """Hand every message of `delivery` to the producer, its reports to `delivery.on_delivery`
@@ -56,6 +60,10 @@ class Publisher(Protocol):
     def drain(self, timeout: float) -> None:
         """Like `poll`, for when the loop waits for every report: send at once whatever the
         producer holds back to fill a batch (linger.ms), then wait up to `timeout` for them all."""
+
+    def due_in(self) -> float | None:
+        """Seconds until the producer must deliver what it holds open (exactly-once: the open
+        transaction's time bound, RELAY_TRANSACTION_MAX_MS); None when nothing is open."""
 
     def failure(self, delivery: Delivery) -> Exception:
         """The error for the first failed report of `delivery` (it carries its action)."""

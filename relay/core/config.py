@@ -56,6 +56,9 @@ class LoopConfig:
     on_history_lost: str
     on_lease_lost: str
     start_at: str
+    # RELAY_DELIVERY=exactly-once: the events one Kafka transaction may hold over several reads
+    # (RELAY_TRANSACTION_MAX_EVENTS), which the window then holds until the commit; None otherwise.
+    transaction_max_events: int | None
 
     def __post_init__(self) -> None:
         for f in fields(self):

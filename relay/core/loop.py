@@ -6,7 +6,10 @@ One step (`_step`), while holding the lease:
      (stop policy) ends the batch before it (poison.encode);
   3. hand them to the producer (boundaries.Publisher) in deliveries of at most
      RELAY_BATCH_MAX_BYTES; up to RELAY_PIPELINE_DEPTH deliveries are in flight, holding
-     together at most RELAY_BATCH_MAX_EVENTS events (window.Window);
+     together at most RELAY_BATCH_MAX_EVENTS events (window.Window); in exactly-once mode the
+     reads of the open Kafka transaction, at most RELAY_TRANSACTION_MAX_EVENTS events, none of
+     them acknowledged before the commit (window.Window.transaction); a read that would keep
+     that transaction open past its time bound is preceded by its commit;
   4. `_settle`: store, with a fenced majority write (boundaries.LeaseStore.commit), the token of
      the newest delivery that Kafka acknowledged along with every delivery before it.
 An idle step first settles everything in flight, then stores the post-batch token at most every
@@ -204,13 +207,21 @@ class Relay(Generic[ObserverT]):
             log.info("holding the lease, fencing token %d", grant.fencing_token)
         self._role = "leader"
         self._lease.announce("leader")
-        c = self.config
         source = self._sources()
         publisher, checkpoint = self._producers.start(grant, lambda: self._heartbeat(grant))
-        self._session = session = Session(grant, source, publisher, Window(c.batch_max_events, c.pipeline_depth))
+        self._session = session = Session(grant, source, publisher, self._window())
         self._unstored = None
         self.observer.watch_publisher(publisher)
         self._open(session, checkpoint)
+
+    def _window(self) -> Window:
+        """At-least-once: up to RELAY_PIPELINE_DEPTH reads in flight. Exactly-once: the reads of the
+        open Kafka transaction, whose deliveries are acknowledged only once it commits, so no
+        token is stored before its commit (window.Window.transaction)."""
+        c = self.config
+        if c.transaction_max_events is None:
+            return Window(c.batch_max_events, c.pipeline_depth)
+        return Window.transaction(c.transaction_max_events, c.batch_max_events)
 
     def _wait_as_standby(self, why: str) -> None:
         if self._role != "standby":
@@ -251,8 +262,11 @@ class Relay(Generic[ObserverT]):
         """Read one batch and hand it to the producer, then store what is acknowledged."""
         self.observer.tick()
         window = s.window
-        if window.room < window.slice:
-            self._settle(s, keep=len(window) - 1)
+        if window.full:
+            self._settle(s, keep=0 if window.fills else len(window) - 1)
+        due = s.publisher.due_in()
+        if due is not None and not s.source.ready(due):
+            self._settle(s, keep=0)  # the read would hold the open transaction past its time bound
         batch = s.source.next_batch(min(window.room, window.slice))
         read_at = self._clock.monotonic()
         if batch.resumed:
@@ -263,7 +277,7 @@ class Relay(Generic[ObserverT]):
         self._unstored = None  # the batch's own token will cover more
         self._heartbeat(s.grant)  # a replica that was paused learns here that it lost the lease
         self._publish(s, batch, read_at)
-        self._settle(s, keep=window.depth - 1)
+        self._settle(s, keep=window.keep)
 
     def _publish(self, s: Session, batch: Batch, read_at: float) -> None:
         """Hand the batch's messages to the producer, each delivery with the token covering it.
@@ -290,7 +304,7 @@ class Relay(Generic[ObserverT]):
             if alone:
                 self._settle(s, keep=0)  # its own request: the broker's answer names it
             elif end < len(messages):
-                self._settle(s, keep=s.window.depth - 1)  # bytes in flight stay bounded
+                self._settle(s, keep=s.window.keep)  # bytes in flight stay bounded
         if poison is not None:
             self._settle(s, keep=0)
             raise poison

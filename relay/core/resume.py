@@ -1,7 +1,7 @@
 """Where a new leading session resumes, in exactly-once mode and after it (pure, no I/O).
 
-In exactly-once mode (RELAY_DELIVERY=exactly-once) every delivery is one Kafka transaction that
-also writes the token covering it to the offsets topic (relay.kafka.offsets_record). The MongoDB
+In exactly-once mode (RELAY_DELIVERY=exactly-once) every Kafka transaction (spanning several
+reads) also writes the token covering it to the offsets topic (relay.kafka.offsets_record). The MongoDB
 checkpoint is written after each commit: it lags the offsets record by at most one transaction (a
 crash or a fence between the two writes), and it is ahead of it only when something else stored
 it (an idle heartbeat, which covers no new event; an at-least-once run after an exactly-once one).

@@ -56,6 +56,18 @@ class Delivery:
         # Where the first failed report is announced (the publisher's list; it drops its queue).
         self.failures: list[Delivery] | None = None
 
+    def hold(self) -> None:
+        """One more report to wait for: the commit of the transaction holding this delivery
+        (exactly-once mode). Until `release()`, the delivery is neither done nor acknowledged."""
+        self.pending += 1
+
+    def release(self, failure: tuple[bytes, Any] | None = None) -> None:
+        """The transaction holding this delivery ended: committed (no `failure`), or aborted, with
+        the error standing for it when no report failed already (nothing of it is visible)."""
+        self.pending -= 1
+        if failure is not None and self.failure is None:
+            self.failure = failure
+
     def on_delivery(self, err: Any, msg: Any) -> None:
         self.pending -= 1
         if err is not None and self.failure is None:
@@ -89,15 +101,35 @@ class Window:
       bounds memory and what a replica that lost its lease can still publish late;
     - a token is handed out for storing only when its delivery and every delivery before it
       were acknowledged, so a stored token never covers an event whose report did not succeed.
+
+    `Window.transaction(...)` is the window of exactly-once mode: one Kafka transaction spans
+    several reads, and a delivery is acknowledged only once the transaction holding it committed
+    (relay.kafka.transactions holds its report back until then). So the window holds the open
+    transaction's reads, up to `max_events` (RELAY_TRANSACTION_MAX_EVENTS); the loop does not wait
+    for them after a step (`keep`), and reads shrink to fit the room left (`full` only when none is).
     """
 
-    def __init__(self, max_events: int, depth: int) -> None:
+    def __init__(self, max_events: int, depth: int, read_size: int | None = None, fills: bool = False) -> None:
         self.max_events = max_events
         self.depth = depth
         # Reads in flight at once share the limit, so each read takes a slice of it.
-        self.slice = max(1, -(-max_events // depth))
+        self.slice = read_size or max(1, -(-max_events // depth))
+        self.fills = fills
+        # Deliveries left in flight after a step (more would make the loop wait for the oldest).
+        self.keep = max_events if fills else depth - 1
         self._deliveries: deque[Delivery] = deque()
         self.unacknowledged = 0
+
+    @classmethod
+    def transaction(cls, max_events: int, read_size: int) -> Window:
+        """Exactly-once mode's window: reads of at most `read_size` events (RELAY_BATCH_MAX_EVENTS)
+        held until their transaction commits, at most `max_events` in all."""
+        return cls(max_events, 1, read_size=read_size, fills=True)
+
+    @property
+    def full(self) -> bool:
+        """No room for a whole read (a transaction's window: no room at all, reads shrink to fit)."""
+        return self.room < (1 if self.fills else self.slice)
 
     def __len__(self) -> int:
         return len(self._deliveries)

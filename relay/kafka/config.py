@@ -66,8 +66,15 @@ class KafkaConfig:
     connect_timeout_s: float
     delivery: str
     offsets_topic: str
+    # Exactly-once: a transaction spans reads until one bound is reached (relay.kafka.transactions).
+    transaction_max_events: int
+    transaction_max_bytes: int
+    transaction_max_ms: int
 
     def __post_init__(self) -> None:
+        for name in ("transaction_max_events", "transaction_max_bytes", "transaction_max_ms"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(env_name(name), f"must be greater than 0, got {getattr(self, name)}")
         if not self.bootstrap_servers.strip():
             raise ConfigError(env_name("kafka_bootstrap_servers"), "must not be empty")
         for key, forced in FORCED.items():
@@ -106,6 +113,13 @@ class KafkaConfig:
                 kafka_env_name("transaction.timeout.ms"),
                 f"must be at least message.timeout.ms ({message_timeout}): "
                 "librdkafka refuses a delivery timeout longer than the transaction's",
+            )
+
+        if self.exactly_once and self.transaction_max_ms >= self.transaction_timeout_ms:
+            raise ConfigError(
+                env_name("transaction_max_ms"),
+                f"must be less than the transaction timeout ({self.transaction_timeout_ms} ms, "
+                "RELAY_KAFKA_TRANSACTION_TIMEOUT_MS): the broker aborts a transaction open longer",
             )
 
     @property

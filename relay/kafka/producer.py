@@ -134,6 +134,10 @@ class Publisher(ProducerBase):
         except KafkaException as exc:
             raise produce_error(exc, "?") from exc
 
+    def due_in(self) -> float | None:
+        """Nothing is held open (no transactions): the loop decides when to wait."""
+        return None
+
     def drain(self, timeout: float) -> None:
         """Wait up to `timeout` for every report. librdkafka's flush sends what linger.ms holds
         back at once (since 1.8): the loop hands a whole batch over before it waits, so nothing

@@ -1,14 +1,17 @@
-"""Exactly-once into Kafka (RELAY_DELIVERY=exactly-once): one Kafka transaction per delivery.
+"""Exactly-once into Kafka (RELAY_DELIVERY=exactly-once): Kafka transactions spanning several reads.
 
 `TransactionalPublisher` implements the loop's Publisher boundary (relay.core.boundaries) with a
-transactional producer (`transactional.id` = `outbox-relay:<lease id>`, relay.kafka.offsets_record). For each
-delivery `send()` runs one transaction: begin, produce the delivery's messages and one record to
-the compacted offsets topic (RELAY_OFFSETS_TOPIC, key = the lease id, value = the token covering
-the delivery: relay.kafka.offsets_record.OffsetsRecord), commit. It returns only once the commit succeeded, so
-a delivery the loop sees acknowledged is visible to read_committed consumers, and the MongoDB
-checkpoint (written by the loop right after) never covers an event that is not. One transaction is
-in flight at a time (RELAY_PIPELINE_DEPTH must be 1), bounded by RELAY_BATCH_MAX_EVENTS and
-RELAY_BATCH_MAX_BYTES like any delivery.
+transactional producer (`transactional.id` = `outbox-relay:<lease id>`, relay.kafka.offsets_record).
+`send()` adds a delivery (a read, or a part of one) to the open transaction, beginning one when
+none is open. The transaction commits once it holds RELAY_TRANSACTION_MAX_EVENTS events or
+RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago (checked by `send` and
+`poll`), or when the loop waits for every delivery (`drain`: an idle stream, a stop, a read that
+would keep the transaction waiting); before the commit, one record to the compacted offsets topic
+(RELAY_OFFSETS_TOPIC, key = the lease id, value = the newest token of the transaction:
+relay.kafka.offsets_record.OffsetsRecord). Each delivery is held (relay.core.window.Delivery.hold)
+until its transaction ends, so a delivery the loop sees acknowledged is visible to read_committed
+consumers, and the MongoDB checkpoint (written by the loop right after) never covers an event that
+is not. One transaction is open at a time (RELAY_PIPELINE_DEPTH must be 1).
 
 A new leading session first calls `resume_point()`: `init_transactions` fences every earlier
 producer of the lease (a zombie's open transaction is aborted, its later commits fail with a fenced
@@ -37,6 +40,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import (
+    BatchRefusedError,
     ConfigError,
     DeliveryError,
     ProducerFatalError,
@@ -57,6 +61,10 @@ from relay.kafka.producer import ProducerBase, delivery_failure
 log = logging.getLogger(__name__)
 
 Heartbeat = Callable[[], None]
+
+
+def _nothing() -> None:
+    pass
 
 
 def transactional_config(config: KafkaConfig, lease_id: str) -> dict[str, Any]:
@@ -91,9 +99,28 @@ def log_choice(checkpoint: Checkpoint, chosen: Checkpoint, topic: str) -> None:
         )
 
 
+def aborted_failure(deliveries: list[Delivery]) -> Exception | None:
+    """The error an aborted transaction's first failed report stands for (as without
+    transactions: relay.kafka.producer.delivery_failure), or None when no report failed.
+
+    A refused record batch is replayed one message per transaction from where the aborted
+    transaction began (the checkpoint), so every event up to the refused batch is isolated."""
+    failed = next((i for i, d in enumerate(deliveries) if d.failure is not None), None)
+    if failed is None:
+        return None
+    refusal = delivery_failure(deliveries[failed])
+    if isinstance(refusal, BatchRefusedError):
+        return BatchRefusedError(str(refusal), sum(len(d.messages) for d in deliveries[: failed + 1]))
+    return refusal
+
+
 class TransactionalPublisher(ProducerBase):
-    """One transactional producer for one lease (relay.core.boundaries.Publisher); a delivery is
-    one transaction. `resume_point()` must be called once before `send()`."""
+    """One transactional producer for one lease (relay.core.boundaries.Publisher); a transaction
+    spans deliveries (reads) until RELAY_TRANSACTION_MAX_EVENTS / _BYTES / _MS says to commit, or
+    the loop waits for everything (`drain`). `resume_point()` must be called once before `send()`.
+
+    Invariant: a delivery is acknowledged (every report in, no failure) only after the commit of
+    the transaction holding it, which also wrote the offsets record of its newest token."""
 
     def __init__(
         self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic, fingerprint: str, start_at: str = "oplog-start"
@@ -109,6 +136,13 @@ class TransactionalPublisher(ProducerBase):
         self._partition = 0
         self._in_transaction = False
         self._unusable = False  # after a fatal error: no abort, no further call
+        # The open transaction: its deliveries (held until it ends), their events and bytes, and
+        # when it began; the heartbeat of the last `send`, for commits from `poll` and `drain`.
+        self._open: list[Delivery] = []
+        self._open_events = 0
+        self._open_bytes = 0
+        self._opened_at = 0.0
+        self._while_waiting: Heartbeat = _nothing
 
     # ---- a new leading session -------------------------------------------------------------
 
@@ -134,7 +168,7 @@ class TransactionalPublisher(ProducerBase):
                 short_token(record.token),
                 self._start_at,
             )
-            self._run_transaction(lambda: self._produce_record(None), heartbeat, None)
+            self._run_transaction(lambda: self._produce_record(None), heartbeat)
         chosen = resume_point(checkpoint, record, self._fingerprint, self._offsets.topic)
         log_choice(checkpoint, chosen, self._offsets.topic)
         return chosen
@@ -174,45 +208,89 @@ class TransactionalPublisher(ProducerBase):
     # ---- relay.core.boundaries.Publisher -----------------------------------------------------------
 
     def send(self, delivery: Delivery, while_waiting: Heartbeat) -> None:
-        """Publish the delivery in one transaction with its offsets record; return once committed.
+        """Add the delivery to the open transaction (beginning one when none is open), and commit
+        that transaction once it holds RELAY_TRANSACTION_MAX_EVENTS events or
+        RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago.
 
-        Raises (nothing of the transaction is then visible to read_committed consumers):
-        ProducerFencedError, ProducerFatalError, TransactionAbortedError, or the delivery's own
-        failure (relay.kafka.producer.delivery_failure: a refused record batch, a poison event, a
-        failed delivery).
+        The delivery is held (relay.core.window.Delivery.hold) until its transaction ends: the loop
+        sees it acknowledged only once the transaction committed, with the offsets record of its
+        newest token, so neither position ever covers an event read_committed consumers cannot see.
+
+        Raises (nothing of the open transaction is then visible to read_committed consumers):
+        ProducerFencedError, ProducerFatalError, TransactionAbortedError, or the first failed
+        report's own failure (relay.kafka.producer.delivery_failure: a refused record batch, a
+        poison event, a failed delivery).
         """
-        grant = self._grant
-        assert grant is not None, "resume_point() first"
-        token = delivery.token
-
-        def produce_all() -> None:
+        assert self._grant is not None, "resume_point() first"
+        self._while_waiting = while_waiting
+        delivery.hold()
+        self._open.append(delivery)
+        try:
+            if not self._in_transaction:
+                self._producer.begin_transaction()
+                self._in_transaction = True
+                self._opened_at = time.monotonic()
             self._produce_all(delivery, while_waiting)
+        except KafkaException as exc:
+            raise self._failed(exc.args[0] if exc.args else None, while_waiting) from exc
+        self._open_events += len(delivery.messages)
+        self._open_bytes += sum(len(m.value) for m in delivery.messages)
+        c = self._config
+        if self._open_events >= c.transaction_max_events or self._open_bytes >= c.transaction_max_bytes:
+            self._commit_open(while_waiting)
+        else:
+            self._commit_if_due()
+
+    def due_in(self) -> float | None:
+        """Seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS); None when
+        no delivery is open."""
+        if not self._open:
+            return None
+        return self._opened_at + self._config.transaction_max_ms / 1000 - time.monotonic()
+
+    def _commit_if_due(self) -> None:
+        due = self.due_in()
+        if due is not None and due <= 0:
+            self._commit_open(self._while_waiting)
+
+    def _commit_open(self, while_waiting: Heartbeat) -> None:
+        """Write the offsets record of the open transaction's newest token, commit, then release
+        its deliveries: acknowledged, every report in (commit_transaction flushes)."""
+        if not self._open:
+            return
+        grant = self._grant
+        assert grant is not None
+        token = next((d.token for d in reversed(self._open) if d.token is not None), None)
+        try:
             if token is not None:
                 self._produce_record(
                     OffsetsRecord(self._lease_id, token, self._fingerprint, grant.fencing_token, grant.owner).encode()
                 )
-
-        self._run_transaction(produce_all, while_waiting, delivery)
-        # commit_transaction served every report (all successful: it committed); a safety net:
+            self._commit(while_waiting)
+        except KafkaException as exc:
+            raise self._failed(exc.args[0] if exc.args else None, while_waiting) from exc
+        deliveries, self._open = self._open, []
+        self._open_events = self._open_bytes = 0
         deadline = time.monotonic() + self._config.connect_timeout_s
-        while not delivery.done:
+        while any(d.pending > 1 for d in deliveries):  # a safety net: the commit served every report
             if time.monotonic() > deadline:
                 raise DeliveryError("?", "committed, but not every delivery report came back")
             self._producer.poll(0.1)
+        for d in deliveries:
+            d.release()
 
     def _produce_record(self, value: bytes | None) -> None:
         self._producer.produce(self._offsets.topic, value, self._key, partition=self._partition)
 
-    def _run_transaction(
-        self, produce: Callable[[], None], while_waiting: Heartbeat, delivery: Delivery | None
-    ) -> None:
+    def _run_transaction(self, produce: Callable[[], None], while_waiting: Heartbeat) -> None:
+        """One transaction of its own (the tombstone at start), outside the deliveries'."""
         try:
             self._producer.begin_transaction()
             self._in_transaction = True
             produce()
             self._commit(while_waiting)
         except KafkaException as exc:
-            raise self._failed(exc.args[0] if exc.args else None, delivery, while_waiting) from exc
+            raise self._failed(exc.args[0] if exc.args else None, while_waiting) from exc
 
     def _commit(self, while_waiting: Heartbeat) -> None:
         while True:
@@ -227,8 +305,19 @@ class TransactionalPublisher(ProducerBase):
                     continue
                 raise
 
-    def _failed(self, err: KafkaError | None, delivery: Delivery | None, while_waiting: Heartbeat) -> Exception:
-        """The error a failed transaction is reported as, after aborting it where that is possible."""
+    def _failed(self, err: KafkaError | None, while_waiting: Heartbeat) -> Exception:
+        """The error a failed transaction is reported as, after aborting it where that is possible;
+        every delivery it held is released as failed (none of it is visible)."""
+        deliveries, self._open = self._open, []
+        self._open_events = self._open_bytes = 0
+        try:
+            return self._failure(err, deliveries, while_waiting)
+        finally:
+            stand_in = (b"", err if err is not None else KafkaError(KafkaError._PURGE_QUEUE, "transaction aborted"))
+            for d in deliveries:
+                d.release(stand_in)
+
+    def _failure(self, err: KafkaError | None, deliveries: list[Delivery], while_waiting: Heartbeat) -> Exception:
         if err is not None and err.fatal():
             self._unusable = True
             if fenced(err):
@@ -250,8 +339,9 @@ class TransactionalPublisher(ProducerBase):
                 f"could not abort the failed transaction ({abort_err}); the next producer "
                 f"of this lease aborts it when it starts. The failure: {err}"
             )
-        if delivery is not None and delivery.failure is not None:
-            return delivery_failure(delivery)  # the first failed report decides, as without transactions
+        refusal = aborted_failure(deliveries)
+        if refusal is not None:
+            return refusal
         if err is not None and not err.txn_requires_abort() and not err.retriable():
             return produce_error(KafkaException(err), self._current)  # refused by produce() itself
         return TransactionAbortedError(f"transaction aborted, none of it visible: {err}")
@@ -273,18 +363,25 @@ class TransactionalPublisher(ProducerBase):
                 raise
 
     def poll(self, timeout: float) -> None:
+        """Serve reports, waiting up to `timeout` but not past the open transaction's time bound,
+        then commit that transaction if it is due."""
+        due = self.due_in()
         try:
-            self._producer.poll(timeout)
+            self._producer.poll(timeout if due is None else max(0.0, min(timeout, due)))
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
+            if self._open:
+                raise self._failed(err, self._while_waiting) from exc
             if fenced(err):
                 raise ProducerFencedError(f"transactional producer fenced: {err}") from exc
             raise DeliveryError("?", err) from exc
+        self._commit_if_due()
 
     def drain(self, timeout: float) -> None:
-        """`send` returned with its transaction committed (commit_transaction flushes): nothing
-        is held back, so this is `poll`."""
-        self.poll(timeout)
+        """The loop waits for every delivery: commit the open transaction now (commit_transaction
+        flushes what linger.ms holds back), then serve what is due."""
+        self._commit_open(self._while_waiting)
+        self.poll(0)
 
     def close(self) -> None:
         """Abort a transaction left open (best effort: the next leader's `init_transactions` aborts
@@ -295,6 +392,7 @@ class TransactionalPublisher(ProducerBase):
             except KafkaException as exc:
                 log.debug("could not abort the open transaction on close: %s", exc)
         self._in_transaction = False
+        self._open, self._open_events, self._open_bytes = [], 0, 0
         try:
             self._producer.purge(in_queue=True, in_flight=True)
             self._producer.flush(0)

@@ -45,7 +45,7 @@ import enum
 import functools
 import itertools
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple
 
 from bson import Int64, Timestamp
@@ -130,6 +130,15 @@ class Pending:
         read, future, probed = self._read, self._future, self.state is Pending.State.PROBED
         self._read, self._future, self.state = None, None, Pending.State.EMPTY
         return (future.result() if future is not None else read), probed
+
+    def ready(self, timeout: float) -> bool:
+        """Whether `take()` returns without waiting on the server: a read is HELD or PROBED, or
+        the one IN_FLIGHT comes back within `timeout` seconds; False when EMPTY."""
+        if self.state is Pending.State.IN_FLIGHT:
+            assert self._future is not None
+            done, _ = wait([self._future], timeout=max(0.0, timeout))
+            return bool(done)
+        return self.state is not Pending.State.EMPTY
 
     def discard(self) -> None:
         """Drop the pending read, waiting for one in flight to end (its outcome no longer matters)."""
@@ -313,6 +322,15 @@ class ChangeSource:
             more = self._get_more(max_events - len(read.changes), await_ms=1)
             return _Read(read.changes + more.changes, more.cursor_id, more.token)
         return read
+
+    def ready(self, timeout: float) -> bool:
+        """Whether `next_batch` can return without waiting on the server: a read is held, a scan
+        serves documents, the stream ended, or the read-ahead in flight comes back within
+        `timeout` seconds. With no read-ahead in flight (after an empty read) the next read is a
+        getMore that may wait up to RELAY_MAX_AWAIT_MS: not ready."""
+        if self._scan is not None or self._ended is not None:
+            return True
+        return self._pending.ready(timeout)
 
     def _batch(self, changes: list[RawBSONDocument]) -> Batch:
         """The changes of one read as a Batch under the current token, cut before a drop, rename

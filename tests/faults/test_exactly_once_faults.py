@@ -114,12 +114,50 @@ def test_relay_killed_five_times_inside_transactions_during_a_20000_event_run_pu
     assert len(fencing_tokens) >= 3, "the kills should have hit runs that were publishing"
 
 
+def test_relay_killed_inside_a_transaction_spanning_several_reads_resumes_after_the_last_commit(env, tmp_path):
+    """A transaction spans reads of at most 50 events: 300 events are
+    published and committed (the stream goes idle), then writes trickle in and the relay is
+    SIGKILLed once more than 200 messages of the open transaction (open up to 20 s) are in the log (at least five
+    reads). None of them is visible; the MongoDB checkpoint covers none of them; the next leader
+    resumes after the last committed transaction and each event is visible once."""
+    settings = eos(env, batch_max_events=50, transaction_max_events=100_000, transaction_max_ms=20_000)
+    written = Written()
+    a = RelayProcess(settings.replace(instance_id="A"), tmp_path, "A").start()
+    b = RelayProcess(settings.replace(instance_id="B"), tmp_path, "B")
+    try:
+        _leader(env, "A")
+        write_events(env.db, env.settings.outbox_collection, 300, writers=2, written=written)
+        committed = _all_visible(env, written, timeout=60)
+        writer = background_writes(env, written, 3000, pause=0.02)
+        wait_until(lambda: uncommitted_messages(env.servers.kafka_bootstrap, env.topic()) > 200, 60,
+                   "an open transaction of several reads with over 200 messages in the log", interval=0.05)
+        a.kill()
+        at_kill = read_topic(env.servers.kafka_bootstrap, env.topic())
+        checkpoint = (lease_doc(env.db, env.settings) or {}).get("resumeToken")
+        b.start()
+        _leader(env, "B")
+        writer.join()
+        records = _all_visible(env, written)
+    finally:
+        a.stop()
+        b.stop()
+    assert [r.id for r in at_kill] == [r.id for r in committed], "nothing of the open transaction was visible"
+    opened = [line for line in b.log().splitlines() if "change stream opened" in line]
+    assert opened, b.log()[-3000:]
+    _exactly_once(records, written)
+    aborted = _aborted_copies(env, records)
+    print(f"\nkilled inside a transaction spanning several reads: {len(committed)} committed before, {aborted} "
+          f"aborted copies (read_uncommitted), {len(records)} events visible once; checkpoint at the kill "
+          f"{str(checkpoint)[:40]}; B: {opened[0][-120:]}")
+    assert aborted > 200, "the open transaction's messages were in the log, and aborted"
+
+
 def test_zombie_leader_is_fenced_by_the_broker_and_nothing_it_sends_after_the_takeover_is_visible(env, tmp_path):
     """A is paused (SIGSTOP) inside a transaction past its lease; B takes the lease, fences A's
     producer (init_transactions aborts A's transaction) and commits; A resumes: its commit fails
     fenced, it goes back to standby, and none of its messages after B's first is visible."""
-    batch = 100
-    settings = eos(env, batch_max_events=batch)
+    batch = 100  # reads and transactions of at most 100 events: A's open transaction holds at most that many
+    settings = eos(env, batch_max_events=batch, transaction_max_events=batch)
     a = RelayProcess(settings.replace(instance_id="A"), tmp_path, "A", module=SLOW_COMMIT,
                      extra_env={"RELAY_TEST_COMMIT_DELAY_S": "1.0"}).start()
     b = RelayProcess(settings.replace(instance_id="B"), tmp_path, "B")

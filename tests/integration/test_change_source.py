@@ -108,3 +108,23 @@ def test_a_read_ahead_is_handed_out_whole_under_its_own_token(env):
         assert taken == written, "every change once, in order"
     finally:
         source.close()
+
+
+def test_ready_says_whether_the_next_read_would_wait_on_mongod(env):
+    """Exactly-once mode asks `ready` before a read while a transaction is open: an empty read
+    leaves no read-ahead (the next getMore may wait RELAY_MAX_AWAIT_MS: not ready); a read with
+    changes sends the next getMore at once, and `ready` waits for it up to its timeout."""
+    outbox = env.db[env.settings.outbox_collection]
+    source = _source(env)
+    source.open(StartPoint())
+    try:
+        assert not source.next_batch(5).changes
+        assert not source.ready(0.05), "no read-ahead in flight after an empty read"
+        written = [str(i) for i in Outbox(outbox).add_many(
+            OutboxEvent.new("order", f"r{i}", "Created", {"n": i}) for i in range(12))]
+        first = wait_until(lambda: (b := source.next_batch(5)).changes and b, 30, "the first changes")
+        assert source.ready(5.0), "the read-ahead (the rest of the 12) comes back at once"
+        taken = _ids(first) + _ids(source.next_batch(5))
+        assert taken == written[:len(taken)] and len(taken) > len(first.changes), "served from the read-ahead, in order"
+    finally:
+        source.close()

@@ -200,6 +200,10 @@ class FakeSource:
     def token(self) -> dict[str, str] | None:
         return None if self.position is None else token(self.position)
 
+    def ready(self, timeout: float) -> bool:
+        """The fake's reads never wait on a server."""
+        return True
+
     def next_batch(self, max_events: int) -> Batch:
         assert self.position is not None, "open() first"
         if self.scan is not None:
@@ -298,6 +302,9 @@ class FakePublisher:
     def drain(self, timeout: float) -> None:
         """A flush that may time out: the same random share of the reports as `poll`."""
         self.poll(timeout)
+
+    def due_in(self) -> float | None:
+        return None  # at-least-once: nothing held open
 
     def purge(self) -> None:
         """Drop what is held: each message is reported as purged, and none is written."""

@@ -15,6 +15,7 @@ against Kafka and MongoDB.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from confluent_kafka import KafkaError, KafkaException
 from hypothesis import HealthCheck
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
+from hypothesis.stateful import initialize, rule
 
 from relay.config import Settings
 from relay.core.errors import (
@@ -94,6 +95,21 @@ class ExactlyOnceMachine(RelayMachine):
 
     lose_history = None  # type: ignore[assignment]
 
+    @initialize(seed=st.integers(0, 2**32 - 1), max_events=st.integers(1, 12),
+                max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]), txn_events=st.integers(1, 40),
+                txn_bytes=st.sampled_from([300, 2000, 16 * 1024 * 1024]), txn_ms=st.sampled_from([1, 100, 5000]))
+    def start(self, seed: int, max_events: int, max_bytes: int,  # type: ignore[override]
+              txn_events: int, txn_bytes: int, txn_ms: int) -> None:
+        """As the base, plus the transaction bounds: a transaction spans several reads (events
+        bound 1-40 over reads of 1-12 events, bytes, a time bound the clock jumps pass)."""
+        self.world = World(random.Random(seed))
+        self.base = self.settings(batch_max_events=max_events, batch_max_bytes=max_bytes, on_poison="dead-letter",
+                                  dead_letter_topic="dlq", on_history_lost="rescan",
+                                  transaction_max_events=txn_events, transaction_max_bytes=txn_bytes,
+                                  transaction_max_ms=txn_ms)
+        self.generation = 0
+        self.handle = self.new_relay(self.base)
+
     @rule(initialized=st.booleans())
     def take_over(self, initialized: bool) -> None:
         """Another replica takes the lease; with `initialized` it also ran init_transactions."""
@@ -106,13 +122,19 @@ class ExactlyOnceMachine(RelayMachine):
         txn_log(self.world).crash_inside = True
 
     @rule()
+    def kill_after_some_reads_of_an_open_transaction(self) -> None:
+        """Killed as a read joins a transaction holding earlier reads: the next leader resumes
+        after the last committed transaction, and nothing of the open one is visible."""
+        txn_log(self.world).crash_between_reads = True
+
+    @rule()
     def kill_between_kafka_commit_and_mongodb_write(self) -> None:
         txn_log(self.world).crash_after_commit = True
 
     def heal(self) -> None:
         super().heal()
         t = txn_log(self.world)
-        t.crash_inside, t.crash_after_commit = False, False
+        t.crash_inside, t.crash_after_commit, t.crash_between_reads = False, False, False
 
 
 TestExactlyOnceMachine = ExactlyOnceMachine.TestCase
@@ -190,7 +212,7 @@ def test_a_zombie_that_commits_before_the_new_leaders_init_is_resumed_after():
     init then reads A's record and resumes after it, so nothing is repeated."""
     world = calm_world()
     ids = _write(world, 8)
-    a = txn_relay(world, eos_settings(batch_max_events=8))
+    a = txn_relay(world, eos_settings(batch_max_events=8, transaction_max_events=8))
     a.relay.turn()  # A leads, opens
     world.take_over("B")  # lease only: B has not run init_transactions
     a.relay.turn()  # A commits its transaction, then its MongoDB write is fenced
@@ -201,6 +223,72 @@ def test_a_zombie_that_commits_before_the_new_leaders_init_is_resumed_after():
     _turn(b, lambda: set(more) <= set(_visible(world)))
     _exactly_once_in_commit_order(world, complete=True)
     assert not world.violations
+
+
+# ---- transactions spanning several reads ------------------------------------------------------
+
+def test_a_transaction_spans_several_reads_up_to_its_event_bound():
+    world = calm_world()
+    ids = _write(world, 95)
+    tr = txn_relay(world, eos_settings(batch_max_events=10, transaction_max_events=40))
+    _turn(tr, lambda: set(ids) <= set(_visible(world)))
+    t = txn_log(world)
+    sizes = sorted(sum(1 for m in t.log if m.txn == txn) for txn in t.committed_txns)
+    assert sizes == [15, 40, 40], "two full transactions of four reads, the rest once the stream was idle"
+    assert len([r for txn, r in t.records if txn in t.committed_txns]) == 3, "one offsets record per transaction"
+    _exactly_once_in_commit_order(world, complete=True)
+    assert not world.violations
+
+
+def test_an_open_transaction_commits_once_its_time_bound_passes_and_not_before():
+    world = calm_world()
+    first = _write(world, 10)
+    tr = txn_relay(world, eos_settings(batch_max_events=10, transaction_max_ms=100))
+    tr.relay.turn()  # leads, opens
+    tr.relay.turn()  # reads 10: they join a new transaction
+    assert _visible(world) == [] and covered_by(world.lease.token) == 0, "open: nothing visible, nothing stored"
+    world.clock.advance(0.05)
+    more = _write(world, 10)
+    tr.relay.turn()  # another read joins it
+    assert _visible(world) == []
+    world.clock.advance(0.06)  # 110 ms since it began
+    tr.relay.turn()
+    assert _visible(world) == first + more and covered_by(world.lease.token) == 20
+    assert not world.violations
+
+
+def test_a_kill_after_some_reads_of_an_open_transaction_resumes_after_the_last_committed_one():
+    """Two transactions of two reads commit; the third holds one read when the relay is killed as
+    the next joins it. The next leader opens after the second transaction's token, the MongoDB
+    checkpoint never covered the open one's reads, and each event is visible once."""
+    world = calm_world()
+    ids = _write(world, 50)
+    t = txn_log(world)
+    first = txn_relay(world, eos_settings(batch_max_events=10, transaction_max_events=20))
+    _turn(first, lambda: len(_visible(world)) == 40)
+    assert covered_by(world.lease.token) == 40 and covered_by(t.newest_record().token) == 40
+    t.crash_between_reads = True
+    _write(world, 10)
+    with pytest.raises(Crashed):
+        _turn(first, lambda: False)
+    assert len(_visible(world)) == 40 and len(t.log) == 50, "the open transaction's read is in the log, not visible"
+    assert covered_by(world.lease.token) == 40, "the checkpoint covers no read of the open transaction"
+    world.clock.advance(10)
+    second = txn_relay(world, eos_settings(batch_max_events=10, transaction_max_events=20, instance_id="B"))
+    _turn(second, lambda: len(_visible(world)) == 60)
+    assert covered_by(world.opens[-1].resume_after) == 40
+    assert set(ids) <= set(_visible(world))
+    _exactly_once_in_commit_order(world, complete=True)
+    assert not world.violations
+
+
+@pytest.mark.parametrize("setting", ["RELAY_TRANSACTION_MAX_EVENTS", "RELAY_TRANSACTION_MAX_BYTES",
+                                     "RELAY_TRANSACTION_MAX_MS"])
+@pytest.mark.parametrize("value", ["0", "-5", "many"])
+def test_transaction_bounds_are_checked_naming_the_setting(setting, value):
+    with pytest.raises(ConfigError) as err:
+        Settings.load(env={"RELAY_DELIVERY": "exactly-once", setting: value})
+    assert err.value.setting == setting
 
 
 # ---- poison events ----------------------------------------------------------------------------
@@ -379,3 +467,6 @@ def test_exactly_once_defaults():
     s = Settings.load(env={"RELAY_DELIVERY": "exactly-once"})
     assert s.offsets_topic == "outbox-relay.offsets" and Settings().delivery == "at-least-once"
     assert s.parts().kafka.transaction_timeout_ms == 120000  # follows message.timeout.ms
+    assert (s.transaction_max_events, s.transaction_max_bytes, s.transaction_max_ms) == (10000, 16 << 20, 100)
+    assert s.parts().loop.transaction_max_events == 10000
+    assert Settings.load(env={}).parts().loop.transaction_max_events is None, "at-least-once: no transaction window"

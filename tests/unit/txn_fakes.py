@@ -5,11 +5,13 @@ read_uncommitted consumer sees), which transactions committed (what a read_commi
 sees), the offsets topic's records (visible once their transaction committed) and the producer
 epoch (each `init_transactions` bumps it; a producer of an older epoch can commit nothing).
 
-`FakeTxnPublisher` is a transactional producer on it: `send()` runs one transaction (append the
-messages, then the offsets record, then commit, checking the epoch), `resume_point()` fences and
+`FakeTxnPublisher` is a transactional producer on it: `send()` adds a delivery to the open
+transaction (append the messages; at commit the offsets record, checking the epoch), `resume_point()` fences and
 reads like relay.kafka.transactions.TransactionalPublisher, with the same pure rules (relay.kafka.offsets_record).
-Faults: `crash_inside` kills the process halfway through a transaction's messages,
-`crash_after_commit` right after a commit (before the MongoDB write); both raise `Crashed`, a
+A transaction spans deliveries (reads) until its bounds or a drain commit it, as in the real one.
+Faults: `crash_inside` kills the process halfway through a delivery's messages (the open
+transaction may hold earlier reads), `crash_between_reads` as a read joins a transaction that
+holds earlier reads, `crash_after_commit` right after a commit (before the MongoDB write); all raise `Crashed`, a
 BaseException that no `except Exception` of the loop catches, as a SIGKILL would end it.
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from relay.config import Settings
-from relay.core.errors import ProducerFencedError
+from relay.core.errors import ProducerFencedError, TransactionAbortedError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
 from relay.core.positions import Batch, Checkpoint, Grant
@@ -30,6 +32,7 @@ from relay.core.resume import after_exactly_once, forgets_record, resume_point
 from relay.core.window import Delivery
 from relay.kafka.offsets_record import OffsetsRecord
 from relay.kafka.producer import delivery_failure
+from relay.kafka.transactions import aborted_failure
 from relay.ops.observe import Observer
 from tests.unit.fakes import (
     FINGERPRINT,
@@ -66,6 +69,7 @@ class TxnLog:
     committed_txns: set[int] = field(default_factory=set)
     crash_inside: bool = False
     crash_after_commit: bool = False
+    crash_between_reads: bool = False  # killed as a read joins a transaction that holds earlier reads
     commits_by_stale_fencing: int = 0  # commits whose messages carry a fencing token older than the lease's
 
     def committed(self) -> list[TxnMessage]:
@@ -93,12 +97,24 @@ def txn_log(world: World) -> TxnLog:
 
 
 class FakeTxnPublisher:
-    """A transactional producer on the world's TxnLog (relay.core.boundaries.Publisher)."""
+    """A transactional producer on the world's TxnLog (relay.core.boundaries.Publisher), with
+    transactions spanning deliveries like relay.kafka.transactions.TransactionalPublisher: a
+    delivery joins the open transaction and is held (not acknowledged) until that transaction
+    commits, once it holds `max_events` events or `max_bytes` bytes, was open `max_ms` on the
+    world's clock, or the loop drains."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, settings: Settings) -> None:
         self.world = world
         self.epoch = -1
         self.grant: Grant | None = None
+        self.max_events = settings.transaction_max_events
+        self.max_bytes = settings.transaction_max_bytes
+        self.max_ms = settings.transaction_max_ms
+        self.txn: int | None = None  # the open transaction
+        self.open: list[Delivery] = []
+        self.appended: list[TxnMessage] = []
+        self.events = self.bytes = 0
+        self.opened_at = 0.0
 
     def resume_point(self, grant: Grant, heartbeat: Callable[[], None]) -> Checkpoint:
         t = txn_log(self.world)
@@ -128,8 +144,13 @@ class FakeTxnPublisher:
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         assert self.grant is not None, "resume_point() first"
         w, t = self.world, txn_log(self.world)
-        txn = self._begin()
-        appended: list[TxnMessage] = []
+        delivery.hold()
+        if self.txn is None:
+            self.txn, self.opened_at = self._begin(), w.clock.monotonic()
+        if t.crash_between_reads and self.open:
+            t.crash_between_reads = False
+            raise Crashed("killed after some reads of an open transaction")
+        self.open.append(delivery)
         failed = False
         for i, m in enumerate(delivery.messages):
             if t.crash_inside and i >= len(delivery.messages) // 2:
@@ -143,8 +164,8 @@ class FakeTxnPublisher:
                 failed = True
                 continue
             fencing = int(dict(m.headers)[HEADER_FENCING])
-            appended.append(TxnMessage(m.event_id, m.key, m.topic, fencing, txn))
-            t.log.append(appended[-1])
+            self.appended.append(TxnMessage(m.event_id, m.key, m.topic, fencing, self.txn))
+            t.log.append(self.appended[-1])
             if w.broker.fail_next:
                 w.broker.fail_next -= 1
                 delivery.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(m))
@@ -152,19 +173,58 @@ class FakeTxnPublisher:
                 continue
             delivery.on_delivery(None, _Report(m))
         if failed:  # abortable: abort (nothing of it visible), then the first failed report decides
-            raise delivery_failure(delivery)
-        records: list[bytes | None] = [] if delivery.token is None else [OffsetsRecord(
-            LEASE_ID, delivery.token, FINGERPRINT, self.grant.fencing_token, self.grant.owner).encode()]
-        self._commit(txn, appended, records)
+            raise self._aborted()
+        self.events += len(delivery.messages)
+        self.bytes += sum(len(m.value) for m in delivery.messages)
+        if self.events > self.max_events:
+            w.violate(f"{self.events} events in one transaction, more than {self.max_events}")
+        if self.events >= self.max_events or self.bytes >= self.max_bytes:
+            self._commit_open()
+        else:
+            self.poll(0)
+
+    def _aborted(self) -> Exception:
+        deliveries = self.open
+        error = aborted_failure(deliveries) or TransactionAbortedError("aborted")
+        self._forget(failed=True)
+        return error
+
+    def _forget(self, failed: bool) -> None:
+        stand_in = (b"", KafkaError(KafkaError._PURGE_QUEUE)) if failed else None
+        for d in self.open:
+            d.release(stand_in)
+        self.txn, self.open, self.appended, self.events, self.bytes = None, [], [], 0, 0
+
+    def _commit_open(self) -> None:
+        if self.txn is None or not self.open:
+            return
+        assert self.grant is not None
+        t = txn_log(self.world)
+        newest = next((d.token for d in reversed(self.open) if d.token is not None), None)
+        records: list[bytes | None] = [] if newest is None else [OffsetsRecord(
+            LEASE_ID, newest, FINGERPRINT, self.grant.fencing_token, self.grant.owner).encode()]
+        try:
+            self._commit(self.txn, self.appended, records)
+        except ProducerFencedError:
+            self._forget(failed=True)
+            raise
+        self._forget(failed=False)
         if t.crash_after_commit:
             t.crash_after_commit = False
             raise Crashed("killed between the Kafka commit and the MongoDB write")
 
+    def due_in(self) -> float | None:
+        if not self.open:
+            return None
+        return self.opened_at + self.max_ms / 1000 - self.world.clock.monotonic()
+
     def poll(self, timeout: float) -> None:
-        pass
+        due = self.due_in()
+        if due is not None and due <= 0:
+            self._commit_open()
 
     def drain(self, timeout: float) -> None:
-        pass
+        self._commit_open()
 
     def failure(self, delivery: Delivery) -> Exception:
         return delivery_failure(delivery)
@@ -174,7 +234,7 @@ class FakeTxnPublisher:
         return 0
 
     def close(self) -> None:
-        pass  # an open transaction stays uncommitted: the next init_transactions aborts it
+        self._forget(failed=True)  # the open transaction stays uncommitted: the next init_transactions aborts it
 
 
 class DeliveryLease(FakeLease):
@@ -230,14 +290,15 @@ class FakeTxnProducers:
     the FakePublisher resuming after the newer of the checkpoint and the fake offsets topic's
     record when the checkpoint was stored in exactly-once mode (relay.kafka.modes.AtLeastOnce)."""
 
-    def __init__(self, world: World, exactly_once: bool) -> None:
+    def __init__(self, world: World, settings: Settings) -> None:
         self.world = world
-        self.exactly_once = exactly_once
+        self.settings = settings
+        self.exactly_once = settings.delivery == "exactly-once"
         self.publishers: list[Any] = []
 
     def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Any, Checkpoint]:
         if self.exactly_once:
-            publisher = FakeTxnPublisher(self.world)
+            publisher = FakeTxnPublisher(self.world, self.settings)
             self.publishers.append(publisher)
             return publisher, publisher.resume_point(grant, heartbeat)
         self.publishers.append(FakePublisher(self.world))
@@ -254,7 +315,7 @@ class TxnRelay:
 def txn_relay(world: World, settings: Settings, observer: Observer | None = None) -> TxnRelay:
     """A real `Relay` with the real MessageBuilder on the fakes, in the mode `settings.delivery`
     names (FakeTxnProducers)."""
-    producers = FakeTxnProducers(world, settings.delivery == "exactly-once")
+    producers = FakeTxnProducers(world, settings)
     lease = DeliveryLease(world, settings.instance_id, settings.lease_ttl_s, settings.delivery)
     relay = relay_on(world, settings, producers, lambda: TxnSource(world), lease, observer)
     return TxnRelay(relay, producers.publishers)
