@@ -57,6 +57,10 @@ class RegistryConfig:
     basic_auth: str
 
     def __post_init__(self) -> None:
+        if not isinstance(self.auto_register, bool):
+            raise ConfigError(
+                env_name("schema_registry_auto_register"), f"must be true or false, got {self.auto_register!r}"
+            )
         for url in self.urls:
             if not url.startswith(("http://", "https://", "mock://")):
                 raise ConfigError(

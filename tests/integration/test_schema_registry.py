@@ -208,7 +208,7 @@ def test_topic_strategy_with_two_event_schemas_on_one_topic_stops_the_relay_nami
 
 def test_with_auto_register_off_an_unregistered_schema_stops_the_relay_until_it_is_registered(
         env, schema_registry, tmp_path):
-    settings = registry_settings(env, schema_registry, schema_registry_auto_register="false")
+    settings = registry_settings(env, schema_registry, schema_registry_auto_register=False)
     subject = f"{env.topic()}-{TYPED}"
     event = order_created(1)
     Outbox(env.outbox).add(event)
