@@ -56,7 +56,7 @@ class ComposeStack:
         self.up("--no-deps", "relay", "demo")
 
     def down(self) -> None:
-        self.run("down", "-v", "--timeout", "20")
+        self.run("down", "-v", "--timeout", "10")
 
     @property
     def mongodb_uri(self) -> str:

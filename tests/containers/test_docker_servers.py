@@ -7,12 +7,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.containers import servers
 from tests.support import ROOT
 
 MODULES = ("tests/integration/test_change_source.py", "tests/integration/test_relay_end_to_end.py")
 
 
+@pytest.mark.timeout(1800)
 def test_server_modules_pass_against_servers_started_by_testcontainers(engine, docker_api):
     images = servers.ensure_servers(engine)
     env = engine.environ() | {"RELAY_TEST_DOCKER": "1", "DOCKER_HOST": docker_api,
