@@ -111,6 +111,7 @@ class Service:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        shutil.rmtree(self.socket.parent, ignore_errors=True)
 
 
 @dataclass

@@ -12,7 +12,8 @@ from tests.containers.sidecar import container_env
 from tests.spark.support import VIEW_COLLECTION, assert_view_equals_outbox, mongo_view, outbox_state, positions
 from tests.support import RelayThread, read_topic, topic_size, wait_until, write_events
 
-pytestmark = pytest.mark.usefixtures("docker_api")
+# The first test to need an image builds it (cold: several minutes on a busy machine).
+pytestmark = [pytest.mark.usefixtures("docker_api"), pytest.mark.timeout(1800)]
 
 # Run inside the relay image as its user: what a compiler, pip's cache or the sources would leave.
 _INVENTORY = r"""

@@ -14,7 +14,8 @@ from tests.containers.images import healthcheck
 from tests.containers.sidecar import Sidecar
 from tests.support import assert_complete_and_ordered, lease_doc, read_topic, topic_size, wait_until, write_events
 
-pytestmark = pytest.mark.usefixtures("docker_api")
+# The first test to need an image builds it (cold: several minutes on a busy machine).
+pytestmark = [pytest.mark.usefixtures("docker_api"), pytest.mark.timeout(1800)]
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -20,7 +21,9 @@ KUBERNETES = ROOT / "deploy" / "kubernetes" / "orders-with-relay.yaml"
 
 
 def load_yaml(path: Path) -> Any:
-    return yaml.safe_load(path.read_text())
+    """The YAML document, with `${VAR:-default}` read as its default (as compose does when VAR is
+    unset: docker-compose.yml's image and host-port variables)."""
+    return yaml.safe_load(re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", path.read_text()))
 
 
 def tool(name: str) -> str | None:
