@@ -10,7 +10,6 @@ import pymongo
 import pytest
 from pymongo.errors import PyMongoError
 
-from tests.conftest import Env
 from tests.support import (
     CheckpointWatcher,
     RelayProcess,
@@ -21,28 +20,8 @@ from tests.support import (
     background_writes,
     lease_doc,
     needs_local_stack,
-    replica_set,
     wait_until,
 )
-
-
-@pytest.fixture(scope="module")
-def rs3(servers):
-    with replica_set("outbox-relay-rs3-", members=3) as rs:
-        yield rs
-
-
-@pytest.fixture
-def env3(env, rs3):
-    """The test's settings, on the three-member replica set."""
-    settings = env.settings.replace(mongodb_uri=rs3.uri)
-    client = pymongo.MongoClient(rs3.uri, tz_aware=True)
-    client[settings.database].create_collection(settings.outbox_collection)
-    try:
-        yield Env(env.servers, settings, client)
-    finally:
-        client.drop_database(settings.database)
-        client.close()
 
 
 def _step_down(rs) -> None:

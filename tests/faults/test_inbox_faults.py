@@ -13,7 +13,6 @@ import pymongo
 import pytest
 from pymongo.errors import PyMongoError
 
-from tests.conftest import Env
 from tests.inbox_support import (
     InboxProcess,
     InboxThread,
@@ -22,7 +21,7 @@ from tests.inbox_support import (
     effects_handler,
     wait_applied,
 )
-from tests.support import RelayThread, Written, background_writes, needs_local_stack, replica_set, wait_until
+from tests.support import RelayThread, Written, background_writes, needs_local_stack, wait_until
 
 
 @pytest.fixture
@@ -76,25 +75,6 @@ def test_broker_killed_and_restarted_mid_run_applies_every_event_once_in_order(e
         writer.join()
         wait_applied(env.db, 2000, timeout=120, alive=inbox.check_alive)
     assert_effects_exactly_once_in_order(env.db, written)
-
-
-@pytest.fixture(scope="module")
-def rs3(servers):
-    with replica_set("outbox-relay-inbox-rs3-", members=3) as rs:
-        yield rs
-
-
-@pytest.fixture
-def env3(env, rs3):
-    """The test's settings, on the three-member replica set (outbox and inbox both there)."""
-    settings = env.settings.replace(mongodb_uri=rs3.uri)
-    client = pymongo.MongoClient(rs3.uri, tz_aware=True)
-    client[settings.database].create_collection(settings.outbox_collection)
-    try:
-        yield Env(env.servers, settings, client)
-    finally:
-        client.drop_database(settings.database)
-        client.close()
 
 
 def test_primary_step_down_mid_run_applies_every_event_once_in_order(env3, rs3):
