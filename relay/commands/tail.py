@@ -183,7 +183,7 @@ def _assign(
 
     assignment, pending = [], set()
     for p in partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+        low, high = _watermarks(consumer, TopicPartition(topic, p), timeout_s)
         start = low if from_beginning else max(low, high - last)
         assignment.append(TopicPartition(topic, p, start))
         if start < high:
@@ -221,3 +221,27 @@ def _print(
         printed += 1
         offset = msg.offset() or 0
         pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}
+
+
+# Answers of a partition whose leader is still being elected (a topic just created, a broker
+# restarting): asked again until the timeout.
+_NOT_READY = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART")
+
+
+def _watermarks(consumer: Any, partition: Any, timeout_s: float) -> tuple[int, int]:
+    """The partition's (low, high) offsets, asked again while its leader is not ready, for at
+    most `timeout_s` (RELAY_CONNECT_TIMEOUT_S); then librdkafka's error."""
+    from confluent_kafka import KafkaException
+    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
+
+    def not_ready(exc: BaseException) -> bool:
+        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        return err is not None and (err.retriable() or err.name() in _NOT_READY)
+
+    for attempt in Retrying(
+        stop=stop_after_delay(timeout_s), wait=wait_fixed(0.25), retry=retry_if_exception(not_ready), reraise=True
+    ):
+        with attempt:
+            low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
+            return int(low), int(high)
+    raise AssertionError("unreachable: Retrying re-raises the last error")
