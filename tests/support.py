@@ -31,6 +31,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pymongo.database import Database
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings, env_name, kafka_env_name
@@ -392,11 +393,22 @@ def uncommitted_messages(bootstrap: str, topic: str) -> int:
         return 0
     ends = {}
     for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
-        futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in meta.partitions},
-                                     isolation_level=level)
-        ends[level] = {tp.partition: f.result(timeout=10).offset for tp, f in futures.items()}
+        # A partition whose leader is being elected (the topic just created, the broker just
+        # restarted) answers NOT_LEADER_FOR_PARTITION for a moment: asked again for up to 30 s.
+        for attempt in Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.25), reraise=True,
+                                retry=retry_if_exception(_leader_not_ready)):
+            with attempt:
+                futures = admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in meta.partitions},
+                                             isolation_level=level)
+                ends[level] = {tp.partition: f.result(timeout=10).offset for tp, f in futures.items()}
     committed, appended = ends[IsolationLevel.READ_COMMITTED], ends[IsolationLevel.READ_UNCOMMITTED]
     return sum(appended[p] - committed[p] for p in appended)
+
+
+def _leader_not_ready(exc: BaseException) -> bool:
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() in (
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART))
 
 
 def topic_size(bootstrap: str, topic: str) -> int:
