@@ -1,9 +1,10 @@
 """Wiring: the relay with its real boundaries; the one place that reads the whole Settings.
 
-`build` is what `outbox-relay run`, the demo, the tests and the benchmarks call: one `Relay`
-for the whole outbox (RELAY_PARTITIONS=1), or a `Group` running one per partition. Each part gets
-its own configuration (`Settings.parts()`), never the settings themselves. Those are the only
-places that build clients for the loop; the loop itself (`relay.core.loop.Relay`) never builds one.
+`build` is what `outbox-relay run`, the demo, the tests and the benchmarks call: the process's
+`Group` (relay.group.runner), running one `Relay` loop per partition of the outbox; without
+RELAY_PARTITIONS that is a group of one partition, wired the same way. Each part gets its own
+configuration (`Settings.parts()`), never the settings themselves. This is the only place that
+builds clients for the loop; the loop itself (`relay.core.loop.Relay`) never builds one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import Framing, framing_for
 from relay.config import Parts, Settings
-from relay.core.boundaries import ALWAYS, Assignment
+from relay.core.boundaries import Assignment
 from relay.core.errors import first_of
 from relay.core.loop import Relay
 from relay.core.partitions import Partition, lease_id, partitions
@@ -39,22 +40,49 @@ from relay.mongo.pipeline import pipeline, pipeline_fingerprint, scan_filter
 from relay.mongo.privileges import check as check_privileges
 from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
-from relay.ops.health import GroupHealth, Health
-from relay.ops.observe import GroupObserver, Observer
+from relay.ops.health import Health
+from relay.ops.observe import Observer, PartitionObserver
 from relay.ops.outbox_checks import OutboxMetrics
 
 # What the loop does with the drivers' exceptions (relay.core.errors.classify).
 DRIVER_ERRORS = first_of(mongo_errors.action_for, kafka_errors.action_for)
 
 
-def build(
-    settings: Settings, observer: Observer | None = None, folder: SchemaFolder | None = None, native: bool = True
-) -> Relay[Observer] | Group:
-    """What runs the outbox: `build_relay` when RELAY_PARTITIONS is 1, else `build_group`.
-    Either has `run()`, `stop()` and `observer` (with its metrics `registry`)."""
-    if settings.parts().group.partitions == 1:
-        return build_relay(settings, observer, folder, native=native)
-    return build_group(settings, folder, native=native)
+def build(settings: Settings, folder: SchemaFolder | None = None, native: bool = True) -> Group:
+    """The relay process for `settings`: a group of RELAY_PARTITIONS relay loops (one without
+    partitions) sharing one MongoDB client, with the group's heartbeat (membership),
+    housekeeping and start-up checks (`_preflight`), which `Group.run()` runs first. It has
+    `run()`, `stop()` and `observer` (with its metrics `registry` and `serve()`)."""
+    parts = settings.parts()
+    mongo, count = parts.mongo, parts.group.partitions
+    client = mongo_client(mongo)
+    folder = folder or SchemaFolder.bundled()
+    observer = Observer(parts.observer)
+    balance = Balance(count)
+    relays = [
+        (
+            p,
+            _partition_relay(
+                parts, p, client, observer.partition(p), folder, native, PartitionAssignment(balance, p.index)
+            ),
+        )
+        for p in partitions(count)
+    ]
+    shares = shares_of(mongo.namespace, count, parts.encoding.fields.aggregate_id)
+    housekeeper = housekeeping(parts, client, shares, observer.metrics.registry, observer.health)
+
+    def start() -> None:
+        _preflight(parts, client)
+        housekeeper.start()
+
+    def close() -> None:
+        housekeeper.stop()
+        client.close()
+
+    g = parts.group
+    leases = client[mongo.database][mongo.lease_collection]
+    membership = Membership(leases, mongo.namespace, g.instance_id, count, g.lease_ttl_s)
+    return Group(g, relays, balance, membership, observer, start, close)
 
 
 def message_builder(
@@ -67,53 +95,36 @@ def message_builder(
     return MessageBuilder(parts.encoding, folder, framing or framing_for(parts.registry, folder), native=native)
 
 
-def build_relay(
-    settings: Settings,
-    observer: Observer | None = None,
-    folder: SchemaFolder | None = None,
-    *,
-    native: bool = True,
-    partition: Partition | None = None,
-    client: MongoClient[Any] | None = None,
-    assignment: Assignment = ALWAYS,
-) -> Relay[Observer]:
-    """A relay for `settings`: its MongoDB client, lease, change source, delivery mode, message
-    builder and start-up checks (`_own_hooks`), which `Relay.run()` runs first. For one partition
-    of a group (`partition`, from `build_group`): the group's `client`, which the group checks and
-    closes, and the partition's lease, pipeline and assignment.
-    """
-    parts = settings.parts()
-    mongo = parts.mongo
-    own_client = client is None
-    client = mongo_client(mongo) if client is None else client
-    lid = lease_id(mongo.namespace, partition)
-    source, documents, fingerprint = _change_source(parts, client, partition)
-    producers = delivery_mode(parts, lid, fingerprint)
-    observer = observer or Observer(parts.observer)
-    # A group's partitions share the group's client, checks and housekeeping.
-    preflight, close = (
-        _own_hooks(parts, client, producers, (lid, documents), observer) if own_client else (_nothing, _nothing)
-    )
+def _partition_relay(
+    parts: Parts,
+    partition: Partition,
+    client: MongoClient[Any],
+    observer: PartitionObserver,
+    folder: SchemaFolder,
+    native: bool,
+    assignment: Assignment,
+) -> Relay[PartitionObserver]:
+    """The relay loop of one partition (the whole outbox without partitions) on the process's
+    `client`: its lease, change source, delivery mode, message builder and assignment."""
+    lid = lease_id(parts.mongo.namespace, partition)
+    source, fingerprint = _change_source(parts, client, partition)
     return Relay(
         parts.loop,
         source=source,
-        producers=producers,
+        producers=delivery_mode(parts, lid, fingerprint),
         lease=parts.lease_store(client, partition),
         encoder=message_builder(parts, folder, native=native),
         observer=observer,
         fingerprint=fingerprint,
-        preflight=preflight,
-        close=close,
         assignment=assignment,
         foreign_errors=DRIVER_ERRORS,
     )
 
 
 def _change_source(
-    parts: Parts, client: MongoClient[Any], partition: Partition | None
-) -> tuple[Callable[[], ChangeSource], Mapping[str, Any] | None, str]:
-    """The change source factory of `partition` (None: the whole outbox), the filter of the
-    documents a rescan serves, and the fingerprint of its pipeline."""
+    parts: Parts, client: MongoClient[Any], partition: Partition
+) -> tuple[Callable[[], ChangeSource], str]:
+    """The change source factory of `partition` and the fingerprint of its pipeline."""
     mongo, fields = parts.mongo, parts.encoding.fields
     stages = pipeline(partition, fields.aggregate_id)
     documents = scan_filter(partition, fields.aggregate_id)
@@ -122,7 +133,7 @@ def _change_source(
     def source() -> ChangeSource:
         return ChangeSource(outbox, mongo.max_await_ms, fields.occurred_at, pipeline=stages, scan_filter=documents)
 
-    return source, documents, pipeline_fingerprint(mongo.namespace, stages)
+    return source, pipeline_fingerprint(mongo.namespace, stages)
 
 
 def delivery_mode(parts: Parts, lid: str, fingerprint: str) -> AtLeastOnce | ExactlyOnce:
@@ -135,82 +146,13 @@ def delivery_mode(parts: Parts, lid: str, fingerprint: str) -> AtLeastOnce | Exa
     return AtLeastOnce(kafka, lid, fingerprint, offsets)
 
 
-def _nothing() -> None:
-    pass
-
-
-def _own_hooks(
-    parts: Parts,
-    client: MongoClient[Any],
-    producers: AtLeastOnce | ExactlyOnce,
-    share: tuple[str, Mapping[str, Any] | None],
-    observer: Observer,
-) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(preflight, close) of a relay with a client of its own. Start-up checks: librdkafka accepts
-    the configuration; MongoDB and Kafka answer; the partition count did not change under running
-    relays; in exactly-once mode the offsets topic exists, compacted. Then its housekeeping
-    starts; at the end, housekeeping stops and the client closes."""
-    mongo, kafka = parts.mongo, parts.kafka
-    housekeeper = housekeeping(parts, client, [share], observer.metrics.registry, observer.health)
-
-    def preflight() -> None:
-        producers.check()
-        check_mongodb(client, mongo)
-        check_privileges(client, required_for(mongo, parts.cleanup, parts.group.partitions))
-        prepare(client[mongo.database][mongo.lease_collection], mongo.namespace, parts.group.partitions)
-        check_kafka(kafka)
-        if kafka.exactly_once:
-            OffsetsTopic(kafka).ensure()
-        housekeeper.start()
-
-    def close() -> None:
-        housekeeper.stop()
-        client.close()
-
-    return preflight, close
-
-
-def build_group(settings: Settings, folder: SchemaFolder | None = None, native: bool = True) -> Group:
-    """A group of RELAY_PARTITIONS relays sharing one MongoDB client (relay.group.runner.Group),
-    with its heartbeat (membership), housekeeping and start-up checks (`_group_preflight`)."""
-    parts = settings.parts()
-    mongo = parts.mongo
-    client = mongo_client(mongo)
-    leases = client[mongo.database][mongo.lease_collection]
-    folder = folder or SchemaFolder.bundled()
-    observer = GroupObserver(parts.observer)
-    count = parts.group.partitions
-    balance = Balance(count)
-
-    def relay_of(p: Partition) -> Relay[Observer]:
-        assignment = PartitionAssignment(balance, p.index)
-        return build_relay(
-            settings, observer.partition(p), folder, native=native, partition=p, client=client, assignment=assignment
-        )
-
-    relays = [(p, relay_of(p)) for p in partitions(count)]
-
-    shares = shares_of(mongo.namespace, count, parts.encoding.fields.aggregate_id)
-    housekeeper = housekeeping(parts, client, shares, observer.metrics.registry, observer.health)
-
-    def start() -> None:
-        _group_preflight(parts, client)
-        housekeeper.start()
-
-    def close() -> None:
-        housekeeper.stop()
-        client.close()
-
-    g = parts.group
-    membership = Membership(leases, mongo.namespace, g.instance_id, count, g.lease_ttl_s)
-    return Group(g, relays, balance, membership, observer, start, close)
-
-
-def _group_preflight(parts: Parts, client: MongoClient[Any]) -> None:
-    """A group's start-up checks: librdkafka accepts the configuration, MongoDB answers and can
-    compute partitions, the partition count did not change under running relays (or the outbox
-    moves to it: relay.mongo.repartition), every partition's lease document exists, Kafka answers
-    (and, in exactly-once mode, the offsets topic exists, compacted)."""
+def _preflight(parts: Parts, client: MongoClient[Any]) -> None:
+    """The process's start-up checks: librdkafka accepts the configuration (each lease's
+    transactional producer, in exactly-once mode); MongoDB answers, the user holds the privileges
+    the mode needs and the server can compute partitions; the partition count did not change
+    under running relays (or the outbox moves to it: relay.mongo.repartition); every partition's
+    lease document exists; Kafka answers (and, in exactly-once mode, the offsets topic exists,
+    compacted)."""
     mongo, kafka, count = parts.mongo, parts.kafka, parts.group.partitions
     if kafka.exactly_once:
         for p in partitions(count):
@@ -233,7 +175,7 @@ def housekeeping(
     client: MongoClient[Any],
     shares: Sequence[tuple[str, Mapping[str, Any] | None]],
     registry: CollectorRegistry,
-    health: Health | GroupHealth,
+    health: Health,
 ) -> Housekeeper:
     """The outbox checks and clean-up by position (relay.mongo.housekeeping) of one process, over
     the lease ids (with their documents) it may lead, reporting to its metrics and health."""

@@ -1,8 +1,8 @@
 """`outbox-relay status` and `checkpoint reset`: read (or reset) the lease documents.
 
-With RELAY_PARTITIONS=1 there is one lease document (the output is as it always was); with
-N > 1 `status` lists every partition (holder, fencing token, expiry, checkpoint and its lag) and
-every replica of the group with the partitions it leads, and `checkpoint reset` resets them all.
+`status` lists every partition (holder, fencing token, expiry, checkpoint and its lag; one, the
+whole outbox's, without RELAY_PARTITIONS, also shown at the top as it always was) and every
+replica of the group with the partitions it leads; `checkpoint reset` resets them all.
 """
 
 from __future__ import annotations
@@ -19,45 +19,80 @@ from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
 
 
-def _lease_store(settings: Settings, client: Any, partition: Partition | None = None) -> LeaseDocument:
-    return settings.parts().lease_document(client, partition)
-
-
 def _stores(settings: Settings, client: Any) -> list[LeaseDocument]:
-    if settings.partitions == 1:
-        return [_lease_store(settings, client)]
-    return [_lease_store(settings, client, p) for p in partitions(settings.partitions)]
+    """Every partition's lease document (the one of the whole outbox without partitions)."""
+    parts = settings.parts()
+    return [parts.lease_document(client, p) for p in partitions(settings.partitions)]
 
 
 def status(settings: Settings) -> dict[str, Any]:
-    """The lease holder, fencing token, expiry, and the checkpoint with its lag (per partition
-    with RELAY_PARTITIONS > 1)."""
-    mongo = settings.parts().mongo
+    """Every partition's lease (holder, fencing token, expiry), checkpoint and its lag, and every
+    replica with the partitions it leads. Without partitions the one lease and checkpoint are
+    also at the top (`lease`, `checkpoint`), as they always were."""
+    parts = settings.parts()
+    mongo, group = parts.mongo, parts.group
     with mongo_client(mongo) as client:
         check_mongodb(client, mongo)
-        if settings.partitions > 1:
-            return _group_status(settings, client)
-        store = _lease_store(settings, client)
-        doc = store.read()
-        replicas = store.replicas()
-    out: dict[str, Any] = {"outbox": settings.namespace, "lease": None, "checkpoint": None, "replicas": []}
-    if doc is None:
-        return out
-    now: dt.datetime = doc["serverTime"]
-    stale_after = 3 * max(settings.heartbeat_interval_s, settings.standby_poll_s)
-    for r in replicas:
-        age = (now - r["seenAt"]).total_seconds()
-        holds = r["instance"] == doc.get("owner") and doc.get("expiresAt") is not None and doc["expiresAt"] > now
-        out["replicas"].append(
-            {
-                "instance": r["instance"],
-                "role": "leader" if holds else ("gone" if age > stale_after else "standby"),
-                "lastSeenSecondsAgo": round(age, 1),
-            }
+        leases = [
+            (p, store.lease_id, store.read())
+            for p, store in zip(partitions(group.partitions), _stores(settings, client), strict=True)
+        ]
+        membership = Membership(
+            client[mongo.database][mongo.lease_collection],
+            mongo.namespace,
+            group.instance_id,
+            group.partitions,
+            group.lease_ttl_s,
         )
-    out["lease"] = _lease(doc, now)
-    out["checkpoint"] = _checkpoint(doc, now)
-    return out
+        members = membership.replicas()
+    rows = [_partition_row(p, lid, doc) for p, lid, doc in leases]
+    holders: dict[str, list[int]] = {}
+    for row in rows:
+        lease = row["lease"]
+        if lease is not None and not lease["expired"] and lease["owner"] is not None:
+            holders.setdefault(str(lease["owner"]), []).append(row["partition"])
+    out: dict[str, Any] = {"outbox": mongo.namespace}
+    if group.partitions == 1:
+        out |= {"lease": rows[0]["lease"], "checkpoint": rows[0]["checkpoint"]}
+    return out | {
+        "partitions": group.partitions,
+        "partitionsLed": sum(len(v) for v in holders.values()),
+        "leases": rows,
+        "replicas": [_replica(r, holders, group.lease_ttl_s) for r in members],
+    }
+
+
+def _partition_row(p: Partition, lid: str, doc: dict[str, Any] | None) -> dict[str, Any]:
+    """One partition's lease and checkpoint as `status` shows them (None before its first start)."""
+    row: dict[str, Any] = {"partition": p.index, "leaseId": lid, "lease": None, "checkpoint": None}
+    if doc is None:
+        return row
+    now = doc["serverTime"]
+    row["lease"] = _lease(doc, now)
+    row["checkpoint"] = _checkpoint(doc, now)
+    if doc.get("startAtClusterTime") is not None and row["checkpoint"] is None:
+        row["startsAt"] = dt.datetime.fromtimestamp(doc["startAtClusterTime"].time, dt.UTC).isoformat()
+    return row
+
+
+def _replica(r: dict[str, Any], holders: dict[str, list[int]], ttl_s: float) -> dict[str, Any]:
+    """One replica as `status` shows it: `stopped` after a graceful stop, `leader` while it holds
+    an unexpired lease, `gone` once unseen for RELAY_LEASE_TTL_S, else `standby`."""
+    age = (r["serverTime"] - r["seenAt"]).total_seconds()
+    leading = holders.get(str(r["instance"]), [])
+    if r.get("role") == "stopped":
+        role = "stopped"
+    elif leading:
+        role = "leader"
+    else:
+        role = "gone" if age > ttl_s else "standby"
+    return {
+        "instance": r["instance"],
+        "role": role,
+        "leading": leading,
+        "lastSeenSecondsAgo": round(age, 1),
+        "joinedAt": r.get("joinedAt"),
+    }
 
 
 def _lease(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
@@ -67,6 +102,7 @@ def _lease(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
         "fencingToken": doc.get("fencingToken"),
         "expiresAt": expires,
         "expired": expires is None or expires <= now,
+        "acquiredAt": doc.get("acquiredAt"),
     }
 
 
@@ -83,62 +119,6 @@ def _checkpoint(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
         "storedAt": doc.get("checkpointAt"),
         "pipelineFingerprint": doc.get("pipelineFingerprint"),
         "delivery": doc.get("delivery"),
-    }
-
-
-def _group_status(settings: Settings, client: Any) -> dict[str, Any]:
-    db = client[settings.database]
-    membership = Membership(
-        db[settings.lease_collection],
-        settings.namespace,
-        settings.instance_id,
-        settings.partitions,
-        settings.lease_ttl_s,
-    )
-    rows: list[dict[str, Any]] = []
-    holders: dict[str, list[int]] = {}
-    now: dt.datetime | None = None
-    for store, p in zip(_stores(settings, client), partitions(settings.partitions), strict=False):
-        doc = store.read()
-        row: dict[str, Any] = {"partition": p.index, "leaseId": store.lease_id, "lease": None, "checkpoint": None}
-        if doc is not None:
-            now = doc["serverTime"]
-            row["lease"] = {**_lease(doc, now), "acquiredAt": doc.get("acquiredAt")}
-            row["checkpoint"] = _checkpoint(doc, now)
-            if doc.get("startAtClusterTime") is not None and row["checkpoint"] is None:
-                seed = doc["startAtClusterTime"]
-                row["startsAt"] = dt.datetime.fromtimestamp(seed.time, dt.UTC).isoformat()
-            if not row["lease"]["expired"] and doc.get("owner") is not None:
-                holders.setdefault(str(doc["owner"]), []).append(p.index)
-        rows.append(row)
-    replicas = []
-    for r in membership.replicas():
-        age = (r["serverTime"] - r["seenAt"]).total_seconds()
-        leading = holders.get(str(r["instance"]), [])
-        role = (
-            "stopped"
-            if r.get("role") == "stopped"
-            else "leader"
-            if leading
-            else "gone"
-            if age > settings.lease_ttl_s
-            else "standby"
-        )
-        replicas.append(
-            {
-                "instance": r["instance"],
-                "role": role,
-                "leading": leading,
-                "lastSeenSecondsAgo": round(age, 1),
-                "joinedAt": r.get("joinedAt"),
-            }
-        )
-    return {
-        "outbox": settings.namespace,
-        "partitions": settings.partitions,
-        "partitionsLed": sum(len(v) for v in holders.values()),
-        "leases": rows,
-        "replicas": replicas,
     }
 
 

@@ -105,9 +105,6 @@ class LeaseStore(Protocol):
     def release(self, grant: Grant) -> None:
         """Give the lease up so a standby can take it at once."""
 
-    def announce(self, role: str) -> None:
-        """Record this replica's role for `status` (best effort)."""
-
 
 class Encoder(Protocol):
     """Turns a change into its Kafka message (relay.avro.encoding.MessageBuilder)."""
@@ -149,7 +146,8 @@ class Observer(Protocol):
 
 class Assignment(Protocol):
     """Whether this relay should lead its lease now: the share of a group of replicas over the
-    partitions of one outbox (relay.group.balance). A relay alone on an outbox uses `ALWAYS`."""
+    partitions of one outbox (relay.group.balance; with one partition: always try, never hand
+    over). A loop run without a group (tests) uses `ALWAYS`."""
 
     def may_lead(self) -> bool:
         """Asked on every standby pass, before trying the lease: False skips the attempt."""
@@ -164,7 +162,7 @@ class Assignment(Protocol):
 
 
 class Always:
-    """The assignment of a relay alone on its outbox: always try the lease, never hand it over."""
+    """An assignment that always tries the lease and never hands it over (a loop without a group)."""
 
     def may_lead(self) -> bool:
         return True

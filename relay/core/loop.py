@@ -206,7 +206,6 @@ class Relay(Generic[ObserverT]):
         if self._role != "leader":
             log.info("holding the lease, fencing token %d", grant.fencing_token)
         self._role = "leader"
-        self._lease.announce("leader")
         source = self._sources()
         publisher, checkpoint = self._producers.start(grant, lambda: self._heartbeat(grant))
         self._session = session = Session(grant, source, publisher, self._window())
@@ -228,7 +227,6 @@ class Relay(Generic[ObserverT]):
             log.info("standby: %s", why)
             self._role = "standby"
             self.observer.role("standby", None)
-        self._lease.announce("standby")
         self.observer.tick()
         self._clock.wait(self.config.standby_poll_s, self._stopping)
 
@@ -374,7 +372,6 @@ class Relay(Generic[ObserverT]):
     def _renew(self, grant: Grant) -> None:
         self._lease.renew(grant)
         self._last_write = self._clock.monotonic()
-        self._lease.announce("leader")
 
     def _heartbeat(self, grant: Grant) -> None:
         """Runs while waiting on Kafka: keep the lease alive so a slow broker is not a takeover."""

@@ -6,6 +6,10 @@ the others floor(N / L); the targets add up to N. A replica takes free partition
 expired by the server's clock) while it leads fewer than its target, and hands partitions above
 its target over at a batch boundary (final checkpoint stored, lease released).
 
+With one partition (no RELAY_PARTITIONS) there is nothing to share: every replica may try the one
+lease and none hands it over, so the lease alone decides who leads and a leader keeps it until it
+stops or loses it (a replica joining never moves it).
+
 `Balance` is this replica's side of the rule: the state of each partition's lease and the
 target; `PartitionAssignment` is one partition's view of it, the loop's Assignment boundary.
 """
@@ -27,7 +31,10 @@ def targets(live: Iterable[str], count: int) -> dict[str, int]:
 
 
 def target_of(me: str, live: Sequence[str], count: int) -> int:
-    """This replica's target; it counts itself live even if its own heartbeat is not visible yet."""
+    """This replica's target; it counts itself live even if its own heartbeat is not visible yet.
+    With one partition every replica may lead it: 1."""
+    if count == 1:
+        return 1
     return targets([*live, me], count)[me]
 
 
@@ -45,7 +52,8 @@ class Balance:
     def __init__(self, count: int) -> None:
         self._states = [_State.IDLE] * count
         self._lock = threading.Lock()
-        self.target = 0
+        self._shared = count > 1  # one partition: nothing to share (the module docstring)
+        self.target = 0 if self._shared else 1
 
     def set_target(self, target: int) -> None:
         with self._lock:
@@ -56,7 +64,7 @@ class Balance:
         else while fewer than the target are held or being tried."""
         with self._lock:
             state = self._states[k]
-            if state in (_State.TRYING, _State.HELD):
+            if not self._shared or state in (_State.TRYING, _State.HELD):
                 return True
             if state is _State.IDLE and self._count(_State.TRYING, _State.HELD) < self.target:
                 self._states[k] = _State.TRYING
@@ -70,7 +78,7 @@ class Balance:
     def hand_over(self, k: int) -> bool:
         """Hand partition k over when more than the target are held (one at a time)."""
         with self._lock:
-            if self._states[k] is _State.HELD and self._count(_State.HELD) > self.target:
+            if self._shared and self._states[k] is _State.HELD and self._count(_State.HELD) > self.target:
                 self._states[k] = _State.HANDING
                 return True
             return False

@@ -1,7 +1,8 @@
-"""A group of relay replicas sharing the partitions of one outbox (RELAY_PARTITIONS > 1).
+"""A relay process: the replica of a group sharing the partitions of one outbox.
 
-A process runs one `relay.core.loop.Relay` per partition, each in its own thread with its own lease,
-change stream and producer (a standby partition holds neither stream nor producer). `Relay` keeps
+An unpartitioned relay is a group of one partition (RELAY_PARTITIONS=1), run the same way. A process
+runs one `relay.core.loop.Relay` per partition, each in its own thread with its own lease, change
+stream and producer (a standby partition holds neither stream nor producer). `Relay` keeps
 the order of steps; this module only decides, through each relay's `Assignment`, whether it
 should try its lease and whether it should hand it over at its next batch boundary. The rule
 (relay.group.balance): every live replica computes the same targets from the same list of live
@@ -28,7 +29,7 @@ from relay.core.loop import Relay
 from relay.core.partitions import Partition
 from relay.group.balance import Balance, target_of
 from relay.group.config import GroupConfig
-from relay.ops.observe import GroupObserver
+from relay.ops.observe import Observer
 
 log = logging.getLogger("relay")
 
@@ -47,9 +48,9 @@ class Membership(Protocol):
 class Group:
     """Runs the partitions' relays of one outbox in this process (see the module docstring).
 
-    `relays` are built for `partitions` with the assignments of `balance`
-    (relay.wiring.build_group); `preflight` runs first (checks, the partition count), `close`
-    last. Has `run()`, `stop()` and `observer`, like a `Relay`.
+    `relays` are built for `partitions` with the assignments of `balance` (relay.wiring.build);
+    `preflight` runs first (checks, the partition count), `close` last. Has `run()`, `stop()` and
+    `observer` (relay.ops.observe.Observer: its metrics `registry`, `serve()`).
     """
 
     def __init__(
@@ -58,7 +59,7 @@ class Group:
         relays: Sequence[tuple[Partition, Relay[Any]]],
         balance: Balance,
         membership: Membership,
-        observer: GroupObserver,
+        observer: Observer,
         preflight: Callable[[], None],
         close: Callable[[], None],
     ) -> None:
@@ -95,12 +96,13 @@ class Group:
                 if isinstance(exc, RelayError):
                     exc.logged = True
                 raise
-            log.info(
-                "relay %s in the group of %s with %d partitions",
-                self.config.instance_id,
-                self.config.namespace,
-                self.config.partitions,
-            )
+            if self.config.partitions > 1:
+                log.info(
+                    "relay %s in the group of %s with %d partitions",
+                    self.config.instance_id,
+                    self.config.namespace,
+                    self.config.partitions,
+                )
             for partition, relay in self.relays:
                 thread = threading.Thread(
                     target=self._run_relay, args=(relay,), daemon=True, name=f"relay-{partition.index}"
@@ -142,7 +144,7 @@ class Group:
             self._beat_failed, self._joined = False, True
             c = self.config
             target = target_of(c.instance_id, live, c.partitions)
-            if target != self.balance.target:
+            if target != self.balance.target and c.partitions > 1:
                 log.info(
                     "share: %d of %d partitions (%d live replicas)",
                     target,

@@ -23,14 +23,12 @@ has no checkpoint of its own. The unpartitioned document (`<db>.<collection>`) i
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from bson import Timestamp
 from pymongo import ReturnDocument
 from pymongo.collection import Collection
-from pymongo.errors import PyMongoError
 from pymongo.write_concern import WriteConcern
 
 from relay.core.errors import LeaseLostError
@@ -64,7 +62,6 @@ class LeaseStore:
         self.delivery = delivery  # RELAY_DELIVERY, stored beside every checkpoint
         self._ttl_ms = int(ttl_s * 1000)
         self._ensured = False
-        self._replicas = collection.database[f"{collection.name}_replicas"]
         # A partition's fields; none for the unpartitioned document, which stays as it was.
         self._partition = partition if partition is not None and partition.count > 1 else None
         self._fields: dict[str, Any] = (
@@ -163,21 +160,6 @@ class LeaseStore:
             raise LeaseLostError(
                 f"lease on {self.lease_id} lost: fencing token {grant.fencing_token} of "
                 f"{grant.owner} is no longer current"
-            )
-
-    def announce(self, role: str) -> None:
-        """Record this replica's role and the server time it was seen (for `status`).
-
-        Best effort: it is bookkeeping for operators, so a failure never stops publishing. A
-        partition's relay announces nothing: its group's heartbeat does (relay.mongo.membership).
-        """
-        if self._partition is not None:
-            return
-        with contextlib.suppress(PyMongoError):
-            self._replicas.update_one(
-                {"_id": f"{self.lease_id}/{self.owner}"},
-                [{"$set": {"outbox": self.lease_id, "instance": self.owner, "role": role, "seenAt": "$$NOW"}}],
-                upsert=True,
             )
 
 

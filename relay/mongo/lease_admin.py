@@ -1,5 +1,6 @@
 """The operator's side of a lease document (`outbox-relay status`, `checkpoint reset`): read it
-with the server's time, list the replicas that announced themselves, forget the checkpoint.
+with the server's time, forget the checkpoint. (Which replicas are alive is the group's
+membership, relay.mongo.membership.)
 
 The running relay's side (take, renew, commit, release) is relay.mongo.lease.LeaseStore's; both
 work on the same document (its `_id` is the lease id, relay.core.partitions.lease_id).
@@ -22,14 +23,7 @@ class LeaseDocument:
 
     def __init__(self, collection: Collection[Any], lease_id: str) -> None:
         self._coll = collection.with_options(write_concern=MAJORITY)
-        self._replicas = collection.database[f"{collection.name}_replicas"]
         self.lease_id = lease_id
-
-    def replicas(self) -> list[dict[str, Any]]:
-        """Every replica that announced itself for this outbox, newest first."""
-        return list(
-            self._replicas.find({"outbox": self.lease_id, "partitions": {"$exists": False}}, sort=[("seenAt", -1)])
-        )
 
     def read(self) -> dict[str, Any] | None:
         """The lease document as stored, with the server's current time (for `status`)."""

@@ -1,4 +1,5 @@
-"""The replicas of a partitioned outbox (RELAY_PARTITIONS > 1): heartbeats, and who is live.
+"""The replicas of one outbox (a group of one partition without RELAY_PARTITIONS): heartbeats,
+and who is live.
 
 Each replica of a group keeps one document in the `<lease collection>_replicas` collection,
 `_id` = `<db>.<collection>#group/<instance>`, with `outbox`, `instance`, `partitions` (its

@@ -38,24 +38,12 @@ class _Degradable:
         self.degraded = reason
 
 
-class Health(_Degradable):
-    """Liveness and readiness from the loop's reports.
+class LoopHealth:
+    """Liveness and readiness of one relay loop (one partition's) from its reports, judged by the
+    thresholds of the process's `Health`."""
 
-    Thresholds (attributes, so tests can shorten them):
-    - `live_stall_s`: /livez fails when the loop has not turned for this long. It is longer
-      than any wait the loop makes while healthy or on a slow server (three MongoDB socket
-      timeouts, the longest restart backoff and a standby poll; at least 60 s), so only a loop
-      that is stuck fails it.
-    - `ready_stall_s`: /readyz fails when the loop has not turned for this long (a blocked
-      getMore or write: MongoDB unreachable).
-    - `publish_stall_s`: /readyz fails on a leader whose producer holds messages while no batch
-      was acknowledged for this long (Kafka unreachable).
-    """
-
-    def __init__(self, config: HealthConfig, queued: Callable[[], float]) -> None:
-        self.live_stall_s = config.live_stall_s
-        self.ready_stall_s = config.ready_stall_s
-        self.publish_stall_s = PUBLISH_STALL_S
+    def __init__(self, thresholds: Health, queued: Callable[[], float]) -> None:
+        self._thresholds = thresholds
         self._queued = queued
         now = time.monotonic()
         self.last_turn = now
@@ -92,16 +80,16 @@ class Health(_Degradable):
 
     def live(self) -> bool:
         """The loop turned within `live_stall_s` (a stuck loop fails this)."""
-        return time.monotonic() - self.last_turn < self.live_stall_s
+        return time.monotonic() - self.last_turn < self._thresholds.live_stall_s
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, why): connected and turning, as a publishing leader or a standby."""
-        now = time.monotonic()
+        now, limits = time.monotonic(), self._thresholds
         if not self._ready:
             return False, self._why
-        if now - self.last_turn >= self.ready_stall_s:
+        if now - self.last_turn >= limits.ready_stall_s:
             return False, f"loop blocked for {now - self.last_turn:.0f}s (server unreachable?)"
-        if self.role == "leader" and now - self._progress_at >= self.publish_stall_s:
+        if self.role == "leader" and now - self._progress_at >= limits.publish_stall_s:
             queued = self._queued()
             if queued:
                 return False, (
@@ -110,36 +98,52 @@ class Health(_Degradable):
                 )
         return True, self._why
 
-    def ready(self) -> bool:
-        return self.readiness()[0]
 
+class Health(_Degradable):
+    """Liveness and readiness of the process: its group's coordinator (the heartbeat thread,
+    relay.group.runner) and the loop of every partition it runs (`loop()`; one without
+    RELAY_PARTITIONS).
 
-class GroupHealth(_Degradable):
-    """Liveness and readiness of a process running one relay per partition (relay.group.runner).
+    Live while the coordinator and every loop turn; ready while every loop is ready (a publishing
+    leader or a ready standby) and the coordinator turns. `role` is `leader` while this replica
+    leads at least one partition. A reason names its partition only when there are several, so an
+    unpartitioned relay answers as it always did.
 
-    Live while the group's coordinator and every partition's loop turn; ready while every
-    partition's relay is ready (a publishing leader or a ready standby). `role` is `leader` while
-    this replica leads at least one partition.
+    Thresholds (attributes, so tests can shorten them; every loop reads them here):
+    - `live_stall_s`: /livez fails when a loop has not turned for this long. It is longer than any
+      wait a loop makes while healthy or on a slow server (HealthConfig.live_stall_s), so only a
+      loop that is stuck fails it.
+    - `ready_stall_s`: /readyz fails when a loop has not turned for this long (a blocked getMore or
+      write: MongoDB unreachable).
+    - `publish_stall_s`: /readyz fails on a leader whose producer holds messages while no batch
+      was acknowledged for this long (Kafka unreachable).
     """
 
     def __init__(self, config: HealthConfig) -> None:
-        self._coordinator = Health(config, lambda: 0.0)
+        self.live_stall_s = config.live_stall_s
+        self.ready_stall_s = config.ready_stall_s
+        self.publish_stall_s = PUBLISH_STALL_S
+        self._coordinator = LoopHealth(self, lambda: 0.0)
         self._coordinator.became("standby")
-        self.parts: dict[int, Health] = {}
+        self.loops: dict[int, LoopHealth] = {}
         self._stopped: str | None = None
 
-    def add(self, index: int, health: Health) -> None:
-        self.parts[index] = health
+    def loop(self, index: int, queued: Callable[[], float]) -> LoopHealth:
+        """The health of partition `index`'s loop (`queued`: its producer's queue, read when asked)."""
+        self.loops[index] = health = LoopHealth(self, queued)
+        return health
 
     def turned(self, now: float) -> None:
+        """The coordinator turned."""
         self._coordinator.turned(now)
 
     def stopped(self, kind: str) -> None:
+        """The process stops on `kind` before (or without) a loop saying so (start-up checks)."""
         self._stopped = kind
 
     @property
     def role(self) -> str:
-        roles = {h.role for h in self.parts.values()}
+        roles = {h.role for h in self.loops.values()}
         if self._stopped is not None or "stopped" in roles:
             return "stopped"
         if "leader" in roles:
@@ -148,30 +152,28 @@ class GroupHealth(_Degradable):
 
     @property
     def last_turn(self) -> float:
-        return min([self._coordinator.last_turn, *(h.last_turn for h in self.parts.values())])
+        return min([self._coordinator.last_turn, *(h.last_turn for h in self.loops.values())])
 
     def live(self) -> bool:
-        return self._coordinator.live() and all(h.live() for h in self.parts.values())
+        return self._coordinator.live() and all(h.live() for h in self.loops.values())
 
     def readiness(self) -> tuple[bool, str]:
         if self._stopped is not None:
             return False, f"stopped on {self._stopped}"
         ok, why = self._coordinator.readiness()
         if not ok:
-            return False, f"group: {why}"
-        for index, health in sorted(self.parts.items()):
+            return False, f"group heartbeat: {why}"
+        for index, health in sorted(self.loops.items()):
             ok, why = health.readiness()
             if not ok:
-                return False, f"partition {index}: {why}"
+                return False, why if len(self.loops) == 1 else f"partition {index}: {why}"
         return True, self.role
 
     def ready(self) -> bool:
         return self.readiness()[0]
 
 
-def serve(
-    port: int, health: Health | GroupHealth, registry: CollectorRegistry, host: str = "0.0.0.0"
-) -> ThreadingHTTPServer | None:
+def serve(port: int, health: Health, registry: CollectorRegistry, host: str = "0.0.0.0") -> ThreadingHTTPServer | None:
     """Serve /metrics, /livez, /readyz on `host`:`port` in a daemon thread (0: off).
 
     /livez and /readyz answer 200 or 503 with a small JSON body that says why (the role, the
@@ -193,7 +195,7 @@ def serve(
     return server
 
 
-def _handler(health: Health | GroupHealth, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _handler(health: Health, registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

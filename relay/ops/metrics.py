@@ -1,13 +1,12 @@
-"""Prometheus metrics of one relay: the series, and the collectors cheap on the hot path.
+"""Prometheus metrics of one relay process: the series, and the collectors cheap on the hot path.
 
-Every relay has its own registry, so several relays can run in one process (tests, the demo).
-The README's Metrics table lists every series; names follow Prometheus conventions
-(`relay_..._total`, `_seconds`, `_bytes`). There are no `_created` series.
-
-A process that runs one relay per partition (RELAY_PARTITIONS > 1, relay.group.runner) has one registry
-for all of them (`GroupMetrics`): the series about one lease (held, fencing token, checkpoint
-time and lag, batches, producer queue) carry a `partition` label, bound once per partition
-(`PartitionMetrics`), never looked up per event; the rest are shared.
+A process runs one relay loop per partition it may lead (one without RELAY_PARTITIONS) and keeps
+all their series in one registry (`RelayMetrics`; every process has its own, so several can run in
+one process: tests, the demo). The series about one lease (held, fencing token, checkpoint time
+and lag, batches, producer queue) carry a `partition` label when RELAY_PARTITIONS > 1, and none
+without partitions, as they always did; each loop's view (`PartitionMetrics`) binds its children
+once, never per event. The README's Metrics table lists every series; names follow Prometheus
+conventions (`relay_..._total`, `_seconds`, `_bytes`). There are no `_created` series.
 """
 
 from __future__ import annotations
@@ -117,62 +116,56 @@ class BatchHistogram(Collector):
 
 
 class ScrapeTimeGauge(Collector):
-    """A gauge computed when scraped; absent while `value()` returns None."""
+    """A gauge computed when scraped: one sample per function `add`ed, labelled with its value of
+    `label` (no label: at most one function, an unlabelled sample). A sample is absent while its
+    function returns None."""
 
-    def __init__(
-        self, name: str, documentation: str, value: Callable[[], float | None], registry: CollectorRegistry
-    ) -> None:
-        self._name, self._doc, self._value = name, documentation, value
-        registry.register(self)
-
-    def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(self._name, self._doc)
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self._name, self._doc)
-        value = self._value()
-        if value is not None:
-            family.add_metric([], value)
-        yield family
-
-
-class LabeledScrapeTimeGauge(Collector):
-    """A gauge computed when scraped, one sample per value of `label` (`add` registers each);
-    a sample is absent while its function returns None."""
-
-    def __init__(self, name: str, documentation: str, label: str, registry: CollectorRegistry) -> None:
-        self._name, self._doc, self._label = name, documentation, label
+    def __init__(self, name: str, documentation: str, label: str | None, registry: CollectorRegistry) -> None:
+        self._name, self._doc = name, documentation
+        self._labels = [] if label is None else [label]
         self._values: dict[str, Callable[[], float | None]] = {}
         registry.register(self)
 
     def add(self, label_value: str, value: Callable[[], float | None]) -> None:
-        self._values[label_value] = value
+        """Sample `value()` at scrape time, as `label_value` (ignored without a label)."""
+        self._values[label_value if self._labels else ""] = value
 
     def describe(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(self._name, self._doc, labels=[self._label])
+        yield GaugeMetricFamily(self._name, self._doc, labels=self._labels)
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(self._name, self._doc, labels=[self._label])
-        for label_value, value in sorted(self._values.items(), key=lambda kv: int(kv[0])):
+        family = GaugeMetricFamily(self._name, self._doc, labels=self._labels)
+        for label_value, value in sorted(self._values.items(), key=lambda kv: int(kv[0] or 0)):
             v = value()
             if v is not None:
-                family.add_metric([label_value], v)
+                family.add_metric([label_value] if self._labels else [], v)
         yield family
 
 
-class _TopicCounting:
-    """The acknowledged-delivery series (`_published_series`) and `count_published` over `events`
-    and `bytes` (families labelled by topic)."""
+class RelayMetrics:
+    """The series of one relay process, in their own registry (see the module docstring);
+    `partition()` gives each loop its view."""
 
-    events: Counter
-    bytes: Counter
-    batch_seconds: Histogram
-    latency: BatchHistogram
-    own_latency: BatchHistogram
-    _topics: dict[str, tuple[Any, Any]]
+    def __init__(self, replica: str, outbox: str, partitions: int) -> None:
+        self.registry = r = CollectorRegistry()
+        self.labelled = partitions > 1  # the series about one lease are per partition
+        self._published_series(r)
+        self._lease_series(r)
+        self._outcome_series(r)
+        self.partitions_led = Gauge("relay_partitions_led", "Partitions this replica leads", registry=r)
+        self.partitions_target = Gauge(
+            "relay_partitions_target",
+            "Partitions this replica should lead (its share of the live replicas; 1 without RELAY_PARTITIONS)",
+            registry=r,
+        )
+        # `replica`, not `instance`: Prometheus sets `instance` to the scraped target.
+        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version, partitions", registry=r).info(
+            {"replica": replica, "outbox": outbox, "version": _version(), "partitions": str(partitions)}
+        )
+        prometheus_client.ProcessCollector(registry=r)
 
     def _published_series(self, r: CollectorRegistry) -> None:
-        """The series of acknowledged deliveries, the same with or without partitions."""
+        """What Kafka acknowledged, for all partitions together."""
         self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic", ["topic"], registry=r)
         self.bytes = Counter(
             "relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic", ["topic"], registry=r
@@ -193,7 +186,79 @@ class _TopicCounting:
             OWN_LATENCY_BUCKETS,
             r,
         )
-        self._topics = {}
+
+    def _lease_series(self, r: CollectorRegistry) -> None:
+        """The series about one lease: labelled `partition` when there are several."""
+        by, of = (["partition"], ", by partition") if self.labelled else ([], "")
+        label = by[0] if by else None
+        self.batches = Counter("relay_batches", f"Batches acknowledged by Kafka{of}", by, registry=r)
+        self.checkpoint_time = Gauge(
+            "relay_checkpoint_cluster_time_seconds",
+            f"Cluster time of the last checkpoint this replica stored (Unix seconds){of}",
+            by,
+            registry=r,
+        )
+        self.checkpoint_lag = ScrapeTimeGauge(
+            "relay_checkpoint_lag_seconds",
+            f"Now minus the cluster time of the stored checkpoint{of} (only where this replica holds the lease)",
+            label,
+            r,
+        )
+        self.lease_held = Gauge("relay_lease_held", f"1 while this replica holds the lease{of}", by, registry=r)
+        self.fencing = Gauge(
+            "relay_fencing_token", f"Fencing token of the held lease (0 when not held){of}", by, registry=r
+        )
+        self.producer_queue = ScrapeTimeGauge(
+            "relay_producer_queue_messages", f"Messages in the producer awaiting a delivery report{of}", label, r
+        )
+
+    def _outcome_series(self, r: CollectorRegistry) -> None:
+        """What happened to the loops: errors, restarts, dead letters, driver resumes."""
+        self.errors = Counter(
+            "relay_errors",
+            "Errors by exception name and what the relay did (restart, standby, stop, dead-letter)",
+            ["kind", "action"],
+            registry=r,
+        )
+        self.restarts = Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"], registry=r)
+        self.dead_letters = Counter("relay_dead_letters", "Poison events sent to the dead-letter topic", registry=r)
+        self.resumes = Counter(
+            "relay_stream_resumes", "Change stream resumes by the driver after resumable errors", registry=r
+        )
+
+    def partition(
+        self, index: int, checkpoint_lag: Callable[[], float | None], queued: Callable[[], float]
+    ) -> PartitionMetrics:
+        """Partition `index`'s view; `checkpoint_lag` and `queued` are read at scrape time."""
+        return PartitionMetrics(self, str(index), checkpoint_lag, queued)
+
+
+class PartitionMetrics:
+    """One loop's view of `RelayMetrics`: its `partition` children bound here, once (the series
+    themselves when they carry no label)."""
+
+    def __init__(
+        self,
+        metrics: RelayMetrics,
+        partition: str,
+        checkpoint_lag: Callable[[], float | None],
+        queued: Callable[[], float],
+    ) -> None:
+        def bound(series: Any) -> Any:
+            return series.labels(partition) if metrics.labelled else series
+
+        self.registry = metrics.registry
+        self.events, self.bytes = metrics.events, metrics.bytes
+        self.batch_seconds, self.latency, self.own_latency = metrics.batch_seconds, metrics.latency, metrics.own_latency
+        self.batches = bound(metrics.batches)
+        self.checkpoint_time = bound(metrics.checkpoint_time)
+        self.lease_held = bound(metrics.lease_held)
+        self.fencing = bound(metrics.fencing)
+        self.errors, self.restarts = metrics.errors, metrics.restarts
+        self.dead_letters, self.resumes = metrics.dead_letters, metrics.resumes
+        metrics.checkpoint_lag.add(partition, checkpoint_lag)
+        metrics.producer_queue.add(partition, queued)
+        self._topics: dict[str, tuple[Any, Any]] = {}
 
     def count_published(self, messages: Iterable[Any]) -> int:
         """Add acknowledged messages to the per-topic event and byte counters (one counter update
@@ -214,140 +279,6 @@ class _TopicCounting:
             children[0].inc(count)
             children[1].inc(size)
         return n
-
-
-class RelayMetrics(_TopicCounting):
-    """The series of one relay, in their own registry.
-
-    `checkpoint_lag` and `queued` are read at scrape time (the lease holder's checkpoint lag; the
-    messages the producer holds).
-    """
-
-    def __init__(
-        self, replica: str, outbox: str, checkpoint_lag: Callable[[], float | None], queued: Callable[[], float]
-    ) -> None:
-        self.registry = r = CollectorRegistry()
-        self._published_series(r)
-        self.batches = Counter("relay_batches", "Batches acknowledged by Kafka", registry=r)
-        self.checkpoint_time = Gauge(
-            "relay_checkpoint_cluster_time_seconds",
-            "Cluster time of the last checkpoint this replica stored (Unix seconds)",
-            registry=r,
-        )
-        ScrapeTimeGauge(
-            "relay_checkpoint_lag_seconds",
-            "Now minus the cluster time of the stored checkpoint (only on the lease holder)",
-            checkpoint_lag,
-            r,
-        )
-        self.lease_held = Gauge("relay_lease_held", "1 while this replica holds the lease", registry=r)
-        self.fencing = Gauge("relay_fencing_token", "Fencing token of the held lease (0 when not held)", registry=r)
-        self.errors, self.restarts, self.dead_letters, self.resumes = _outcome_counters(r)
-        self.producer_queue = Gauge(
-            "relay_producer_queue_messages", "Messages in the producer awaiting a delivery report", registry=r
-        )
-        self.producer_queue.set_function(queued)
-        # `replica`, not `instance`: Prometheus sets `instance` to the scraped target.
-        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version", registry=r).info(
-            {"replica": replica, "outbox": outbox, "version": _version()}
-        )
-        prometheus_client.ProcessCollector(registry=r)
-
-
-def _outcome_counters(r: CollectorRegistry) -> tuple[Counter, Counter, Counter, Counter]:
-    """The counters of what happened to the loop, the same with or without partitions: errors,
-    restarts, dead letters, driver resumes."""
-    return (
-        Counter(
-            "relay_errors",
-            "Errors by exception name and what the relay did (restart, standby, stop, dead-letter)",
-            ["kind", "action"],
-            registry=r,
-        ),
-        Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"], registry=r),
-        Counter("relay_dead_letters", "Poison events sent to the dead-letter topic", registry=r),
-        Counter("relay_stream_resumes", "Change stream resumes by the driver after resumable errors", registry=r),
-    )
-
-
-class GroupMetrics(_TopicCounting):
-    """The series of a process running one relay per partition, in one registry (see the module
-    docstring for which carry `partition`); `partition()` gives one partition's view."""
-
-    def __init__(self, replica: str, outbox: str, partitions: int) -> None:
-        self.registry = r = CollectorRegistry()
-        self._published_series(r)
-        self.batches = Counter(
-            "relay_batches", "Batches acknowledged by Kafka, by partition", ["partition"], registry=r
-        )
-        self.checkpoint_time = Gauge(
-            "relay_checkpoint_cluster_time_seconds",
-            "Cluster time of the last checkpoint this replica stored (Unix seconds), by partition",
-            ["partition"],
-            registry=r,
-        )
-        self.checkpoint_lag = LabeledScrapeTimeGauge(
-            "relay_checkpoint_lag_seconds",
-            "Now minus the cluster time of the stored checkpoint, by partition (only where this replica leads)",
-            "partition",
-            r,
-        )
-        self.lease_held = Gauge(
-            "relay_lease_held", "1 while this replica holds the partition's lease", ["partition"], registry=r
-        )
-        self.fencing = Gauge(
-            "relay_fencing_token",
-            "Fencing token of the partition's held lease (0 when not held)",
-            ["partition"],
-            registry=r,
-        )
-        self.errors, self.restarts, self.dead_letters, self.resumes = _outcome_counters(r)
-        self.producer_queue = LabeledScrapeTimeGauge(
-            "relay_producer_queue_messages",
-            "Messages in the partition's producer awaiting a delivery report",
-            "partition",
-            r,
-        )
-        self.partitions_led = Gauge("relay_partitions_led", "Partitions this replica leads", registry=r)
-        self.partitions_target = Gauge(
-            "relay_partitions_target",
-            "Partitions this replica should lead (its share of the live replicas)",
-            registry=r,
-        )
-        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version, partitions", registry=r).info(
-            {"replica": replica, "outbox": outbox, "version": _version(), "partitions": str(partitions)}
-        )
-        prometheus_client.ProcessCollector(registry=r)
-
-    def partition(
-        self, index: int, checkpoint_lag: Callable[[], float | None], queued: Callable[[], float]
-    ) -> PartitionMetrics:
-        return PartitionMetrics(self, str(index), checkpoint_lag, queued)
-
-
-class PartitionMetrics(_TopicCounting):
-    """One partition's view of `GroupMetrics`: the same attributes as `RelayMetrics`, with the
-    `partition` children bound here, once."""
-
-    def __init__(
-        self,
-        group: GroupMetrics,
-        partition: str,
-        checkpoint_lag: Callable[[], float | None],
-        queued: Callable[[], float],
-    ) -> None:
-        self.registry = group.registry
-        self.events, self.bytes = group.events, group.bytes
-        self.batches = group.batches.labels(partition)
-        self.batch_seconds, self.latency, self.own_latency = group.batch_seconds, group.latency, group.own_latency
-        self.checkpoint_time = group.checkpoint_time.labels(partition)
-        self.lease_held = group.lease_held.labels(partition)
-        self.fencing = group.fencing.labels(partition)
-        self.errors, self.restarts = group.errors, group.restarts
-        self.dead_letters, self.resumes = group.dead_letters, group.resumes
-        group.checkpoint_lag.add(partition, checkpoint_lag)
-        group.producer_queue.add(partition, queued)
-        self._topics = {}
 
 
 def _version() -> str:

@@ -1,6 +1,6 @@
 """Observation at the edge: the loop reports what happened, this module decides what it means.
 
-The loop calls the hooks of `Observer` (`tick`, `role`, `published`, `committed`, `restart`,
+The loop calls the hooks of `PartitionObserver` (`tick`, `role`, `published`, `committed`, `restart`,
 `lease_lost`, `stopped`, `dead_lettered`, `resumed`, `watch_publisher`); the Observer turns them
 into metrics (`relay.ops.metrics`), health (`relay.ops.health`), log lines (`relay.ops.logs`) and a periodic
 summary line. The loop never touches a metric or a log format itself.
@@ -18,9 +18,11 @@ Contracts:
 - `stopped()` writes the one ERROR line of a stop: `error_kind`, `event_id` (when an event is
   to blame), `reason` and `exit_code` as fields, before any shutdown line.
 
-With RELAY_PARTITIONS > 1 a process runs one relay per partition (relay.group.runner); `GroupObserver`
-gives each its own `Observer` (log lines carry `partition`; metrics are the partition's view of
-one shared registry, relay.ops.metrics.GroupMetrics) and answers the health checks for all of them.
+A process runs one relay loop per partition (relay.group.runner; one partition without
+RELAY_PARTITIONS): `Observer` is the process's (one registry, the health checks, the HTTP server,
+the stop line of a failed start), and gives each loop its own `PartitionObserver` (its metrics
+are the partition's view of the one registry; with several partitions its log lines carry
+`partition`).
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from relay.core.errors import EXIT_FATAL, cause_of
 from relay.core.partitions import Partition
 from relay.core.positions import short_token, token_cluster_time
 from relay.ops.config import ObserverConfig
-from relay.ops.health import GroupHealth, Health, serve
+from relay.ops.health import Health, serve
 from relay.ops.logs import bind_loop_context
-from relay.ops.metrics import GroupMetrics, RelayMetrics, latencies
+from relay.ops.metrics import RelayMetrics, latencies
 
 log = logging.getLogger("relay.observe")  # lines about batches of events
 stop_log = logging.getLogger("relay")
@@ -52,36 +54,27 @@ class _Queued(Protocol):
     def queued(self) -> int: ...
 
 
-class Observer:
-    """Counts and logs what the loop reports; answers the health checks.
+class PartitionObserver:
+    """Counts and logs what one partition's relay loop reports; feeds the process's health.
 
-    `summary_every_s` (an attribute, so tests can shorten it) is the period of the summary line.
-    For one partition of a group (`partition`), `metrics` makes its metrics from this observer's
-    checkpoint lag and producer queue (GroupObserver passes the partition's view).
+    Made by `Observer.partition`. The period of the summary line is the process observer's
+    `summary_every_s` (an attribute, so tests can shorten it).
     """
 
-    def __init__(
-        self,
-        config: ObserverConfig,
-        partition: Partition | None = None,
-        metrics: Callable[[Callable[[], float | None], Callable[[], float]], Any] | None = None,
-    ) -> None:
+    def __init__(self, process: Observer, partition: Partition) -> None:
+        config = process.config
         self.config = config
         self.partition = partition
-        self.metrics: Any
-        if metrics is None:
-            self.metrics = RelayMetrics(config.instance_id, config.namespace, self.checkpoint_lag, self._queued)
-        else:
-            self.metrics = metrics(self.checkpoint_lag, self._queued)
-        self.health = Health(config.health, self._queued)
-        self.summary_every_s = SUMMARY_EVERY_S
+        self._process = process
+        self.metrics = process.metrics.partition(partition.index, self.checkpoint_lag, self._queued)
+        self.health = process.health.loop(partition.index, self._queued)
         self._publisher: Callable[[], _Queued | None] = lambda: None
         self._role = "starting"
         self._fencing: int | None = None
         self._token: Any = None  # the last checkpoint this replica stored
         self._checkpoint_unix: int | None = None  # its cluster time, while holding the lease
         self._log_fields: dict[str, Any] = {"instance": config.instance_id}
-        if partition is not None:
+        if partition.count > 1:
             self._log_fields["partition"] = partition.index
         self._published = self._batches = self._restarts = self._dead = self._errors = 0
         self._last_summary = time.monotonic()
@@ -89,12 +82,8 @@ class Observer:
 
     @property
     def registry(self) -> Any:
-        """The Prometheus registry of this relay's metrics."""
+        """The Prometheus registry of the process's metrics."""
         return self.metrics.registry
-
-    def serve(self) -> ThreadingHTTPServer | None:
-        """/metrics, /livez, /readyz on RELAY_HTTP_PORT (see relay.ops.health.serve)."""
-        return serve(self.config.http_port, self.health, self.metrics.registry, self.config.http_host)
 
     # ---- reports from the loop ------------------------------------------------------------------
 
@@ -103,7 +92,7 @@ class Observer:
         bind_loop_context(self._log_fields)
         now = time.monotonic()
         self.health.turned(now)
-        if now - self._last_summary >= self.summary_every_s:
+        if now - self._last_summary >= self._process.summary_every_s:
             self._summary(now)
 
     def role(self, role: str, fencing_token: int | None) -> None:
@@ -224,7 +213,7 @@ class Observer:
 
     def ready(self) -> bool:
         """Connected and turning: leader publishing or standby polling, not restarting or stalled."""
-        return self.health.ready()
+        return self.health.readiness()[0]
 
     # ---- the summary line ---------------------------------------------------------------------------
 
@@ -290,30 +279,33 @@ def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) 
     )
 
 
-class GroupObserver:
-    """What a process running one relay per partition reports (relay.group.runner.Group): one registry,
-    one Observer per partition, the group's health, and the group's own stop line."""
+class Observer:
+    """What a relay process reports: one registry (relay.ops.metrics.RelayMetrics), the health
+    checks of its coordinator and loops, the HTTP server, one `PartitionObserver` per partition's
+    loop (`partition()`), and the stop line of a failed start (`stopped()`).
+
+    `summary_every_s` (an attribute, so tests can shorten it) is the period of each loop's summary line.
+    """
 
     def __init__(self, config: ObserverConfig) -> None:
         self.config = config
-        self.metrics = GroupMetrics(config.instance_id, config.namespace, config.partitions)
-        self.health = GroupHealth(config.health)
-        self.partitions: dict[int, Observer] = {}
+        self.metrics = RelayMetrics(config.instance_id, config.namespace, config.partitions)
+        self.health = Health(config.health)
+        self.partitions: dict[int, PartitionObserver] = {}
+        self.summary_every_s = SUMMARY_EVERY_S
 
     @property
     def registry(self) -> Any:
+        """The Prometheus registry of this process's metrics."""
         return self.metrics.registry
 
-    def partition(self, partition: Partition) -> Observer:
-        """The observer of `partition`'s relay."""
-        observer = Observer(
-            self.config, partition, lambda lag, queued: self.metrics.partition(partition.index, lag, queued)
-        )
-        self.partitions[partition.index] = observer
-        self.health.add(partition.index, observer.health)
+    def partition(self, partition: Partition) -> PartitionObserver:
+        """The observer of `partition`'s relay loop."""
+        self.partitions[partition.index] = observer = PartitionObserver(self, partition)
         return observer
 
     def serve(self) -> ThreadingHTTPServer | None:
+        """/metrics, /livez, /readyz on RELAY_HTTP_HOST:RELAY_HTTP_PORT (see relay.ops.health.serve)."""
         return serve(self.config.http_port, self.health, self.metrics.registry, self.config.http_host)
 
     def tick(self, led: int, target: int) -> None:
@@ -323,7 +315,7 @@ class GroupObserver:
         self.metrics.partitions_target.set(target)
 
     def stopped(self, exc: BaseException) -> None:
-        """The group stops on `exc` before any partition's relay ran (preflight)."""
+        """The process stops on `exc` before any loop ran (the start-up checks)."""
         self.metrics.errors.labels(type(exc).__name__, "stop").inc()
         self.health.stopped(type(exc).__name__)
         write_stop_line(exc)

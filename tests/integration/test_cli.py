@@ -139,3 +139,43 @@ def test_checkpoint_reset_is_refused_while_a_leader_holds_the_lease_unless_force
     assert relay.error is None, relay.error
     lease = env.db[env.settings.lease_collection].find_one()
     assert lease["owner"] is None and lease["fencingToken"] >= 3
+
+
+def test_an_upgraded_relay_resumes_from_the_lease_and_checkpoint_an_earlier_version_stored(env):
+    """The unpartitioned lease document as the relay has always written it (before a single relay
+    became a group of one): `_id` the namespace, the checkpoint of the 100th event, held by a
+    replica that is gone, beside its old-style `_replicas` entry. The upgraded relay takes the
+    lease over (fencing token + 1), publishes only what follows the checkpoint, and `status`
+    still shows the lease and checkpoint at the top."""
+    import datetime as dt
+
+    from bson import Timestamp
+
+    from relay.mongo.pipeline import pipeline_fingerprint
+    from tests.support import assert_complete_and_ordered, read_topic, write_events
+
+    before = write_events(env.db, env.settings.outbox_collection, total=100, writers=1)
+    with env.outbox.watch(start_at_operation_time=Timestamp(1, 1)) as stream:
+        changes = [stream.next() for _ in range(100)]
+    token, ns = changes[-1]["_id"], env.settings.namespace
+    now = dt.datetime.now(dt.UTC)
+    leases = env.db[env.settings.lease_collection]
+    leases.insert_one({
+        "_id": ns, "owner": "old-relay", "fencingToken": 7, "expiresAt": now - dt.timedelta(minutes=1),
+        "renewedAt": now - dt.timedelta(minutes=2), "resumeToken": token,
+        "tokenClusterTime": changes[-1]["clusterTime"], "pipelineFingerprint": pipeline_fingerprint(ns),
+        "delivery": "at-least-once", "checkpointAt": now - dt.timedelta(minutes=2),
+    })
+    env.db[f"{env.settings.lease_collection}_replicas"].insert_one(
+        {"_id": f"{ns}/old-relay", "outbox": ns, "instance": "old-relay", "role": "leader", "seenAt": now})
+    after = write_events(env.db, env.settings.outbox_collection, total=50, writers=1, seed=9)
+    with RelayThread(env.settings):
+        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 50, 60, "the 50 new events")
+        wait_until(lambda: lease_doc(env.db, env.settings)["resumeToken"] != token, 30, "a newer checkpoint")
+        shown = json.loads(run_cli("status", env=settings_env(env.settings)).stdout)
+    records = read_topic(env.servers.kafka_bootstrap, env.topic())
+    assert not {r.id for r in records} & before.ids, "nothing the stored checkpoint covers is published again"
+    assert_complete_and_ordered(records, after)
+    assert lease_doc(env.db, env.settings)["fencingToken"] == 8, "the takeover fences the old holder"
+    assert shown["lease"]["fencingToken"] == 8 and shown["checkpoint"]["token"]
+    assert [r["instance"] for r in shown["replicas"]] == [env.settings.instance_id]

@@ -254,7 +254,8 @@ def test_a_stuck_loop_fails_livez_and_the_image_healthcheck_while_http_still_ans
     observer = relay.relay.observer
     observer.health.live_stall_s = observer.health.ready_stall_s = 3.0
     unblock, blocked = threading.Event(), threading.Event()
-    published = observer.published
+    loop = observer.partitions[0]  # what the one partition's loop reports to
+    published = loop.published
 
     def stuck_then_published(*args: Any) -> None:  # called on the loop thread
         blocked.set()
@@ -270,7 +271,7 @@ def test_a_stuck_loop_fails_livez_and_the_image_healthcheck_while_http_still_ans
             try:
                 wait_until(lambda: _health(port, "/readyz")[0] == 200, 60, "ready")
                 assert subprocess.run(healthcheck, env=environ, timeout=30).returncode == 0
-                observer.published = stuck_then_published  # type: ignore[method-assign]
+                loop.published = stuck_then_published  # type: ignore[method-assign]
                 write_events(env.db, env.settings.outbox_collection, total=5, writers=1)
                 wait_until(blocked.is_set, 30, "the loop to block")
                 wait_until(lambda: _health(port, "/livez")[0] == 503, 15, "/livez to fail")

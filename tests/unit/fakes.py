@@ -33,12 +33,13 @@ from relay.config import Settings
 from relay.core.errors import HistoryLostError, LeaseLostError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
+from relay.core.partitions import Partition
 from relay.core.positions import Batch, Checkpoint, Grant, StartPoint
 from relay.core.window import Delivery
 from relay.kafka.producer import delivery_failure
 from relay.mongo.changes import raw_facts
 from relay.mongo.codecs import insert_change
-from relay.ops.observe import Observer
+from relay.ops.observe import Observer, PartitionObserver
 from relay.wiring import message_builder
 
 FOLDER = SchemaFolder.bundled()
@@ -386,10 +387,6 @@ class FakeLease:
         if (d.owner, d.fencing) == (grant.owner, grant.fencing_token):
             d.owner, d.expires_at, d.released = None, self.world.clock.now, True
 
-    def announce(self, role: str) -> None:
-        pass
-
-
 class FakeAssignment:
     """A group's say over one relay (relay.core.boundaries.Assignment): `allow` gates lease attempts,
     `release` asks a leader to hand over at its next batch boundary (once). `held` follows what
@@ -450,17 +447,22 @@ class FakeRelay:
 
 
 def relay_on(world: World, settings: Settings, producers: Any, source: Callable[[], FakeSource],
-             lease: FakeLease, observer: Observer | None = None, assignment: FakeAssignment | None = None) -> Relay:
+             lease: FakeLease, observer: PartitionObserver | None = None, assignment: FakeAssignment | None = None) -> Relay:
     """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes."""
     world.max_events = settings.batch_max_events
     parts = settings.parts()
     return Relay(parts.loop, source=source, producers=producers, lease=lease,
-                 encoder=message_builder(parts, FOLDER), observer=observer or Observer(parts.observer),
+                 encoder=message_builder(parts, FOLDER), observer=observer or loop_observer(settings),
                  fingerprint=FINGERPRINT, clock=world.clock,
                  **({} if assignment is None else {"assignment": assignment}))
 
 
-def fake_relay(world: World, settings: Settings, observer: Observer | None = None,
+def loop_observer(settings: Settings) -> PartitionObserver:
+    """The observer of a relay loop on the whole outbox, as the wiring makes it (one partition)."""
+    return Observer(settings.parts().observer).partition(Partition(0, 1))
+
+
+def fake_relay(world: World, settings: Settings, observer: PartitionObserver | None = None,
                assignment: FakeAssignment | None = None) -> FakeRelay:
     """A real `Relay` (and the real MessageBuilder) on the world's fakes, at-least-once."""
     producers = FakeProducers(world)

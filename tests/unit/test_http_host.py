@@ -23,7 +23,7 @@ def test_the_default_binds_every_interface_as_before() -> None:
 
 def test_the_server_binds_the_configured_address_and_shows_no_configuration() -> None:
     port = free_port()
-    server = serve(port, Health(Settings().parts().observer.health, lambda: 0.0), CollectorRegistry(), "127.0.0.1")
+    server = serve(port, Health(Settings().parts().observer.health), CollectorRegistry(), "127.0.0.1")
     assert server is not None
     try:
         assert server.server_address == ("127.0.0.1", port)
@@ -37,6 +37,6 @@ def test_the_server_binds_the_configured_address_and_shows_no_configuration() ->
 @pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid"])
 def test_an_address_that_cannot_be_bound_names_the_setting(host: str) -> None:
     with pytest.raises(ConfigError) as refused:
-        serve(free_port(), Health(Settings().parts().observer.health, lambda: 0.0), CollectorRegistry(), host)
+        serve(free_port(), Health(Settings().parts().observer.health), CollectorRegistry(), host)
     assert refused.value.setting == "RELAY_HTTP_HOST"
     assert host in str(refused.value)

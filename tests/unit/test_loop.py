@@ -36,7 +36,6 @@ from relay.core.errors import (
     RepeatedStreamError,
     StreamInvalidatedError,
 )
-from relay.ops.observe import Observer
 from tests.support import captured_logs
 from tests.unit.fakes import (
     FakeAssignment,
@@ -45,6 +44,7 @@ from tests.unit.fakes import (
     covered_by,
     fake_relay,
     fake_settings,
+    loop_observer,
     outbox_document,
     token,
 )
@@ -302,7 +302,7 @@ def _stop_line(error: Exception, on_open: bool = False, **settings_changes: obje
     world = World()
     settings = fake_settings(**settings_changes)
     with captured_logs("json") as captured:
-        fr = fake_relay(world, settings, Observer(settings.parts().observer))
+        fr = fake_relay(world, settings, loop_observer(settings))
         fr.relay._sources = lambda: _FailingSource(error, on_open)
         with pytest.raises(type(error)):
             fr.relay.run()

@@ -41,7 +41,7 @@ def test_only_candidates_not_found_after_the_position_are_deletable():
 
 
 def test_ttl_headroom_below_the_threshold_warns_once_and_degrades_readiness_until_it_recovers(caplog):
-    health = Health(Settings().parts().observer.health, lambda: 0.0)
+    health = Health(Settings().parts().observer.health)
     registry = CollectorRegistry()
     metrics = OutboxMetrics(registry, health)
     with caplog.at_level("WARNING", logger="relay.outbox"):

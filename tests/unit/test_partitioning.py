@@ -130,7 +130,8 @@ class BalancingMachine(RuleBasedStateMachine):
     partition's relay acts as `Relay.turn` does (a standby asks `may_lead` and tries the lease; a
     leader asks `hand_over` and releases). Replicas join, leave gracefully and crash (their
     leases expire after a while, when the others also stop counting them). After the faults,
-    within a few rounds, every partition is led and every replica leads exactly its target."""
+    within a few rounds, every partition is led and every replica leads exactly its target. With
+    one partition there is nothing to share: a leader is never asked to hand it over."""
 
     @initialize(n=st.integers(1, 9), replicas=st.integers(1, 4), seed=st.integers(0, 2**16))
     def start(self, n: int, replicas: int, seed: int) -> None:
@@ -163,6 +164,7 @@ class BalancingMachine(RuleBasedStateMachine):
             balance = self.replicas[name]
             if self.owner[k] == name:
                 if balance.hand_over(k):
+                    assert self.n > 1, "a replica handed over the only partition"
                     self.owner[k] = None
                     balance.led(k, False)
             elif balance.may_lead(k):
@@ -204,6 +206,8 @@ class BalancingMachine(RuleBasedStateMachine):
         for _ in range(4 + 3):  # crashed leases expire within 3 rounds; then it settles
             self._round()
         assert None not in self.owner, f"partitions not led: {self.owner}"
+        if self.n == 1:
+            return  # one leader, whichever took the lease first (relay.group.balance)
         want = targets(self.replicas, self.n)
         held = collections.Counter(self.owner)
         assert {r: held.get(r, 0) for r in self.replicas} == want, (held, want)
