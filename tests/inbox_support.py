@@ -82,7 +82,14 @@ class InboxThread:
             raise RuntimeError(f"the inbox stopped: {self.error!r}") from self.error
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.inbox.registry.get_sample_value(name, labels) or 0.0
+        """A sample of this inbox's series (its group's label added)."""
+        return self.inbox.registry.get_sample_value(name, {"group": self.run_kwargs["group_id"], **labels}) or 0.0
+
+    def lags(self) -> dict[int, float]:
+        """partition -> relay_inbox_lag_messages, for the partitions this inbox reports."""
+        return {int(s.labels["partition"]): s.value for family in self.inbox.registry.collect()
+                if family.name == "relay_inbox_lag_messages" for s in family.samples
+                if s.labels["group"] == self.run_kwargs["group_id"]}
 
     def __enter__(self) -> InboxThread:
         self.thread.start()
