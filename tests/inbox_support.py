@@ -65,8 +65,8 @@ def wait_applied(db: Any, count: int, timeout: float = 90, alive: Callable[[], N
 class InboxThread:
     """`Inbox.run` on a thread (stopped with `Inbox.stop`); its error, if it raised."""
 
-    def __init__(self, db: Any, handler: Callable[..., None], **run: Any) -> None:
-        self.inbox = Inbox(db[INBOX])
+    def __init__(self, db: Any, handler: Callable[..., None], retention: Any = None, **run: Any) -> None:
+        self.inbox = Inbox(db[INBOX]) if retention is None else Inbox(db[INBOX], retention=retention)
         self.run_kwargs = run
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(handler,), daemon=True)
