@@ -301,3 +301,28 @@ def test_the_demos_shipping_service_decodes_with_the_relays_schema_registry():
     options = dict(ShippingService(types.SimpleNamespace(demo_inbox=None), settings, "t").run_options)  # type: ignore[arg-type]
     parsed = RunOptions.of(options.pop("topics"), options.pop("group_id"), options.pop("bootstrap_servers"), options)
     assert (parsed.schema_registry_url, parsed.schema_registry_basic_auth) == ("http://registry:8081", "u:pw")
+
+
+def test_the_options_table_and_the_readme_list_every_run_option_with_its_default():
+    from dataclasses import MISSING, fields
+
+    from tests.support import ROOT
+
+    def shown(value) -> str:
+        if isinstance(value, str):
+            return value or '""'
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    doc = (ROOT / "docs" / "inbox.md").read_text().split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    table = {cells[0].strip("` "): cells[1].strip("` ") for line in doc.splitlines() if line.startswith("| `")
+             for cells in [line.strip("|").split("|")]}
+    readme = (ROOT / "README.md").read_text().split("## Consuming the events\n", 1)[1].split("\n## ", 1)[0]
+    readme = " ".join(readme.split())
+    for f in fields(RunOptions):
+        if f.name in ("topics", "group_id", "bootstrap_servers"):
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        assert table.get(f.name) == shown(default if not isinstance(default, dict) else "{}"), f.name
+        listed = f'{f.name}="{default}"' if isinstance(default, str) else f"{f.name}={shown(default)}"
+        assert listed in readme, listed
+    assert len(table) == len(fields(RunOptions)) - 3
