@@ -42,6 +42,7 @@ class Report:
     partition_rows: list[Row] = field(default_factory=list)  # --partitions: backlog, group catch-ups, streams
     fair: list[Any] = field(default_factory=list)  # bench.scenarios.fair.Contestant: catch-up on equal terms
     variant_fair: dict[str, list[Any]] = field(default_factory=dict)  # variant key -> relay and bare relay, same way
+    inbox: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.inbox.inbox_scenario's results
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "variants": self.variants, "rows": [asdict(r) for r in self.rows],
@@ -51,7 +52,8 @@ class Report:
                                 for c in self.fair],
                 "variants_equal_terms": {k: [{"name": c.name, "median_events_per_s": c.median,
                                               "rows": [asdict(r) for r in c.rows]} for c in v]
-                                         for k, v in self.variant_fair.items()}}
+                                         for k, v in self.variant_fair.items()},
+                "inbox": self.inbox}
 
     def row(self, prefix: str, variant: str = "default") -> Row | None:
         return next((r for r in self.rows if r.scenario.startswith(prefix) and r.variant == variant), None)
@@ -76,10 +78,14 @@ def _f(value: float, spec: str = ".0f", width: int = 0) -> str:
 def format_report(report: Report) -> str:
     p = report.params
     only_partitions = bool(report.partition_rows) and not report.rows
+    only_inbox = bool(report.inbox) and not report.rows and not report.fair
     lines = [
         f"outbox-relay benchmark  partitioned outbox only: partition-events={p.get('partition_events')}  "
         f"cpus={p['host']['cpus']}  (relays as processes; 1 mongod, 1 Kafka broker, topics of {PARTITIONS} partitions)"
         if only_partitions else
+        f"outbox-relay benchmark  inbox only: inbox-events={p.get('inbox_events')}  cpus={p['host']['cpus']}  "
+        f"(consumers in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)"
+        if only_inbox else
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
         f"(relay in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)",
         f"relay code: {p['relay_source']}",
@@ -90,11 +96,17 @@ def format_report(report: Report) -> str:
                      + (", at end " + "/".join(f"{x:.2f}" for x in p["load_average_at_end"])
                         if "load_average_at_end" in p else ""))
     for block in (_fair_table, _ratio_table, _variant_table, _rows_table, _peer_table, _latency_table, _long_table,
-                  _partition_table, _goal_table):
+                  _partition_table, _inbox_table, _goal_table):
         text = block(report)
         if text:
             lines += ["", *text]
     return "\n".join(lines)
+
+
+def _inbox_table(report: Report) -> list[str]:
+    from bench.scenarios.inbox import format_inbox
+
+    return format_inbox(report.inbox)
 
 
 def _fair_table(report: Report) -> list[str]:

@@ -2,8 +2,10 @@
 
 Run: `.venv/bin/python -m bench.run [--events N] [--payload-bytes B] [--rates 1000,10000]
 [--seconds S] [--long-events N] [--no-peers] [--no-variants] [--partitions | --only-partitions
-[--partition-events N]] [--update-benchmarks]` (`make bench` runs it with the defaults; the
-partitioned-outbox scenarios, about 6 minutes, only with `--partitions`). BENCHMARKS.md shows a run and says what each figure
+[--partition-events N]] [--no-inbox | --only-inbox] [--inbox-events N] [--inbox-rounds R]
+[--update-benchmarks]` (`make bench` runs it with the defaults, `make bench BENCH_ARGS=--only-inbox`
+only the inbox's scenario; the partitioned-outbox scenarios, about 6 minutes, only with
+`--partitions`). BENCHMARKS.md shows a run and says what each figure
 means; `bench/scenarios/` has one module per scenario, each documenting what it measures.
 
 Everything runs on a fresh local stack (`relay.dev.stack.LocalStack` in a temporary folder, one
@@ -25,7 +27,9 @@ producer, whose queue leaves this process larger); then Conduit (unless `--no-co
 one steady-state step per rate, for the relay and each Kafka Connect peer tuned
 (bench/scenarios/latency.py); with `--partitions`, last, the partitioned outbox
 (bench/scenarios/partitions.py): a backlog of `--partition-events`, drained by one relay process
-at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it.
+at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it; last (unless
+`--no-inbox`) the inbox beside two bare consumers (bench/scenarios/inbox.py: `--inbox-events`
+on one topic, `--inbox-rounds` rounds in a rotated order).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
 from bench.scenarios.exactly_once import exactly_once_catch_up
 from bench.scenarios.fair import contestants, fair_catch_up, relay_and_bare
+from bench.scenarios.inbox import inbox_scenario
 from bench.scenarios.latency import steady_step
 from bench.scenarios.memory import memory_run
 from bench.scenarios.partitions import group_catch_up, stream_cost
@@ -156,6 +161,7 @@ def run(args: argparse.Namespace) -> Report:
         "events": args.events, "payload_bytes": args.payload_bytes, "rates": args.rates, "seconds": args.seconds,
         "long_events": args.long_events, "run_id": run_id, "variant_keys": args.variant_keys, "command": args.command, "rounds": args.rounds,
         "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
+        "inbox_events": args.inbox_events if args.inbox else None, "inbox_rounds": args.inbox_rounds,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
                  "pymongo": pymongo.version, "confluent_kafka": confluent_kafka.__version__,
@@ -164,7 +170,7 @@ def run(args: argparse.Namespace) -> Report:
         "load_average_at_start": os.getloadavg(),
     })
     only_partitions = args.only_partitions
-    prepared = prepare_peers(args, report) if args.peers and not only_partitions else {}
+    prepared = prepare_peers(args, report) if args.peers and not (only_partitions or args.only_inbox) else {}
     stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
     progress(f"starting MongoDB and Kafka in {stack.base_dir}")
     try:
@@ -173,6 +179,10 @@ def run(args: argparse.Namespace) -> Report:
         with MongoClient(stack.mongo.uri, tz_aware=True) as client:
             if only_partitions:
                 partition_scenarios(stack, client, args.partition_events, run_id, report)
+                return report
+            if args.only_inbox:
+                report.inbox = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.inbox_events,
+                                              rounds=args.inbox_rounds)
                 return report
             runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
             runs = runs[:1] + [v for v in runs[1:] if v.key in args.variant_keys]
@@ -203,6 +213,9 @@ def run(args: argparse.Namespace) -> Report:
                                               batch, run_id, steady_peers, step, args.exactly_once)
             if args.partitions:
                 partition_scenarios(stack, client, args.partition_events, run_id, report)
+            if args.inbox:
+                report.inbox = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.inbox_events,
+                                              rounds=args.inbox_rounds)
     finally:
         progress("stopping the stack")
         stack.stop()
@@ -272,6 +285,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="run only the partitioned-outbox scenarios")
     p.add_argument("--partition-events", type=int, default=200_000,
                    help="backlog of the partitioned-outbox scenarios (default 200000)")
+    p.add_argument("--no-inbox", dest="inbox", action="store_false",
+                   help="skip the inbox beside two bare consumers (bench/scenarios/inbox.py)")
+    p.add_argument("--only-inbox", action="store_true", help="run only the inbox's scenario")
+    p.add_argument("--inbox-events", type=int, default=20_000,
+                   help="events on the inbox scenario's topic (default 20000; the per-event consumer reads 3000)")
+    p.add_argument("--inbox-rounds", type=int, default=3,
+                   help="rounds of the inbox scenario, in a rotated order (default 3)")
     p.add_argument("--update-benchmarks", action="store_true",
                    help="also write this run into BENCHMARKS.md (the section between the bench-latest markers)")
     args = p.parse_args(argv)
@@ -285,6 +305,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--partition-events must be at least 1")
     if args.rounds < 0:
         p.error("--rounds must be 0 or more")
+    if args.inbox_events < 1 or args.inbox_rounds < 1:
+        p.error("--inbox-events and --inbox-rounds must be at least 1")
+    if args.only_inbox and (args.only_partitions or not args.inbox):
+        p.error("--only-inbox cannot go with --only-partitions or --no-inbox")
+    args.inbox = args.inbox or args.only_inbox
     if args.events < 1 or args.seconds <= 0 or args.payload_bytes < 32 or args.long_events < 0 \
             or any(r <= 0 for r in args.rates):
         p.error("--events >= 1, --seconds > 0, --payload-bytes >= 32, --long-events >= 0 and rates > 0 are required")

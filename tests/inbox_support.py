@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer, TopicPartition
 from pymongo.client_session import ClientSession
 
 from relay.inbox import Inbox, InboxEvent
@@ -58,6 +59,21 @@ def assert_effects_exactly_once_in_order(db: Any, written: Written, except_ids: 
     assert set(got) <= set(written.per_aggregate), "effects for aggregates never written"
 
 
+def recorded_not_committed(db: Any, bootstrap: str, topic: str, group: str) -> int:
+    """How many inbox records of `group` are at or past the group's committed offset of their
+    partition: events whose MongoDB transaction committed but whose Kafka offset commit did not
+    happen (yet). Read while no consumer of the group runs, it counts what a kill left in the window
+    between the two commits, for the next consumer to read again and skip."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": "false"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+    finally:
+        consumer.close()
+    return sum(db[INBOX].count_documents({"group": group, "topic": topic, "partition": tp.partition,
+                                          "offset": {"$gte": max(tp.offset, 0)}}) for tp in committed)
+
+
 def wait_applied(db: Any, count: int, timeout: float = 90, alive: Callable[[], None] | None = None) -> None:
     wait_until(lambda: applied_count(db) >= count, timeout, f"{count} events applied", interval=0.3, alive=alive)
 
@@ -65,8 +81,8 @@ def wait_applied(db: Any, count: int, timeout: float = 90, alive: Callable[[], N
 class InboxThread:
     """`Inbox.run` on a thread (stopped with `Inbox.stop`); its error, if it raised."""
 
-    def __init__(self, db: Any, handler: Callable[..., None], **run: Any) -> None:
-        self.inbox = Inbox(db[INBOX])
+    def __init__(self, db: Any, handler: Callable[..., None], retention: Any = None, **run: Any) -> None:
+        self.inbox = Inbox(db[INBOX]) if retention is None else Inbox(db[INBOX], retention=retention)
         self.run_kwargs = run
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(handler,), daemon=True)
@@ -82,7 +98,14 @@ class InboxThread:
             raise RuntimeError(f"the inbox stopped: {self.error!r}") from self.error
 
     def metric(self, name: str, **labels: str) -> float:
-        return self.inbox.registry.get_sample_value(name, labels) or 0.0
+        """A sample of this inbox's series (its group's label added)."""
+        return self.inbox.registry.get_sample_value(name, {"group": self.run_kwargs["group_id"], **labels}) or 0.0
+
+    def lags(self) -> dict[int, float]:
+        """partition -> relay_inbox_lag_messages, for the partitions this inbox reports."""
+        return {int(s.labels["partition"]): s.value for family in self.inbox.registry.collect()
+                if family.name == "relay_inbox_lag_messages" for s in family.samples
+                if s.labels["group"] == self.run_kwargs["group_id"]}
 
     def __enter__(self) -> InboxThread:
         self.thread.start()
@@ -97,13 +120,17 @@ class InboxThread:
 class InboxProcess:
     """tests/inbox_service.py as a child process (SIGKILLed by the kill test; stopped by pid)."""
 
-    def __init__(self, log_path: Path, mongodb_uri: str, database: str, topic: str, group: str, bootstrap: str) -> None:
+    def __init__(self, log_path: Path, mongodb_uri: str, database: str, topic: str, group: str, bootstrap: str,
+                 commit_delay_s: float = 0.0) -> None:
         self.args = [mongodb_uri, database, topic, group, bootstrap]
         self.log_path = log_path
+        self.commit_delay_s = commit_delay_s
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> InboxProcess:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        if self.commit_delay_s:
+            env["INBOX_TEST_COMMIT_DELAY_S"] = str(self.commit_delay_s)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.inbox_service", *self.args], env=env,
                                          stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -1,8 +1,10 @@
 """The inbox's throughput beside two bare consumers doing the same writes (reported, never asserted).
 
-Run: `.venv/bin/python -m bench.scenarios.inbox [--events 20000] [--per-event-events 3000]
-[--rounds 1] [--batch 500]` (a local stack of its own in a temporary folder, stopped by pid and
-deleted at the end; `--mongodb-uri` / `--bootstrap` use running servers instead).
+Run: as part of `make bench` (`python -m bench.run`; `--only-inbox` runs only this scenario,
+`--no-inbox` skips it, `--inbox-events N`, `--inbox-rounds R`), or alone:
+`.venv/bin/python -m bench.scenarios.inbox [--events 20000] [--per-event-events 3000]
+[--rounds 3] [--batch 500]` (a local stack of its own in a temporary folder, stopped and deleted at
+the end; `--mongodb-uri` / `--bootstrap` use running servers instead).
 
 One topic (3 partitions) holds `--events` events in the relay's format (generic envelope, single
 object encoding, built by the relay's own message builder, 1,000 aggregates). Each consumer reads
@@ -16,8 +18,10 @@ does one `update_one` (`$inc` on the aggregate's counter document, upsert) per e
 - `bare, one transaction per event`: the same, one transaction per event (on the first
   `--per-event-events` events only: it is slow).
 
-Events/s are counted from the first event handled to the last offset commit (the group join is
-left out). The order of the three is rotated every round; the ratios are of the medians.
+All three are timed over the same window: from the first handler call to the return of the
+offset commit that covers the last event (the group join before, and closing the consumer after,
+are left out of all three; the inbox's commits are timed by a subclass of its consumer). The order
+of the three is rotated every round (3 rounds by default); the ratios are of the medians.
 Goals (issue 27): inbox >= 0.7 of the bare batched consumer, >= 10x the per-event one.
 """
 
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -33,6 +38,7 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from pymongo import MongoClient
@@ -42,6 +48,8 @@ from bench.common import create_topic, progress, warm_up_kafka
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.inbox import Inbox, InboxEvent
+from relay.inbox import inbox as inbox_module
+from relay.inbox.consumer import KafkaSource
 from relay.inbox.decoding import EventDecoder, header_dict
 from relay.mongo.codecs import insert_change
 from relay.outbox import OutboxEvent
@@ -49,6 +57,9 @@ from relay.wiring import message_builder
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 AGGREGATES = 1000
+INBOX = "inbox"
+BATCHED = "bare, one transaction per batch"
+PER_EVENT = "bare, one transaction per event"
 
 
 def fill_topic(bootstrap: str, topic: str, events: int) -> None:
@@ -68,34 +79,49 @@ def fill_topic(bootstrap: str, topic: str, events: int) -> None:
         raise RuntimeError("could not fill the topic")
 
 
-def _update(db: Any) -> Callable[[InboxEvent, ClientSession], None]:
-    def handle(event: InboxEvent, session: ClientSession) -> None:
-        db.counts.update_one({"_id": event.aggregate_id}, {"$inc": {"n": 1}}, upsert=True, session=session)
-    return handle
+class Window:
+    """The timed window: the first handler call, and the last offset commit that returned."""
+
+    def __init__(self) -> None:
+        self.first = 0.0
+        self.last_commit = 0.0
+
+    def handler(self, db: Any) -> Callable[[InboxEvent, ClientSession], None]:
+        def handle(event: InboxEvent, session: ClientSession) -> None:
+            if not self.first:
+                self.first = time.perf_counter()
+            db.counts.update_one({"_id": event.aggregate_id}, {"$inc": {"n": 1}}, upsert=True, session=session)
+        return handle
+
+    def rate(self, events: int) -> float:
+        return events / (self.last_commit - self.first)
 
 
 def run_inbox(db: Any, bootstrap: str, topic: str, events: int, batch: int) -> float:
+    window, group = Window(), f"bench-inbox-{uuid.uuid4().hex[:6]}"
+
+    class TimedSource(KafkaSource):
+        def commit(self, offsets: dict[tuple[str, int], int]) -> bool:
+            done = super().commit(offsets)
+            if offsets:
+                window.last_commit = time.perf_counter()
+            return done
+
     inbox = Inbox(db[f"inbox_{uuid.uuid4().hex[:6]}"])
-    handle = _update(db)
-    first: list[float] = []
+    labels = {"group": group, "topic": topic}
 
-    def counted(event: InboxEvent, session: ClientSession) -> None:
-        if not first:
-            first.append(time.perf_counter())
-        handle(event, session)
-
-    def watch() -> None:
-        while (inbox.registry.get_sample_value("relay_inbox_events_processed_total", {"topic": topic}) or 0) < events:
+    def watch() -> None:  # stops the inbox once every event is applied (its window ends before)
+        while (inbox.registry.get_sample_value("relay_inbox_events_processed_total", labels) or 0) < events:
             time.sleep(0.01)
-        first.append(time.perf_counter())
         inbox.stop()
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    inbox.run(counted, topics=[topic], group_id=f"bench-inbox-{uuid.uuid4().hex[:6]}", bootstrap_servers=bootstrap,
-              batch_max_events=batch)
+    with mock.patch.object(inbox_module, "KafkaSource", TimedSource):
+        inbox.run(window.handler(db), topics=[topic], group_id=group, bootstrap_servers=bootstrap,
+                  batch_max_events=batch)
     watcher.join()
-    return events / (first[-1] - first[0])
+    return window.rate(events)
 
 
 def run_bare(db: Any, bootstrap: str, topic: str, events: int, batch: int, per_event: bool) -> float:
@@ -104,14 +130,14 @@ def run_bare(db: Any, bootstrap: str, topic: str, events: int, batch: int, per_e
                          "isolation.level": "read_committed", "enable.auto.commit": "false",
                          "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
-    decoder, handle = EventDecoder(), _update(db)
-    done, started = 0, 0.0
+    decoder, window = EventDecoder(), Window()
+    handle = window.handler(db)
+    done = 0
     with db.client.start_session() as session:
         while done < events:
             msgs = [m for m in consumer.consume(min(batch, events - done), 0.2) if m.error() is None]
             if not msgs:
                 continue
-            started = started or time.perf_counter()
             decoded = [decoder.decode(m.topic(), m.partition(), m.offset(), m.value(), header_dict(m.headers()))
                        for m in msgs]
             groups = [[e] for e in decoded] if per_event else [decoded]
@@ -121,10 +147,59 @@ def run_bare(db: Any, bootstrap: str, topic: str, events: int, batch: int, per_e
             for m in msgs:
                 offsets[(m.topic(), m.partition())] = m.offset() + 1
             consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False)
+            window.last_commit = time.perf_counter()
             done += len(msgs)
-    seconds = time.perf_counter() - started
     consumer.close()
-    return done / seconds
+    return window.rate(done)
+
+
+def inbox_scenario(uri: str, bootstrap: str, events: int = 20000, per_event_events: int = 3000, rounds: int = 3,
+                   batch: int = 500) -> dict[str, Any]:
+    """Fill a topic, then time the three consumers `rounds` times in a rotated order; the results
+    (Kafka warmed up by the caller)."""
+    topic = f"bench.inbox.{uuid.uuid4().hex[:6]}"
+    progress(f"[inbox] writing {events} events to {topic}")
+    fill_topic(bootstrap, topic, events)
+    client: MongoClient[Any] = MongoClient(uri, tz_aware=True)
+    contestants: list[tuple[str, Callable[[Any], float]]] = [
+        (INBOX, lambda db: run_inbox(db, bootstrap, topic, events, batch)),
+        (BATCHED, lambda db: run_bare(db, bootstrap, topic, events, batch, False)),
+        (PER_EVENT, lambda db: run_bare(db, bootstrap, topic, min(per_event_events, events), batch, True)),
+    ]
+    runs: dict[str, list[float]] = {name: [] for name, _ in contestants}
+    load = [os.getloadavg()]
+    try:
+        for r in range(rounds):
+            for name, run in contestants[r % 3:] + contestants[: r % 3]:
+                db = client[f"bench_inbox_{uuid.uuid4().hex[:6]}"]
+                db.create_collection("counts")
+                progress(f"[inbox] round {r + 1}/{rounds}: {name}")
+                runs[name].append(run(db))
+                client.drop_database(db.name)
+    finally:
+        client.close()
+    load.append(os.getloadavg())
+    median = {name: statistics.median(v) for name, v in runs.items()}
+    return {"events": events, "per_event_events": min(per_event_events, events), "rounds": rounds, "batch": batch,
+            "runs": runs, "events_per_s": median, "load_average": load,
+            "inbox_vs_batched": median[INBOX] / median[BATCHED], "inbox_vs_per_event": median[INBOX] / median[PER_EVENT]}
+
+
+def format_inbox(result: dict[str, Any]) -> list[str]:
+    """The scenario's lines: events/s (median and each round's) and the ratios with their goals."""
+    if not result:
+        return []
+    lines = [f"inbox: {result['events']} events ({result['per_event_events']} for one transaction per event), "
+             f"batches of {result['batch']}, {result['rounds']} rounds in rotated order, medians; "
+             "timed from the first handler call to the last offset commit"]
+    for name, value in result["events_per_s"].items():
+        runs = ", ".join(f"{x:.0f}" for x in result["runs"][name])
+        lines.append(f"  {name:<34} {value:>9.0f} events/s   (rounds: {runs})")
+    lines.append(f"  inbox / bare batched   = {result['inbox_vs_batched']:.2f}   (goal >= 0.7)")
+    lines.append(f"  inbox / bare per event = {result['inbox_vs_per_event']:.1f}x  (goal >= 10x)")
+    start, end = result["load_average"]
+    lines.append(f"  load average (1 min) at start {start[0]:.2f}, at end {end[0]:.2f}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,42 +213,14 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         uri, bootstrap = stack.mongo.uri, stack.kafka.bootstrap_servers
     try:
-        return _measure(args, uri, bootstrap)
+        warm_up_kafka(bootstrap)
+        result = inbox_scenario(uri, bootstrap, args.events, args.per_event_events, args.rounds, args.batch)
     finally:
         if stack is not None:
             stack.stop()
             shutil.rmtree(stack.base_dir, ignore_errors=True)
-
-
-def _measure(args: argparse.Namespace, uri: str, bootstrap: str) -> int:
-    warm_up_kafka(bootstrap)
-    topic = f"bench.inbox.{uuid.uuid4().hex[:6]}"
-    progress(f"writing {args.events} events to {topic}")
-    fill_topic(bootstrap, topic, args.events)
-    client: MongoClient[Any] = MongoClient(uri, tz_aware=True)
-    contestants: list[tuple[str, Callable[[Any], float]]] = [
-        ("inbox", lambda db: run_inbox(db, bootstrap, topic, args.events, args.batch)),
-        ("bare, one transaction per batch", lambda db: run_bare(db, bootstrap, topic, args.events, args.batch, False)),
-        ("bare, one transaction per event",
-         lambda db: run_bare(db, bootstrap, topic, min(args.per_event_events, args.events), args.batch, True)),
-    ]
-    rates: dict[str, list[float]] = {name: [] for name, _ in contestants}
-    for r in range(args.rounds):
-        for name, run in contestants[r % 3:] + contestants[: r % 3]:
-            db = client[f"bench_inbox_{uuid.uuid4().hex[:6]}"]
-            db.create_collection("counts")
-            progress(f"round {r + 1}: {name}")
-            rates[name].append(run(db))
-            client.drop_database(db.name)
-    median = {name: statistics.median(v) for name, v in rates.items()}
-    for name, value in median.items():
-        print(f"{name:<34} {value:>9.0f} events/s   (runs: {', '.join(f'{x:.0f}' for x in rates[name])})")
-    vs_batched = median["inbox"] / median["bare, one transaction per batch"]
-    vs_per_event = median["inbox"] / median["bare, one transaction per event"]
-    print(f"inbox / bare batched   = {vs_batched:.2f}   (goal >= 0.7)")
-    print(f"inbox / bare per event = {vs_per_event:.1f}x  (goal >= 10x)")
-    print(json.dumps({"events": args.events, "events_per_s": median, "inbox_vs_batched": vs_batched,
-                      "inbox_vs_per_event": vs_per_event}))
+    print("\n".join(format_inbox(result)))
+    print(json.dumps(result))
     return 0
 
 
@@ -181,11 +228,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.scenarios.inbox", description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--per-event-events", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--mongodb-uri", default="")
     parser.add_argument("--bootstrap", default="")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.events < 1 or args.per_event_events < 1 or args.rounds < 1 or args.batch < 1:
+        parser.error("--events, --per-event-events, --rounds and --batch must be at least 1")
+    return args
 
 
 if __name__ == "__main__":

@@ -13,13 +13,18 @@ Either way the Avro body is the same bytes for the same record. `MessageDecoder`
 Registry failures are classified here: a network error or a 5xx/408/429 answer is transient
 (the relay restarts from its checkpoint and retries); any other refusal (incompatible schema,
 schema not registered with auto-registration off, bad credentials) stops the relay, since an
-operator must act. Every registry request is bounded (`REQUEST_TIMEOUT_S`, `MAX_RETRIES`): a
+operator must act. Decoding is classified the same way (`decode_failure`): only a value the
+registry can answer for and that still cannot be decoded (a schema id the registry does not
+hold, a body that does not fit its schema) is a ValueError, the value's fault; a registry that
+cannot be asked raises SchemaRegistryUnavailableError and one that refuses the request
+SchemaRegistryRefusedError, neither of which says anything about the value. Every registry request is bounded (`REQUEST_TIMEOUT_S`, `MAX_RETRIES`): a
 registry that accepts connections but never answers (paused, overloaded) becomes a transient
 error after at most about 35 s instead of blocking the relay forever.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import threading
 from collections.abc import Mapping
@@ -166,7 +171,7 @@ class ConfluentFraming:
             raise  # the record does not fit the schema: the caller's poison event
         except SchemaRegistryError as exc:
             subject = subject_for(self._strategy, topic, schema_name)
-            if exc.http_status_code in (408, 429) or exc.http_status_code >= 500 or exc.http_status_code < 0:
+            if transient_status(exc.http_status_code):
                 raise SchemaRegistryUnavailableError(f"Schema Registry error for subject {subject}: {exc}") from exc
             raise SchemaRegistryRefusedError(
                 f"the Schema Registry refused schema {schema_name} under subject {subject}: {exc} "
@@ -215,7 +220,9 @@ class MessageDecoder:
         return cls(registry, client)
 
     def decode(self, value: bytes, topic: str = "") -> Decoded:
-        """Decode one value; raises ValueError naming why it cannot be decoded."""
+        """Decode one value; raises ValueError naming why it cannot be decoded, and for the
+        Confluent wire format SchemaRegistryUnavailableError or SchemaRegistryRefusedError when
+        the registry cannot be asked or refuses (`decode_failure`)."""
         if value[:2] == SINGLE_OBJECT_MAGIC:
             name, record = self._registry.decode_named(value)
             return Decoded(SINGLE_OBJECT, name, value[2:10].hex(), record)
@@ -238,8 +245,56 @@ class MessageDecoder:
                 schema = self._client.get_schema(schema_id)
                 self._names[schema_id] = _full_name(json.loads(schema.schema_str or "{}"))
         except Exception as exc:
-            raise ValueError(f"cannot decode with schema id {schema_id}: {type(exc).__name__}: {exc}") from exc
+            raise decode_failure(exc, schema_id, self._client) from exc
         return Decoded(CONFLUENT, self._names[schema_id], str(schema_id), record)
+
+
+# The registry's answer for a schema id it does not hold (Confluent's: 40403; its mock's: 40400).
+SCHEMA_NOT_FOUND = frozenset({40400, 40403})
+
+
+def transient_status(status: int) -> bool:
+    """Whether a registry answer is one a later request can succeed after (408, 429, 5xx, none)."""
+    return status in (408, 429) or status >= 500 or status < 0
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The registry client's network errors: httpx's TransportError (httpx2's where the client
+    uses it), and OSError."""
+    found: list[type[BaseException]] = [OSError]
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(name).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def decode_failure(exc: Exception, schema_id: int, client: Any) -> Exception:
+    """What a failed Confluent decode means, as the error to raise (its cause is `exc`):
+
+    - SchemaRegistryUnavailableError: the registry could not be asked (network error, timeout,
+      408/429/5xx); the same value decodes once it answers;
+    - SchemaRegistryRefusedError: it refused the request itself (bad credentials, a URL that is
+      not a registry's); an operator must act, and the value may be fine;
+    - ValueError: the value is at fault (a schema id the registry does not hold, a body that
+      does not fit the schema).
+    """
+    from confluent_kafka.schema_registry import SchemaRegistryError
+
+    where = f"schema id {schema_id}"
+    if isinstance(exc, SchemaRegistryError):
+        status = exc.http_status_code
+        if transient_status(status):
+            return SchemaRegistryUnavailableError(f"Schema Registry error for {where}: {exc}")
+        if status == 404 and exc.error_code in SCHEMA_NOT_FOUND:
+            return ValueError(f"cannot decode with {where}: the Schema Registry has no such schema ({exc})")
+        url = redact_text(str(client.config().get("url", "?")))
+        return SchemaRegistryRefusedError(f"the Schema Registry at {url} refused to give {where}: {exc}")
+    if isinstance(exc, _transport_errors()):
+        url = redact_text(str(client.config().get("url", "?")))
+        return SchemaRegistryUnavailableError(f"cannot reach the Schema Registry at {url}: {type(exc).__name__}: {exc}")
+    return ValueError(f"cannot decode with {where}: {type(exc).__name__}: {exc}")
 
 
 def _full_name(schema: Mapping[str, Any]) -> str:

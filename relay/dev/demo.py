@@ -87,6 +87,9 @@ class ShippingService:
             "group_id": self.GROUP,
             "bootstrap_servers": settings.kafka_bootstrap_servers,
             "kafka": kafka,
+            # The relay's Schema Registry, when it writes the Confluent wire format.
+            "schema_registry_url": settings.schema_registry_url,
+            "schema_registry_basic_auth": settings.schema_registry_basic_auth,
         }
 
     def handle(self, event: InboxEvent, session: Any) -> None:
@@ -101,7 +104,7 @@ class ShippingService:
         self.inbox.run(self.handle, **self.run_options)
 
     def count(self, metric: str) -> int:
-        return int(self.inbox.registry.get_sample_value(metric, {"topic": self.topic}) or 0)
+        return int(self.inbox.registry.get_sample_value(metric, {"group": self.GROUP, "topic": self.topic}) or 0)
 
     def wait(self, metric: str, at_least: int, timeout_s: float, stop: threading.Event) -> None:
         deadline = time.monotonic() + timeout_s

@@ -11,8 +11,9 @@
 
 Modules, one concern each: `event` (InboxEvent), `decoding` (messages -> events), `batching` (the
 pure rules: what runs, what is skipped, which offsets are committed), `store` (the MongoDB
-transaction), `consumer` (the Kafka side), `poison` and `deadletters` (the poison policy),
-`metrics`, `config` (run's options), `inbox` (the steps in order). docs/inbox.md has the guarantee.
+transaction), `consumer` (the Kafka side), `errors` (what retries the batch), `poison` and
+`deadletters` (the poison policy), `metrics`, `config` (run's options), `inbox` (the steps in
+order). docs/inbox.md has the guarantee.
 """
 
 from __future__ import annotations

@@ -12,6 +12,11 @@ from typing import Any
 from relay.core.config import POISON_POLICIES
 from relay.core.errors import ConfigError
 
+# librdkafka settings with the inbox's own defaults (`kafka` may change them): librdkafka's
+# statistics carry each assigned partition's lag (relay_inbox_lag_messages), refreshed this often;
+# "0" turns them, and the lag series, off.
+CONSUMER_DEFAULTS = {"statistics.interval.ms": "5000"}
+
 # librdkafka settings the guarantee rests on: set by the inbox, refused in `kafka`.
 FORCED_CONSUMER_SETTINGS = {
     "isolation.level": "read_committed",  # messages of aborted Kafka transactions are never seen
@@ -34,6 +39,8 @@ class RunOptions:
     dead_letter_topic: str = "outbox.deadletter"  # as RELAY_DEAD_LETTER_TOPIC
     auto_offset_reset: str = "earliest"  # where a group without committed offsets starts
     schema_registry_url: str = ""  # the Confluent wire format's registry ("" : single-object only)
+    # USER:PASSWORD for the registry's basic auth, as RELAY_SCHEMA_REGISTRY_BASIC_AUTH ("" : none)
+    schema_registry_basic_auth: str = field(default="", repr=False)
     retry_backoff_max_s: float = 10.0  # the longest wait before a batch whose transaction failed is retried
     kafka: Mapping[str, str] = field(default_factory=dict)  # more librdkafka settings for both clients
 
@@ -49,6 +56,8 @@ class RunOptions:
                 raise ConfigError(f.name, f"must be greater than 0, got {value}")
         if self.on_poison not in POISON_POLICIES:
             raise ConfigError("on_poison", f"must be one of {', '.join(POISON_POLICIES)}; got {self.on_poison!r}")
+        if self.schema_registry_basic_auth and ":" not in self.schema_registry_basic_auth:
+            raise ConfigError("schema_registry_basic_auth", "must be USER:PASSWORD")
         for key in self.kafka:
             if key in FORCED_CONSUMER_SETTINGS or key in ("group.id", "bootstrap.servers"):
                 raise ConfigError(f"kafka[{key!r}]", "is set by the inbox (or by its own option); remove it")
@@ -66,6 +75,7 @@ class RunOptions:
     def consumer_config(self) -> dict[str, str]:
         """The consumer's librdkafka configuration."""
         return {
+            **CONSUMER_DEFAULTS,
             **{k: str(v) for k, v in self.kafka.items()},
             "bootstrap.servers": self.bootstrap_servers,
             "group.id": self.group_id,
@@ -75,5 +85,6 @@ class RunOptions:
 
     def producer_config(self) -> dict[str, str]:
         """The dead-letter producer's configuration: idempotent, acks=all."""
-        plain = {k: str(v) for k, v in self.kafka.items() if not k.startswith(("session.", "max.poll", "fetch."))}
+        consumer_only = ("session.", "max.poll", "fetch.", "statistics.")
+        plain = {k: str(v) for k, v in self.kafka.items() if not k.startswith(consumer_only)}
         return {**plain, "bootstrap.servers": self.bootstrap_servers, "enable.idempotence": "true", "acks": "all"}

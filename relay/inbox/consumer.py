@@ -11,13 +11,18 @@ Contracts:
   from the committed offset.
 - A failed offset commit is logged and ignored: the events stay recorded in the inbox, so the
   consumer that reads them again skips them.
+- `lags()`: per assigned partition, librdkafka's `consumer_lag` from its statistics (every
+  `statistics.interval.ms`, 5 s by default: the last stable offset minus the group's committed
+  offset, known once the group committed one); a revoked partition is dropped at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,18 +62,23 @@ class KafkaSource:
 
     def __init__(self, options: RunOptions) -> None:
         self._options = options
-        self._consumer = Consumer(options.consumer_config())
         self._batch: list[Received] = []
+        self._assigned: set[tuple[str, int]] = set()
+        self._lags: dict[tuple[str, int], int] = {}
         self.revocations = 0
+        self._consumer = Consumer({**options.consumer_config(), "stats_cb": self._on_stats})
         self._consumer.subscribe(
             list(options.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned |= {(p.topic, p.partition) for p in partitions}
         log.info("assigned %s", _names(partitions), extra={"partitions": _names(partitions)})
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {(p.topic, p.partition) for p in partitions}
+        self._assigned -= lost
+        self._lags = {k: v for k, v in self._lags.items() if k not in lost}
         before = len(self._batch)
         self._batch[:] = without_partitions(self._batch, lost)
         self.revocations += 1
@@ -115,17 +125,30 @@ class KafkaSource:
             return False
         return True
 
-    def end_offset(self, topic: str, partition: int) -> int | None:
-        """The partition's end offset as last fetched (no request), or None when not known yet."""
+    def _on_stats(self, text: str) -> None:
         try:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
-        except KafkaException:
-            return None
-        return int(high) if high is not None and high >= 0 else None
+            self._lags = partition_lags(json.loads(text), self._assigned)
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.debug("unreadable librdkafka statistics: %s", exc)
+
+    def lags(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> lag, for the assigned partitions whose lag is known."""
+        return {k: v for k, v in self._lags.items() if k in self._assigned}
 
     def close(self) -> None:
         """Leave the group (the partitions go to the other members at once)."""
         self._consumer.close()
+
+
+def partition_lags(stats: Mapping[str, Any], assigned: Collection[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """The `consumer_lag` of each assigned partition in librdkafka's statistics (-1, unknown, left out)."""
+    lags: dict[tuple[str, int], int] = {}
+    for topic, numbers in stats.get("topics", {}).items():
+        for number, partition in numbers.get("partitions", {}).items():
+            key = (topic, int(number))
+            if key in assigned and int(partition.get("consumer_lag", -1)) >= 0:
+                lags[key] = int(partition["consumer_lag"])
+    return lags
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:

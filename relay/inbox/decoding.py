@@ -8,7 +8,13 @@
   one carries a record, returned as fastavro decodes it.
 
 A value that cannot be decoded raises `UndecodableMessageError` naming why: the inbox treats it as
-a poison event (`relay.inbox.poison`).
+a poison event (`relay.inbox.poison`). That is a value the relay did not write, a single-object
+value whose fingerprint the schema folder does not know (the folder must be as new as the
+relay's: deploy new schemas to the consumers first), a Confluent value whose schema id the
+registry does not hold. A registry that cannot be reached is not the value's fault:
+SchemaRegistryUnavailableError propagates and the inbox decodes the batch again later
+(relay.inbox.errors); one that refuses the inbox's requests (credentials, a URL that is not a
+registry) raises SchemaRegistryRefusedError, which ends `run` (relay.avro.framing.decode_failure).
 """
 
 from __future__ import annotations
@@ -63,16 +69,18 @@ def _occurred_at(value: Any) -> dt.datetime:
 
 
 class EventDecoder:
-    """Decodes the relay's messages; `schema_registry_url` enables the Confluent wire format."""
+    """Decodes the relay's messages; `schema_registry_url` (with `basic_auth`, USER:PASSWORD)
+    enables the Confluent wire format."""
 
-    def __init__(self, folder: SchemaFolder | None = None, schema_registry_url: str = "") -> None:
-        client = registry_client(schema_registry_url) if schema_registry_url else None
+    def __init__(self, folder: SchemaFolder | None = None, schema_registry_url: str = "", basic_auth: str = "") -> None:
+        client = registry_client(schema_registry_url, basic_auth) if schema_registry_url else None
         self._decoder = MessageDecoder(folder or SchemaFolder.bundled(), client)
 
     def decode(
         self, topic: str, partition: int, offset: int, value: bytes | None, headers: dict[str, str]
     ) -> InboxEvent:
-        """The event in one message; raises UndecodableMessageError naming the problem."""
+        """The event in one message; raises UndecodableMessageError naming the problem (and the
+        registry's errors as they are: the module docstring)."""
         if not value:
             raise UndecodableMessageError("the message has no value")
         try:

@@ -1,14 +1,20 @@
 """`Inbox`: the one place that knows the order of the steps (gather, decode, apply, commit).
 
-One iteration (`_step`): gather a batch from Kafka; decode it; apply it up to its first poison
-message in one MongoDB transaction (handler calls and inbox records together); commit its Kafka
-offsets; then the poison policy for that message, and the same for the rest of the batch.
+One iteration (`Steps.step`): gather a batch from Kafka; decode it; apply it up to its first
+poison message in one MongoDB transaction (handler calls and inbox records together); commit its
+Kafka offsets; then the poison policy for that message, and the same for the rest of the batch;
+last, the lag of the assigned partitions.
+
+A batch that fails on a transient error (relay.inbox.errors.retryable: a database outage past
+pymongo's own retries, a Schema Registry that cannot be reached while decoding) is run again
+whole, with backoff up to `retry_backoff_max_s`: the same events in the same order, nothing of it
+committed to Kafka until it succeeds. A stop asked meanwhile ends the wait: the batch is left
+uncommitted (the next consumer reads it again) and `run` returns.
 
 Shutdown order (SIGTERM, SIGINT or `stop()`): stop gathering; finish the batch in hand (its
 transaction and its offset commit); close the consumer, which leaves the group so the partitions
-move at once; flush the dead-letter producer. A batch whose transaction cannot commit (MongoDB
-unreachable past pymongo's retries, relay.inbox.store.retryable) is retried with backoff; nothing of it is committed to Kafka
-until it succeeds, and a stop during the wait leaves it to the next consumer.
+move at once; flush the dead-letter producer. Every client `run` opens is closed however it ends,
+also when opening a later one fails.
 """
 
 from __future__ import annotations
@@ -19,27 +25,30 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from prometheus_client import CollectorRegistry
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
-from pymongo.errors import PyMongoError
 
 from relay.avro.folder import SchemaFolder
+from relay.core.errors import SchemaRegistryUnavailableError
 from relay.inbox.batching import BatchLimits, Poisoned, offsets_to_commit, split_at_poison
 from relay.inbox.config import RunOptions
 from relay.inbox.consumer import KafkaSource, Received
 from relay.inbox.deadletters import DeadLetterSender
 from relay.inbox.decoding import EventDecoder, UndecodableMessageError
+from relay.inbox.errors import retryable
 from relay.inbox.event import InboxEvent
-from relay.inbox.metrics import InboxMetrics
+from relay.inbox.metrics import InboxMetrics, series_on
 from relay.inbox.poison import log_dead_letter, stop_at
-from relay.inbox.store import DEFAULT_RETENTION, Handler, HandlerError, InboxStore, retryable
+from relay.inbox.store import DEFAULT_RETENTION, Handler, HandlerError, InboxStore
 
 log = logging.getLogger("relay.inbox")
 Item = InboxEvent | Poisoned
+T = TypeVar("T")
 
 
 class Inbox:
@@ -47,9 +56,10 @@ class Inbox:
 
     `collection` holds the inbox records (one per event and consumer group; several services may
     share it). Options: `retention` (how long a record is kept, a timedelta or seconds, default
-    7 days: a TTL index the inbox creates or changes), `registry` (a prometheus_client CollectorRegistry for the metrics;
-    a new one by default, see `registry`), `schema_folder` (the writer schemas; default the
-    bundled `schemas/`).
+    7 days: a TTL index the inbox creates or changes), `registry` (a prometheus_client
+    CollectorRegistry for the metrics, e.g. the service's own or `prometheus_client.REGISTRY`; a
+    new one by default; several inboxes may share one, their series labelled by `group`),
+    `schema_folder` (the writer schemas; default the bundled `schemas/`).
     """
 
     def __init__(
@@ -57,22 +67,19 @@ class Inbox:
         collection: Collection[Any],
         *,
         retention: dt.timedelta | float = DEFAULT_RETENTION,
-        registry: Any = None,
+        registry: CollectorRegistry | None = None,
         schema_folder: SchemaFolder | None = None,
     ) -> None:
         self.collection = collection
         self.retention = retention
-        self.metrics = InboxMetrics(registry)
+        self.registry = registry if registry is not None else CollectorRegistry()
+        series_on(self.registry)  # registered now, shared with any other inbox on this registry
         self._folder = schema_folder
         self._stop = threading.Event()
 
-    @property
-    def registry(self) -> Any:
-        """The CollectorRegistry holding the inbox's metrics."""
-        return self.metrics.registry
-
     def stop(self) -> None:
-        """Ask `run` to return after the batch in hand (safe from any thread or a signal handler)."""
+        """Ask `run` to return after the batch in hand (safe from any thread or a signal handler).
+        Asked before `run` began, it makes that `run` return at once."""
         self._stop.set()
 
     def run(
@@ -80,23 +87,42 @@ class Inbox:
     ) -> None:
         """Consume `topics` as `group_id`, calling `handler(event, session)` inside a MongoDB
         transaction once per event, ever; blocks until SIGTERM/SIGINT (in the main thread) or
-        `stop()`. Raises InboxPoisonError at a poison event under `on_poison="stop"`, and
-        ConfigError for a bad option (relay.inbox.config.RunOptions lists them)."""
+        `stop()`, then returns. Raises InboxPoisonError at a poison event under `on_poison="stop"`,
+        ConfigError for a bad option (relay.inbox.config.RunOptions lists them), and any error
+        that is neither poison nor retryable (relay.inbox.errors)."""
         opts = RunOptions.of(topics, group_id, bootstrap_servers, options)
-        store = InboxStore(self.collection, group_id, self.retention)
-        store.ensure_indexes()
-        self._stop.clear()
-        dead_letters = DeadLetterSender(opts) if opts.on_poison == "dead-letter" else None
-        parts = Parts(KafkaSource(opts), EventDecoder(self._folder, opts.schema_registry_url), store, dead_letters)
-        run = Steps(self.metrics, self._stop, opts, parts, handler)
-        log.info("inbox consuming %s as group %s", ",".join(opts.topics), group_id, extra={"group": group_id})
-        with _signals(self.stop), self.collection.database.client.start_session() as session:
-            try:
+        try:
+            with _signals(self.stop), contextlib.ExitStack() as resources:
+                steps = self._open(opts, handler, resources)
+                session = resources.enter_context(self.collection.database.client.start_session())
+                log.info("inbox consuming %s as group %s", ",".join(opts.topics), group_id, extra={"group": group_id})
                 while not self._stop.is_set():
-                    run.step(session)
-            finally:
-                run.close()
+                    steps.step(session)
+        finally:
+            self._stop.clear()  # this run has ended: the next one starts afresh
         log.info("inbox stopped", extra={"group": group_id})
+
+    def _open(self, opts: RunOptions, handler: Handler, resources: contextlib.ExitStack) -> Steps:
+        """The run's parts; each one opened is closed by `resources` (in reverse order) however
+        the run ends, also when opening the next one fails."""
+        store = InboxStore(self.collection, opts.group_id, self.retention)
+        store.ensure_indexes()
+        decoder = EventDecoder(self._folder, opts.schema_registry_url, opts.schema_registry_basic_auth)
+        dead_letters = None
+        if opts.on_poison == "dead-letter":
+            dead_letters = DeadLetterSender(opts)
+            resources.callback(dead_letters.close)
+        source = KafkaSource(opts)
+        resources.callback(source.close)
+        steps = Steps(
+            InboxMetrics(self.registry, opts.group_id),
+            self._stop,
+            opts,
+            Parts(source, decoder, store, dead_letters),
+            handler,
+        )
+        resources.callback(steps.close)
+        return steps
 
 
 @dataclass(frozen=True)
@@ -107,6 +133,11 @@ class Parts:
     decoder: EventDecoder
     store: InboxStore
     dead_letters: DeadLetterSender | None
+
+
+class StopRequested(Exception):
+    """Raised inside a step when `stop()` was asked while its batch waited to be retried: the
+    batch is left uncommitted, for the next consumer to read again."""
 
 
 class Steps:
@@ -124,8 +155,24 @@ class Steps:
     def step(self, session: ClientSession) -> None:
         """One batch: gathered, decoded, applied up to each poison message, committed."""
         batch = self.source.gather(self.limits, self.stop)
+        try:
+            self._process(session, batch)
+        except StopRequested as stopped:
+            log.warning(
+                "stopping with a batch of %d messages left uncommitted (it is read again): %s",
+                len(batch),
+                stopped.__cause__,
+                extra={"cause": str(stopped.__cause__)},
+            )
+        self.metrics.set_lags(self.source.lags())
+        self.metrics.summarize()
+
+    def _process(self, session: ClientSession, batch: list[Received]) -> None:
         self.received = {(m.topic, m.partition, m.offset): m for m in batch}
-        items: list[Item] = [self._decode(m) for m in batch]
+        items = self._retrying(lambda: [self._decode(m) for m in batch])
+        for item in items:
+            if isinstance(item, Poisoned):
+                self.metrics.poison(item.topic, "undecodable")
         while items:
             events, poisoned, rest = split_at_poison(items)
             applied, handler_poison, after = self._apply(session, events)
@@ -137,14 +184,14 @@ class Steps:
             self.metrics.totals["poison"] += 1
             self._poison(session, poisoned)
             items = rest
-        self.metrics.summarize(self.options.group_id)
 
     def _decode(self, msg: Received) -> Item:
+        """The event in `msg`, or a poison item when the message is at fault; a registry that
+        cannot be reached raises (the batch is decoded again, relay.inbox.errors)."""
         headers = msg.headers
         try:
             return self.decoder.decode(msg.topic, msg.partition, msg.offset, msg.value, headers)
         except UndecodableMessageError as exc:
-            self.metrics.undecodable.labels(msg.topic).inc()
             return Poisoned(msg.topic, msg.partition, msg.offset, headers.get("ce_id"), f"cannot decode: {exc}")
 
     def _apply(
@@ -156,7 +203,7 @@ class Steps:
             self._transaction(session, events)
             return events, None, []
         except HandlerError as exc:
-            self.metrics.handler_errors.labels(exc.event.topic).inc()
+            self.metrics.poison(exc.event.topic, "handler_errors")
             index = events.index(exc.event)
             applied, poisoned, after = self._apply(session, events[:index])
             e = exc.event
@@ -166,33 +213,35 @@ class Steps:
             return applied, failed, events[index + 1 :]
 
     def _transaction(self, session: ClientSession, events: list[InboxEvent]) -> None:
-        """One committed transaction for `events`, retried with backoff past database outages."""
+        """One committed transaction for `events` (retried past database outages)."""
         if not events:
             return
+        started = time.monotonic()
+        applied = self._retrying(lambda: self.store.apply(session, events, self.handler))
+        self.metrics.applied(applied.ran, applied.skipped, applied.attempts)
+        self.metrics.batch_seconds.observe(time.monotonic() - started)
+
+    def _retrying(self, attempt: Callable[[], T]) -> T:
+        """`attempt()` again, with backoff, after each retryable failure (relay.inbox.errors);
+        raises StopRequested when `stop()` is asked meanwhile. Other errors propagate."""
         delay = 0.1
         while True:
-            started = time.monotonic()
             try:
-                applied = self.store.apply(session, events, self.handler)
-            except PyMongoError as exc:
-                if self.stop.is_set() or not retryable(exc):
+                return attempt()
+            except Exception as exc:
+                if not retryable(exc):
                     raise
-                log.warning("batch transaction failed, retrying in %.1fs: %s", delay, exc, extra={"cause": str(exc)})
-                self.metrics.retries.inc()
-                self.stop.wait(delay)
+                if self.stop.is_set():
+                    raise StopRequested from exc
+                cause = "registry" if isinstance(exc, SchemaRegistryUnavailableError) else "transaction"
+                log.warning("batch %s failed, retrying in %.1fs: %s", cause, delay, exc, extra={"cause": str(exc)})
+                self.metrics.retried(cause)
+                if self.stop.wait(delay):
+                    raise StopRequested from exc
                 delay = min(delay * 2, self.options.retry_backoff_max_s)
-                continue
-            self.metrics.applied(applied.ran, applied.skipped, applied.attempts)
-            self.metrics.batch_seconds.observe(time.monotonic() - started)
-            return
 
     def _commit(self, applied: Sequence[InboxEvent | Poisoned]) -> None:
-        offsets = offsets_to_commit(applied)
-        if offsets and self.source.commit(offsets):
-            for (topic, partition), offset in offsets.items():
-                end = self.source.end_offset(topic, partition)
-                if end is not None:
-                    self.metrics.set_lag(topic, partition, end - offset)
+        self.source.commit(offsets_to_commit(applied))
 
     def _poison(self, session: ClientSession, poisoned: Poisoned) -> None:
         """The policy for one poison message: raise under `stop`, else dead-letter it and go on."""
@@ -201,19 +250,16 @@ class Steps:
         log_dead_letter(poisoned, self.options.dead_letter_topic)
         self.dead_letters.send(poisoned, self.received[(poisoned.topic, poisoned.partition, poisoned.offset)])
         if poisoned.event_id is not None:
-            self.store.record_dead_letter(
-                session, poisoned.event_id, (poisoned.topic, poisoned.partition, poisoned.offset)
-            )
-        self.metrics.dead_letters.labels(poisoned.topic).inc()
+            where = (poisoned.topic, poisoned.partition, poisoned.offset)
+            event_id = poisoned.event_id
+            self._retrying(lambda: self.store.record_dead_letter(session, event_id, where))
+        self.metrics.poison(poisoned.topic, "dead_letters")
         self._commit([poisoned])
 
     def close(self) -> None:
-        self.metrics.summarize(self.options.group_id, force=True)
-        try:
-            self.source.close()
-        finally:
-            if self.dead_letters is not None:
-                self.dead_letters.close()
+        """The last summary line; the lag series of this run removed."""
+        self.metrics.set_lags({})
+        self.metrics.summarize(force=True)
 
 
 @contextlib.contextmanager

@@ -23,14 +23,13 @@ from typing import Any
 from pymongo import ASCENDING
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 from pymongo.write_concern import WriteConcern
 
-from relay.core.errors import Action
 from relay.inbox.batching import plan
+from relay.inbox.errors import retryable
 from relay.inbox.event import InboxEvent
-from relay.mongo.errors import action_for
 
 Handler = Callable[[InboxEvent, ClientSession], object]
 
@@ -55,23 +54,6 @@ class Applied:
     ran: list[InboxEvent]
     skipped: list[InboxEvent]
     attempts: int
-
-
-def retryable(exc: BaseException) -> bool:
-    """The one predicate for database errors: whether a later attempt at the batch can succeed.
-
-    True for what pymongo labels transient in a transaction (TransientTransactionError,
-    UnknownTransactionCommitResult) and for what the relay restarts on (network errors, elections,
-    timeouts, write concern errors, transient codes: relay.mongo.errors.action_for). Such errors
-    retry the whole batch, also when the handler raised them. Any other error from the handler
-    makes its event poison; any other database error of the inbox's own stops `run` (e.g. no
-    replica set, or a missing privilege).
-    """
-    if isinstance(exc, PyMongoError) and (
-        exc.has_error_label("TransientTransactionError") or exc.has_error_label("UnknownTransactionCommitResult")
-    ):
-        return True
-    return action_for(exc) is Action.RESTART
 
 
 class InboxStore:
@@ -114,7 +96,7 @@ class InboxStore:
 
         Returns once the transaction committed. Raises HandlerError when the handler raised for an
         event (nothing of the batch is committed); errors of the database that outlast pymongo's
-        retries propagate.
+        retries, and retryable errors the handler raised, propagate (relay.inbox.errors).
         """
         attempts = 0
         result: list[Applied] = []
@@ -125,7 +107,7 @@ class InboxStore:
             result.clear()
             todo = plan(events, self.recorded([e.event_id for e in events], s))
             for event in todo.run:
-                _call(handler, event, s)
+                call_handler(handler, event, s)
             if todo.run:
                 self.collection.insert_many([self._record(e) for e in todo.run], session=s)
             result.append(Applied(todo.run, todo.skip, attempts))
@@ -156,8 +138,10 @@ class InboxStore:
         }
 
 
-def _call(handler: Handler, event: InboxEvent, session: ClientSession) -> None:
-    """The handler for one event; its retryable database errors stay the database's (retried)."""
+def call_handler(handler: Handler, event: InboxEvent, session: ClientSession) -> None:
+    """The handler for one event. What it raises becomes HandlerError (its event is poison),
+    except what `relay.inbox.errors.retryable` retries: that propagates as it is, so the
+    transaction is aborted and the whole batch runs again."""
     try:
         handler(event, session)
     except Exception as exc:

@@ -10,8 +10,9 @@
   taken with upserting find-and-modify; every replica records itself); `remove` with
   RELAY_PARTITIONS > 1 (changing the partition count replaces the lease documents);
 - `local.oplog.rs`: `find` (where `oplog-start` begins, the clean-up's coverage check);
-- an inbox collection (relay.inbox, optional): `find`, `insert`, `update` and `createIndex` (its
-  unique and TTL indexes).
+- an inbox collection (relay.inbox, optional): `find` and `insert` (the ids of processed events),
+  `createIndex` (its unique and TTL indexes, at every start) and `collMod` (a changed retention
+  changes the TTL index); the inbox never updates or removes a record (the TTL monitor does).
 
 Exactly-once mode needs nothing more on MongoDB (its offsets live in Kafka).
 
@@ -75,7 +76,12 @@ def required(
     ]
     if inbox:
         out.append(
-            Privilege(database, inbox, ("find", "insert", "update", "createIndex"), "relay.inbox: ids seen, indexes")
+            Privilege(
+                database,
+                inbox,
+                ("find", "insert", "createIndex", "collMod"),
+                "relay.inbox: ids seen, indexes, retention",
+            )
         )
     return out
 

@@ -1,7 +1,8 @@
 """Least privilege and TLS on MongoDB: the relay runs as a user holding only the documented
-role, in every mode, over TLS, losing nothing; a user missing one privilege gets a stop naming the
-action and the namespace; the role command prints and creates exactly that role; a wrong CA or
-host name stops the relay with a line that says so.
+role, in every mode, over TLS, losing nothing; so does relay.inbox with its collection's
+privileges (and a retention change needs `collMod`); a user missing one privilege gets a stop
+naming the action and the namespace; the role command prints and creates exactly that role; a
+wrong CA or host name stops the relay with a line that says so.
 
 One mongod with `--auth`, a keyfile and `--tlsMode requireTLS` (a throwaway CA) for the module
 (tests/security_servers.py); Kafka is the session's broker.
@@ -9,6 +10,7 @@ One mongod with `--auth`, a keyfile and `--tlsMode requireTLS` (a throwaway CA) 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
 from collections.abc import Iterator
@@ -16,12 +18,18 @@ from typing import Any
 
 import pymongo
 import pytest
+from confluent_kafka import Producer
 
+from relay.avro.folder import SchemaFolder
 from relay.cli import main
 from relay.config import Settings
 from relay.core.errors import PermissionDeniedError, ServerUnreachableError
+from relay.mongo.codecs import insert_change
 from relay.mongo.errors import translate
 from relay.mongo.privileges import Privilege, required
+from relay.outbox import OutboxEvent
+from relay.wiring import message_builder
+from tests.inbox_support import InboxThread
 from tests.security_servers import AuthMongo, auth_mongo, make_certificates
 from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events
 
@@ -134,7 +142,7 @@ def test_the_role_command_prints_and_creates_exactly_the_documented_role(
         ("shop", "outbox_relay_leases"): ["find", "insert", "update"],
         ("shop", "outbox_relay_leases_replicas"): ["find", "insert", "update"],
         ("local", "oplog.rs"): ["find"],
-        ("shop", "inbox"): ["find", "insert", "update", "createIndex"],
+        ("shop", "inbox"): ["find", "insert", "createIndex", "collMod"],
     }
     assert main(["security", "role", "--role-name", "relayShop"]) == 0
     assert 'runCommand({' in capsys.readouterr().out
@@ -168,3 +176,57 @@ def test_a_wrong_ca_or_host_name_stops_the_relay_with_a_clear_line(
         assert isinstance(error, ServerUnreachableError), f"{case}: {error!r}"
         assert "cannot reach MongoDB at mongodb://relaytls:***@" in str(error) and "pw-tls-1234" not in str(error)
         assert "CERTIFICATE_VERIFY_FAILED" in str(error) and expected[case] in str(error), f"{case}: {error}"
+
+
+def _publish_events(bootstrap: str, topic: str, total: int) -> None:
+    """`total` events as the relay writes them (its own message builder), straight to `topic`."""
+    builder = message_builder(Settings(), SchemaFolder.bundled())
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": "true"})
+    token = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
+    for i in range(total):
+        doc = OutboxEvent.new("order", f"o-{i % 7}", "Changed", {"seq": i}, trace_context=False).to_document()
+        msg = builder.build(insert_change(doc, token, delivered=True), 1)
+        producer.produce(topic, msg.value, msg.key, headers=msg.headers)
+    assert producer.flush(30) == 0
+
+
+def test_the_inbox_runs_as_a_user_holding_only_its_documented_privileges(mongo: AuthMongo, servers: Servers) -> None:
+    """The inbox collection's privileges (`required(..., inbox=)`, nothing else on it: no `update`)
+    plus the handler's own; a second start with another retention changes the TTL index, which a
+    user without `collMod` is refused."""
+    settings = _settings(servers, "")
+    inbox_privilege = next(p for p in _needed(settings, inbox="inbox") if p.collection == "inbox")
+    handler_privilege = Privilege(settings.database, "effects", ("find", "insert", "update"), "the handler's")
+    topic = settings.topic_template.format(aggregateType="order")
+    _publish_events(servers.kafka_bootstrap, topic, 50)
+
+    def consume(uri: str, retention: dt.timedelta, done: Any) -> BaseException | None:
+        """Run the inbox as the user of `uri` until `done(inbox)` (or it failed); its error."""
+        with pymongo.MongoClient(uri, tz_aware=True) as client:
+            db = client[settings.database]
+            def handle(event: Any, session: Any) -> None:
+                db.effects.update_one({"_id": event.aggregate_id}, {"$inc": {"n": 1}}, upsert=True, session=session)
+            with InboxThread(db, handle, retention=retention, topics=[topic], group_id="shipping",
+                             bootstrap_servers=servers.kafka_bootstrap) as inbox:
+                wait_until(lambda: done(inbox) or not inbox.thread.is_alive(), 60, "the inbox at work", interval=0.5)
+        return inbox.error
+
+    uri = mongo.user_with("relayinbox", f"pw-{uuid.uuid4().hex}", [inbox_privilege, handler_privilege])
+    with mongo.admin() as admin:
+        db = admin[settings.database]
+        def ttl() -> int:
+            return int(db.inbox.index_information()["retention"]["expireAfterSeconds"])
+
+        applied = consume(uri, dt.timedelta(days=7),
+                          lambda inbox: inbox.metric("relay_inbox_events_processed_total", topic=topic) >= 50)
+        assert applied is None, repr(applied)
+        assert sum(d["n"] for d in db.effects.find()) == 50 and db.inbox.count_documents({}) == 50
+        changed = consume(uri, dt.timedelta(days=2), lambda inbox: ttl() == 2 * 24 * 3600)  # collMod
+        assert changed is None and ttl() == 2 * 24 * 3600, repr(changed)
+        without = Privilege(inbox_privilege.db, "inbox", tuple(a for a in inbox_privilege.actions if a != "collMod"), "")
+        short = mongo.user_with("relayinboxnocollmod", f"pw-{uuid.uuid4().hex}", [without, handler_privilege])
+        refused = consume(short, dt.timedelta(days=1), lambda inbox: False)
+        admin.drop_database(settings.database)
+    assert isinstance(refused, pymongo.errors.OperationFailure) and refused.code == 13, repr(refused)
+    assert "collMod" in str(refused)
+    assert sum(1 for a in inbox_privilege.actions if a == "update") == 0

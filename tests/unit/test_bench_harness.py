@@ -220,3 +220,21 @@ class _FakeBusiness:
 
     def insert_many(self, docs: list[Any], session: Any = None) -> None:
         assert session is not None, "business documents are written in the transaction"
+
+
+def test_the_inbox_scenario_runs_from_bench_run_and_reports_both_ratios():
+    from bench.run import parse_args
+
+    args = parse_args(["--only-inbox", "--inbox-events", "500"])
+    assert (args.inbox, args.only_inbox, args.inbox_events, args.inbox_rounds) == (True, True, 500, 3)
+    assert parse_args([]).inbox and not parse_args(["--no-inbox"]).inbox
+    result = {"events": 500, "per_event_events": 500, "rounds": 3, "batch": 500,
+              "runs": {"inbox": [90.0, 100.0, 110.0], "bare, one transaction per batch": [100.0] * 3,
+                       "bare, one transaction per event": [10.0] * 3},
+              "events_per_s": {"inbox": 100.0, "bare, one transaction per batch": 100.0,
+                               "bare, one transaction per event": 10.0},
+              "inbox_vs_batched": 1.0, "inbox_vs_per_event": 10.0, "load_average": [[1.0] * 3, [2.0] * 3]}
+    text = format_report(Report(params={"host": {"cpus": 2}, "relay_source": "x", "command": "c",
+                                        "inbox_events": 500}, inbox=result))
+    assert "inbox only" in text and "rounds: 90, 100, 110" in text
+    assert "inbox / bare batched   = 1.00" in text and "inbox / bare per event = 10.0x" in text

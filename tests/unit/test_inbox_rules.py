@@ -180,17 +180,149 @@ def test_a_dead_letter_keeps_the_message_and_adds_the_reason_and_where_it_came_f
     assert headers[HEADER_SOURCE] == b"orders/2/41" and headers["ce_id"] == b"e-1" and headers["ce_type"] == b"X"
 
 
-def test_one_predicate_decides_which_database_errors_retry_the_batch():
-    from pymongo.errors import AutoReconnect, DuplicateKeyError, NotPrimaryError, OperationFailure
+def test_one_predicate_decides_which_errors_retry_the_batch():
+    from pymongo.errors import (
+        AutoReconnect,
+        ConfigurationError,
+        DuplicateKeyError,
+        ExecutionTimeout,
+        InvalidOperation,
+        NotPrimaryError,
+        OperationFailure,
+        ServerSelectionTimeoutError,
+        WTimeoutError,
+    )
 
-    from relay.inbox.store import retryable
+    from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
+    from relay.inbox.errors import retryable
 
     assert retryable(AutoReconnect("connection reset"))
     assert retryable(NotPrimaryError("not primary"))
+    assert retryable(ServerSelectionTimeoutError("no primary"))
+    assert retryable(ExecutionTimeout("operation exceeded time limit", code=50))
+    assert retryable(WTimeoutError("waiting for replication timed out", code=64))
     assert retryable(OperationFailure("write conflict", code=112))
     assert retryable(OperationFailure("no such transaction", code=251,
                                       details={"errorLabels": ["TransientTransactionError"]}))
+    assert retryable(SchemaRegistryUnavailableError("cannot reach the Schema Registry"))
     assert not retryable(OperationFailure("Transaction numbers are only allowed on a replica set member", code=20))
     assert not retryable(OperationFailure("not authorized", code=13))
     assert not retryable(DuplicateKeyError("E11000"))  # from a handler: its event is poison
+    assert not retryable(InvalidOperation("Can only use session with the MongoClient that started it"))
+    assert not retryable(InvalidOperation("Cannot use ended session"))
+    assert not retryable(ConfigurationError("unknown option"))
+    assert not retryable(SchemaRegistryRefusedError("401 unauthorized"))
     assert not retryable(ValueError("a handler's own error"))
+
+
+# ---- the Schema Registry while decoding: the value's fault, or the registry's ---------------------
+
+class _RegistryFailing:
+    """A registry client whose every request fails with `exc`."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def __getattr__(self, name):  # get_schema, get_associations_by_resource_name, ...
+        def fail(*a, **kw):
+            raise self.exc
+        return fail
+
+    def config(self):
+        return {"url": "http://user:secret@registry:8081"}
+
+
+CONFLUENT_VALUE = b"\x00\x00\x00\x00\x07\x02ab"  # schema id 7
+
+
+def test_registry_failures_while_decoding_are_transient_refused_or_the_values_fault():
+    from confluent_kafka.schema_registry import SchemaRegistryError
+    from confluent_kafka.schema_registry.common._httpx_compat import httpx  # httpx2 or httpx, as the client
+
+    from relay.avro.framing import MessageDecoder
+    from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
+
+    cases = [
+        (SchemaRegistryError(503, 50301, "unavailable"), SchemaRegistryUnavailableError),
+        (SchemaRegistryError(429, 429, "too many requests"), SchemaRegistryUnavailableError),
+        (httpx.ConnectError("connection refused"), SchemaRegistryUnavailableError),
+        (httpx.ReadTimeout("timed out"), SchemaRegistryUnavailableError),
+        (ConnectionRefusedError("refused"), SchemaRegistryUnavailableError),
+        (SchemaRegistryError(401, 40101, "unauthorized"), SchemaRegistryRefusedError),
+        (SchemaRegistryError(404, -1, "Unknown Schema Registry Error: <html>"), SchemaRegistryRefusedError),  # no registry
+        (SchemaRegistryError(404, 40403, "Schema not found"), UndecodableMessageError),  # the value names no schema
+    ]
+    for exc, kind in cases:
+        decoder = EventDecoder()
+        decoder._decoder = MessageDecoder(SchemaFolder.bundled(), _RegistryFailing(exc))  # type: ignore[arg-type]
+        with pytest.raises(kind) as raised:
+            decoder.decode("t", 0, 0, CONFLUENT_VALUE, {})
+        assert "secret" not in str(raised.value), raised.value
+        assert isinstance(raised.value, ValueError) == (kind is UndecodableMessageError)
+
+
+def test_a_registry_nobody_listens_on_is_unavailable_not_undecodable():
+    """A real HTTP client against a closed port (the client's own retries take a few seconds)."""
+    from relay.core.errors import SchemaRegistryUnavailableError
+
+    with pytest.raises(SchemaRegistryUnavailableError, match="cannot reach the Schema Registry"):
+        EventDecoder(schema_registry_url="http://127.0.0.1:9").decode("t", 0, 0, CONFLUENT_VALUE, {})
+
+
+def test_an_unknown_single_object_fingerprint_is_the_values_fault():
+    """The folder is the registry of single-object encoding: a fingerprint it lacks is poison."""
+    with pytest.raises(UndecodableMessageError, match="unknown writer schema fingerprint"):
+        EventDecoder().decode("t", 0, 0, b"\xc3\x01" + bytes(8) + b"\x02ab", {})
+
+
+def test_the_registrys_basic_auth_is_an_option_checked_and_kept_out_of_the_repr():
+    opts = RunOptions.of(["x"], "g", "b", {"schema_registry_url": "http://r:8081", "schema_registry_basic_auth": "u:pw"})
+    assert "pw" not in repr(opts)
+    with pytest.raises(ConfigError, match="schema_registry_basic_auth"):
+        RunOptions.of(["x"], "g", "b", {"schema_registry_basic_auth": "no-colon"})
+
+
+def test_lag_per_partition_comes_from_librdkafkas_statistics_for_assigned_partitions_only():
+    from relay.inbox.consumer import partition_lags
+
+    stats = {"topics": {"t": {"partitions": {"0": {"consumer_lag": 4}, "1": {"consumer_lag": -1},
+                                             "2": {"consumer_lag": 9}, "-1": {"consumer_lag": -1}}}}}
+    assert partition_lags(stats, {("t", 0), ("t", 1)}) == {("t", 0): 4}  # 1 unknown yet, 2 not ours
+    assert partition_lags({}, {("t", 0)}) == {}
+    assert RunOptions.of(["x"], "g", "b", {}).consumer_config()["statistics.interval.ms"] == "5000"
+
+
+def test_the_demos_shipping_service_decodes_with_the_relays_schema_registry():
+    import types
+
+    from relay.dev.demo import ShippingService
+
+    settings = Settings().replace(schema_registry_url="http://registry:8081", schema_registry_basic_auth="u:pw")
+    options = dict(ShippingService(types.SimpleNamespace(demo_inbox=None), settings, "t").run_options)  # type: ignore[arg-type]
+    parsed = RunOptions.of(options.pop("topics"), options.pop("group_id"), options.pop("bootstrap_servers"), options)
+    assert (parsed.schema_registry_url, parsed.schema_registry_basic_auth) == ("http://registry:8081", "u:pw")
+
+
+def test_the_options_table_and_the_readme_list_every_run_option_with_its_default():
+    from dataclasses import MISSING, fields
+
+    from tests.support import ROOT
+
+    def shown(value) -> str:
+        if isinstance(value, str):
+            return value or '""'
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    doc = (ROOT / "docs" / "inbox.md").read_text().split("\n## Options\n", 1)[1].split("\n## ", 1)[0]
+    table = {cells[0].strip("` "): cells[1].strip("` ") for line in doc.splitlines() if line.startswith("| `")
+             for cells in [line.strip("|").split("|")]}
+    readme = (ROOT / "README.md").read_text().split("## Consuming the events\n", 1)[1].split("\n## ", 1)[0]
+    readme = " ".join(readme.split())
+    for f in fields(RunOptions):
+        if f.name in ("topics", "group_id", "bootstrap_servers"):
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        assert table.get(f.name) == shown(default if not isinstance(default, dict) else "{}"), f.name
+        listed = f'{f.name}="{default}"' if isinstance(default, str) else f"{f.name}={shown(default)}"
+        assert listed in readme, listed
+    assert len(table) == len(fields(RunOptions)) - 3
