@@ -35,7 +35,7 @@ from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
 from relay.config import Settings
-from relay.core.redact import redact_text
+from relay.core.redact import emit
 
 
 def to_json(value: Any) -> Any:
@@ -160,10 +160,7 @@ def tail(
     try:
         meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
-            print(
-                f"outbox-relay tail: no topic {topic!r} at {redact_text(settings.kafka_bootstrap_servers)}",
-                file=sys.stderr,
-            )
+            emit(f"outbox-relay tail: no topic {topic!r} at {settings.parts().kafka.bootstrap_servers}", sys.stderr)
             return 2
         pending = _assign(consumer, topic, sorted(meta.partitions), from_beginning, last, settings.connect_timeout_s)
         _print(consumer, pending, decoder, out, follow, max_messages)
@@ -217,7 +214,7 @@ def _print(
             if error.code() == KafkaError._PARTITION_EOF:
                 pending = {(p, end) for p, end in pending if p != msg.partition()}
             continue
-        print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
+        emit(json.dumps(render(msg, decoder), ensure_ascii=False), out)
         printed += 1
         offset = msg.offset() or 0
         pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}
