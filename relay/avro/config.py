@@ -77,6 +77,11 @@ class RegistryConfig:
             )
         if self.basic_auth and ":" not in self.basic_auth.reveal():
             raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
+        if self.basic_auth and any("@" in u.reveal().partition("://")[2].partition("/")[0] for u in self.urls):
+            raise ConfigError(
+                env_name("schema_registry_basic_auth"),
+                "set, and RELAY_SCHEMA_REGISTRY_URL holds user info too: give the credentials once (the client refuses both)",
+            )
 
     @property
     def urls(self) -> list[Uri]:

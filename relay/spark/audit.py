@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from pymongo.cursor import Cursor
     from pyspark.sql import DataFrame, SparkSession
 
+    from relay.config import Settings
+
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 FAILING = ("missing", "orderViolations", "keysOnSeveralPartitions")
 _OUTBOX_SCHEMA = "id string, aggregateType string, aggregateId string, occurredAt timestamp"
@@ -363,6 +365,17 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
     )
 
 
+def check_outbox_server(settings: Settings) -> None:
+    """Before Spark starts: ServerUnreachableError (exit 3) when MongoDB does not answer within
+    RELAY_CONNECT_TIMEOUT_S, ConfigError (exit 2) when it refuses the credentials, each naming
+    RELAY_MONGODB_URI without its password (relay.mongo.connection.check_mongodb)."""
+    from relay.mongo.connection import check_mongodb, mongo_client
+
+    mongo = settings.parts().mongo
+    with mongo_client(mongo) as client:
+        check_mongodb(client, mongo)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the audit, print the summary (stderr when the JSON goes to stdout), write the JSON;
     0 when it passes, EXIT_DATA (4) on a missing event or an order violation."""
@@ -370,7 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     cfg = config_from_args(args)
-    setup_job_logging(load(args))
+    settings = load(args)
+    setup_job_logging(settings)
+    check_outbox_server(settings)
     spark_opts = spark_options(args)
     owned = active_session() is None
     spark = spark_session("outbox-relay audit", spark_opts.master, spark_opts.shuffle_partitions, spark_opts.conf)
