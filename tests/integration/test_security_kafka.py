@@ -192,3 +192,37 @@ def test_the_offsets_reader_needs_its_group_acl(kafka: SaslKafka, servers: Serve
     error = _stops_with(_as_user(kafka, settings, [a for a in _acls(settings) if a.resource != "GROUP"]), servers)
     [(operation, resource)] = error.refused
     assert operation == "READ (GROUP_AUTHORIZATION_FAILED)" and resource.startswith("GROUP outbox-relay-offsets-")
+
+
+def _reader(kafka: SaslKafka, settings: Settings, acls: list[Acl]) -> Settings:
+    user = f"reader-{settings.database}"
+    client = kafka.add_user(user, f"pw-{uuid.uuid4().hex}")
+    kafka.grant(user, acls)
+    return settings.replace(kafka=client)
+
+
+def test_tail_reads_with_exactly_the_documented_reader_acls_and_names_a_missing_one(
+    kafka: SaslKafka, servers: Servers
+) -> None:
+    import io
+
+    from confluent_kafka import Producer
+
+    from relay.commands.tail import tail
+    from relay.kafka.acls import TAIL_GROUP_PREFIX, required_to_read
+
+    settings = _settings(servers, kafka, connect_timeout_s=10.0)
+    topic = settings.topic_template.format(aggregateType="order")
+    kafka.create_topics(topic, partitions=1)
+    producer = Producer({"bootstrap.servers": kafka.broker.bootstrap_servers, **kafka.admin_client})
+    for n in range(3):
+        producer.produce(topic, f"not avro {n}".encode(), b"k")
+    assert producer.flush(30) == 0
+    acls = required_to_read(settings.topic_template, TAIL_GROUP_PREFIX)
+    out = io.StringIO()
+    assert tail(_reader(kafka, settings, acls), topic, from_beginning=True, max_messages=3, out=out) == 0
+    assert len(out.getvalue().splitlines()) == 3
+    no_group = _reader(kafka, settings.replace(database=f"{settings.database}g"), [a for a in acls if a.resource != "GROUP"])
+    with pytest.raises(PermissionDeniedError) as refused:
+        tail(no_group, topic, from_beginning=True, max_messages=3, out=io.StringIO())
+    assert refused.value.refused == [("READ (GROUP_AUTHORIZATION_FAILED)", f"GROUP {TAIL_GROUP_PREFIX}*")]
