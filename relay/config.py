@@ -100,7 +100,7 @@ class Settings:
     http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)", to="observer")
     http_host: str = _setting(
         "0.0.0.0",
-        "address the HTTP server binds (0.0.0.0: every interface; 127.0.0.1: this host only)",
+        "IPv4 address the HTTP server binds (0.0.0.0: every interface; 127.0.0.1: this host only; IPv6 is refused)",
         to="observer",
     )
     partitions: int = _setting(
