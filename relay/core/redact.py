@@ -209,7 +209,7 @@ class Secret:
         return bool(self._value)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and type(other) is type(self) and other._value == self._value
+        return isinstance(other, Secret) and type(other) is type(self) and other.reveal() == self._value
 
     def __hash__(self) -> int:
         return hash((type(self), self._value))

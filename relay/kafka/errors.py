@@ -154,9 +154,10 @@ def translate(err: object, attempt: Attempt) -> Exception:
     if code is not None and code.treat is Treat.DENIED:
         return _denied(err, code.says, attempt)
     if code is not None and code.treat is Treat.FENCED:
+        tid = next((name for kind, name, _ in attempt.needs if kind == "TRANSACTIONAL_ID"), "its transactional.id")
         return ProducerFencedError(
-            f"{attempt.step}: a newer producer with the same transactional.id took over ({err.name()}), so this "
-            f"one may commit nothing more: {err.str()}"
+            f"{attempt.step}: a newer producer of {tid} took over (a newer leader initialized it, {err.name()}), "
+            f"so this one may commit nothing more: {err.str()}"
         )
     if code is not None and code.treat is Treat.CONFIG:
         return ConfigError(kafka_env_name(code.setting), f"{code.says} ({err.name()})")

@@ -320,7 +320,7 @@ class TransactionalPublisher(ProducerBase):
     def _failure(self, err: KafkaError | None, deliveries: list[Delivery], while_waiting: Heartbeat) -> Exception:
         if err is not None and err.fatal():
             self._unusable = True
-            return translate(err, self._attempt("commit a transaction"))  # fenced, or unusable
+            return translate(err, self._attempt("run a transaction"))  # fenced, or unusable
         try:
             self._abort(while_waiting)
         except KafkaException as exc:
@@ -338,7 +338,7 @@ class TransactionalPublisher(ProducerBase):
         if err is not None and not err.txn_requires_abort() and not err.retriable():
             return translate(err, self._attempt("produce", self._current))  # refused by produce() itself
         if treatment(err) is Treat.DENIED:  # a refused ACL (the offsets topic's, say), aborted first
-            return translate(err, self._attempt("commit a transaction"))
+            return translate(err, self._attempt("run a transaction"))
         return TransactionAbortedError(f"transaction aborted, none of it visible: {err}")
 
     def _abort(self, while_waiting: Heartbeat) -> None:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relay.core.errors import EXIT_DATA, ConfigError, ServerUnreachableError, env_name
-from relay.core.redact import Properties, Uri, emit, hold_masked
+from relay.core.redact import Properties, Uri, emit, hold_masked, scrub
 from relay.outbox import FieldNames
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import job_parser, load, run_job, spark_options
@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit(text)
     elif args.json_path:
         with open(args.json_path, "w") as out:
-            out.write(text + "\n")
+            out.write(scrub(text) + "\n")
     return 0 if report["passed"] else EXIT_DATA
 
 

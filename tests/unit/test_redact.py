@@ -180,11 +180,12 @@ def test_every_part_configuration_renders_its_credentials_masked() -> None:
     from relay.spark.materialize import MaterializeConfig, MongoView
     from relay.spark.schemas import RegistryAccess
 
-    settings = _loaded().replace(schema_registry_url=f"http://reg:{CANARY}5@registry:8081")
+    settings = _loaded().replace(schema_registry_url="http://registry:8081")  # and basic auth
     parts = settings.parts()
+    user_info = settings.replace(schema_registry_url=f"http://reg:{CANARY}5@registry:8081", schema_registry_basic_auth="")
     access = RegistryAccess.from_settings(settings)
     view = MongoView(settings.mongodb_uri, "app", "state")
-    shown = [repr(parts), str(parts.mongo), repr(parts.kafka), repr(parts.registry), repr(access), repr(view),
+    shown = [repr(parts), str(parts.mongo), repr(parts.kafka), repr(user_info.parts().registry), repr(access), repr(view),
              repr(MaterializeConfig(settings.kafka_bootstrap_servers, (), "t.*", "/o", "/c", view,
                                     kafka_client={"sasl.jaas.config": f'x password="{CANARY}6";'},
                                     schema_registry=access)),
@@ -192,6 +193,7 @@ def test_every_part_configuration_renders_its_credentials_masked() -> None:
                               dt.datetime.now(dt.UTC), dt.datetime.now(dt.UTC), schema_registry=access))]
     assert not [s for s in shown if CANARY in s], shown
     assert "relayuser:***@" in shown[1] and "'sasl.password': '***'" in shown[2] and "reg:***@registry" in shown[3]
+    assert "basic_auth='***'" in repr(parts.registry) and "basic_auth='***'" in repr(access)
     assert parts.kafka.producer_config()["sasl.password"] == f"{CANARY}2"  # the clear value, for librdkafka only
     assert parts.mongo.uri.reveal() == settings.mongodb_uri
 
@@ -274,3 +276,6 @@ def test_a_refused_registry_url_is_named_without_its_password() -> None:
     with pytest.raises(ConfigError) as refused:
         Settings(schema_registry_url=f"ftp://reg:{CANARY}@registry/").parts()
     assert "ftp://reg:***@registry/" in str(refused.value) and CANARY not in str(refused.value)
+    with pytest.raises(ConfigError) as both:  # the registry client refuses user info beside basic auth
+        Settings(schema_registry_url=f"http://reg:{CANARY}@registry/", schema_registry_basic_auth="u:p1234").parts()
+    assert both.value.setting == "RELAY_SCHEMA_REGISTRY_BASIC_AUTH" and CANARY not in str(both.value)
