@@ -19,6 +19,7 @@ from typing import Any
 
 from relay import config as cfg
 from relay.core.errors import EXIT_CONFIG, EXIT_FATAL, run_command
+from relay.core.redact import emit
 
 log = logging.getLogger("relay")
 
@@ -148,7 +149,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _status(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import status
 
-    print(json.dumps(status(settings), indent=2, default=str))
+    emit(json.dumps(status(settings), indent=2, default=str))
     return 0
 
 
@@ -171,7 +172,7 @@ def _outbox(settings: cfg.Settings, args: argparse.Namespace) -> int:
         else init_outbox(settings, args.ttl_seconds)
     )
     for line in lines:
-        print(line)
+        emit(line)
     return 0
 
 
@@ -193,16 +194,16 @@ def _security(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.security import create_role, role
 
     if args.create:
-        print(create_role(settings, args.role_name, args.inbox))
+        emit(create_role(settings, args.role_name, args.inbox))
     else:
-        print(role(settings, args.role_name, args.inbox, as_json=args.json))
+        emit(role(settings, args.role_name, args.inbox, as_json=args.json))
     return 0
 
 
 def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import reset_checkpoint
 
-    print(reset_checkpoint(settings, force=args.force))
+    emit(reset_checkpoint(settings, force=args.force))
     return 0
 
 

@@ -32,10 +32,10 @@ from relay.avro.config import EncodingConfig, RegistryConfig
 from relay.core.config import EXACTLY_ONCE, LoopConfig, start_at_time
 from relay.core.errors import ENV_PREFIX, KAFKA_ENV_PREFIX, ConfigError, env_name, kafka_env_name
 from relay.core.partitions import Partition, lease_id
-from relay.core.redact import redact_mapping, register_secrets, secret_name, uri_secrets
+from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
 from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
-from relay.mongo.config import MongoConfig, OutboxCleanupConfig
+from relay.mongo.config import MongoConfig, OutboxCleanupConfig, uri_credentials
 from relay.mongo.lease import LeaseStore
 from relay.mongo.lease_admin import LeaseDocument
 from relay.ops.config import HealthConfig, ObserverConfig, check_logging
@@ -100,7 +100,7 @@ class Settings:
     http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)", to="observer")
     http_host: str = _setting(
         "0.0.0.0",
-        "address the HTTP server binds (0.0.0.0: every interface; 127.0.0.1: this host only)",
+        "IPv4 address the HTTP server binds (0.0.0.0: every interface; 127.0.0.1: this host only; IPv6 is refused)",
         to="observer",
     )
     partitions: int = _setting(
@@ -317,10 +317,10 @@ class Settings:
     def secrets(self) -> list[str]:
         """The credential values these settings carry (URI passwords, basic auth, password-like
         Kafka properties), for `relay.core.redact.register_secrets`."""
-        found = uri_secrets(self.mongodb_uri) + uri_secrets(self.schema_registry_url)
+        found = uri_credentials(self.mongodb_uri) + uri_secrets(self.schema_registry_url)
         if self.schema_registry_basic_auth:
             found += [self.schema_registry_basic_auth, self.schema_registry_basic_auth.partition(":")[2]]
-        found += [v for k, v in self.kafka.items() if secret_name(k)]
+        found += [v for k, value in self.kafka.items() for v in credential_values(k, value)]
         return found
 
     # ---- loading --------------------------------------------------------------------------
@@ -459,13 +459,18 @@ def _read_toml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
 
 
 def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
-    """`KEY=VALUE` arguments of a repeatable flag, as a dict; a malformed one names the flag."""
+    """`KEY=VALUE` arguments of a repeatable flag, as a dict; a malformed one names the flag and
+    its position, never its text (it may be a credential: `sasl.password S3cret`), and the value
+    of a password-like key is registered for masking (relay.core.redact) at once."""
     pairs: dict[str, str] = {}
-    for item in items:
+    for n, item in enumerate(items, 1):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(flag, f"expected KEY=VALUE, got {item!r}")
+            raise ConfigError(
+                flag, f"expected KEY=VALUE, but item {n} of {flag} has no '=' before its value (not shown)"
+            )
         pairs[key.strip()] = value
+    register_secrets(v for key, value in pairs.items() for v in credential_values(key, value))
     return pairs
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from relay.core.errors import ConfigError, env_name
 from relay.core.message import valid_topic
+from relay.core.redact import Secret, Uri, hold_masked
 from relay.outbox import FieldNames
 
 TOPIC_FIELDS = ("aggregateType", "eventType")
@@ -49,32 +50,39 @@ class EncodingConfig:
 @dataclass(frozen=True, kw_only=True)
 class RegistryConfig:
     """The Schema Registry (RELAY_SCHEMA_REGISTRY_*): with a URL, values use the Confluent wire
-    format; without, Avro single-object encoding (relay.avro.framing)."""
+    format; without, Avro single-object encoding (relay.avro.framing). The URL and the basic auth
+    render masked (`Uri`, `Secret`); `reveal()` is for the registry client only."""
 
-    url: str
+    url: Uri
     subject_strategy: str
     auto_register: bool
-    basic_auth: str
+    basic_auth: Secret
 
     def __post_init__(self) -> None:
+        hold_masked(self, uris=["url"], secrets=["basic_auth"])
         if not isinstance(self.auto_register, bool):
             raise ConfigError(
                 env_name("schema_registry_auto_register"), f"must be true or false, got {self.auto_register!r}"
             )
         for url in self.urls:
-            if not url.startswith(("http://", "https://", "mock://")):
+            if not url.reveal().startswith(("http://", "https://", "mock://")):
                 raise ConfigError(
                     env_name("schema_registry_url"),
-                    f"must be http://, https:// (or mock:// in tests) URLs, got {url!r}",
+                    f"must be http://, https:// (or mock:// in tests) URLs, got {url}",
                 )
         if self.subject_strategy not in SUBJECT_STRATEGIES:
             raise ConfigError(
                 env_name("schema_registry_subject_strategy"),
                 f"must be one of {', '.join(SUBJECT_STRATEGIES)}; got {self.subject_strategy!r}",
             )
-        if self.basic_auth and ":" not in self.basic_auth:
+        if self.basic_auth and ":" not in self.basic_auth.reveal():
             raise ConfigError(env_name("schema_registry_basic_auth"), "must be USER:PASSWORD")
+        if self.basic_auth and any("@" in u.reveal().partition("://")[2].partition("/")[0] for u in self.urls):
+            raise ConfigError(
+                env_name("schema_registry_basic_auth"),
+                "set, and RELAY_SCHEMA_REGISTRY_URL holds user info too: give the credentials once (the client refuses both)",
+            )
 
     @property
-    def urls(self) -> list[str]:
-        return [u.strip() for u in self.url.split(",") if u.strip()]
+    def urls(self) -> list[Uri]:
+        return [Uri(u.strip()) for u in self.url.reveal().split(",") if u.strip()]

@@ -35,7 +35,7 @@ from relay.avro.config import SUBJECT_STRATEGIES, RegistryConfig
 from relay.avro.folder import SchemaFolder
 from relay.avro.wire import CONFLUENT, CONFLUENT_MAGIC, SINGLE_OBJECT, SINGLE_OBJECT_MAGIC
 from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
-from relay.core.redact import redact_text
+from relay.core.redact import Uri
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -145,7 +145,7 @@ class ConfluentFraming:
 
     @classmethod
     def from_config(cls, config: RegistryConfig, registry: SchemaFolder) -> ConfluentFraming:
-        client = registry_client(config.url, config.basic_auth)
+        client = registry_client(config.url.reveal(), config.basic_auth.reveal())
         return cls(registry, client, config.subject_strategy, config.auto_register)
 
     def _serializer(self, schema_name: str) -> Any:
@@ -180,7 +180,7 @@ class ConfluentFraming:
             ) from exc
         except Exception as exc:
             raise SchemaRegistryUnavailableError(
-                f"cannot reach the Schema Registry at {redact_text(str(self._client.config().get('url', '?')))}: "
+                f"cannot reach the Schema Registry at {Uri(str(self._client.config().get('url', '?')))}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         assert value is not None
@@ -216,7 +216,7 @@ class MessageDecoder:
 
     @classmethod
     def from_config(cls, config: RegistryConfig, registry: SchemaFolder) -> MessageDecoder:
-        client = registry_client(config.url, config.basic_auth) if config.url else None
+        client = registry_client(config.url.reveal(), config.basic_auth.reveal()) if config.url else None
         return cls(registry, client)
 
     def decode(self, value: bytes, topic: str = "") -> Decoded:

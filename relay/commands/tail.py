@@ -35,7 +35,8 @@ from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
 from relay.config import Settings
-from relay.core.redact import redact_text
+from relay.core.redact import emit
+from relay.kafka.acls import TAIL_GROUP_PREFIX
 
 
 def to_json(value: Any) -> Any:
@@ -125,7 +126,7 @@ def consumer_config(settings: Settings, isolation: str = "read_committed") -> di
     conf: dict[str, Any] = settings.kafka_client_config()
     conf.update(
         {
-            "group.id": f"outbox-relay-tail-{uuid.uuid4().hex[:8]}",
+            "group.id": f"{TAIL_GROUP_PREFIX}{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "isolation.level": isolation,
@@ -148,7 +149,8 @@ def tail(
     isolation: str = "read_committed",
 ) -> int:
     """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
-    An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting."""
+    An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a refused
+    ACL PermissionDeniedError (exit 2), naming the topic or group and the operation."""
     from confluent_kafka import Consumer
 
     from relay.kafka.admin import check_kafka
@@ -160,10 +162,7 @@ def tail(
     try:
         meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s).topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
-            print(
-                f"outbox-relay tail: no topic {topic!r} at {redact_text(settings.kafka_bootstrap_servers)}",
-                file=sys.stderr,
-            )
+            emit(f"outbox-relay tail: no topic {topic!r} at {settings.parts().kafka.bootstrap_servers}", sys.stderr)
             return 2
         pending = _assign(consumer, topic, sorted(meta.partitions), from_beginning, last, settings.connect_timeout_s)
         _print(consumer, pending, decoder, out, follow, max_messages)
@@ -204,6 +203,8 @@ def _print(
     at most `max_messages`."""
     from confluent_kafka import KafkaError
 
+    from relay.kafka.errors import Treat, translate, treatment
+
     printed = 0
     while (follow or pending) and (max_messages is None or printed < max_messages):
         msg = consumer.poll(0.5)
@@ -216,11 +217,21 @@ def _print(
             # transient error (librdkafka retries).
             if error.code() == KafkaError._PARTITION_EOF:
                 pending = {(p, end) for p, end in pending if p != msg.partition()}
+            elif treatment(error) is Treat.DENIED:
+                raise translate(error, _reading(msg.topic() or "?"))
             continue
-        print(json.dumps(render(msg, decoder), ensure_ascii=False), file=out, flush=True)
+        emit(json.dumps(render(msg, decoder), ensure_ascii=False), out)
         printed += 1
         offset = msg.offset() or 0
         pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}
+
+
+def _reading(topic: str) -> Any:
+    """What tail does, for a refusal (relay.kafka.acls.required_to_read lists its ACLs)."""
+    from relay.kafka.errors import Attempt
+
+    needs = (("TOPIC", topic, "READ, DESCRIBE"), ("GROUP", f"{TAIL_GROUP_PREFIX}*", "READ"))
+    return Attempt("read the topic (outbox-relay tail)", needs)
 
 
 # Answers of a partition whose leader is still being elected (a topic just created, a broker

@@ -207,6 +207,7 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     shipping: ShippingService | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
+        _check_servers(settings)
         AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])  # exists: ignored
         with MongoClient[dict[str, Any]](settings.mongodb_uri) as client:
             db: Database[Any] = client[settings.database]
@@ -230,6 +231,18 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     finally:
         _wind_down(stop, [shipping.inbox if shipping else None, relay], threads, stack)
     return 0
+
+
+def _check_servers(settings: Settings) -> None:
+    """ServerUnreachableError (naming the setting, its password masked) when the MongoDB or Kafka
+    the settings name does not answer within RELAY_CONNECT_TIMEOUT_S."""
+    from relay.kafka.admin import check_kafka
+    from relay.mongo.connection import check_mongodb, mongo_client
+
+    mongo = settings.parts().mongo
+    with mongo_client(mongo) as client:
+        check_mongodb(client, mongo)
+    check_kafka(settings.parts().kafka)
 
 
 def _local_stack(settings: Settings) -> tuple[Any, Settings]:

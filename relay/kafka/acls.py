@@ -9,7 +9,14 @@
   one per lease) WRITE and DESCRIBE; the offsets topic READ, WRITE, DESCRIBE and
   DESCRIBE_CONFIGS (the relay checks it is compacted), and CREATE if it does not exist yet
   (the relay creates it); the offsets topic's reader uses no consumer group offsets, only a
-  throwaway group id: READ on the group prefix `outbox-relay-offsets-`.
+  throwaway group id, but librdkafka still asks the group coordinator for it: READ on the group
+  prefix `outbox-relay-offsets-`.
+
+Readers of the relay's topics (`required_to_read`): READ and DESCRIBE on the topics, and READ on
+the prefix of their throwaway consumer groups: `outbox-relay-tail-` for `outbox-relay tail`,
+`spark-kafka-` for the pipeline's Spark Kafka source (Spark's own group ids:
+`spark-kafka-source-...` streaming, `spark-kafka-relation-...` batch); the pipeline's half is
+written from Spark's defaults, not tested against a broker with ACLs.
 
 `required()` returns them as plain tuples so the docs, the tests and an operator's tooling can
 turn them into `kafka-acls` commands or confluent_kafka `AclBinding`s.
@@ -22,6 +29,8 @@ from dataclasses import dataclass
 from relay.kafka.offsets_record import transactional_id
 
 OFFSETS_GROUP_PREFIX = "outbox-relay-offsets-"
+TAIL_GROUP_PREFIX = "outbox-relay-tail-"
+SPARK_GROUP_PREFIX = "spark-kafka-"
 
 
 @dataclass(frozen=True)
@@ -56,3 +65,13 @@ def required(
         out += [Acl("TOPIC", offsets_topic, "LITERAL", op) for op in ops]
         out.append(Acl("GROUP", OFFSETS_GROUP_PREFIX, "PREFIXED", "READ"))
     return out
+
+
+def required_to_read(topic_template: str, group_prefix: str) -> list[Acl]:
+    """The ACLs of a reader of the relay's topics whose consumer groups start with `group_prefix`
+    (TAIL_GROUP_PREFIX, SPARK_GROUP_PREFIX): READ and DESCRIBE on the topics, READ on the groups."""
+    prefix = topic_prefix(topic_template)
+    pattern = "PREFIXED" if prefix != topic_template else "LITERAL"
+    return [Acl("TOPIC", prefix, pattern, op) for op in ("READ", "DESCRIBE")] + [
+        Acl("GROUP", group_prefix, "PREFIXED", "READ")
+    ]

@@ -9,7 +9,6 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from relay.core.errors import ServerUnreachableError, env_name
-from relay.core.redact import redact_text
 from relay.kafka.config import KafkaConfig
 
 
@@ -36,6 +35,6 @@ def check_kafka(config: KafkaConfig) -> None:
     causes = [e for e in reported if e.code() != KafkaError._ALL_BROKERS_DOWN] or reported
     why = f": {causes[-1].str()}" if causes else ""
     raise ServerUnreachableError(
-        f"cannot reach Kafka at {redact_text(config.bootstrap_servers)} within {config.connect_timeout_s:g}s "
+        f"cannot reach Kafka at {config.bootstrap_servers} within {config.connect_timeout_s:g}s "
         f"({env_name('kafka_bootstrap_servers')}){why}"
     ) from cause

@@ -9,12 +9,12 @@ user's properties that any client takes (security, client id), without the produ
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from relay.core.config import DELIVERY_MODES, EXACTLY_ONCE
 from relay.core.errors import ConfigError, env_name, kafka_env_name
 from relay.core.message import valid_topic
+from relay.core.redact import Properties, Uri, hold_masked
 
 # Producer properties the relay's guarantees depend on: forced, and refused if contradicted.
 FORCED: dict[str, str] = {"enable.idempotence": "true", "acks": "all"}
@@ -59,10 +59,12 @@ PRODUCER_ONLY = frozenset(
 @dataclass(frozen=True, kw_only=True)
 class KafkaConfig:
     """The broker, the user's client properties, and the delivery mode (RELAY_KAFKA_*,
-    RELAY_DELIVERY, RELAY_OFFSETS_TOPIC)."""
+    RELAY_DELIVERY, RELAY_OFFSETS_TOPIC). The servers and the properties render masked (`Uri`,
+    `Properties`); `producer_config()` and `client_config()` give the clear values, for
+    librdkafka only."""
 
-    bootstrap_servers: str
-    properties: Mapping[str, str]  # RELAY_KAFKA_<PROPERTY>, as given
+    bootstrap_servers: Uri
+    properties: Properties  # RELAY_KAFKA_<PROPERTY>, as given
     connect_timeout_s: float
     delivery: str
     offsets_topic: str
@@ -72,10 +74,11 @@ class KafkaConfig:
     transaction_max_ms: int
 
     def __post_init__(self) -> None:
+        hold_masked(self, uris=["bootstrap_servers"], properties=["properties"])
         for name in ("transaction_max_events", "transaction_max_bytes", "transaction_max_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(env_name(name), f"must be greater than 0, got {getattr(self, name)}")
-        if not self.bootstrap_servers.strip():
+        if not self.bootstrap_servers.reveal().strip():
             raise ConfigError(env_name("kafka_bootstrap_servers"), "must not be empty")
         for key, forced in FORCED.items():
             given = self.properties.get(key)
@@ -128,13 +131,13 @@ class KafkaConfig:
 
     def producer_config(self) -> dict[str, str]:
         """The producer configuration: defaults, then user properties, then the forced ones."""
-        return {**DEFAULTS, **self.properties, **FORCED, "bootstrap.servers": self.bootstrap_servers}
+        return {**DEFAULTS, **self.properties, **FORCED, "bootstrap.servers": self.bootstrap_servers.reveal()}
 
     def client_config(self) -> dict[str, str]:
         """For the relay's other Kafka clients: the user's properties that any client takes."""
         return {
             **{k: v for k, v in self.properties.items() if k not in PRODUCER_ONLY},
-            "bootstrap.servers": self.bootstrap_servers,
+            "bootstrap.servers": self.bootstrap_servers.reveal(),
         }
 
     @property

@@ -15,9 +15,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetS
 
 from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import ConfigError, ServerUnreachableError, TransientError, env_name
+from relay.kafka.acls import OFFSETS_GROUP_PREFIX
 from relay.kafka.admin import client_config
 from relay.kafka.config import KafkaConfig
-from relay.kafka.errors import authorization_error
+from relay.kafka.errors import Attempt, Treat, translate, treatment
 from relay.kafka.offsets_record import OffsetsRecord, partition_for
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ Heartbeat = Callable[[], None]
 
 class OffsetsTopic:
     """RELAY_OFFSETS_TOPIC: created compacted (or checked) at start; each lease's newest committed
-    record read with read_committed."""
+    record read with read_committed. A refused ACL is a PermissionDeniedError naming the topic (or
+    the reader's group) and the operation the step needs (relay.kafka.acls lists them all)."""
 
     def __init__(self, config: KafkaConfig) -> None:
         self._config = config
@@ -54,25 +56,20 @@ class OffsetsTopic:
         is compacted: ConfigError naming RELAY_OFFSETS_TOPIC if not (delete-only retention would
         drop a lease's only record)."""
         admin, timeout = self._admin(), self._config.connect_timeout_s
+        step = self._step("describe the offsets topic", "DESCRIBE")
         try:
             meta = admin.list_topics(timeout=timeout)
-            if self.topic not in meta.topics or meta.topics[self.topic].error is not None:
-                replicas = max(1, min(3, len(meta.brokers)))
-                config = {**OFFSETS_TOPIC_CONFIG, "min.insync.replicas": str(max(1, replicas - 1))}
-                future = admin.create_topics(
-                    [NewTopic(self.topic, 1, replicas, config=config)], request_timeout=timeout
-                )[self.topic]
-                try:
-                    future.result(timeout=timeout)
-                    log.info("created the offsets topic %s (compacted, replication %d)", self.topic, replicas)
-                except KafkaException as exc:
-                    if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another replica was first
-                        raise
+            error = meta.topics[self.topic].error if self.topic in meta.topics else None
+            if treatment(error) is Treat.DENIED:
+                raise translate(error, step)
+            if self.topic not in meta.topics or error is not None:
+                step = self._step("create the offsets topic", "CREATE")
+                self._create(admin, max(1, min(3, len(meta.brokers))))
+            step = self._step("check the offsets topic is compacted", "DESCRIBE_CONFIGS")
             configs = self._describe(admin)
         except KafkaException as exc:
-            denied = authorization_error(exc.args[0] if exc.args else None, self.topic)
-            if denied is not None:
-                raise denied from exc
+            if treatment(exc.args[0] if exc.args else None) is Treat.DENIED:
+                raise translate(exc.args[0], step) from exc
             raise ServerUnreachableError(
                 f"cannot create or describe the offsets topic {self.topic!r} ({env_name('offsets_topic')}) at "
                 f"{self._config.bootstrap_servers}: {exc.args[0] if exc.args else exc}"
@@ -85,6 +82,22 @@ class OffsetsTopic:
                 "be compacted (cleanup.policy=compact), or retention deletes a lease's only "
                 "record; alter it or name another topic",
             )
+
+    def _step(self, step: str, operation: str) -> Attempt:
+        """`step` on the offsets topic, which needs `operation` on it (relay.kafka.errors.translate)."""
+        return Attempt(step, (("TOPIC", self.topic, operation),))
+
+    def _create(self, admin: AdminClient, replicas: int) -> None:
+        """Create the topic compacted with `replicas` replicas (another replica may be first)."""
+        timeout = self._config.connect_timeout_s
+        config = {**OFFSETS_TOPIC_CONFIG, "min.insync.replicas": str(max(1, replicas - 1))}
+        future = admin.create_topics([NewTopic(self.topic, 1, replicas, config=config)], request_timeout=timeout)
+        try:
+            future[self.topic].result(timeout=timeout)
+            log.info("created the offsets topic %s (compacted, replication %d)", self.topic, replicas)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another replica was first
+                raise
 
     def _describe(self, admin: AdminClient) -> dict[str, Any]:
         """The topic's configuration; a topic created a moment ago may be unknown to the broker
@@ -109,6 +122,8 @@ class OffsetsTopic:
         if self._partitions is None:
             meta = self._admin().list_topics(self.topic, timeout=self._config.connect_timeout_s)
             topic = meta.topics.get(self.topic)
+            if topic is not None and treatment(topic.error) is Treat.DENIED:
+                raise translate(topic.error, self._step("describe the offsets topic", "DESCRIBE"))
             if topic is None or topic.error is not None or not topic.partitions:
                 raise TransientError(f"the offsets topic {self.topic!r} has no partitions in the metadata yet")
             self._partitions = len(topic.partitions)
@@ -129,6 +144,8 @@ class OffsetsTopic:
         except KafkaException as exc:
             if missing_ok and exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 return None
+            if treatment(exc.args[0] if exc.args else None) is Treat.DENIED:
+                raise translate(exc.args[0], self._step("list the offsets topic's offsets", "DESCRIBE")) from exc
             raise TransientError(f"cannot list the offsets of {self.topic}[{partition}]: {exc}") from exc
 
     def read(self, lease_id: str, heartbeat: Heartbeat, missing_ok: bool = False) -> OffsetsRecord | None:
@@ -148,40 +165,50 @@ class OffsetsTopic:
         end = self._end(partition, missing_ok=False)
         if not end:
             return None
-        key, where = lease_id.encode(), f"{self.topic}[{partition}]"
+        group = f"{OFFSETS_GROUP_PREFIX}{uuid.uuid4().hex[:8]}"
         consumer = Consumer(
             {
                 **client_config(self._config, "kafka.consumer"),
-                "group.id": f"outbox-relay-offsets-{uuid.uuid4().hex[:8]}",
+                "group.id": group,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
             }
         )
-        newest: tuple[int, bytes | None] | None = None
-        limit = self._config.transaction_timeout_ms / 1000 + 30
-        deadline = time.monotonic() + limit
+        step = Attempt("read the offsets topic", (("TOPIC", self.topic, "READ"), ("GROUP", group, "READ")))
         try:
             consumer.assign([TopicPartition(self.topic, partition, OFFSET_BEGINNING)])
-            while True:
-                heartbeat()
-                msg = consumer.poll(WAIT_SLICE_S)
-                offset = -1 if msg is None else (msg.offset() or 0)
-                error = None if msg is None else msg.error()
-                if msg is not None and error is None:
-                    if msg.key() == key:
-                        newest = (offset, msg.value())
-                    if offset + 1 >= end:
-                        break
-                elif error is not None and error.code() == KafkaError._PARTITION_EOF and offset >= end:
-                    break
-                if time.monotonic() > deadline:
-                    raise TransientError(
-                        f"could not read {where} ({env_name('offsets_topic')}) with read_committed to offset "
-                        f"{end} within {limit:.0f}s: an open transaction holds its last stable offset back"
-                    )
+            newest = self._newest(consumer, lease_id.encode(), end, heartbeat, step)
         finally:
             consumer.close()
+        where = f"{self.topic}[{partition}]"
         if newest is None or newest[1] is None:
             return None
         return OffsetsRecord.decode(lease_id, newest[1], f"{where}@{newest[0]}")
+
+    def _newest(
+        self, consumer: Consumer, key: bytes, end: int, heartbeat: Heartbeat, step: Attempt
+    ) -> tuple[int, bytes | None] | None:
+        """(offset, value) of the last record under `key` below `end` read by `consumer`, or None."""
+        newest: tuple[int, bytes | None] | None = None
+        limit = self._config.transaction_timeout_ms / 1000 + 30
+        deadline = time.monotonic() + limit
+        while True:
+            heartbeat()
+            msg = consumer.poll(WAIT_SLICE_S)
+            offset = -1 if msg is None else (msg.offset() or 0)
+            error = None if msg is None else msg.error()
+            if msg is not None and error is None:
+                if msg.key() == key:
+                    newest = (offset, msg.value())
+                if offset + 1 >= end:
+                    return newest
+            elif error is not None and error.code() == KafkaError._PARTITION_EOF and offset >= end:
+                return newest
+            elif treatment(error) is Treat.DENIED:
+                raise translate(error, step)
+            if time.monotonic() > deadline:
+                raise TransientError(
+                    f"could not read {self.topic} ({env_name('offsets_topic')}) with read_committed to offset "
+                    f"{end} within {limit:.0f}s: an open transaction holds its last stable offset back"
+                )

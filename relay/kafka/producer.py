@@ -22,9 +22,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.core.config import WAIT_SLICE_S
-from relay.core.errors import BatchRefusedError, DeliveryError, PoisonEventError
 from relay.core.window import Delivery
-from relay.kafka.errors import PERMANENT, authorization_error, config_error, produce_error
+from relay.kafka.errors import config_error, producing, translate
 
 log = logging.getLogger(__name__)
 
@@ -32,29 +31,19 @@ DRAIN_SLICE_S = 0.01  # longest a drain flushes before it checks for a failed re
 
 
 def delivery_failure(delivery: Delivery) -> Exception:
-    """The error for the first failed report of `delivery`.
+    """The error for the first failed report of `delivery` (relay.kafka.errors.translate).
 
     A permanent refusal (too large for the topic, invalid record) of a message sent alone names
     its event (PoisonEventError); in a batch it may be any message of the broker's record batch,
-    so the batch is to be replayed one message per request (BatchRefusedError). Anything else is
-    a DeliveryError: drop the producer and replay from the checkpoint.
+    so the batch is to be replayed one message per request (BatchRefusedError). A refused ACL
+    names the failed message's topic. Anything else is a DeliveryError: drop the producer and
+    replay from the checkpoint.
     """
     assert delivery.failure is not None, "no failed report"
-    err = delivery.failure[1]
-    event_id = delivery.failed_event_id()
-    code = err.code()
-    topics = sorted({m.topic for m in delivery.messages if m.value == delivery.failure[0]})
-    denied = authorization_error(err, ", ".join(topics))
-    if denied is not None:
-        return denied
-    if code in PERMANENT:
-        if delivery.one_by_one:
-            return PoisonEventError(event_id, f"{PERMANENT[code]} ({err.name()})")
-        return BatchRefusedError(
-            f"the broker refused a record batch ({err.name()}: {PERMANENT[code]}); replaying it one message at a time",
-            len(delivery.messages),
-        )
-    return DeliveryError(event_id, err)
+    value, err = delivery.failure
+    topics = [m.topic for m in delivery.messages if m.value == value]
+    batch = 0 if delivery.one_by_one else len(delivery.messages)
+    return translate(err, producing(topics, delivery.failed_event_id(), batch, step="deliver"))
 
 
 class ProducerBase:
@@ -69,6 +58,7 @@ class ProducerBase:
         except KafkaException as exc:
             raise config_error(exc) from exc
         self._current = "?"  # the event being handed to produce() (names a refusal by produce itself)
+        self._topic = "?"  # the topic of the message handed over last (names a refusal by produce or poll)
 
     def _on_error(self, err: KafkaError) -> None:
         # Client-level errors: librdkafka keeps retrying and reports per-message failures
@@ -82,7 +72,7 @@ class ProducerBase:
         Raises librdkafka's KafkaException; `self._current` names the message it was handing over."""
         produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._poll
         for m in delivery.messages:
-            self._current = m.event_id
+            self._current, self._topic = m.event_id, m.topic
             while True:
                 try:
                     produce(m.topic, m.value, m.key, headers=m.headers, on_delivery=on_delivery)
@@ -97,6 +87,10 @@ class ProducerBase:
 
     def failure(self, delivery: Delivery) -> Exception:
         return delivery_failure(delivery)
+
+    def _refused(self, exc: KafkaException, event_id: str = "?") -> Exception:
+        """The relay's error for a failure of produce() (naming `event_id`) or poll()/flush()."""
+        return translate(exc.args[0] if exc.args else None, producing([self._topic], event_id))
 
     @property
     def queued(self) -> int:
@@ -124,7 +118,7 @@ class Publisher(ProducerBase):
             self._produce_all(delivery, while_waiting)
             self._poll(0)
         except KafkaException as exc:
-            raise produce_error(exc, self._current) from exc
+            raise self._refused(exc, self._current) from exc
 
     def poll(self, timeout: float) -> None:
         """Run delivery callbacks that are due (waiting up to `timeout` for one); after a failed
@@ -132,7 +126,7 @@ class Publisher(ProducerBase):
         try:
             self._poll(timeout)
         except KafkaException as exc:
-            raise produce_error(exc, "?") from exc
+            raise self._refused(exc) from exc
 
     def due_in(self) -> float | None:
         """Nothing is held open (no transactions): the loop decides when to wait."""
@@ -152,7 +146,7 @@ class Publisher(ProducerBase):
                 pass
             self._poll(0)
         except KafkaException as exc:
-            raise produce_error(exc, "?") from exc
+            raise self._refused(exc) from exc
 
     def _poll(self, timeout: float) -> int:
         served = super()._poll(timeout)

@@ -20,8 +20,10 @@ and the leader resumes after the newer of that record and the MongoDB checkpoint
 (relay.core.resume.resume_point). The order matters: read before fencing, and a zombie could commit
 after the read. The produce loop is the one every relay producer shares (relay.kafka.producer).
 
-Errors, translated here for the one classifier (relay.core.errors.classify):
+Errors, translated by relay.kafka.errors.translate (one table of codes) for the one classifier
+(relay.core.errors.classify), this module saying what the producer was doing (`_attempt`):
 - fenced (`_FENCED`, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH): ProducerFencedError -> standby;
+- a refused ACL: PermissionDeniedError naming the transactional id or the topics -> stop;
 - abortable (`txn_requires_abort()`): the transaction is aborted, then the delivery's failed
   report decides as for the idempotent producer (a refused record batch is replayed one message
   per transaction to name the poison event), else TransactionAbortedError -> restart;
@@ -41,19 +43,16 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import (
     BatchRefusedError,
-    ConfigError,
     DeliveryError,
     ProducerFatalError,
-    ProducerFencedError,
     TransactionAbortedError,
     TransientError,
-    kafka_env_name,
 )
 from relay.core.positions import Checkpoint, Grant, short_token
 from relay.core.resume import forgets_record, resume_point
 from relay.core.window import Delivery
 from relay.kafka.config import KafkaConfig
-from relay.kafka.errors import authorization_error, config_error, fenced, produce_error
+from relay.kafka.errors import Attempt, Treat, config_error, fenced, translate, treatment
 from relay.kafka.offsets_record import OffsetsRecord, transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
 from relay.kafka.producer import ProducerBase, delivery_failure
@@ -176,27 +175,17 @@ class TransactionalPublisher(ProducerBase):
     def _init_transactions(self, heartbeat: Heartbeat) -> None:
         limit = max(self._config.connect_timeout_s, 30.0)
         deadline = time.monotonic() + limit
+        attempt = self._attempt("initialize transactions")
         while True:
             try:
                 self._producer.init_transactions(WAIT_SLICE_S * 2)
                 return
             except KafkaException as exc:
                 err = exc.args[0]
-                denied = authorization_error(err, transactional_id(self._lease_id))
-                if denied is not None:
+                failure = translate(err, attempt)
+                if not isinstance(failure, DeliveryError):  # refused, fenced, a setting, fatal
                     self._unusable = True
-                    raise denied from exc
-                if err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-                    self._unusable = True
-                    raise ConfigError(
-                        kafka_env_name("transaction.timeout.ms"),
-                        f"{self._config.transaction_timeout_ms} ms is more than the broker allows "
-                        "(transaction.max.timeout.ms); lower it, or RELAY_KAFKA_MESSAGE_TIMEOUT_MS "
-                        "which it follows by default",
-                    ) from exc
-                if err.fatal():
-                    self._unusable = True
-                    raise ProducerFatalError(f"init_transactions failed: {err}") from exc
+                    raise failure from exc
                 if not err.retriable() or time.monotonic() > deadline:
                     raise TransientError(
                         f"init_transactions for {transactional_id(self._lease_id)} did not complete within "
@@ -204,6 +193,17 @@ class TransactionalPublisher(ProducerBase):
                         "(transaction.state.log.replication.factor and min.isr at most the brokers there are)"
                     ) from exc
                 heartbeat()
+
+    def _attempt(self, step: str, event_id: str = "?") -> Attempt:
+        """What this producer does in `step`, for relay.kafka.errors.translate: WRITE and DESCRIBE
+        on its transactional id, and on the topics of the open transaction and the offsets topic."""
+        topics = sorted({m.topic for d in self._open for m in d.messages} | {self._topic} - {"?"})
+        names = ", ".join([*topics, self._offsets.topic])
+        needs = (
+            ("TRANSACTIONAL_ID", transactional_id(self._lease_id), "WRITE, DESCRIBE"),
+            ("TOPIC", names, "WRITE, DESCRIBE"),
+        )
+        return Attempt(step, needs, event_id)
 
     # ---- relay.core.boundaries.Publisher -----------------------------------------------------------
 
@@ -320,21 +320,14 @@ class TransactionalPublisher(ProducerBase):
     def _failure(self, err: KafkaError | None, deliveries: list[Delivery], while_waiting: Heartbeat) -> Exception:
         if err is not None and err.fatal():
             self._unusable = True
-            if fenced(err):
-                return ProducerFencedError(
-                    f"the broker fenced the transactional producer {transactional_id(self._lease_id)}: a newer "
-                    f"leader initialized it, so fencing token {self._grant.fencing_token if self._grant else '?'} "
-                    f"may commit nothing more ({err.str()})"
-                )
-            return ProducerFatalError(f"transactional producer unusable: {err}")
+            return translate(err, self._attempt("run a transaction"))  # fenced, or unusable
         try:
             self._abort(while_waiting)
         except KafkaException as exc:
             abort_err = exc.args[0] if exc.args else None
-            if fenced(abort_err):
-                self._unusable = True
-                return ProducerFencedError(f"fenced while aborting a transaction: {abort_err}")
             self._unusable = True
+            if fenced(abort_err):
+                return translate(abort_err, self._attempt("abort a transaction"))
             return ProducerFatalError(
                 f"could not abort the failed transaction ({abort_err}); the next producer "
                 f"of this lease aborts it when it starts. The failure: {err}"
@@ -343,7 +336,9 @@ class TransactionalPublisher(ProducerBase):
         if refusal is not None:
             return refusal
         if err is not None and not err.txn_requires_abort() and not err.retriable():
-            return produce_error(KafkaException(err), self._current)  # refused by produce() itself
+            return translate(err, self._attempt("produce", self._current))  # refused by produce() itself
+        if treatment(err) is Treat.DENIED:  # a refused ACL (the offsets topic's, say), aborted first
+            return translate(err, self._attempt("run a transaction"))
         return TransactionAbortedError(f"transaction aborted, none of it visible: {err}")
 
     def _abort(self, while_waiting: Heartbeat) -> None:
@@ -372,9 +367,7 @@ class TransactionalPublisher(ProducerBase):
             err = exc.args[0] if exc.args else None
             if self._open:
                 raise self._failed(err, self._while_waiting) from exc
-            if fenced(err):
-                raise ProducerFencedError(f"transactional producer fenced: {err}") from exc
-            raise DeliveryError("?", err) from exc
+            raise translate(err, self._attempt("poll")) from exc
         self._commit_if_due()
 
     def drain(self, timeout: float) -> None:

@@ -3,16 +3,89 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_plus
+
+from pymongo.errors import ConfigurationError, InvalidURI
+from pymongo.uri_parser import parse_uri, parse_userinfo, split_options
 
 from relay.core.errors import ConfigError, env_name
+from relay.core.redact import MASK, Uri, hold_masked, secret_name, uri_secrets
+
+SRV_SCHEME = "mongodb+srv://"
+# What pymongo's URI parser raises for a URI it refuses (a file option it cannot open: OSError).
+URI_ERRORS = (InvalidURI, ConfigurationError, ValueError, OSError)
+
+
+def _user_info(uri: str) -> str:
+    """The user info of a MongoDB URI as written, split as pymongo splits it: before the last `@`
+    of the part between the scheme and the first `/` or `?`."""
+    host_part = uri.partition("://")[2].partition("?")[0].partition("/")[0]
+    return host_part.rpartition("@")[0]
+
+
+def parse_mongodb_uri(uri: str) -> tuple[str | None, Mapping[str, Any]]:
+    """The password and the options of a MongoDB URI as pymongo reads them (the public
+    `pymongo.uri_parser`), or what pymongo raises for it (URI_ERRORS). A mongodb:// URI is parsed
+    whole by `parse_uri`, as the client would (unknown options warned about, not refused); of a
+    mongodb+srv:// URI only the user info and the options are (`parse_userinfo`,
+    `split_options`): `parse_uri` would look its host up in DNS, which the client does when it
+    connects."""
+    if not uri.startswith(SRV_SCHEME):
+        parsed = parse_uri(uri, warn=True)
+        return parsed["password"], parsed["options"]
+    info, query = _user_info(uri), uri.partition("?")[2]
+    password = parse_userinfo(info)[1] if info else None
+    return password, split_options(query, warn=True) if query else {}
+
+
+def uri_credentials(uri: str) -> list[str]:
+    """The credentials a MongoDB URI carries, as written and as pymongo decodes them: the password
+    of its user info and the values of its password-like options (`tlsCertificateKeyFilePassword`,
+    `authMechanismProperties`), for `relay.core.redact.register_secrets`. A URI pymongo refuses
+    still yields what its user info holds after the first `:`."""
+    written = _user_info(uri).partition(":")[2]
+    found = [written, unquote_plus(written), *uri_secrets(uri)]  # and the options as written
+    try:
+        password, options = parse_mongodb_uri(uri)
+    except URI_ERRORS:
+        return found
+    found.append(password or "")
+    for name, value in options.items():
+        if secret_name(name):
+            found += [str(v) for v in value.values()] if isinstance(value, Mapping) else [str(value)]
+    return found
+
+
+def check_uri(uri: str) -> None:
+    """ConfigError naming RELAY_MONGODB_URI when pymongo refuses the URI (its reason, without the
+    URI's password)."""
+    if not uri.startswith(("mongodb://", SRV_SCHEME)):
+        raise ConfigError(env_name("mongodb_uri"), "must start with mongodb:// or mongodb+srv://")
+    try:
+        parse_mongodb_uri(uri)
+    except URI_ERRORS as exc:
+        raise uri_error(uri, exc) from exc
+
+
+def uri_error(uri: str, exc: BaseException) -> ConfigError:
+    """The ConfigError for pymongo's refusal `exc` of `uri`: its reason, with what the URI's user
+    info and options hold masked (pymongo may quote the host part, user info included)."""
+    reason = str(exc)
+    for value in sorted(uri_credentials(uri), key=len, reverse=True):
+        if value:
+            reason = reason.replace(value, MASK)
+    return ConfigError(env_name("mongodb_uri"), f"pymongo refuses the URI ({type(exc).__name__}): {reason}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class MongoConfig:
-    """Where the outbox and the lease documents live, and how long to wait for the server."""
+    """Where the outbox and the lease documents live, and how long to wait for the server. The
+    URI is a `Uri`: shown without its password; `uri.reveal()` is for the client only."""
 
-    uri: str
+    uri: Uri
     database: str
     outbox_collection: str
     lease_collection: str
@@ -20,8 +93,8 @@ class MongoConfig:
     max_await_ms: int  # the longest a getMore waits for new changes
 
     def __post_init__(self) -> None:
-        if not self.uri.startswith(("mongodb://", "mongodb+srv://")):
-            raise ConfigError(env_name("mongodb_uri"), "must start with mongodb:// or mongodb+srv://")
+        hold_masked(self, uris=["uri"])
+        check_uri(self.uri.reveal())
         for name in ("database", "outbox_collection", "lease_collection"):
             if not getattr(self, name).strip():
                 raise ConfigError(env_name(name), "must not be empty")

@@ -15,26 +15,31 @@ from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.server_api import ServerApi
 
 from relay.core.errors import ConfigError, ServerUnreachableError, env_name
-from relay.core.redact import redact_uri
-from relay.mongo.config import MongoConfig
+from relay.mongo.config import URI_ERRORS, MongoConfig, uri_error
 from relay.mongo.errors import AUTHENTICATION_FAILED
 
 _TIMEOUTS = re.compile(r" \(configured timeouts: [^)]*\)")
 
 
 def mongo_client(config: MongoConfig, **kw: Any) -> MongoClient[Any]:
-    """The relay's MongoDB client: Stable API v1, bounded server selection and socket waits."""
+    """The relay's MongoDB client: Stable API v1, bounded server selection and socket waits.
+    A URI the client refuses (a mongodb+srv:// one is checked only here) is a ConfigError naming
+    RELAY_MONGODB_URI."""
     # A socket timeout bounds every operation, so a frozen server turns into a restart (and
     # an unready relay) instead of a loop stuck forever in one getMore.
-    return MongoClient(
-        config.uri,
-        server_api=ServerApi("1"),
-        appname="outbox-relay",
-        serverSelectionTimeoutMS=int(config.connect_timeout_s * 1000),
-        socketTimeoutMS=int(max(config.connect_timeout_s, 10.0) * 1000),
-        tz_aware=True,
-        **kw,
-    )
+    uri = config.uri.reveal()
+    try:
+        return MongoClient(
+            uri,
+            server_api=ServerApi("1"),
+            appname="outbox-relay",
+            serverSelectionTimeoutMS=int(config.connect_timeout_s * 1000),
+            socketTimeoutMS=int(max(config.connect_timeout_s, 10.0) * 1000),
+            tz_aware=True,
+            **kw,
+        )
+    except URI_ERRORS as exc:
+        raise uri_error(uri, exc) from exc
 
 
 def mongo_cause(exc: PyMongoError) -> str:
@@ -53,7 +58,7 @@ def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
 
     Raises ServerUnreachableError when nothing answers within RELAY_CONNECT_TIMEOUT_S, and
     ConfigError naming RELAY_MONGODB_URI when the server refuses the credentials or answers but
-    is not a replica set member (change streams need one). The URI is shown redacted.
+    is not a replica set member (change streams need one). The URI shows no password (a `Uri`).
     """
     try:
         hello = client.admin.command("hello")
@@ -62,17 +67,17 @@ def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
             raise
         raise ConfigError(
             env_name("mongodb_uri"),
-            f"MongoDB at {redact_uri(config.uri)} refused the credentials (AuthenticationFailed, code 18): "
+            f"MongoDB at {config.uri} refused the credentials (AuthenticationFailed, code 18): "
             "check the user, its password and authSource",
         ) from exc
     except PyMongoError as exc:
         raise ServerUnreachableError(
-            f"cannot reach MongoDB at {redact_uri(config.uri)} within {config.connect_timeout_s:g}s "
+            f"cannot reach MongoDB at {config.uri} within {config.connect_timeout_s:g}s "
             f"({env_name('mongodb_uri')}): {mongo_cause(exc)}"
         ) from exc
     if "setName" not in hello:
         raise ConfigError(
             env_name("mongodb_uri"),
-            f"MongoDB at {redact_uri(config.uri)} answers but is not a replica set member; "
+            f"MongoDB at {config.uri} answers but is not a replica set member; "
             "change streams need one (start mongod with --replSet and initiate it)",
         )

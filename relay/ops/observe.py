@@ -274,6 +274,7 @@ def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) 
             "reason": reason,
             "exit_code": exit_code,
             "cause": cause_of(exc),
+            "refused": [{"action": a, "resource": r} for a, r in getattr(exc, "refused", [])] or None,
             **(where or {}),
         },
     )

@@ -37,11 +37,12 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from relay.core.errors import EXIT_DATA, ConfigError
+from relay.core.errors import EXIT_DATA, ConfigError, ServerUnreachableError, env_name
+from relay.core.redact import Properties, Uri, emit, hold_masked, scrub
 from relay.outbox import FieldNames
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import job_parser, load, run_job, spark_options
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from pymongo.cursor import Cursor
     from pyspark.sql import DataFrame, SparkSession
 
+    from relay.config import Settings
+
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 FAILING = ("missing", "orderViolations", "keysOnSeveralPartitions")
 _OUTBOX_SCHEMA = "id string, aggregateType string, aggregateId string, occurredAt timestamp"
@@ -58,40 +61,54 @@ _OUTBOX_SCHEMA = "id string, aggregateType string, aggregateId string, occurredA
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """What to compare: the outbox (MongoDB) and the topics (Kafka), for `[since, until)`."""
+    """What to compare: the outbox (MongoDB) and the topics (Kafka), for `[since, until)`. The
+    addresses and the Kafka options render masked (`Uri`, `Properties`)."""
 
-    mongodb_uri: str
+    mongodb_uri: Uri
     database: str
     outbox_collection: str
     fields: FieldNames
-    bootstrap_servers: str
+    bootstrap_servers: Uri
     topics: tuple[str, ...]
     topic_pattern: str | None
     since: dt.datetime
     until: dt.datetime
     sample: int = 20
     schemas_dir: str | None = None
-    kafka_client: Mapping[str, str] = field(default_factory=dict)  # `kafka.*` source options
+    kafka_client: Properties = field(default_factory=Properties)  # `kafka.*` source options
     schema_registry: RegistryAccess | None = None  # for values in the Confluent wire format
     relay_partitions: int = 1  # RELAY_PARTITIONS: > 1 compares fencing tokens per key
+    connect_timeout_s: float = 30.0  # RELAY_CONNECT_TIMEOUT_S: how long MongoDB may take to answer
+
+    def __post_init__(self) -> None:
+        hold_masked(self, uris=["mongodb_uri", "bootstrap_servers"], properties=["kafka_client"])
 
 
 # ---- the two sides ---------------------------------------------------------------------------
 
 
 def outbox_events(spark: SparkSession, cfg: AuditConfig) -> DataFrame:
-    """The outbox events in the range (id, aggregateType, aggregateId, occurredAt), via pymongo."""
+    """The outbox events in the range (id, aggregateType, aggregateId, occurredAt), via pymongo;
+    ServerUnreachableError naming RELAY_MONGODB_URI when MongoDB does not answer in time."""
     from pymongo import MongoClient
+    from pymongo.errors import ServerSelectionTimeoutError
 
     f = cfg.fields
     query = {f.occurred_at: {"$gte": cfg.since, "$lt": cfg.until}}
     projection = {f.aggregate_type: 1, f.aggregate_id: 1, f.occurred_at: 1}
     client: MongoClient[dict[str, Any]]
-    with MongoClient(cfg.mongodb_uri, tz_aware=True) as client:
+    timeout_ms = int(cfg.connect_timeout_s * 1000)
+    with MongoClient(cfg.mongodb_uri.reveal(), tz_aware=True, serverSelectionTimeoutMS=timeout_ms) as client:
         docs: Cursor[dict[str, Any]] = client[cfg.database][cfg.outbox_collection].find(
             query, projection, batch_size=10_000
         )
-        rows = [(str(d["_id"]), d.get(f.aggregate_type), d.get(f.aggregate_id), d.get(f.occurred_at)) for d in docs]
+        try:
+            rows = [(str(d["_id"]), d.get(f.aggregate_type), d.get(f.aggregate_id), d.get(f.occurred_at)) for d in docs]
+        except ServerSelectionTimeoutError as exc:
+            raise ServerUnreachableError(
+                f"cannot reach MongoDB at {cfg.mongodb_uri} within {cfg.connect_timeout_s:g}s "
+                f"({env_name('mongodb_uri')})"
+            ) from exc
     return spark.createDataFrame(rows, _OUTBOX_SCHEMA)
 
 
@@ -101,7 +118,7 @@ def kafka_messages(spark: SparkSession, cfg: AuditConfig) -> DataFrame:
 
     raw = (
         spark.read.format("kafka")
-        .options(**kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client))
+        .options(**kafka_options(cfg.bootstrap_servers.reveal(), cfg.topics, cfg.topic_pattern, dict(cfg.kafka_client)))
         .option("startingOffsets", "earliest")
         .option("endingOffsets", "latest")
         .load()
@@ -330,21 +347,33 @@ def config_from_args(args: argparse.Namespace) -> AuditConfig:
     if until <= since:
         raise ConfigError("--until", "must be later than --since")
     return AuditConfig(
-        mongodb_uri=settings.mongodb_uri,
+        mongodb_uri=settings.parts().mongo.uri,
         database=settings.database,
         outbox_collection=settings.outbox_collection,
         fields=settings.parts().encoding.fields,
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        bootstrap_servers=settings.parts().kafka.bootstrap_servers,
         topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
         since=since,
         until=until,
         sample=args.sample,
         schemas_dir=spark_opts.schemas_dir,
-        kafka_client=spark_opts.kafka,
+        kafka_client=Properties(spark_opts.kafka),
         schema_registry=RegistryAccess.from_settings(settings),
         relay_partitions=settings.partitions,
+        connect_timeout_s=settings.connect_timeout_s,
     )
+
+
+def check_outbox_server(settings: Settings) -> None:
+    """Before Spark starts: ServerUnreachableError (exit 3) when MongoDB does not answer within
+    RELAY_CONNECT_TIMEOUT_S, ConfigError (exit 2) when it refuses the credentials, each naming
+    RELAY_MONGODB_URI without its password (relay.mongo.connection.check_mongodb)."""
+    from relay.mongo.connection import check_mongodb, mongo_client
+
+    mongo = settings.parts().mongo
+    with mongo_client(mongo) as client:
+        check_mongodb(client, mongo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -354,7 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     cfg = config_from_args(args)
-    setup_job_logging(load(args))
+    settings = load(args)
+    setup_job_logging(settings)
+    check_outbox_server(settings)
     spark_opts = spark_options(args)
     owned = active_session() is None
     spark = spark_session("outbox-relay audit", spark_opts.master, spark_opts.shuffle_partitions, spark_opts.conf)
@@ -364,12 +395,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if owned:
             spark.stop()
     text = json.dumps(report, indent=2, default=str)
-    print(summary(report), file=sys.stderr if args.json_path == "-" else sys.stdout)
+    emit(summary(report), sys.stderr if args.json_path == "-" else sys.stdout)
     if args.json_path == "-":
-        print(text)
+        emit(text)
     elif args.json_path:
         with open(args.json_path, "w") as out:
-            out.write(text + "\n")
+            out.write(scrub(text) + "\n")
     return 0 if report["passed"] else EXIT_DATA
 
 

@@ -42,10 +42,12 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from relay.core.redact import Properties, Uri, hold_masked, register_secrets
+from relay.mongo.config import uri_credentials
 from relay.spark import PipelineError
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import SparkOptions, job_parser, load, run_job, spark_options
@@ -70,18 +72,22 @@ DEFAULT_VIEW_COLLECTION = "outbox_aggregate_state"
 
 @dataclass(frozen=True)
 class MongoView:
-    """Where the MongoDB read model lives."""
+    """Where the MongoDB read model lives (the URI renders masked: a `Uri`)."""
 
-    uri: str
+    uri: Uri
     database: str
     collection: str
+
+    def __post_init__(self) -> None:
+        hold_masked(self, uris=["uri"])
 
 
 @dataclass(frozen=True)
 class MaterializeConfig:
-    """Everything the job needs; paths may be any Hadoop-supported URI."""
+    """Everything the job needs; paths may be any Hadoop-supported URI. The servers and the Kafka
+    options render masked (`Uri`, `Properties`)."""
 
-    bootstrap_servers: str
+    bootstrap_servers: Uri
     topics: tuple[str, ...]
     topic_pattern: str | None
     output: str
@@ -93,8 +99,11 @@ class MaterializeConfig:
     starting_offsets: str = "earliest"
     dedup_window: str | None = None
     schemas_dir: str | None = None
-    kafka_client: Mapping[str, str] = field(default_factory=dict)  # `kafka.*` source options
+    kafka_client: Properties = field(default_factory=Properties)  # `kafka.*` source options
     schema_registry: RegistryAccess | None = None  # for values in the Confluent wire format
+
+    def __post_init__(self) -> None:
+        hold_masked(self, uris=["bootstrap_servers"], properties=["kafka_client"])
 
     @property
     def events_path(self) -> str:
@@ -116,7 +125,7 @@ def event_stream(spark: SparkSession, cfg: MaterializeConfig) -> DataFrame:
     from pyspark.sql import functions as F
 
     reader = spark.readStream.format("kafka").options(
-        **kafka_options(cfg.bootstrap_servers, cfg.topics, cfg.topic_pattern, cfg.kafka_client)
+        **kafka_options(cfg.bootstrap_servers.reveal(), cfg.topics, cfg.topic_pattern, dict(cfg.kafka_client))
     )
     reader = reader.option("startingOffsets", cfg.starting_offsets)
     if cfg.max_offsets_per_trigger:
@@ -155,7 +164,8 @@ class StateSink:
 
     def __init__(self, spark: SparkSession, cfg: MaterializeConfig) -> None:
         self._snapshots = ParquetStateSnapshots(spark, cfg.state_path)
-        self._mongo = MongoStateView(cfg.view.uri, cfg.view.database, cfg.view.collection) if cfg.view else None
+        view = cfg.view
+        self._mongo = MongoStateView(view.uri.reveal(), view.database, view.collection) if view else None
 
     def __call__(self, updates: DataFrame, batch_id: int) -> None:
         """Idempotent: a replay of `batch_id` rewrites the same snapshot and upserts the same
@@ -393,15 +403,17 @@ def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, Spark
     settings = load(args)
     spark_opts = spark_options(args)
     output = absolute(args.output)
+    if args.view_uri:
+        register_secrets(uri_credentials(args.view_uri))  # masked in every line, like RELAY_MONGODB_URI's
     view = (
         None
         if args.no_mongo_view
         else MongoView(
-            args.view_uri or settings.mongodb_uri, args.view_database or settings.database, args.view_collection
+            Uri(args.view_uri or settings.mongodb_uri), args.view_database or settings.database, args.view_collection
         )
     )
     cfg = MaterializeConfig(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        bootstrap_servers=settings.parts().kafka.bootstrap_servers,
         topics=spark_opts.topics,
         topic_pattern=spark_opts.topic_pattern or topic_pattern(settings.topic_template),
         output=output,
@@ -413,7 +425,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[MaterializeConfig, Spark
         starting_offsets=args.starting_offsets,
         dedup_window=args.dedup_window,
         schemas_dir=spark_opts.schemas_dir,
-        kafka_client=spark_opts.kafka,
+        kafka_client=Properties(spark_opts.kafka),
         schema_registry=RegistryAccess.from_settings(settings),
     )
     return cfg, spark_opts, settings

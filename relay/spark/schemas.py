@@ -28,7 +28,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -38,7 +38,7 @@ import fastavro
 from fastavro.schema import SchemaParseException, UnknownType, fingerprint, to_parsing_canonical_form
 
 from relay.core.errors import ServerUnreachableError
-from relay.core.redact import redact_text
+from relay.core.redact import Secret, Uri, hold_masked
 from relay.spark import PipelineError
 
 log = logging.getLogger("relay.spark.schemas")
@@ -62,16 +62,20 @@ class WriterSchema:
 @dataclass(frozen=True)
 class RegistryAccess:
     """The Schema Registry the relay writes the Confluent wire format with (the relay's
-    RELAY_SCHEMA_REGISTRY_URL and RELAY_SCHEMA_REGISTRY_BASIC_AUTH)."""
+    RELAY_SCHEMA_REGISTRY_URL and RELAY_SCHEMA_REGISTRY_BASIC_AUTH), rendered masked (`Uri`,
+    `Secret`)."""
 
-    url: str
-    basic_auth: str = ""
+    url: Uri
+    basic_auth: Secret = field(default_factory=Secret)
+
+    def __post_init__(self) -> None:
+        hold_masked(self, uris=["url"], secrets=["basic_auth"])
 
     @classmethod
     def from_settings(cls, settings: Any) -> RegistryAccess | None:
         """None when the settings name no registry."""
         url = settings.schema_registry_url
-        return cls(url, settings.schema_registry_basic_auth) if url else None
+        return cls(Uri(url), Secret(settings.schema_registry_basic_auth)) if url else None
 
 
 def _payload_is_text(schema: dict[str, Any]) -> bool:
@@ -171,7 +175,7 @@ def registry_schemas(registry: RegistryAccess) -> dict[int, str]:
 
     from relay.avro.framing import registry_client
 
-    client = registry_client(registry.url, registry.basic_auth)
+    client = registry_client(registry.url.reveal(), registry.basic_auth.reveal())
     try:
         ids = {
             schema_id
@@ -182,11 +186,11 @@ def registry_schemas(registry: RegistryAccess) -> dict[int, str]:
         schemas = {schema_id: client.get_schema(schema_id) for schema_id in sorted(ids)}
     except SchemaRegistryError as exc:  # an answer, but a refusal (credentials, ...)
         raise PipelineError(
-            f"the Schema Registry at {redact_text(registry.url)} (RELAY_SCHEMA_REGISTRY_URL) refused to list its schemas: {exc}"
+            f"the Schema Registry at {registry.url} (RELAY_SCHEMA_REGISTRY_URL) refused to list its schemas: {exc}"
         ) from exc
     except Exception as exc:
         raise ServerUnreachableError(
-            f"cannot read the schemas of the Schema Registry at {redact_text(registry.url)} "
+            f"cannot read the schemas of the Schema Registry at {registry.url} "
             f"(RELAY_SCHEMA_REGISTRY_URL): {type(exc).__name__}: {exc}"
         ) from exc
     return {i: s.schema_str for i, s in schemas.items() if (s.schema_type or "AVRO") == "AVRO" and s.schema_str}

@@ -18,7 +18,16 @@ In both, the job settings are applied to the session: `spark.sql.shuffle.partiti
 of state partitions a new streaming checkpoint records for good), session time zone UTC (event
 dates are UTC dates), the RocksDB state store (the de-duplication state holds every event id;
 RocksDB keeps it off the JVM heap), console progress bars off, Spark's log level WARN (also for
-the lines of the context's start under spark-submit); `conf` entries win.
+the lines of the context's start under spark-submit), and Spark's own redaction widened to the
+relay's credential names (`REDACTION`); `conf` entries win.
+
+Credentials and Spark: the Kafka options (`--kafka-option`, e.g. `sasl.jaas.config`) reach
+Spark only as options of the Kafka source, never its configuration; Spark masks them in the
+plans it prints (`spark.sql.redaction.options.regex`) and Kafka's Java client prints its
+password-typed properties as `[hidden]`. `--spark-conf` entries are Spark configuration: a
+driver this process launches gets them as `--conf` arguments on its command line (PySpark's
+launch), and Spark masks those whose name or value matches `spark.redaction.regex` in its UI,
+event log and environment dumps. docs/security.md says what remains.
 
 The executors' own temporary folders are the cluster manager's business (standalone workers
 set `SPARK_LOCAL_DIRS`); nothing of the driver's file system is passed to them.
@@ -51,6 +60,15 @@ JOB_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.log.level": "WARN",  # Spark's own log lines: warnings and errors (from the start on)
 }
+# Spark's own redaction (its UI, event log, `explain` output, environment dumps), widened from its
+# defaults (`(?i)secret|password|token|access[.]?key` and `(?i)url`) to the names relay.core.redact
+# treats as credentials, and to the user info of any URI in a plan.
+REDACTION: dict[str, str] = {
+    "spark.redaction.regex": r"(?i)secret|password|token|access[.]?key|jaas|sasl[._]|basic[._]?auth|credential",
+    "spark.sql.redaction.options.regex": r"(?i)url|uri|jaas|sasl[._]|password|secret|token|basic[._]?auth",
+    "spark.sql.redaction.string.regex": r"(?<=://)[^/?#\s\"']*(?=@)",
+}
+JOB_CONF.update(REDACTION)
 
 
 def under_spark_submit() -> bool:

@@ -147,3 +147,82 @@ def test_a_wrong_sasl_password_stops_the_relay_saying_so_without_printing_it(
     assert "Authentication failed" in str(error) and "SCRAM-SHA-256" in str(error), str(error)
     assert wrong not in str(error) and wrong not in capture.text
     assert "stopping on ServerUnreachableError" in capture.text
+
+
+def _offsets_topic(kafka: SaslKafka, topic: str, record: bool) -> None:
+    """The offsets topic made beforehand by the administrator, compacted; with `record`, holding
+    one record (of another lease), so that a leader reads it at start."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import NewTopic
+
+    admin = kafka.admin()
+    [future] = admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})]).values()
+    future.result(timeout=30)
+    if record:
+        producer = Producer({"bootstrap.servers": kafka.broker.bootstrap_servers, **kafka.admin_client})
+        producer.produce(topic, b"not-a-record", b"some.other#lease")
+        assert producer.flush(30) == 0
+
+
+@pytest.mark.parametrize(
+    ("missing", "made", "step"),
+    [("CREATE", None, "create the offsets topic"), ("DESCRIBE_CONFIGS", "empty", "check the offsets topic"),
+     ("READ", "with a record", "read the offsets topic")],
+)
+def test_a_missing_offsets_topic_acl_stops_the_relay_naming_the_topic_and_the_operation(
+    kafka: SaslKafka, servers: Servers, missing: str, made: str | None, step: str
+) -> None:
+    settings = _settings(servers, kafka, delivery="exactly-once")
+    kafka.create_topics(settings.topic_template.format(aggregateType="order"))
+    if made is not None:
+        _offsets_topic(kafka, settings.offsets_topic, record=made == "with a record")
+    acls = [a for a in _acls(settings) if not (a.name == settings.offsets_topic and a.operation == missing)]
+    error = _stops_with(_as_user(kafka, settings, acls), servers)
+    assert error.refused == [(f"{missing} (TOPIC_AUTHORIZATION_FAILED)", f"TOPIC {settings.offsets_topic}")]
+    assert step in str(error) and error.exit_code == 2
+
+
+def test_the_offsets_reader_needs_its_group_acl(kafka: SaslKafka, servers: Servers) -> None:
+    """The reader of the offsets topic assigns its partition and commits nothing, but librdkafka
+    still asks the group coordinator for its throw-away group: without READ on the group prefix
+    the relay stops naming the group."""
+    settings = _settings(servers, kafka, delivery="exactly-once")
+    kafka.create_topics(settings.topic_template.format(aggregateType="order"))
+    _offsets_topic(kafka, settings.offsets_topic, record=True)
+    error = _stops_with(_as_user(kafka, settings, [a for a in _acls(settings) if a.resource != "GROUP"]), servers)
+    [(operation, resource)] = error.refused
+    assert operation == "READ (GROUP_AUTHORIZATION_FAILED)" and resource.startswith("GROUP outbox-relay-offsets-")
+
+
+def _reader(kafka: SaslKafka, settings: Settings, acls: list[Acl]) -> Settings:
+    user = f"reader-{settings.database}"
+    client = kafka.add_user(user, f"pw-{uuid.uuid4().hex}")
+    kafka.grant(user, acls)
+    return settings.replace(kafka=client)
+
+
+def test_tail_reads_with_exactly_the_documented_reader_acls_and_names_a_missing_one(
+    kafka: SaslKafka, servers: Servers
+) -> None:
+    import io
+
+    from confluent_kafka import Producer
+
+    from relay.commands.tail import tail
+    from relay.kafka.acls import TAIL_GROUP_PREFIX, required_to_read
+
+    settings = _settings(servers, kafka, connect_timeout_s=10.0)
+    topic = settings.topic_template.format(aggregateType="order")
+    kafka.create_topics(topic, partitions=1)
+    producer = Producer({"bootstrap.servers": kafka.broker.bootstrap_servers, **kafka.admin_client})
+    for n in range(3):
+        producer.produce(topic, f"not avro {n}".encode(), b"k")
+    assert producer.flush(30) == 0
+    acls = required_to_read(settings.topic_template, TAIL_GROUP_PREFIX)
+    out = io.StringIO()
+    assert tail(_reader(kafka, settings, acls), topic, from_beginning=True, max_messages=3, out=out) == 0
+    assert len(out.getvalue().splitlines()) == 3
+    no_group = _reader(kafka, settings.replace(database=f"{settings.database}g"), [a for a in acls if a.resource != "GROUP"])
+    with pytest.raises(PermissionDeniedError) as refused:
+        tail(no_group, topic, from_beginning=True, max_messages=3, out=io.StringIO())
+    assert refused.value.refused == [("READ (GROUP_AUTHORIZATION_FAILED)", f"GROUP {TAIL_GROUP_PREFIX}*")]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from relay.kafka.acls import SPARK_GROUP_PREFIX, TAIL_GROUP_PREFIX, required_to_read
 from relay.kafka.acls import required as required_acls
 from relay.mongo.privileges import required as required_privileges
 from tests.support import ROOT
@@ -40,12 +41,26 @@ def test_the_mongodb_table_lists_every_privilege_of_every_mode() -> None:
     assert documented == needed
 
 
-def test_the_kafka_table_lists_every_acl_of_every_mode() -> None:
-    documented: set[tuple[str, str]] = set()
-    for resource, pattern, operations, *_ in _rows(_section("Least privilege on Kafka")):
+def _acls(section: str) -> set[tuple[str, str, str, str]]:
+    """(kind, name, pattern, operation) of every row: the name is the resource cell's first
+    ticked word, e.g. outbox.event. in "topic `outbox.event.` (...)"."""
+    documented = set()
+    for resource, pattern, operations, *_ in _rows(section):
         kind = resource.split()[0].upper().replace("TRANSACTIONAL", "TRANSACTIONAL_ID")
-        documented |= {(kind, f"{pattern}:{op}") for op in _ticked(operations)}
+        name = re.findall(r"`([^`]+)`", resource)[0]
+        documented |= {(kind, name, pattern, op) for op in _ticked(operations)}
+    return documented
+
+
+def _as_tuples(acls) -> set[tuple[str, str, str, str]]:
+    return {(a.resource, a.name, a.pattern, a.operation) for a in acls}
+
+
+def test_the_kafka_tables_list_every_acl_of_every_mode_by_name() -> None:
+    relay_part, readers = _section("Least privilege on Kafka").split("### Reading the topics", 1)
     acls = required_acls("outbox.event.{aggregateType}", exactly_once=True, offsets_topic="outbox-relay.offsets",
                          dead_letter_topic="outbox.deadletter")
-    assert {(a.resource, f"{a.pattern}:{a.operation}") for a in acls} <= documented
-    assert {op for _, op in documented} == {f"{a.pattern}:{a.operation}" for a in acls}
+    assert _acls(relay_part) == _as_tuples(acls)
+    tail = _as_tuples(required_to_read("outbox.event.{aggregateType}", TAIL_GROUP_PREFIX))
+    spark = _as_tuples(required_to_read("outbox.event.{aggregateType}", SPARK_GROUP_PREFIX))
+    assert _acls(readers) == tail | spark

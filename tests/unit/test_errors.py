@@ -112,3 +112,62 @@ def test_kraft_cluster_ids_never_start_with_a_dash():
 
     ids = [_cluster_id() for _ in range(2000)]  # about 31 of 2,000 raw ids start with "-"
     assert all(not i.startswith("-") and len(i) == 22 for i in ids)
+
+
+def test_kafka_errors_are_translated_by_one_table_naming_what_the_step_needs():
+    from relay.core.errors import PermissionDeniedError, ProducerFatalError
+    from relay.kafka.errors import CODES, Attempt, Treat, producing, translate
+
+    def err(code: int, fatal: bool = False) -> KafkaError:
+        return KafkaError(code, "broker says no", fatal=fatal)
+
+    produce = producing(["orders"], "e1")
+    denied = translate(err(KafkaError.TOPIC_AUTHORIZATION_FAILED), produce)
+    assert isinstance(denied, PermissionDeniedError)
+    assert denied.refused == [("WRITE, DESCRIBE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC orders")]
+    assert "refused to produce" in str(denied)
+    create = Attempt("create the offsets topic", (("TOPIC", "relay.offsets", "CREATE"),))
+    assert translate(err(KafkaError.TOPIC_AUTHORIZATION_FAILED), create).refused == [  # type: ignore[attr-defined]
+        ("CREATE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC relay.offsets")]
+    cluster = translate(err(KafkaError.CLUSTER_AUTHORIZATION_FAILED, fatal=True), produce)
+    assert cluster.refused[0][1] == "CLUSTER kafka-cluster"  # type: ignore[attr-defined]
+    poison = translate(err(KafkaError.MSG_SIZE_TOO_LARGE), produce)
+    assert isinstance(poison, PoisonEventError) and poison.event_id == "e1"
+    batch = translate(err(KafkaError.MSG_SIZE_TOO_LARGE), producing(["orders"], "e1", batch=7))
+    assert isinstance(batch, BatchRefusedError) and batch.events == 7
+    assert isinstance(translate(err(KafkaError.PRODUCER_FENCED, fatal=True), produce), ProducerFencedError)
+    timeout = translate(err(KafkaError.INVALID_TRANSACTION_TIMEOUT), produce)
+    assert isinstance(timeout, ConfigError) and timeout.setting == "RELAY_KAFKA_TRANSACTION_TIMEOUT_MS"
+    assert isinstance(translate(err(KafkaError._MSG_TIMED_OUT, fatal=True), produce), ProducerFatalError)
+    assert isinstance(translate(err(KafkaError._MSG_TIMED_OUT), produce), DeliveryError)
+    assert {c.treat for c in CODES.values()} == set(Treat)
+    assert kafka_errors.action_for(KafkaException(err(KafkaError.GROUP_AUTHORIZATION_FAILED))) is Action.STOP
+
+
+def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
+    """A refusal by produce() itself (here: a fatal error librdkafka raises from it) names the
+    event's topic, not an empty resource."""
+    from relay.kafka.producer import Publisher
+
+    publisher = Publisher({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
+    publisher._topic = "orders"
+    refused = publisher._refused(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), "e9")
+    assert refused.refused == [("WRITE, DESCRIBE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC orders")]  # type: ignore[attr-defined]
+    publisher.close()
+
+
+def test_a_permission_refusal_stop_line_lists_each_refused_action_and_resource():
+    from relay.core.errors import PermissionDeniedError
+    from relay.ops.observe import write_stop_line
+    from tests.support import captured_logs
+
+    refused = [("changeStream", "shop.outbox"), ("CREATE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC relay.offsets")]
+    with captured_logs("json") as capture:
+        write_stop_line(PermissionDeniedError.missing("MongoDB", "relay@admin", refused))
+    [line] = capture.lines()
+    assert line["error_kind"] == "PermissionDeniedError" and line["exit_code"] == 2
+    assert line["refused"] == [{"action": "changeStream", "resource": "shop.outbox"},
+                               {"action": "CREATE (TOPIC_AUTHORIZATION_FAILED)", "resource": "TOPIC relay.offsets"}]
+    with captured_logs("json") as capture:
+        write_stop_line(ConfigError("RELAY_X", "bad"))
+    assert "refused" not in capture.lines()[0]

@@ -38,3 +38,22 @@ def test_a_malformed_pair_names_its_flag(flag):
     with pytest.raises(ConfigError) as err:
         _options(flag, "no-equals-sign")
     assert err.value.setting == flag
+
+
+def test_the_jobs_credentials_are_masked_in_their_configuration_and_lines(monkeypatch):
+    """--view-uri's password and a --kafka-option credential are registered for masking when the
+    job reads its flags, and its configuration renders them masked (the JVM side:
+    tests/integration/test_security_secrets.py)."""
+    from relay.core.redact import scrub
+    from relay.spark.materialize import _parser, config_from_args
+    from relay.spark.session import JOB_CONF
+
+    canary = "Canary-Spark-51e0"
+    monkeypatch.delenv("RELAY_MONGODB_URI", raising=False)
+    args = _parser().parse_args(["--output", "/tmp/lake", "--view-uri", f"mongodb://v:{canary}v@h:1/?replicaSet=rs0",
+                                 "--kafka-option", f'sasl.jaas.config=x required password="{canary}j";'])
+    cfg, _opts, _settings = config_from_args(args)
+    assert canary not in repr(cfg) and "v:***@h:1" in repr(cfg.view)
+    assert scrub(f"{canary}v and {canary}j") == "*** and ***"
+    assert cfg.view is not None and cfg.view.uri.reveal().startswith(f"mongodb://v:{canary}v@")
+    assert "jaas" in JOB_CONF["spark.sql.redaction.options.regex"] and "jaas" in JOB_CONF["spark.redaction.regex"]

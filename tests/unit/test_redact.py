@@ -3,6 +3,7 @@ command line mask the loaded credentials wherever they appear (relay.core.redact
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 
@@ -152,3 +153,129 @@ def test_a_thread_that_crashes_is_logged_through_the_scrubbing_formatter() -> No
     assert line["level"] == "ERROR" and line["message"] == "thread reader ended on RuntimeError"
     assert "RuntimeError: connect failed for mongodb://u:***@h/ with ***" in line["exc"]
     assert CANARY not in capture.text
+
+
+# ---- values that render masked by construction -----------------------------------------------
+
+
+def test_a_uri_secret_and_properties_render_masked_and_reveal_the_clear_value() -> None:
+    from relay.core.redact import Properties, Secret, Uri
+
+    uri = Uri(f"mongodb://relayuser:{CANARY}@h:1/?replicaSet=rs0")
+    for shown in (str(uri), repr(uri), f"{uri}", f"{uri!r}", f"{[uri]}", json.dumps({"u": uri}, default=str)):
+        assert CANARY not in shown and "relayuser:***@h:1" in shown, shown
+    assert uri.reveal() == f"mongodb://relayuser:{CANARY}@h:1/?replicaSet=rs0"
+    secret = Secret(f"reg:{CANARY}")
+    assert (str(secret), repr(secret), f"{secret:>5}") == ("***", "'***'", "  ***")
+    assert secret.reveal() == f"reg:{CANARY}" and not Secret("") and str(Secret("")) == ""
+    props = Properties({"sasl.password": CANARY, "compression.type": "zstd"})
+    assert CANARY not in repr(props) and CANARY not in str(props) and dict(props)["sasl.password"] == CANARY
+    assert props == {"sasl.password": CANARY, "compression.type": "zstd"}
+    with pytest.raises(TypeError):
+        json.dumps({"u": uri})  # no encoder sees the clear value by accident
+
+
+def test_every_part_configuration_renders_its_credentials_masked() -> None:
+    from relay.spark.audit import AuditConfig
+    from relay.spark.materialize import MaterializeConfig, MongoView
+    from relay.spark.schemas import RegistryAccess
+
+    settings = _loaded().replace(schema_registry_url="http://registry:8081")  # and basic auth
+    parts = settings.parts()
+    user_info = settings.replace(schema_registry_url=f"http://reg:{CANARY}5@registry:8081", schema_registry_basic_auth="")
+    access = RegistryAccess.from_settings(settings)
+    view = MongoView(settings.mongodb_uri, "app", "state")
+    shown = [repr(parts), str(parts.mongo), repr(parts.kafka), repr(user_info.parts().registry), repr(access), repr(view),
+             repr(MaterializeConfig(settings.kafka_bootstrap_servers, (), "t.*", "/o", "/c", view,
+                                    kafka_client={"sasl.jaas.config": f'x password="{CANARY}6";'},
+                                    schema_registry=access)),
+             repr(AuditConfig(settings.mongodb_uri, "app", "outbox", parts.encoding.fields, "k:9092", (), None,
+                              dt.datetime.now(dt.UTC), dt.datetime.now(dt.UTC), schema_registry=access))]
+    assert not [s for s in shown if CANARY in s], shown
+    assert "relayuser:***@" in shown[1] and "'sasl.password': '***'" in shown[2] and "reg:***@registry" in shown[3]
+    assert "basic_auth='***'" in repr(parts.registry) and "basic_auth='***'" in repr(access)
+    assert parts.kafka.producer_config()["sasl.password"] == f"{CANARY}2"  # the clear value, for librdkafka only
+    assert parts.mongo.uri.reveal() == settings.mongodb_uri
+
+
+def test_an_unescaped_at_sign_in_a_password_is_masked_whole_and_refused_naming_the_setting() -> None:
+    from relay.mongo.config import uri_credentials
+
+    uri = f"mongodb://relayuser:{CANARY}@tail@127.0.0.1:1/?replicaSet=rs0"
+    assert redact_text(uri) == "mongodb://relayuser:***@127.0.0.1:1/?replicaSet=rs0"
+    assert f"{CANARY}@tail" in uri_credentials(uri)
+    with pytest.raises(ConfigError) as refused:
+        Settings.load(env={"RELAY_MONGODB_URI": uri})
+    assert refused.value.setting == "RELAY_MONGODB_URI" and "must be escaped" in str(refused.value)
+    assert CANARY not in str(refused.value) and "tail" not in str(refused.value)
+    assert scrub(f"driver: {CANARY}@tail") == "driver: ***"  # registered whole before validation
+
+
+@pytest.mark.parametrize(
+    ("uri", "reason"),
+    [("mongodb://u:pw@h1,h2/?directConnection=true", "multiple hosts"), ("mongodb://u:pw@h:99999/", "Port"),
+     ("mongodb://h/?tlsCertificateKeyFile=/nonexistent/key.pem", "No such file"),
+     ("mongodb://u:pw@h/?srvMaxHosts=2", "srvMaxHosts")],
+)
+def test_a_uri_pymongo_refuses_is_a_config_error_naming_the_setting_without_a_traceback(
+    uri: str, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from relay.mongo.config import MongoConfig
+
+    def load() -> int:
+        Settings.load(env={"RELAY_MONGODB_URI": uri})
+        return 0
+
+    with pytest.raises(ConfigError, match=reason):
+        MongoConfig(uri=uri, database="a", outbox_collection="o", lease_collection="l", connect_timeout_s=1,
+                    max_await_ms=1)
+    assert run_command("outbox-relay", load) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("outbox-relay: ConfigError: RELAY_MONGODB_URI: pymongo refuses the URI") and "Traceback" not in err
+
+
+def test_a_srv_uri_is_checked_by_the_client_without_a_dns_lookup_at_load() -> None:
+    from relay.mongo.connection import mongo_client
+
+    config = Settings(mongodb_uri=f"mongodb+srv://u:{CANARY}@a.example,b.example/").parts().mongo  # no DNS here
+    with pytest.raises(ConfigError, match="one, and only one") as refused:
+        mongo_client(config)
+    assert refused.value.setting == "RELAY_MONGODB_URI" and CANARY not in str(refused.value)
+
+
+def test_uri_option_credentials_are_registered_as_pymongo_decodes_them() -> None:
+    from relay.mongo.config import uri_credentials
+
+    uri = (f"mongodb://u:{CANARY}%21a@h/?tls=true&tlsCertificateKeyFilePassword={CANARY}%21k"
+           f"&authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:{CANARY}t")
+    found = set(uri_credentials(uri))
+    assert {f"{CANARY}%21a", f"{CANARY}!a", f"{CANARY}%21k", f"{CANARY}!k", f"{CANARY}t"} <= found
+    assert redact_text(uri) == ("mongodb://u:***@h/?tls=true&tlsCertificateKeyFilePassword=***"
+                                "&authMechanism=MONGODB-AWS&authMechanismProperties=***")
+
+
+@pytest.mark.parametrize("flag", ["--kafka-property", "--kafka-option", "--spark-conf"])
+def test_a_malformed_pair_is_refused_without_echoing_it(flag: str) -> None:
+    from relay.config import parse_pairs
+
+    with pytest.raises(ConfigError) as refused:
+        parse_pairs(["compression.type=zstd", f"sasl.password {CANARY}"], flag)
+    assert refused.value.setting == flag and "item 2" in str(refused.value) and CANARY not in str(refused.value)
+
+
+def test_pairs_register_their_credentials_at_once() -> None:
+    from relay.config import parse_pairs
+
+    jaas = f'org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="{CANARY}j";'
+    parse_pairs([f"sasl.jaas.config={jaas}", f"spark.hadoop.fs.s3a.secret.key={CANARY}s",
+                 f"spark.mongodb.read.connection.uri=mongodb://u:{CANARY}m@h/"], "--kafka-option")
+    assert scrub(f"{jaas} | {CANARY}j | {CANARY}s | {CANARY}m") == "*** | *** | *** | ***"
+
+
+def test_a_refused_registry_url_is_named_without_its_password() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings(schema_registry_url=f"ftp://reg:{CANARY}@registry/").parts()
+    assert "ftp://reg:***@registry/" in str(refused.value) and CANARY not in str(refused.value)
+    with pytest.raises(ConfigError) as both:  # the registry client refuses user info beside basic auth
+        Settings(schema_registry_url=f"http://reg:{CANARY}@registry/", schema_registry_basic_auth="u:p1234").parts()
+    assert both.value.setting == "RELAY_SCHEMA_REGISTRY_BASIC_AUTH" and CANARY not in str(both.value)
