@@ -289,10 +289,10 @@ def decode_failure(exc: Exception, schema_id: int, client: Any) -> Exception:
             return SchemaRegistryUnavailableError(f"Schema Registry error for {where}: {exc}")
         if status == 404 and exc.error_code in SCHEMA_NOT_FOUND:
             return ValueError(f"cannot decode with {where}: the Schema Registry has no such schema ({exc})")
-        url = redact_text(str(client.config().get("url", "?")))
+        url = Uri(str(client.config().get("url", "?")))
         return SchemaRegistryRefusedError(f"the Schema Registry at {url} refused to give {where}: {exc}")
     if isinstance(exc, _transport_errors()):
-        url = redact_text(str(client.config().get("url", "?")))
+        url = Uri(str(client.config().get("url", "?")))
         return SchemaRegistryUnavailableError(f"cannot reach the Schema Registry at {url}: {type(exc).__name__}: {exc}")
     return ValueError(f"cannot decode with {where}: {type(exc).__name__}: {exc}")
 
