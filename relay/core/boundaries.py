@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from relay.core.change import Batch, Change
 from relay.core.message import OutgoingMessage
-from relay.core.positions import Batch, Checkpoint, Grant, StartPoint, Token
+from relay.core.positions import Checkpoint, Grant, StartPoint, Token
 from relay.core.window import Delivery
 
 
@@ -112,13 +113,13 @@ class LeaseStore(Protocol):
 class Encoder(Protocol):
     """Turns a change into its Kafka message (relay.avro.encoding.MessageBuilder)."""
 
-    def build(self, change: Any, fencing_token: int) -> OutgoingMessage:
-        """The message for one insert change; raises PoisonEventError naming the event."""
+    def build(self, change: Change, fencing_token: int) -> OutgoingMessage:
+        """The message for one change; raises PoisonEventError naming the event."""
 
-    def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
+    def build_many(self, changes: Sequence[Change], fencing_token: int) -> list[OutgoingMessage | None]:
         """Messages for a batch where a fast path can build them; None where `build` must."""
 
-    def dead_letter(self, change: Any, reason: str, fencing_token: int) -> OutgoingMessage:
+    def dead_letter(self, change: Change, reason: str, fencing_token: int) -> OutgoingMessage:
         """The dead-letter record that stands in for a poison event."""
 
 

@@ -60,6 +60,7 @@ from relay.core.boundaries import (
     Publisher,
     SystemClock,
 )
+from relay.core.change import Batch
 from relay.core.config import WAIT_SLICE_S, LoopConfig
 from relay.core.errors import (
     Action,
@@ -73,7 +74,7 @@ from relay.core.errors import (
     classify,
 )
 from relay.core.poison import Decision, PoisonPolicy, encode
-from relay.core.positions import Batch, Checkpoint, Grant, Token, short_token, start_point
+from relay.core.positions import Checkpoint, Grant, Token, short_token, start_point
 from relay.core.window import Delivery, Window, split
 
 log = logging.getLogger("relay")
@@ -291,7 +292,7 @@ class Relay(Generic[ObserverT]):
         start = 0
         for end, alone in split([len(m.value) for m in messages], self.config.batch_max_bytes, self._poison.one_by_one):
             delivery = Delivery(
-                batch.wall_ms[start:end],
+                batch.wall_ms(start, end),
                 messages[start:end],
                 batch.token_after(end),
                 self._clock.monotonic(),

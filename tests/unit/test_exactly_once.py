@@ -296,7 +296,7 @@ def test_transaction_bounds_are_checked_naming_the_setting(setting, value):
 def test_a_poison_event_stops_after_the_events_before_it_committed_in_their_own_transaction():
     world = calm_world()
     before = _write(world, 5)
-    bad = str(world.outbox.add(outbox_document(99, "k9", eventType=None))["fullDocument"]["_id"])
+    bad = world.outbox.add(outbox_document(99, "k9", eventType=None)).event_id
     _write(world, 5)
     for generation in range(2):
         tr = txn_relay(world, eos_settings(batch_max_events=100, instance_id=f"A{generation}"))
@@ -312,7 +312,7 @@ def test_dead_letters_are_written_inside_the_transaction_and_refused_batches_rep
     world = calm_world()
     settings = eos_settings(on_poison="dead-letter", dead_letter_topic="dlq", batch_max_events=50)
     good = _write(world, 4)
-    malformed = str(world.outbox.add(outbox_document(99, "k9", eventType=None))["fullDocument"]["_id"])
+    malformed = world.outbox.add(outbox_document(99, "k9", eventType=None)).event_id
     good += _write(world, 3)
     refused = _write(world, 1)[0]
     world.broker.refuse.add(("outbox.event.order", refused))

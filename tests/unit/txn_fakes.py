@@ -24,10 +24,11 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from relay.config import Settings
+from relay.core.change import Batch
 from relay.core.errors import ProducerFencedError, TransactionAbortedError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
-from relay.core.positions import Batch, Checkpoint, Grant
+from relay.core.positions import Checkpoint, Grant
 from relay.core.resume import after_exactly_once, forgets_record, resume_point
 from relay.core.window import Delivery
 from relay.kafka.offsets_record import OffsetsRecord
