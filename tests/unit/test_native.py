@@ -208,6 +208,27 @@ def test_the_reader_gives_the_event_id_as_event_id_of_does(event_id):
     assert _change(document).event_id == event_id_of(document)
 
 
+@PROPERTIES
+@given(document=bson_documents(), event_id=st.one_of(st.just(_ABSENT), st.text(max_size=4), st.builds(ObjectId),
+                                                     st.integers(-5, 5), bson_documents()))
+def test_the_reader_takes_any_document_as_it_is(document, event_id):
+    from relay.core.message import event_id_of
+    from relay.outbox import decode
+
+    if event_id is not _ABSENT:
+        document = {"_id": event_id, **{k: v for k, v in document.items() if k != "_id"}}
+    change = _change(document)
+    assert change.document == bson.encode(document)
+    assert change.event_id == event_id_of(decode(change.document))
+
+
+def test_a_change_event_that_is_not_bson_is_named():
+    good = insert_change(_outbox({"n": 1}), TOKEN).raw
+    broken = good[:4] + b"\x42" + good[5:]  # its first field of a type BSON does not have
+    with pytest.raises(ValueError, match="change 1"):
+        read_changes([RawBSONDocument(good, RAW_CHANGE_CODEC), RawBSONDocument(broken, RAW_CHANGE_CODEC)])
+
+
 def test_the_reader_keeps_the_token_whole_and_stops_at_the_first_change_that_is_not_an_insert():
     typed_bits = {"_data": TOKEN["_data"], "_typeBits": b"\x40"}
     inserted = insert_change(_outbox({"n": 1}), typed_bits)
