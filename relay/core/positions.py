@@ -16,8 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from relay.core.errors import PipelineMismatchError
-
 Token = Mapping[str, Any]
 
 
@@ -94,26 +92,3 @@ class Grant:
     fencing_token: int
     expires_at: dt.datetime
     checkpoint: Checkpoint
-
-
-def start_point(
-    checkpoint: Checkpoint, fingerprint: str, start_at: str, start_at_time: dt.datetime | None
-) -> StartPoint:
-    """Where a leader opens the stream: after the stored token; else, for a partition seeded by
-    a change of partition count, at its seed (startAtOperationTime includes that time); else
-    where RELAY_START_AT says (`now`, an ISO time given as `start_at_time`, or the oplog's start).
-
-    Raises PipelineMismatchError when the stored token was made by another pipeline: resuming
-    with it could skip or repeat events.
-    """
-    if checkpoint.token is not None:
-        if checkpoint.fingerprint not in (None, fingerprint):
-            raise PipelineMismatchError.between("the stored checkpoint", checkpoint.fingerprint, fingerprint)
-        return StartPoint(resume_after=checkpoint.token)
-    if checkpoint.seed is not None:
-        return StartPoint(at_time=checkpoint.seed)
-    if start_at == "now":
-        return StartPoint()
-    if start_at_time is not None:
-        return StartPoint(at_time=ClusterTime(int(start_at_time.timestamp()), 0))
-    return StartPoint(oplog_start=True)

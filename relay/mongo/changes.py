@@ -56,7 +56,7 @@ from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
 from relay.core.change import Batch, Change
-from relay.core.errors import HistoryLostError, StreamInvalidatedError, TransientError
+from relay.core.errors import StreamInvalidatedError, TransientError
 from relay.core.positions import StartPoint, Token
 from relay.mongo.codecs import RAW_CHANGE_CODEC, read_changes
 from relay.mongo.errors import resumable, translate
@@ -235,7 +235,8 @@ class ChangeSource:
     # ---- relay.core.boundaries.ChangeSource ---------------------------------------------------
 
     def open(self, start: StartPoint) -> None:
-        """Open the stream at `start`; raises HistoryLostError when that point left the oplog."""
+        """Open the stream at `start`; raises HistoryLostError when that point left the oplog (at
+        the oplog's start too: the oldest entry rolled over between reading it and opening)."""
         self.close()
         at_time = None if start.at_time is None else Timestamp(start.at_time.time, start.at_time.inc)
         if start.oplog_start:
@@ -246,11 +247,7 @@ class ChangeSource:
             if start.resume_after is not None or at_time is not None:
                 self._probe()
         except PyMongoError as exc:
-            error = translate(exc)
-            if isinstance(error, HistoryLostError) and start.oplog_start:
-                # The oldest entry was truncated between reading and opening: try again.
-                raise TransientError("the oplog rolled over while opening at its start") from exc
-            raise error from exc
+            raise translate(exc) from exc
 
     def _probe(self) -> None:
         """Run the pipeline once so the server checks the resume point; hold what it returns.

@@ -420,15 +420,24 @@ class FakeAssignment:
 
 class FakeProducers:
     """At-least-once mode (relay.core.boundaries.Producers): a new FakePublisher per leading
-    session, resuming at the lease document's checkpoint."""
+    session, and no offsets topic (nothing ever ran exactly-once here)."""
+
+    delivery = "at-least-once"
+    offsets_topic = "outbox-relay.offsets"
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.publishers: list[Any] = []
 
-    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Any, Checkpoint]:
+    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> Any:
         self.publishers.append(FakePublisher(self.world))
-        return self.publishers[-1], grant.checkpoint
+        return self.publishers[-1]
+
+    def committed(self, heartbeat: Callable[[], None]) -> None:
+        return None
+
+    def forget(self, publisher: Any, heartbeat: Callable[[], None]) -> None:
+        raise AssertionError("an at-least-once relay forgets no offsets record")
 
 
 # ---- a relay on the fakes ------------------------------------------------------------------------
