@@ -240,8 +240,9 @@ class Relay(Generic[ObserverT]):
     def _open(self, session: Session) -> None:
         """Open the stream where the resume decision says (relay.core.resume.resume, its table):
         first forget a stale offsets record if it says so, then open, then store what it says to
-        store at once (the opening token when there is no checkpoint; the offsets record's token
-        when that was newer than the checkpoint, so `status` shows it)."""
+        store at once (the opening token when there is no checkpoint, unless the stream was
+        rescanned; the offsets record's token when that was newer than the checkpoint, so `status`
+        shows it)."""
         grant = session.grant
 
         def heartbeat() -> None:
@@ -258,9 +259,9 @@ class Relay(Generic[ObserverT]):
                 rules.start_at,
             )
             self._producers.forget(session.publisher, heartbeat)
-        self._open_at(session.source, plan)
+        opened = self._open_at(session.source, plan)
         log.info("change stream opened %s", plan.description)
-        if plan.store is Store.OPENING and session.source.token is not None:
+        if plan.store is Store.OPENING and opened and session.source.token is not None:
             self._commit(session, session.source.token)
         elif plan.store is Store.RESUMED and plan.start.resume_after is not None:
             self._commit(session, plan.start.resume_after)
@@ -270,11 +271,13 @@ class Relay(Generic[ObserverT]):
         c, p = self.config, self._producers
         return Rules(self._fingerprint, p.delivery, c.start_at, c.on_history_lost, p.offsets_topic)
 
-    def _open_at(self, source: ChangeSource, plan: Resume) -> None:
+    def _open_at(self, source: ChangeSource, plan: Resume) -> bool:
         """Open `source` at the plan's start; if that point left the oplog, do what the plan says
-        (stop, rescan, or retry: a restart opens again)."""
+        (stop, rescan, or retry: a restart opens again). False when it rescans: the scanned
+        documents have no position, so nothing may be stored until the scan's end is (`_idle`)."""
         try:
             source.open(plan.start)
+            return True
         except HistoryLostError as exc:
             if plan.if_lost is IfLost.RETRY:
                 raise TransientError("the oplog rolled over while opening at its start") from exc
@@ -286,6 +289,7 @@ class Relay(Generic[ObserverT]):
                 self.config.namespace,
             )
             source.rescan()
+            return False
 
     # ---- one step -----------------------------------------------------------------------------
 

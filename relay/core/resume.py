@@ -52,11 +52,13 @@ class IfLost(enum.Enum):
 
 
 class Store(enum.Enum):
-    """What the loop stores at once, once the stream is open."""
+    """What the loop stores at once, once the stream is open: nothing; the opening token (no
+    checkpoint, and not rescanned: a crash before the first batch cannot move the start later); or
+    the offsets record's token it resumed after, newer than the checkpoint (`status` shows it)."""
 
     NOTHING = "nothing"
-    OPENING = "opening"  # the stream's opening token: a crash before the first batch cannot move the start later
-    RESUMED = "resumed"  # the offsets record's token it resumed after, newer than the checkpoint (status shows it)
+    OPENING = "opening"
+    RESUMED = "resumed"
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ def resume(checkpoint: Checkpoint, committed: Callable[[], Committed | None], ru
     | no token, RELAY_START_AT=oplog-start | | at the oldest oplog entry | retry (it rolled over) | store the opening token |
 
     The opening token is stored at once (blog post, Fig. 4b) so that a crash before the first
-    batch cannot move the start to a later "now". Raises PipelineMismatchError where the table
-    says so: resuming with another pipeline's token could skip or repeat events.
+    batch cannot move the start to a later "now"; but not after a rescan (its documents have no
+    position: the opening token is stored once they are delivered, as the scan's end). Raises
+    PipelineMismatchError where the table says so: resuming with another pipeline's token could
+    skip or repeat events.
     """
     if checkpoint.token is None:
         forget = committed() if rules.delivery == EXACTLY_ONCE else None

@@ -181,6 +181,8 @@ class FakeSource:
             if w.history_lost_before is not None and position < w.history_lost_before:
                 raise HistoryLostError("the stored checkpoint is no longer in the oplog (fake)")
             self.position = position
+        elif start.at_time is not None and w.history_lost_before is not None:
+            raise HistoryLostError("the start time is no longer in the oplog (fake)")
         else:
             self.position = len(w.outbox.changes) if start == StartPoint() else 0
 

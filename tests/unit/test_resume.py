@@ -3,6 +3,7 @@ table, what it reads from Kafka and when, and how the loop applies its history-l
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from typing import Any
 
@@ -12,7 +13,7 @@ from relay.core.errors import HistoryLostError, PipelineMismatchError
 from relay.core.positions import Checkpoint, ClusterTime, StartPoint
 from relay.core.resume import IfLost, Rules, Store, resume
 from relay.kafka.offsets_record import OffsetsRecord
-from tests.unit.fakes import FINGERPRINT, World, covered_by, fake_relay, fake_settings, token
+from tests.unit.fakes import FINGERPRINT, FakeLease, World, covered_by, fake_relay, fake_settings, token
 from tests.unit.machine import write
 
 TOPIC = "outbox-relay.offsets"
@@ -155,6 +156,43 @@ def test_at_the_oplog_start_a_rolled_over_oldest_entry_is_a_restart_not_a_stop()
     fr.relay.turn()
     assert opens == [StartPoint(oplog_start=True)] * 2, "opened again after the restart"
     assert world.lease.token == token(0), "the opening token stored at once"
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_a_rescan_without_a_checkpoint_stores_the_opening_token_only_once_the_scan_is_delivered(seeded):
+    """A start time (RELAY_START_AT, or a partition's seed) that left the oplog, with
+    RELAY_ON_HISTORY_LOST=rescan: the scan's documents have no position, so the stream's opening
+    token may be stored only once they are all delivered; stored before, a crash mid-scan would
+    resume after it and never publish the rest."""
+    world = World()
+    ids = write(world, 5)
+    world.history_lost_before = 1
+    settings = fake_settings(start_at="now" if seeded else "2026-01-01T00:00:00", on_history_lost="rescan",
+                             batch_max_events=2)
+    fr = fake_relay(world, settings)
+    if seeded:
+        fr.relay._lease = _Seeded(world, settings)
+    fr.relay.turn()
+    assert world.opens[-1] == "rescan" and world.lease.token is None, "nothing stored before the scan is delivered"
+    for _ in range(200):
+        if world.lease.token == token(5):
+            break
+        fr.relay.turn()
+    assert set(ids) <= world.broker.acked and world.lease.token == token(5)
+    assert not world.violations
+
+
+class _Seeded(FakeLease):
+    """A partition's lease seeded by a change of partition count (no token yet)."""
+
+    def __init__(self, world: World, settings: Any) -> None:
+        super().__init__(world, settings.instance_id, settings.lease_ttl_s)
+
+    def try_acquire(self) -> Any:
+        grant = super().try_acquire()
+        if grant is None or grant.checkpoint.token is not None:
+            return grant
+        return dataclasses.replace(grant, checkpoint=_checkpoint(None, seed=SEED))
 
 
 def test_relay_start_at_is_parsed_as_the_settings_parse_it():
