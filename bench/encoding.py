@@ -2,17 +2,18 @@
 
 Run: `.venv/bin/python -m bench.encoding [--events N] [--repeat R]`.
 
-Measures the message builder as the relay's loop calls it for a batch of insert changes (raw
-BSON, as the change stream hands them out): `MessageBuilder.build_many` (the compiled encoder,
-relay._native) and `build` (the Python path) for whatever it declines; beside it, the Python
-path alone (`native=False`: BSON decode of the full document, outbox parsing, topic and headers,
+Measures the message builder as the relay's loop calls it for a batch of changes (the values the
+change source hands over, relay.core.change.Change, read from raw change events):
+`MessageBuilder.build_many` (the compiled encoder, relay._native) and `build` (the Python path)
+for whatever it declines; beside it, the Python path alone (`native=False`: BSON decode of the full document, outbox parsing, topic and headers,
 payload conversion, Avro encoding, framing, size check). In this process, no servers: the
 Confluent framing (Python path only) uses confluent-kafka's mock registry client (after the first
 event the serializer's subject and id are cached, as with a real registry). Each figure is the
 best of R runs over the same N pre-built changes (the cases interleaved round by round), in CPU
-microseconds of the encoding thread per event (median beside). Then the parts of the Python
-path, measured alone: Extended JSON rendering of the payload (generic) and BSON -> Avro
-conversion (typed).
+microseconds of the encoding thread per event (median beside). Then the change source's one pass
+over each raw change event that makes those values (relay.mongo.codecs.read_changes), and the
+parts of the Python path, measured alone: Extended JSON rendering of the payload (generic) and
+BSON -> Avro conversion (typed).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ from relay.avro.contract import ENVELOPE
 from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
-from relay.mongo.codecs import CHANGE_CODEC, insert_change
-from relay.outbox import OutboxEvent
+from relay.core.change import Change
+from relay.mongo.codecs import insert_change, read_changes
+from relay.outbox import OutboxEvent, decode
 from relay.wiring import message_builder
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
@@ -96,11 +98,17 @@ def _registry() -> SchemaFolder:
     return registry
 
 
-def _changes(event_type: str, payload: Callable[[int], dict[str, Any]], n: int, raw: bool = False) -> list[Any]:
+def _raw_changes(event_type: str, payload: Callable[[int], dict[str, Any]], n: int) -> list[Any]:
+    """Raw insert change events, as a getMore reply holds them."""
     return [insert_change(OutboxEvent.new("order", f"o-{i}", event_type, payload(i)).to_document(), TOKEN,
-                          delivered=True, raw=raw, clusterTime=bson.Timestamp(0x6B02209A, 1),
-                          wallTime=dt.datetime(2026, 1, 1, tzinfo=UTC))
+                          clusterTime=bson.Timestamp(0x6B02209A, 1), wallTime=dt.datetime(2026, 1, 1, tzinfo=UTC))
             for i in range(n)]
+
+
+def _changes(event_type: str, payload: Callable[[int], dict[str, Any]], n: int) -> list[Change]:
+    """The values the change source hands the loop for those events."""
+    changes, _ = read_changes(_raw_changes(event_type, payload, n))
+    return changes
 
 
 def as_the_loop_does(builder: MessageBuilder, changes: list[Any]) -> list[Any]:
@@ -146,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'case':<56} {'loop us/ev':>10} {'median':>7} {'Python us/ev':>12} {'median':>7} {'value bytes':>12}")
     prepared = []
     for label, builder, event_type, payload in cases:
-        changes = _changes(event_type, payload, n, raw=True)
+        changes = _changes(event_type, payload, n)
         alone = python if builder is single else builder
         assert as_the_loop_does(builder, changes[:1]) == [alone.build(changes[0], 1)], label  # the same message
         prepared.append((label, builder, alone, changes, len(alone.build(changes[0], 1).value)))
@@ -166,8 +174,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:<56} {min(fast):>10.1f} {statistics.median(fast):>7.1f} {min(slow):>12.1f} "
               f"{statistics.median(slow):>7.1f} {size:>12}")
 
+    print("\nthe change source's pass over each raw change event (relay.mongo.codecs.read_changes):")
+    for label, payload in (("demo payload (3 fields)", _demo_payload), ("order payload (25 values, nested)", _order_payload)):
+        raw = _raw_changes("OrderPaid", payload, n)
+        best, median = _best(lambda raw=raw: read_changes(raw), n, repeat)
+        print(f"{'read, ' + label:<56} {best:>9.2f} {median:>8.2f}")
+
     # The parts that differ between generic and typed, alone.
-    docs = [bson.decode(c["fullDocument"].raw, CHANGE_CODEC)["payload"] for c in _changes("x", _order_payload, n, True)]
+    docs = [decode(c.document)["payload"] for c in _changes("x", _order_payload, n)]
     mapper = registry.writer_for("OrderPlaced").mapper
     assert mapper is not None
     converted = [mapper.convert(d) for d in docs]

@@ -138,12 +138,12 @@ def _change_source(
 
 def delivery_mode(parts: Parts, lid: str, fingerprint: str) -> AtLeastOnce | ExactlyOnce:
     """The delivery mode of lease `lid` (RELAY_DELIVERY): the producer of each leading session and
-    where it resumes (relay.kafka.modes)."""
+    the lease's offsets record (relay.kafka.modes)."""
     kafka = parts.kafka
     offsets = OffsetsTopic(kafka)
     if kafka.exactly_once:
-        return ExactlyOnce(kafka, lid, fingerprint, offsets, parts.loop.start_at)
-    return AtLeastOnce(kafka, lid, fingerprint, offsets)
+        return ExactlyOnce(kafka, lid, fingerprint, offsets)
+    return AtLeastOnce(kafka, lid, offsets)
 
 
 def _preflight(parts: Parts, client: MongoClient[Any]) -> None:

@@ -51,7 +51,7 @@ from relay.inbox import Inbox, InboxEvent
 from relay.inbox import inbox as inbox_module
 from relay.inbox.consumer import KafkaSource
 from relay.inbox.decoding import EventDecoder, header_dict
-from relay.mongo.codecs import insert_change
+from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
 
@@ -71,7 +71,7 @@ def fill_topic(bootstrap: str, topic: str, events: int) -> None:
         agg = f"agg-{i % AGGREGATES}"
         doc = OutboxEvent.new("order", agg, "Changed", {"seq": i // AGGREGATES, "note": "x" * 40},
                               trace_context=False).to_document()
-        msg = builder.build(insert_change(doc, TOKEN, delivered=True), 1)
+        msg = builder.build(change_value(doc, TOKEN), 1)
         producer.produce(topic, msg.value, msg.key, headers=msg.headers)
         if i % 10000 == 0:
             producer.poll(0)

@@ -1,28 +1,30 @@
 //! `relay._native`: the relay's hot path in Rust, for the common case.
 //!
-//! `Encoder.encode(changes, fencing_token)` turns a batch of insert change events, each the raw
-//! BSON of a `RawBSONDocument`, into the Kafka messages the Python path
+//! `ChangeReader.read(changes)` (reader.rs) turns the change stream's raw change events into
+//! `relay.core.change.Change` values in one pass over each. `Encoder.encode(changes,
+//! fencing_token)` turns a batch of those values (the outbox document's raw BSON, its position and
+//! cluster time) into the Kafka messages the Python path
 //! (`relay.avro.encoding.MessageBuilder.build`) would build for them: the generic envelope
 //! `io.outboxrelay.v1.OutboxEvent` (payload as relaxed Extended JSON, python_json.rs) or an event
 //! type's typed envelope (payload by the BSON -> Avro mapping, typed.rs), in Avro single-object
 //! encoding, the key, the CloudEvents headers and the fencing token. It returns one
 //! `OutgoingMessage` per change, or `None` where it declines: anything it does not handle exactly
 //! as the Python path does (a malformed document, a payload value the mapping refuses or that is
-//! not written here, a message over the size limit, a change without raw bytes). The caller
+//! not written here, a message over the size limit, a value that is not a Change). The caller
 //! builds those with the Python path, which also raises the poison-event errors, so the two
 //! paths never disagree on what is published or on why something is not. tests/unit/test_native.py
 //! and test_native_typed.py check byte equality on random documents and schemas.
 
 mod avro;
 mod python_json;
+mod reader;
 mod typed;
 
 use bson::{RawBsonRef, RawDocument};
 use pyo3::exceptions::PyValueError;
-use pyo3::buffer::PyBuffer;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -78,6 +80,7 @@ struct Encoder {
     message: Py<PyAny>,
     ce_source: Py<PyBytes>,
     names: Names,
+    change: Py<PyType>, // relay.core.change.Change: what `encode` takes
 }
 
 /// The names and rules every record shares, given by relay.core.message (never retyped here):
@@ -110,13 +113,15 @@ impl Encoder {
     /// pairs; `typed`: for each event type with a typed envelope, (event type, the envelope's
     /// fingerprint, its payload program's root and nodes: relay.avro.native_program); `fingerprint`: the generic
     /// envelope's 8-byte CRC-64-AVRO fingerprint; `message`: the class of the messages returned;
-    /// `names`: relay.avro.encoding.NATIVE_NAMES (from relay.core.message).
+    /// `names`: relay.avro.encoding.NATIVE_NAMES (from relay.core.message); `change`: the class of
+    /// the values encoded (relay.core.change.Change, whose fields are checked).
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(py: Python<'_>, fields: (String, String, String, String, String, String, String),
            template: Vec<(String, Option<String>)>, typed: Vec<(String, Vec<u8>, usize, Vec<typed::NodeArg>)>, fingerprint: &[u8], database: String,
            collection: String, ce_source: &[u8], max_bytes: usize, record_overhead: usize,
-           message: Py<PyAny>, names: NamesArg) -> PyResult<Self> {
+           message: Py<PyAny>, names: NamesArg, change: Bound<'_, PyType>) -> PyResult<Self> {
+        reader::check_fields(&change, &reader::CHANGE_FIELDS)?;
         if fingerprint.len() != 8 {
             return Err(PyValueError::new_err("the fingerprint must be 8 bytes"));
         }
@@ -149,11 +154,11 @@ impl Encoder {
             field_payload: fields.3, field_occurred_at: fields.4, field_headers: fields.5, field_topic: fields.6,
             template: parts, typed: envelopes, prefix, database, collection, max_bytes,
             record_overhead, message, ce_source: PyBytes::new(py, ce_source).unbind(), names,
+            change: change.unbind(),
         })
     }
 
-    /// The message for each change (an object with the raw BSON in `raw`), or None where the
-    /// Python path must build it.
+    /// The message for each Change, or None where the Python path must build it.
     fn encode<'py>(&self, py: Python<'py>, changes: &Bound<'py, PyList>, fencing_token: i64)
                    -> PyResult<Bound<'py, PyList>> {
         let out = PyList::empty(py);
@@ -170,29 +175,48 @@ impl Encoder {
         };
         let mut value = Vec::with_capacity(512);
         let mut payload = String::with_capacity(256);
+        let class = self.change.bind(py);
         for change in changes.iter() {
-            let raw = match change.getattr(intern!(py, "raw")) {
-                Ok(raw) => raw,
-                Err(_) => {
-                    out.append(py.None())?;
-                    continue;
-                }
+            let message = match change_fields(py, class, &change) {
+                Some((document, position, cluster_time)) => match position.to_str() {
+                    Ok(position) => self.message(py, document.as_bytes(), position, cluster_time, &constants,
+                                                 &mut value, &mut payload)?,
+                    Err(_) => None,
+                },
+                None => None,
             };
-            let copied;
-            let bytes = match raw.cast::<PyBytes>() {
-                Ok(b) => b.as_bytes(),
-                Err(_) => {
-                    copied = PyBuffer::<u8>::get(&raw)?.to_vec(py)?; // a memoryview (a slice of a reply)
-                    &copied[..]
-                }
-            };
-            match self.message(py, bytes, &constants, &mut value, &mut payload)? {
+            match message {
                 Some(message) => out.append(message)?,
                 None => out.append(py.None())?,
             }
         }
         Ok(out)
     }
+}
+
+/// A Change's document bytes, position (its token's `_data`) and cluster time as the envelope
+/// writes it (`time << 32 | inc`, 0 when unknown); None for anything else (the Python path's).
+fn change_fields<'py>(py: Python<'py>, class: &Bound<'py, PyType>, change: &Bound<'py, PyAny>)
+                      -> Option<(Bound<'py, PyBytes>, Bound<'py, PyString>, i64)> {
+    if !change.get_type().is(class) {
+        return None;
+    }
+    let change = change.cast::<PyTuple>().ok()?;
+    let document = change.get_item(reader::DOCUMENT).ok()?.cast_into::<PyBytes>().ok()?;
+    let position = change.get_item(reader::POSITION).ok()?.cast_into::<PyDict>().ok()?;
+    let position = position.get_item(intern!(py, "_data")).ok()??.cast_into::<PyString>().ok()?;
+    let cluster_time = change.get_item(reader::CLUSTER_TIME).ok()?;
+    let cluster_time = if cluster_time.is_none() {
+        0
+    } else {
+        let (time, inc): (i64, i64) = cluster_time.extract().ok()?;
+        // time << 32 | increment must fit Avro's long (the Python path fails to encode beyond).
+        if !(0..1 << 31).contains(&time) || !(0..1 << 32).contains(&inc) {
+            return None;
+        }
+        time << 32 | inc
+    };
+    Some((document, position, cluster_time))
 }
 
 struct Constants<'py, 'n> {
@@ -212,9 +236,11 @@ struct Constants<'py, 'n> {
 }
 
 impl Encoder {
-    fn message<'py>(&self, py: Python<'py>, raw: &[u8], c: &Constants<'py, '_>, value: &mut Vec<u8>,
-                    payload: &mut String) -> PyResult<Option<Bound<'py, PyAny>>> {
-        let Some((event, cluster_time, position)) = self.read(raw) else { return Ok(None) };
+    #[allow(clippy::too_many_arguments)]
+    fn message<'py>(&self, py: Python<'py>, document: &[u8], position: &str, cluster_time: i64,
+                    c: &Constants<'py, '_>, value: &mut Vec<u8>, payload: &mut String)
+                    -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(event) = self.read(document) else { return Ok(None) };
         let topic = match event.topic {
             Some(t) => t.to_string(),
             None => self.topic(&event),
@@ -290,26 +316,10 @@ impl Encoder {
         Ok(Some(self.message.bind(py).call1(args)?))
     }
 
-    /// The change's outbox document, cluster time and position, as the Python path reads them;
-    /// None when the Python path must look at it (it may be malformed, or not yet handled here).
-    fn read<'a>(&self, raw: &'a [u8]) -> Option<(Event<'a>, i64, &'a str)> {
-        let change = RawDocument::from_bytes(raw).ok()?;
-        let position = match change.get("_id").ok()?? {
-            RawBsonRef::Document(token) => match token.get("_data").ok()?? {
-                RawBsonRef::String(s) => s,
-                _ => return None,
-            },
-            _ => return None,
-        };
-        let cluster_time = match change.get("clusterTime").ok()?? {
-            // time << 32 | increment must fit Avro's long (the Python path fails to encode beyond).
-            RawBsonRef::Timestamp(ts) if ts.time < (1 << 31) => ((ts.time as i64) << 32) | ts.increment as i64,
-            _ => return None,
-        };
-        let doc = match change.get("fullDocument").ok()?? {
-            RawBsonRef::Document(d) => d,
-            _ => return None,
-        };
+    /// The outbox document as the Python path reads it; None when the Python path must look at
+    /// it (it may be malformed, or not yet handled here).
+    fn read<'a>(&self, raw: &'a [u8]) -> Option<Event<'a>> {
+        let doc = RawDocument::from_bytes(raw).ok()?;
         // One pass over the document; a repeated key is left to the Python path (its dict keeps
         // the last value, this reader would see the first).
         let mut seen: Vec<&str> = Vec::with_capacity(10);
@@ -374,11 +384,10 @@ impl Encoder {
                 };
             }
         }
-        let event = Event {
+        Some(Event {
             id: id?, aggregate_type: aggregate_type?, aggregate_id: aggregate_id?, event_type: event_type?,
             occurred_at_ms: occurred_at_ms?, payload: payload?, headers, topic,
-        };
-        Some((event, cluster_time, position))
+        })
     }
 
     fn topic(&self, event: &Event<'_>) -> String {
@@ -419,50 +428,10 @@ fn rfc3339_millis(ms: i64) -> String {
     out
 }
 
-/// What the loop needs from a batch of raw change events without decoding them: the index of the
-/// first one that is not an insert (-1 if all are; the stream ends at a drop, rename or
-/// invalidate), and each one's `wallTime` in Unix milliseconds (-1 without one). Objects without
-/// raw bytes (the rescan's synthetic inserts) count as inserts without a wall time.
-#[pyfunction]
-fn inspect<'py>(py: Python<'py>, changes: &Bound<'py, PyList>) -> PyResult<(i64, Vec<i64>)> {
-    let mut first_other = -1;
-    let mut wall = Vec::with_capacity(changes.len());
-    for (i, change) in changes.iter().enumerate() {
-        let Ok(raw) = change.getattr(intern!(py, "raw")) else {
-            wall.push(-1);
-            continue;
-        };
-        let copied;
-        let bytes = match raw.cast::<PyBytes>() {
-            Ok(b) => b.as_bytes(),
-            Err(_) => {
-                copied = PyBuffer::<u8>::get(&raw)?.to_vec(py)?;
-                &copied[..]
-            }
-        };
-        let doc = RawDocument::from_bytes(bytes)
-            .map_err(|e| PyValueError::new_err(format!("change {i} is not BSON: {e}")))?;
-        let (mut insert, mut ms) = (false, -1);
-        for element in doc.iter() {
-            let (key, value) = element.map_err(|e| PyValueError::new_err(format!("change {i}: {e}")))?;
-            match (key.as_str(), value) {
-                ("operationType", RawBsonRef::String(op)) => insert = op == "insert",
-                ("wallTime", RawBsonRef::DateTime(dt)) => ms = dt.timestamp_millis(),
-                _ => {}
-            }
-        }
-        if !insert && first_other < 0 {
-            first_other = i as i64;
-        }
-        wall.push(ms);
-    }
-    Ok((first_other, wall))
-}
-
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
-    m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_class::<reader::ChangeReader>()?;
     m.add("MAX_UTC_MS", python_json::MAX_UTC_MS)?;
     Ok(())
 }

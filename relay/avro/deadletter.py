@@ -11,25 +11,23 @@ under the id the message names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from bson import json_util
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
 from relay.avro.config import EncodingConfig
+from relay.core.change import Change
 from relay.core.message import CONTENT_TYPE_JSON, HEADER_FENCING, OutgoingMessage, event_id_of
+from relay.outbox import decode
 
 HEADER_REASON = "relay_dead_letter_reason"
 HEADER_TRUNCATED = "relay_dead_letter_truncated"
 _ROOM = 4096  # left for key, headers and record overhead
 
 
-def dead_letter_message(
-    change: Mapping[str, Any], reason: str, fencing_token: int, config: EncodingConfig
-) -> OutgoingMessage:
-    """The dead-letter record standing in for a poison event."""
-    doc = dict(change["fullDocument"])
+def dead_letter_message(change: Change, reason: str, fencing_token: int, config: EncodingConfig) -> OutgoingMessage:
+    """The dead-letter record standing in for a poison event: its outbox document, read from the
+    change's bytes."""
+    doc = decode(change.document)
     event_id = event_id_of(doc)
     aggregate_id = doc.get(config.fields.aggregate_id)
     key = (aggregate_id if isinstance(aggregate_id, str) and aggregate_id else event_id).encode()

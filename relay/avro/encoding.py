@@ -22,10 +22,8 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import bson
 from bson import Code, json_util
 from bson.json_util import RELAXED_JSON_OPTIONS
-from bson.raw_bson import RawBSONDocument
 
 from relay.avro.config import EncodingConfig
 from relay.avro.deadletter import dead_letter_message
@@ -33,6 +31,7 @@ from relay.avro.folder import SchemaFolder, WriterSchema
 from relay.avro.framing import Framing, SingleObjectFraming
 from relay.avro.mapping import UnmappableValueError
 from relay.avro.native_program import native_program
+from relay.core.change import Change
 from relay.core.errors import PoisonEventError
 from relay.core.message import (
     CE_HEADERS,
@@ -48,9 +47,7 @@ from relay.core.message import (
     event_id_of,
     valid_topic,
 )
-from relay.core.positions import token_cluster_time
-from relay.mongo.codecs import CHANGE_CODEC
-from relay.outbox import MalformedEventError, OutboxEvent, parse
+from relay.outbox import MalformedEventError, OutboxEvent, decode, parse
 
 # Bytes Kafka adds around key, value and headers in a record batch; kept generous.
 RECORD_OVERHEAD = 512
@@ -96,7 +93,9 @@ def _rfc3339(moment: dt.datetime) -> str:
 
 
 class MessageBuilder:
-    """Turns an insert change into the Kafka message; bad events raise PoisonEventError.
+    """Turns a change (relay.core.change.Change) into the Kafka message; bad events raise
+    PoisonEventError. It reads the outbox document from the change's bytes, and the envelope's
+    `source.position` and `source.clusterTime` from the change's position and cluster time.
 
     `framing` defaults to single-object encoding with the folder (relay.avro.framing). With
     `native` (the default) and single-object framing, `build_many` first hands a batch to the
@@ -128,18 +127,16 @@ class MessageBuilder:
         """Whether `build_many` uses the compiled encoder."""
         return self._native is not None
 
-    def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
-        """Messages for the changes the compiled encoder takes (`RawBSONDocument` changes),
-        None for the others, in the same order: build those with `build`."""
+    def build_many(self, changes: Sequence[Change], fencing_token: int) -> list[OutgoingMessage | None]:
+        """Messages for the changes the compiled encoder takes, None for the others, in the same
+        order: build those with `build`."""
         if self._native is None:
             return [None] * len(changes)
         return self._native.encode(changes if isinstance(changes, list) else list(changes), fencing_token)  # type: ignore[no-any-return]
 
-    def build(self, change: Mapping[str, Any], fencing_token: int) -> OutgoingMessage:
-        """The message for one insert change (decoded with changes.CHANGE_CODEC, or raw); raises
-        PoisonEventError naming the event."""
-        change = decoded(change)
-        doc = change["fullDocument"]
+    def build(self, change: Change, fencing_token: int) -> OutgoingMessage:
+        """The message for one change; raises PoisonEventError naming the event."""
+        doc = decode(change.document)
         event_id = event_id_of(doc)
         try:
             event = parse(doc, self._fields)
@@ -186,10 +183,9 @@ class MessageBuilder:
                 event_id, f"payload does not match schema {writer.name} (schemas/{writer.path}): {exc}"
             ) from exc
 
-    def _record(self, event_id: str, event: OutboxEvent, payload: Any, change: Mapping[str, Any]) -> dict[str, Any]:
+    def _record(self, event_id: str, event: OutboxEvent, payload: Any, change: Change) -> dict[str, Any]:
         """The envelope record of the event, with its position in the change stream."""
-        token = change["_id"]
-        cluster_time = change.get("clusterTime") or token_cluster_time(token)
+        cluster_time = change.cluster_time
         return {
             "id": event_id,
             "aggregateType": event.aggregate_type,
@@ -201,13 +197,13 @@ class MessageBuilder:
                 "database": self._database,
                 "collection": self._collection,
                 "clusterTime": (cluster_time.time << 32 | cluster_time.inc) if cluster_time else 0,
-                "position": token["_data"],
+                "position": change.position["_data"],
             },
         }
 
-    def dead_letter(self, change: Mapping[str, Any], reason: str, fencing_token: int) -> OutgoingMessage:
+    def dead_letter(self, change: Change, reason: str, fencing_token: int) -> OutgoingMessage:
         """The dead-letter record that stands in for a poison event (relay.avro.deadletter)."""
-        return dead_letter_message(decoded(change), reason, fencing_token, self._config)
+        return dead_letter_message(change, reason, fencing_token, self._config)
 
     def _headers(self, event: Any, fencing_token: int) -> list[tuple[str, bytes]]:
         ce_values = (
@@ -228,13 +224,6 @@ class MessageBuilder:
         # The trace context, also as the CloudEvents distributed-tracing extension's attributes.
         headers += [(copy, own[name].encode()) for name, copy in TRACE_HEADERS if name in own]
         return headers
-
-
-def decoded(change: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A change as the Python path reads it: a `RawBSONDocument` decoded with CHANGE_CODEC."""
-    if isinstance(change, RawBSONDocument):
-        return bson.decode(change.raw, CHANGE_CODEC)
-    return change
 
 
 def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
@@ -274,6 +263,7 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
         RECORD_OVERHEAD,
         OutgoingMessage,
         NATIVE_NAMES,
+        Change,
     )
 
 

@@ -14,8 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from relay.core.change import Batch, Change
 from relay.core.message import OutgoingMessage
-from relay.core.positions import Batch, Checkpoint, Grant, StartPoint, Token
+from relay.core.positions import Grant, StartPoint, Token
+from relay.core.resume import Committed
 from relay.core.window import Delivery
 
 
@@ -77,17 +79,33 @@ class Publisher(Protocol):
 
 
 class Producers(Protocol):
-    """The Kafka side of every leading session: the delivery mode (relay.kafka.modes).
-
-    `start` is called once per session, after the lease was taken and before the stream opens,
-    with the session's grant and a heartbeat to call while it waits. It returns a fresh producer
-    and the checkpoint the session resumes after: the lease document's, or, where the offsets
-    topic holds a newer committed position (exactly-once mode, or right after it), that one.
-    Exactly-once mode fences every earlier producer of the lease first. The loop closes the
-    producer when the session ends; `start` closes it itself if it fails.
+    """The Kafka side of every leading session: the delivery mode (relay.kafka.modes). It supplies
+    the inputs of the resume decision that live in Kafka and carries out its Kafka actions; the
+    decision is relay.core.resume's, made by the loop. Each call gets a heartbeat to call while it
+    waits on the broker.
     """
 
-    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Publisher, Checkpoint]: ...
+    @property
+    def delivery(self) -> str:
+        """RELAY_DELIVERY: `at-least-once` or `exactly-once`."""
+
+    @property
+    def offsets_topic(self) -> str:
+        """RELAY_OFFSETS_TOPIC, named in errors about its records."""
+
+    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> Publisher:
+        """A fresh producer for the session of `grant`, called once per session after the lease
+        was taken. Exactly-once mode fences every earlier producer of the lease first, so nothing
+        commits after `committed()` reads. The loop closes the producer when the session ends;
+        `start` closes it itself if it fails."""
+
+    def committed(self, heartbeat: Callable[[], None]) -> Committed | None:
+        """The lease's newest committed offsets record (None: none, a tombstone, or no offsets
+        topic); called after `start`, at most once per session, only where the decision needs it."""
+
+    def forget(self, publisher: Publisher, heartbeat: Callable[[], None]) -> None:
+        """Tombstone the lease's offsets record with the session's `publisher` (exactly-once mode
+        only, when the decision says so, before the stream opens)."""
 
 
 class LeaseStore(Protocol):
@@ -109,13 +127,13 @@ class LeaseStore(Protocol):
 class Encoder(Protocol):
     """Turns a change into its Kafka message (relay.avro.encoding.MessageBuilder)."""
 
-    def build(self, change: Any, fencing_token: int) -> OutgoingMessage:
-        """The message for one insert change; raises PoisonEventError naming the event."""
+    def build(self, change: Change, fencing_token: int) -> OutgoingMessage:
+        """The message for one change; raises PoisonEventError naming the event."""
 
-    def build_many(self, changes: Sequence[Any], fencing_token: int) -> list[OutgoingMessage | None]:
+    def build_many(self, changes: Sequence[Change], fencing_token: int) -> list[OutgoingMessage | None]:
         """Messages for a batch where a fast path can build them; None where `build` must."""
 
-    def dead_letter(self, change: Any, reason: str, fencing_token: int) -> OutgoingMessage:
+    def dead_letter(self, change: Change, reason: str, fencing_token: int) -> OutgoingMessage:
         """The dead-letter record that stands in for a poison event."""
 
 

@@ -17,9 +17,11 @@ heartbeat interval (guarantee 7).
 
 `turn()` is one pass of the loop: a standby tries to take the lease (when its assignment says
 so: boundaries.Assignment, the share of a group of replicas over the partitions of an outbox); a
-new leader gets its producer and the point to resume from (boundaries.Producers: the lease's
-checkpoint, or in exactly-once mode the newer of it and the offsets topic's record) and opens the
-stream there; a leader takes one step, or, between steps, hands
+new leader gets its producer (boundaries.Producers; exactly-once mode fences the lease's earlier
+producers), decides where to resume (resume.resume, from the lease's checkpoint, the offsets
+topic's record where its table needs it, and RELAY_START_AT), forgets a stale offsets record when
+that says so, opens the stream there (applying RELAY_ON_HISTORY_LOST if the point left the oplog)
+and stores what it says to store at once; a leader takes one step, or, between steps, hands
 the lease over when its assignment asks (`_hand_over`: the shutdown below without closing the
 clients, then standby). An exception ends the pass and goes through the outcome table
 (`_outcome`), keyed by the action each error kind carries (`errors.classify`; the drivers'
@@ -60,6 +62,7 @@ from relay.core.boundaries import (
     Publisher,
     SystemClock,
 )
+from relay.core.change import Batch
 from relay.core.config import WAIT_SLICE_S, LoopConfig
 from relay.core.errors import (
     Action,
@@ -70,10 +73,12 @@ from relay.core.errors import (
     RelayError,
     ReopenableStreamError,
     RepeatedStreamError,
+    TransientError,
     classify,
 )
 from relay.core.poison import Decision, PoisonPolicy, encode
-from relay.core.positions import Batch, Checkpoint, Grant, Token, short_token, start_point
+from relay.core.positions import Grant, Token, short_token
+from relay.core.resume import IfLost, Resume, Rules, Store, resume
 from relay.core.window import Delivery, Window, split
 
 log = logging.getLogger("relay")
@@ -100,7 +105,7 @@ class Relay(Generic[ObserverT]):
     """Publishes one outbox collection (or one partition of it) to Kafka while it holds the lease.
 
     Its boundaries are given: `source` makes a fresh change source for every leading session and
-    `producers` its producer together with the point it resumes from (the delivery mode,
+    `producers` its producer, the offsets record and its tombstone (the delivery mode,
     relay.kafka.modes); `lease` is the lease document; `encoder` builds messages; `fingerprint`
     identifies the source's pipeline (stored beside every token); `preflight` runs once at the
     start of `run()` (configuration and reachability checks); `close` releases the clients after
@@ -207,11 +212,11 @@ class Relay(Generic[ObserverT]):
             log.info("holding the lease, fencing token %d", grant.fencing_token)
         self._role = "leader"
         source = self._sources()
-        publisher, checkpoint = self._producers.start(grant, lambda: self._heartbeat(grant))
+        publisher = self._producers.start(grant, lambda: self._heartbeat(grant))
         self._session = session = Session(grant, source, publisher, self._window())
         self._unstored = None
         self.observer.watch_publisher(publisher)
-        self._open(session, checkpoint)
+        self._open(session)
 
     def _window(self) -> Window:
         """At-least-once: up to RELAY_PIPELINE_DEPTH reads in flight. Exactly-once: the reads of the
@@ -230,29 +235,59 @@ class Relay(Generic[ObserverT]):
         self.observer.tick()
         self._clock.wait(self.config.standby_poll_s, self._stopping)
 
-    def _open(self, session: Session, checkpoint: Checkpoint) -> None:
-        """Open the stream where the resume point says: after `checkpoint` (the one the producers
-        chose), at a changed partition count's seed, or where RELAY_START_AT says."""
-        c = self.config
-        start = start_point(checkpoint, self._fingerprint, c.start_at, c.start_at_time())
+    def _open(self, session: Session) -> None:
+        """Open the stream where the resume decision says (relay.core.resume.resume, its table):
+        first forget a stale offsets record if it says so, then open, then store what it says to
+        store at once (the opening token when there is no checkpoint, unless the stream was
+        rescanned; the offsets record's token when that was newer than the checkpoint, so `status`
+        shows it)."""
+        grant = session.grant
+
+        def heartbeat() -> None:
+            self._heartbeat(grant)
+
+        rules = self._resume_rules()
+        plan = resume(grant.checkpoint, lambda: self._producers.committed(heartbeat), rules)
+        if plan.forget is not None:
+            log.warning(
+                "no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at RELAY_START_AT=%s)",
+                plan.forget.lease_id,
+                rules.offsets_topic,
+                short_token(plan.forget.token),
+                rules.start_at,
+            )
+            self._producers.forget(session.publisher, heartbeat)
+        opened = self._open_at(session.source, plan)
+        log.info("change stream opened %s", plan.description)
+        if plan.store is Store.OPENING and opened and session.source.token is not None:
+            self._commit(session, session.source.token)
+        elif plan.store is Store.RESUMED and plan.start.resume_after is not None:
+            self._commit(session, plan.start.resume_after)
+
+    def _resume_rules(self) -> Rules:
+        """What the resume decision reads from the settings and the delivery mode."""
+        c, p = self.config, self._producers
+        return Rules(self._fingerprint, p.delivery, c.start_at, c.on_history_lost, p.offsets_topic)
+
+    def _open_at(self, source: ChangeSource, plan: Resume) -> bool:
+        """Open `source` at the plan's start; if that point left the oplog, do what the plan says
+        (stop, rescan, or retry: a restart opens again). False when it rescans: the scanned
+        documents have no position, so nothing may be stored until the scan's end is (`_idle`)."""
         try:
-            session.source.open(start)
-        except HistoryLostError:
-            if c.on_history_lost != "rescan":
+            source.open(plan.start)
+            return True
+        except HistoryLostError as exc:
+            if plan.if_lost is IfLost.RETRY:
+                raise TransientError("the oplog rolled over while opening at its start") from exc
+            if plan.if_lost is IfLost.STOP:
                 raise
             log.error(
                 "the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
                 "every document in %s (expect duplicates)",
-                c.namespace,
+                self.config.namespace,
             )
-            session.source.rescan()
-        log.info("change stream opened %s", start.description)
-        if checkpoint.token is None and session.source.token is not None:
-            # No checkpoint yet: store the opening position at once, so a crash before the
-            # first batch cannot move the start to a later "now" (blog post, Fig. 4b).
-            self._commit(session, session.source.token)
-        elif checkpoint is not session.grant.checkpoint and checkpoint.token is not None:
-            self._commit(session, checkpoint.token)  # the resume point was newer: status shows it at once
+            source.rescan()
+            return False
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -289,7 +324,7 @@ class Relay(Generic[ObserverT]):
         start = 0
         for end, alone in split([len(m.value) for m in messages], self.config.batch_max_bytes, self._poison.one_by_one):
             delivery = Delivery(
-                batch.wall_ms[start:end],
+                batch.wall_ms(start, end),
                 messages[start:end],
                 batch.token_after(end),
                 self._clock.monotonic(),

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from relay.core.boundaries import Encoder
+from relay.core.change import Change
 from relay.core.config import DEAD_LETTER, POISON_POLICIES, STOP
 from relay.core.errors import BatchRefusedError, PoisonEventError
-from relay.core.message import OutgoingMessage, event_id_of
+from relay.core.message import OutgoingMessage
 
 
 class Decision(enum.Enum):
@@ -73,7 +73,7 @@ class PoisonPolicy:
 
 
 def encode(
-    changes: Sequence[Any],
+    changes: Sequence[Change],
     fencing_token: int,
     encoder: Encoder,
     policy: PoisonPolicy,
@@ -95,10 +95,9 @@ def encode(
         if message is None:
             try:
                 if policy.remembers_refusals:
-                    event_id = event_id_of(change["fullDocument"])
-                    reason = policy.refused(event_id)
+                    reason = policy.refused(change.event_id)
                     if reason is not None:
-                        raise PoisonEventError(event_id, reason)
+                        raise PoisonEventError(change.event_id, reason)
                 message = encoder.build(change, fencing_token)
             except PoisonEventError as exc:
                 if not policy.dead_letters:

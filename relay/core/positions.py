@@ -5,23 +5,16 @@ batch's post-batch token. Its `_data` is the hex of a KeyString whose byte order
 order, cluster time first, so tokens compare as strings (`newer`) and carry their cluster time
 (`token_cluster_time`).
 
-Token rule (change streams spec, prose tests 11-14): the token after a batch covers exactly the
-changes returned so far. A `Batch` carries that token; storing it once every change of the batch
-is delivered never skips an undelivered event (guarantee 1).
-
-Start point with no checkpoint (blog post, "Bootstrapping the change listener"): the oldest
-oplog entry (`oplog-start`), an operator-given time, or `now` (then the loop stores the opening
-token at once, so a crash cannot skip the events written meanwhile).
+Which token a batch carries is relay.core.change's; where a leader opens the stream (after which
+token, or at which time) is relay.core.resume's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
-
-from relay.core.errors import PipelineMismatchError
 
 Token = Mapping[str, Any]
 
@@ -55,11 +48,6 @@ def newer(a: Token, b: Token) -> bool:
     """Whether token `a` lies after token `b` in the change stream (uppercase hex keeps the
     KeyString's byte order, so comparing the strings compares the positions)."""
     return str(a["_data"]) > str(b["_data"])
-
-
-def plain(token: Token | None) -> dict[str, Any] | None:
-    """A token as a plain dict (the stream's are raw BSON documents), to store and compare."""
-    return None if token is None else dict(token)
 
 
 @dataclass(frozen=True)
@@ -104,47 +92,3 @@ class Grant:
     fencing_token: int
     expires_at: dt.datetime
     checkpoint: Checkpoint
-
-
-def start_point(
-    checkpoint: Checkpoint, fingerprint: str, start_at: str, start_at_time: dt.datetime | None
-) -> StartPoint:
-    """Where a leader opens the stream: after the stored token; else, for a partition seeded by
-    a change of partition count, at its seed (startAtOperationTime includes that time); else
-    where RELAY_START_AT says (`now`, an ISO time given as `start_at_time`, or the oplog's start).
-
-    Raises PipelineMismatchError when the stored token was made by another pipeline: resuming
-    with it could skip or repeat events.
-    """
-    if checkpoint.token is not None:
-        if checkpoint.fingerprint not in (None, fingerprint):
-            raise PipelineMismatchError.between("the stored checkpoint", checkpoint.fingerprint, fingerprint)
-        return StartPoint(resume_after=checkpoint.token)
-    if checkpoint.seed is not None:
-        return StartPoint(at_time=checkpoint.seed)
-    if start_at == "now":
-        return StartPoint()
-    if start_at_time is not None:
-        return StartPoint(at_time=ClusterTime(int(start_at_time.timestamp()), 0))
-    return StartPoint(oplog_start=True)
-
-
-@dataclass
-class Batch:
-    """Changes in stream order, and the token that covers exactly them and all before.
-
-    `token` is None for a batch of rescanned documents: they have no position in the stream,
-    so storing nothing for them is right (a crash rescans again).
-    """
-
-    changes: list[Any] = field(default_factory=list)
-    token: Token | None = None
-    resumed: bool = False  # the source resumed the stream (a resumable error) while reading it
-    wall_ms: list[int] = field(default_factory=list)  # each change's wallTime (Unix ms; -1: none)
-
-    def token_after(self, count: int) -> Token | None:
-        """The token covering the first `count` changes: the last one's own resume token (its
-        `_id`), or the batch's token when `count` covers the whole batch."""
-        if count >= len(self.changes) or self.token is None:
-            return self.token
-        return plain(self.changes[count - 1]["_id"]) if count > 0 else None

@@ -1,13 +1,14 @@
 """The two delivery modes (RELAY_DELIVERY) as the loop's Producers boundary: each leading session
-gets a fresh producer and the point it resumes from, in one call, so no caller needs to know which
-mode it runs.
+gets a fresh producer, and the mode supplies what the resume decision (relay.core.resume) reads
+from Kafka and carries out what that decision asks of Kafka, so no caller needs to know which mode
+it runs. The decision itself is the loop's to make (relay.core.loop).
 
-- `AtLeastOnce`: an idempotent producer (relay.kafka.producer); the session resumes at the lease
-  document's checkpoint, or, when that checkpoint was stored by an exactly-once relay (the mode was
-  switched back), after the newer of it and the offsets topic's record (relay.core.resume).
-- `ExactlyOnce`: a transactional producer (relay.kafka.transactions), which first fences every
-  earlier producer of the lease, then resumes after the newer of the MongoDB checkpoint and the
-  offsets topic's newest committed record.
+- `AtLeastOnce`: an idempotent producer (relay.kafka.producer). The offsets record is read only
+  when the decision asks (a checkpoint stored by an exactly-once relay: the mode was switched
+  back), and a missing offsets topic reads as no record.
+- `ExactlyOnce`: a transactional producer (relay.kafka.transactions), which fences every earlier
+  producer of the lease before anything is read; then the offsets topic's newest committed
+  record, and, when the decision says so, its tombstone.
 
 Both are per lease, so with partitions each partition has its own.
 """
@@ -17,16 +18,52 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from relay.core.boundaries import Publisher as PublisherBoundary
-from relay.core.positions import Checkpoint, Grant
-from relay.core.resume import after_exactly_once
+from relay.core.config import AT_LEAST_ONCE, EXACTLY_ONCE
+from relay.core.positions import Grant
 from relay.kafka.config import KafkaConfig
+from relay.kafka.offsets_record import OffsetsRecord
 from relay.kafka.offsets_topic import OffsetsTopic
 from relay.kafka.producer import Publisher, check_config
-from relay.kafka.transactions import TransactionalPublisher, check_transactional_config, log_choice
+from relay.kafka.transactions import TransactionalPublisher, check_transactional_config
+
+Heartbeat = Callable[[], None]
 
 
 class AtLeastOnce:
     """RELAY_DELIVERY=at-least-once (relay.core.boundaries.Producers)."""
+
+    delivery = AT_LEAST_ONCE
+
+    def __init__(self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic) -> None:
+        self._config = config
+        self._lease_id = lease_id
+        self._offsets = offsets
+
+    @property
+    def offsets_topic(self) -> str:
+        return self._offsets.topic
+
+    def check(self) -> None:
+        """ConfigError naming the property librdkafka refuses (run at start)."""
+        check_config(self._config.producer_config())
+
+    def start(self, grant: Grant, heartbeat: Heartbeat) -> PublisherBoundary:
+        return Publisher(self._config.producer_config())
+
+    def committed(self, heartbeat: Heartbeat) -> OffsetsRecord | None:
+        """The lease's newest committed offsets record, left by an exactly-once run; None when
+        there is none or no offsets topic (it is not created for this)."""
+        return self._offsets.read(self._lease_id, heartbeat, missing_ok=True)
+
+    def forget(self, publisher: PublisherBoundary, heartbeat: Heartbeat) -> None:
+        """Never asked: only an exactly-once relay forgets offsets records (relay.core.resume)."""
+        raise AssertionError("an at-least-once relay writes nothing to the offsets topic")
+
+
+class ExactlyOnce:
+    """RELAY_DELIVERY=exactly-once (relay.core.boundaries.Producers)."""
+
+    delivery = EXACTLY_ONCE
 
     def __init__(self, config: KafkaConfig, lease_id: str, fingerprint: str, offsets: OffsetsTopic) -> None:
         self._config = config
@@ -34,48 +71,30 @@ class AtLeastOnce:
         self._fingerprint = fingerprint
         self._offsets = offsets
 
-    def check(self) -> None:
-        """ConfigError naming the property librdkafka refuses (run at start)."""
-        check_config(self._config.producer_config())
-
-    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[PublisherBoundary, Checkpoint]:
-        publisher = Publisher(self._config.producer_config())
-        try:
-            chosen = after_exactly_once(
-                grant.checkpoint,
-                lambda: self._offsets.read(self._lease_id, heartbeat, missing_ok=True),
-                self._fingerprint,
-                self._offsets.topic,
-            )
-        except BaseException:
-            publisher.close()
-            raise
-        log_choice(grant.checkpoint, chosen, self._offsets.topic)
-        return publisher, chosen
-
-
-class ExactlyOnce:
-    """RELAY_DELIVERY=exactly-once (relay.core.boundaries.Producers)."""
-
-    def __init__(
-        self, config: KafkaConfig, lease_id: str, fingerprint: str, offsets: OffsetsTopic, start_at: str
-    ) -> None:
-        self._config = config
-        self._lease_id = lease_id
-        self._fingerprint = fingerprint
-        self._offsets = offsets
-        self._start_at = start_at
+    @property
+    def offsets_topic(self) -> str:
+        return self._offsets.topic
 
     def check(self) -> None:
         """ConfigError naming the property librdkafka refuses (run at start)."""
         check_transactional_config(self._config, self._lease_id)
 
-    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[PublisherBoundary, Checkpoint]:
-        publisher = TransactionalPublisher(
-            self._config, self._lease_id, self._offsets, self._fingerprint, self._start_at
-        )
+    def start(self, grant: Grant, heartbeat: Heartbeat) -> PublisherBoundary:
+        """A transactional producer that has fenced every earlier producer of the lease (so no
+        zombie commits after the offsets record is read)."""
+        publisher = TransactionalPublisher(self._config, self._lease_id, self._offsets, self._fingerprint)
         try:
-            return publisher, publisher.resume_point(grant, heartbeat)
+            publisher.fence(grant, heartbeat)
         except BaseException:
             publisher.close()
             raise
+        return publisher
+
+    def committed(self, heartbeat: Heartbeat) -> OffsetsRecord | None:
+        """The lease's newest committed offsets record (read_committed, to the topic's end)."""
+        return self._offsets.read(self._lease_id, heartbeat)
+
+    def forget(self, publisher: PublisherBoundary, heartbeat: Heartbeat) -> None:
+        """Tombstone the lease's offsets record with the session's (fenced) producer."""
+        assert isinstance(publisher, TransactionalPublisher), "a publisher this mode started"
+        publisher.forget_record(heartbeat)

@@ -13,12 +13,13 @@ until its transaction ends, so a delivery the loop sees acknowledged is visible 
 consumers, and the MongoDB checkpoint (written by the loop right after) never covers an event that
 is not. One transaction is open at a time (RELAY_PIPELINE_DEPTH must be 1).
 
-A new leading session first calls `resume_point()`: `init_transactions` fences every earlier
-producer of the lease (a zombie's open transaction is aborted, its later commits fail with a fenced
-error and it goes back to standby), then the offsets topic is read with read_committed to its end,
-and the leader resumes after the newer of that record and the MongoDB checkpoint
-(relay.core.resume.resume_point). The order matters: read before fencing, and a zombie could commit
-after the read. The produce loop is the one every relay producer shares (relay.kafka.producer).
+A new leading session first calls `fence()`: `init_transactions` fences every earlier producer of
+the lease (a zombie's open transaction is aborted, its later commits fail with a fenced error and
+it goes back to standby). Only then is the offsets topic read, read_committed to its end, for the
+resume decision (relay.kafka.modes, relay.core.resume): were it read before the fence, a zombie
+could commit after the read. When that decision says so, `forget_record()` writes a tombstone for
+the lease's record, in a transaction of its own. The produce loop is the one every relay producer
+shares (relay.kafka.producer).
 
 Errors, translated by relay.kafka.errors.translate (one table of codes) for the one classifier
 (relay.core.errors.classify), this module saying what the producer was doing (`_attempt`):
@@ -48,8 +49,7 @@ from relay.core.errors import (
     TransactionAbortedError,
     TransientError,
 )
-from relay.core.positions import Checkpoint, Grant, short_token
-from relay.core.resume import forgets_record, resume_point
+from relay.core.positions import Grant
 from relay.core.window import Delivery
 from relay.kafka.config import KafkaConfig
 from relay.kafka.errors import Attempt, Treat, config_error, fenced, translate, treatment
@@ -86,18 +86,6 @@ def check_transactional_config(config: KafkaConfig, lease_id: str) -> None:
         raise config_error(exc) from exc
 
 
-def log_choice(checkpoint: Checkpoint, chosen: Checkpoint, topic: str) -> None:
-    """Say so when a leader resumes from the offsets topic rather than the MongoDB checkpoint."""
-    if chosen is not checkpoint:
-        log.info(
-            "resuming after %s from %s, newer than the MongoDB checkpoint %s (it was not written after "
-            "the last Kafka commit)",
-            short_token(chosen.token),
-            topic,
-            short_token(checkpoint.token),
-        )
-
-
 def aborted_failure(deliveries: list[Delivery]) -> Exception | None:
     """The error an aborted transaction's first failed report stands for (as without
     transactions: relay.kafka.producer.delivery_failure), or None when no report failed.
@@ -116,20 +104,17 @@ def aborted_failure(deliveries: list[Delivery]) -> Exception | None:
 class TransactionalPublisher(ProducerBase):
     """One transactional producer for one lease (relay.core.boundaries.Publisher); a transaction
     spans deliveries (reads) until RELAY_TRANSACTION_MAX_EVENTS / _BYTES / _MS says to commit, or
-    the loop waits for everything (`drain`). `resume_point()` must be called once before `send()`.
+    the loop waits for everything (`drain`). `fence()` must be called once before `send()`.
 
     Invariant: a delivery is acknowledged (every report in, no failure) only after the commit of
     the transaction holding it, which also wrote the offsets record of its newest token."""
 
-    def __init__(
-        self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic, fingerprint: str, start_at: str = "oplog-start"
-    ) -> None:
+    def __init__(self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic, fingerprint: str) -> None:
         super().__init__(transactional_config(config, lease_id))
         self._config = config
         self._lease_id = lease_id
         self._offsets = offsets
         self._fingerprint = fingerprint
-        self._start_at = start_at  # RELAY_START_AT, named when an old record is forgotten
         self._key = lease_id.encode()
         self._grant: Grant | None = None
         self._partition = 0
@@ -145,32 +130,19 @@ class TransactionalPublisher(ProducerBase):
 
     # ---- a new leading session -------------------------------------------------------------
 
-    def resume_point(self, grant: Grant, heartbeat: Heartbeat) -> Checkpoint:
-        """Fence every earlier producer of the lease, then return where to resume: after the newer
-        of the lease document's checkpoint and the offsets topic's newest committed record.
-
-        With no MongoDB checkpoint (first start, `checkpoint reset`) the relay starts at
-        RELAY_START_AT; a record left in the offsets topic from before is then forgotten (a
-        tombstone, in a transaction) so that it can never be taken for this lineage's position.
-        """
+    def fence(self, grant: Grant, heartbeat: Heartbeat) -> None:
+        """Fence every earlier producer of the lease (`init_transactions`: a zombie's open
+        transaction is aborted and it can commit nothing more), for the session of `grant`."""
         self._init_transactions(heartbeat)
         self._grant = grant
         self._partition = self._offsets.partition(self._lease_id)
-        record = self._offsets.read(self._lease_id, heartbeat)
-        checkpoint = grant.checkpoint
-        if forgets_record(checkpoint, record):
-            assert record is not None
-            log.warning(
-                "no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at RELAY_START_AT=%s)",
-                self._lease_id,
-                self._offsets.topic,
-                short_token(record.token),
-                self._start_at,
-            )
-            self._run_transaction(lambda: self._produce_record(None), heartbeat)
-        chosen = resume_point(checkpoint, record, self._fingerprint, self._offsets.topic)
-        log_choice(checkpoint, chosen, self._offsets.topic)
-        return chosen
+
+    def forget_record(self, heartbeat: Heartbeat) -> None:
+        """Tombstone the lease's offsets record, in a transaction of its own, so that a record from
+        before a `checkpoint reset` can never be taken for this lineage's position (asked by the
+        resume decision, relay.core.resume, after `fence()`)."""
+        assert self._grant is not None, "fence() first"
+        self._run_transaction(lambda: self._produce_record(None), heartbeat)
 
     def _init_transactions(self, heartbeat: Heartbeat) -> None:
         limit = max(self._config.connect_timeout_s, 30.0)
@@ -221,7 +193,7 @@ class TransactionalPublisher(ProducerBase):
         report's own failure (relay.kafka.producer.delivery_failure: a refused record batch, a
         poison event, a failed delivery).
         """
-        assert self._grant is not None, "resume_point() first"
+        assert self._grant is not None, "fence() first"
         self._while_waiting = while_waiting
         delivery.hold()
         self._open.append(delivery)

@@ -55,9 +55,10 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
-from relay.core.errors import HistoryLostError, StreamInvalidatedError, TransientError
-from relay.core.positions import Batch, StartPoint, Token, plain
-from relay.mongo.codecs import CHANGE_CODEC, RAW_CHANGE_CODEC
+from relay.core.change import Batch, Change
+from relay.core.errors import StreamInvalidatedError, TransientError
+from relay.core.positions import StartPoint, Token
+from relay.mongo.codecs import RAW_CHANGE_CODEC, read_changes
 from relay.mongo.errors import resumable, translate
 from relay.mongo.pipeline import PIPELINE
 from relay.mongo.rescan import rescan_changes
@@ -69,14 +70,6 @@ def oplog_start(client: MongoClient[Any]) -> Timestamp:
     if oldest is None:
         raise StreamInvalidatedError("the oplog is empty or unreadable: is this a replica set?")
     return oldest["ts"]  # type: ignore[no-any-return]
-
-
-def raw_facts(changes: list[Any]) -> tuple[int, list[int]]:
-    """(index of the first change that is not an insert or -1, each change's wallTime in Unix
-    ms or -1), read from the raw bytes without decoding them (relay._native.inspect)."""
-    from relay import _native
-
-    return _native.inspect(changes)  # type: ignore[no-any-return]
 
 
 class _Read(NamedTuple):
@@ -181,7 +174,7 @@ class ChangeSource:
         self._session: ClientSession | None = None
         self._cursor_id = 0  # 0: no cursor open
         self._token: dict[str, Any] | None = None  # covers every change returned so far
-        self._scan: Iterator[dict[str, Any]] | None = None
+        self._scan: Iterator[Change] | None = None
         self._read_ahead = read_ahead
         self._pending = Pending()  # the read not handed out yet: probe, read-ahead
         self._ended: StreamInvalidatedError | None = None  # raised by the next read
@@ -242,7 +235,8 @@ class ChangeSource:
     # ---- relay.core.boundaries.ChangeSource ---------------------------------------------------
 
     def open(self, start: StartPoint) -> None:
-        """Open the stream at `start`; raises HistoryLostError when that point left the oplog."""
+        """Open the stream at `start`; raises HistoryLostError when that point left the oplog (at
+        the oplog's start too: the oldest entry rolled over between reading it and opening)."""
         self.close()
         at_time = None if start.at_time is None else Timestamp(start.at_time.time, start.at_time.inc)
         if start.oplog_start:
@@ -253,11 +247,7 @@ class ChangeSource:
             if start.resume_after is not None or at_time is not None:
                 self._probe()
         except PyMongoError as exc:
-            error = translate(exc)
-            if isinstance(error, HistoryLostError) and start.oplog_start:
-                # The oldest entry was truncated between reading and opening: try again.
-                raise TransientError("the oplog rolled over while opening at its start") from exc
-            raise error from exc
+            raise translate(exc) from exc
 
     def _probe(self) -> None:
         """Run the pipeline once so the server checks the resume point; hold what it returns.
@@ -274,9 +264,7 @@ class ChangeSource:
         self.open(StartPoint())
         if self._token is None:
             raise TransientError("no opening token for the stream before the rescan; retrying")
-        self._scan = rescan_changes(
-            self._collection.with_options(codec_options=CHANGE_CODEC), self._occurred_at_field, self._scan_filter
-        )
+        self._scan = rescan_changes(self._collection, self._occurred_at_field, self._scan_filter)
 
     @property
     def token(self) -> Token | None:
@@ -332,24 +320,24 @@ class ChangeSource:
             return True
         return self._pending.ready(timeout)
 
-    def _batch(self, changes: list[RawBSONDocument]) -> Batch:
+    def _batch(self, raw: list[RawBSONDocument]) -> Batch:
         """The changes of one read as a Batch under the current token, cut before a drop, rename
-        or invalidate."""
-        if not changes:
+        or invalidate (read once each: relay.mongo.codecs.read_changes)."""
+        if not raw:
             return Batch([], self._token)
-        other, wall_ms = raw_facts(changes)
+        changes, other = read_changes(raw)
         if other < 0:
-            return Batch(changes, self._token, wall_ms=wall_ms)
+            return Batch(changes, self._token)
         # A drop, rename or invalidate ends the stream: the inserts before it are published and
         # stored first, then the next read raises.
-        operation = changes[other]["operationType"]
+        operation = raw[other]["operationType"]
         self._ended = StreamInvalidatedError(
             f"the outbox collection saw '{operation}' (dropped or renamed?): the change stream ended; "
             "recreate the outbox and reset the checkpoint to continue"
         )
         if other == 0:
             raise self._ended
-        return Batch(changes[:other], plain(changes[other - 1]["_id"]), wall_ms=wall_ms[:other])
+        return Batch(changes, changes[-1].position)
 
     def _resume(self) -> None:
         """The spec's resume: once, in the same session, after the token of the last batch

@@ -1,36 +1,71 @@
-"""How change events are decoded, and change events made by hand (rescans, tests, benchmarks).
+"""How change events are read: the one place that knows a change event's shape.
 
-The stream hands out changes undecoded (`RawBSONDocument`, RAW_CHANGE_CODEC): the compiled
-encoder reads their bytes, and only what the Python path builds is decoded, with CHANGE_CODEC
-(relay.avro.encoding.decoded). Dates outside years 1-9999 decode as DatetimeMS instead of failing
-the whole batch: the generic envelope carries them as {"$date": {"$numberLong": ...}}, a typed
-one refuses them (relay.avro.mapping).
+The stream hands out changes undecoded (`RawBSONDocument`, RAW_CHANGE_CODEC). `read_changes`
+turns them into the loop's values (relay.core.change.Change) in one pass over each raw event, in
+the compiled reader (relay._native.ChangeReader), without decoding them: the event id, the
+position (its resume token), the cluster and wall times, and the outbox document's raw BSON. Only
+the Python path of the encoder decodes a document, with the outbox's codec (relay.outbox.decode:
+dates outside years 1-9999 as DatetimeMS, so one such date does not fail a whole batch).
+
+`change_value` makes the value of an insert by hand (tests, benchmarks), through the same reader.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import bson
-from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
-CHANGE_CODEC: CodecOptions[Any] = CodecOptions(
-    tz_aware=True, tzinfo=dt.UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO
-)
+from relay.core.change import Change
+from relay.core.message import event_id_of
+from relay.core.positions import ClusterTime
+from relay.outbox import DOCUMENT_CODEC, decode
+
+CHANGE_CODEC: CodecOptions[Any] = DOCUMENT_CODEC
 RAW_CHANGE_CODEC: CodecOptions[Any] = CHANGE_CODEC.with_options(document_class=RawBSONDocument)
 
 
-def insert_change(
-    document: Mapping[str, Any], token: Mapping[str, Any], delivered: bool = False, raw: bool = False, **fields: Any
-) -> Any:
-    """An insert change event for `document` at `token` (rescans, tests, benchmarks), with any
-    other change fields (`clusterTime`, `wallTime`). With `delivered`, it goes through the BSON
-    round trip the driver does (CHANGE_CODEC); with `raw`, it is what the stream hands out
-    (a RawBSONDocument, RAW_CHANGE_CODEC)."""
+def _event_id(document: bytes) -> str:
+    """The event id of a document the compiled reader leaves to Python (an `_id` that is neither
+    an ObjectId nor a string, none, or a repeated key)."""
+    return event_id_of(decode(document))
+
+
+@functools.cache
+def _reader() -> Any:
+    """The compiled reader (relay._native, built by `make setup`), made once."""
+    from relay import _native
+
+    return _native.ChangeReader(Change, ClusterTime, _event_id, decode)
+
+
+def read_changes(changes: list[Any]) -> tuple[list[Change], int]:
+    """The inserts of one read (raw change events, in stream order) as Change values, up to the
+    first change that is not an insert (a drop, rename or invalidate), and that change's index
+    (-1: every change is an insert). ValueError names a change that is not a change event."""
+    return _reader().read(changes)  # type: ignore[no-any-return]
+
+
+def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], **fields: Any) -> RawBSONDocument:
+    """The raw insert change event of `document` at `token`, as the stream hands it out (tests,
+    benchmarks), with any other change fields (`clusterTime`, `wallTime`)."""
     change = {"_id": dict(token), "operationType": "insert", **fields, "fullDocument": document}
-    if raw:
-        return RawBSONDocument(bson.encode(change), RAW_CHANGE_CODEC)
-    return bson.decode(bson.encode(change), CHANGE_CODEC) if delivered else change
+    return RawBSONDocument(bson.encode(change), RAW_CHANGE_CODEC)
+
+
+def change_value(
+    document: Mapping[str, Any],
+    token: Mapping[str, Any],
+    cluster_time: bson.Timestamp | None = None,
+    wall_time: dt.datetime | None = None,
+) -> Change:
+    """The Change the source hands over for the insert of `document` at `token` (tests,
+    benchmarks): without `cluster_time`, the token's (relay.core.positions.token_cluster_time)."""
+    fields = {"clusterTime": cluster_time, "wallTime": wall_time}
+    [change], _ = read_changes([insert_change(document, token, **{k: v for k, v in fields.items() if v is not None})])
+    return change

@@ -1,6 +1,6 @@
 """The change stream pipeline: which changes the relay reads, and the fingerprint stored beside
 every token (a token is tied to its pipeline: resuming with another one could skip or repeat
-events, so a mismatch stops the relay, relay.core.positions.start_point).
+events, so a mismatch stops the relay, relay.core.resume.resume).
 
 Inserts are the events; the other watched types end the stream and must not pass unseen. The
 projection keeps only what the relay reads (the resume token `_id` always stays), which makes each

@@ -22,17 +22,19 @@ from typing import Any
 
 from pymongo.collection import Collection
 
-from relay.mongo.codecs import CHANGE_CODEC, insert_change
+from relay.core.change import Change
+from relay.core.message import event_id_of
+from relay.mongo.codecs import RAW_CHANGE_CODEC
 
 
 def rescan_changes(
     outbox: Collection[Any], occurred_at_field: str, document_filter: Mapping[str, Any] | None = None
-) -> Iterator[dict[str, Any]]:
-    """Every outbox document (matching `document_filter`: one partition's) as a synthetic insert
-    change, in (occurredAt, _id) order."""
+) -> Iterator[Change]:
+    """Every outbox document (matching `document_filter`: one partition's) as a Change with a
+    synthetic position, no cluster time and no wall time, in (occurredAt, _id) order."""
     scan = f"00{int(time.time()):08x}"
-    cursor = outbox.with_options(codec_options=CHANGE_CODEC).find(
+    cursor = outbox.with_options(codec_options=RAW_CHANGE_CODEC).find(
         dict(document_filter or {}), sort=[(occurred_at_field, 1), ("_id", 1)]
     )
     for index, doc in enumerate(cursor):
-        yield insert_change(doc, {"_data": f"{scan}{index:012x}"})
+        yield Change(event_id_of(doc), {"_data": f"{scan}{index:012x}"}, None, -1, bytes(doc.raw))

@@ -1,10 +1,27 @@
 """The outbox contract: the event document services write, its parser, and the writer.
 
-`from relay import Outbox, OutboxEvent` is the interface services use; `parse` and `FieldNames`
-are what the relay reads documents with.
+`from relay import Outbox, OutboxEvent` is the interface services use; `decode`, `parse` and
+`FieldNames` are what the relay reads documents with.
 """
 
-from relay.outbox.event import DEFAULT_FIELDS, FieldNames, MalformedEventError, OutboxEvent, parse
+from relay.outbox.event import (
+    DEFAULT_FIELDS,
+    DOCUMENT_CODEC,
+    FieldNames,
+    MalformedEventError,
+    OutboxEvent,
+    decode,
+    parse,
+)
 from relay.outbox.writer import Outbox
 
-__all__ = ["DEFAULT_FIELDS", "FieldNames", "MalformedEventError", "Outbox", "OutboxEvent", "parse"]
+__all__ = [
+    "DEFAULT_FIELDS",
+    "DOCUMENT_CODEC",
+    "FieldNames",
+    "MalformedEventError",
+    "Outbox",
+    "OutboxEvent",
+    "decode",
+    "parse",
+]

@@ -2,7 +2,8 @@
 
 Field names are configurable (`FieldNames`), for outboxes written for other relays.
 `parse()` is the one place that checks a document; a problem raises `MalformedEventError`
-naming the field, which the relay turns into a poison event naming the event id.
+naming the field, which the relay turns into a poison event naming the event id. `decode()` reads
+a document's raw BSON (as the change source hands it over) the one way the relay reads it.
 """
 
 from __future__ import annotations
@@ -12,9 +13,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import bson
 from bson import ObjectId
+from bson.codec_options import CodecOptions, DatetimeConversion
 
 from relay.outbox.trace import current_trace_headers
+
+# How an outbox document's BSON decodes: dates as aware UTC datetimes, and dates outside years
+# 1-9999 as DatetimeMS instead of failing the whole document (the generic envelope carries them as
+# {"$date": {"$numberLong": ...}}, a typed one refuses them: relay.avro.mapping).
+DOCUMENT_CODEC: CodecOptions[Any] = CodecOptions(
+    tz_aware=True, tzinfo=dt.UTC, datetime_conversion=DatetimeConversion.DATETIME_AUTO
+)
+
+
+def decode(raw: bytes) -> dict[str, Any]:
+    """An outbox document's raw BSON decoded with DOCUMENT_CODEC."""
+    return bson.decode(raw, DOCUMENT_CODEC)
 
 
 class MalformedEventError(ValueError):

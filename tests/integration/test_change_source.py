@@ -18,7 +18,7 @@ from tests.support import wait_until
 
 
 def _ids(batch) -> list[str]:
-    return [str(c["fullDocument"]["_id"]) for c in batch.changes]
+    return [c.event_id for c in batch.changes]
 
 
 def _source(env) -> ChangeSource:

@@ -370,8 +370,8 @@ def test_json_formatter_keeps_extra_fields_and_the_traceback():
 # ---- the pieces the hot path relies on -----------------------------------------------------------
 
 def test_wall_time_and_operation_are_read_from_real_raw_change_events(env):
-    from relay.mongo.changes import raw_facts
-    from relay.mongo.codecs import RAW_CHANGE_CODEC
+    from relay.core.positions import ClusterTime
+    from relay.mongo.codecs import RAW_CHANGE_CODEC, read_changes
     from relay.mongo.pipeline import PIPELINE
 
     with env.outbox.with_options(codec_options=RAW_CHANGE_CODEC).watch(PIPELINE, max_await_time_ms=500) as stream:
@@ -379,9 +379,11 @@ def test_wall_time_and_operation_are_read_from_real_raw_change_events(env):
         change = wait_until(stream.try_next, 30, "the change event")
         env.outbox.drop()
         dropped = wait_until(stream.try_next, 30, "the drop event")
-    assert raw_facts([change, dropped]) == (1, [int(change["wallTime"].timestamp() * 1000),
-                                              int(dropped["wallTime"].timestamp() * 1000)])
-    assert raw_facts([{"operationType": "insert"}]) == (-1, [-1]), "synthetic changes: inserts, no wall time"
+    [value], other = read_changes([change, dropped])
+    assert other == 1, "the read stops at the drop"
+    assert value.wall_ms == int(change["wallTime"].timestamp() * 1000) and value.event_id == "w1"
+    assert value.cluster_time == ClusterTime(change["clusterTime"].time, change["clusterTime"].inc)
+    assert value.position == dict(change["_id"]) and value.document == change["fullDocument"].raw
 
 
 def test_batch_histogram_exposes_what_prometheus_histogram_would():

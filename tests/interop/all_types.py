@@ -14,7 +14,8 @@ from bson import Binary, Decimal128, ObjectId
 from bson.int64 import Int64
 
 from relay.avro.folder import SchemaFolder
-from relay.mongo.codecs import insert_change
+from relay.core.change import Change
+from relay.mongo.codecs import change_value
 from tests.interop.bson_cases import n_bytes, n_decimal, n_double, n_ts
 
 HERE = Path(__file__).resolve().parent
@@ -30,9 +31,9 @@ def registry_with_all_types() -> SchemaFolder:
     return registry
 
 
-def change_for(doc: dict[str, Any]) -> dict:
-    """An insert change event for `doc`, as the change stream delivers it."""
-    return insert_change(doc, TOKEN, delivered=True)
+def change_for(doc: dict[str, Any]) -> Change:
+    """The change of the insert of `doc`, as the change source hands it over."""
+    return change_value(doc, TOKEN)
 
 
 UID = uuid.UUID("5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b")

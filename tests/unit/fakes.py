@@ -27,18 +27,17 @@ from typing import Any
 from bson import ObjectId, Timestamp
 from confluent_kafka import KafkaError
 
-from relay.avro.encoding import decoded
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
+from relay.core.change import Batch, Change
 from relay.core.errors import HistoryLostError, LeaseLostError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
 from relay.core.partitions import Partition
-from relay.core.positions import Batch, Checkpoint, Grant, StartPoint
+from relay.core.positions import Checkpoint, Grant, StartPoint
 from relay.core.window import Delivery
 from relay.kafka.producer import delivery_failure
-from relay.mongo.changes import raw_facts
-from relay.mongo.codecs import insert_change
+from relay.mongo.codecs import change_value
 from relay.ops.observe import Observer, PartitionObserver
 from relay.wiring import message_builder
 
@@ -84,18 +83,17 @@ class Clock:
 
 @dataclass
 class Outbox:
-    changes: list[Any] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
 
-    def add(self, doc: dict[str, Any]) -> Any:
-        """Append the insert of `doc`, as the stream hands it out (a RawBSONDocument)."""
+    def add(self, doc: dict[str, Any]) -> Change:
+        """Append the insert of `doc`, as the change source hands it over."""
         n = len(self.changes)
-        change = insert_change(doc, token(n + 1), raw=True, clusterTime=Timestamp(1_767_225_600 + n, 1),
-                               wallTime=EPOCH + dt.timedelta(milliseconds=n))
+        change = change_value(doc, token(n + 1), Timestamp(1_767_225_600 + n, 1), EPOCH + dt.timedelta(milliseconds=n))
         self.changes.append(change)
         return change
 
     def event_ids(self) -> list[str]:
-        return [str(c["fullDocument"]["_id"]) for c in self.changes]
+        return [c.event_id for c in self.changes]
 
 
 @dataclass
@@ -184,6 +182,8 @@ class FakeSource:
             if w.history_lost_before is not None and position < w.history_lost_before:
                 raise HistoryLostError("the stored checkpoint is no longer in the oplog (fake)")
             self.position = position
+        elif start.at_time is not None and w.history_lost_before is not None:
+            raise HistoryLostError("the start time is no longer in the oplog (fake)")
         else:
             self.position = len(w.outbox.changes) if start == StartPoint() else 0
 
@@ -194,7 +194,7 @@ class FakeSource:
         w.opens.append("rescan")
         self.position = len(w.outbox.changes)
         scan = f"00{len(w.opens):08x}"
-        self.scan = deque(insert_change(decoded(c)["fullDocument"], {"_data": f"{scan}{i:012x}"}, raw=True)
+        self.scan = deque(c._replace(position={"_data": f"{scan}{i:012x}"}, cluster_time=None, wall_ms=-1)
                           for i, c in enumerate(w.outbox.changes))
 
     @property
@@ -212,7 +212,7 @@ class FakeSource:
                 self.scan = None
                 return Batch([], token(self.position))  # the scan is done: the opening token covers it
             changes = [self.scan.popleft() for _ in range(min(max_events, len(self.scan)))]
-            return Batch(changes, None, wall_ms=[-1] * len(changes))
+            return Batch(changes, None)
         available = len(self.world.outbox.changes) - self.position
         n = self.world.rng.randint(0, min(max_events, available)) if available else 0
         if available and n == 0 and self.world.rng.random() < 0.7:
@@ -221,7 +221,7 @@ class FakeSource:
         self.position += n
         if not changes:
             self.world.clock.advance(AWAIT_S)  # a getMore with nothing new waits RELAY_MAX_AWAIT_MS
-        return Batch(list(changes), token(self.position), wall_ms=raw_facts(list(changes))[1])
+        return Batch(list(changes), token(self.position))
 
     def close(self) -> None:
         if self.position is not None:
@@ -230,7 +230,7 @@ class FakeSource:
         self.scan = None
 
     closed_at: int | None = None  # the position when the stream was last closed
-    scan: deque[Any] | None = None  # the documents a rescan still has to serve
+    scan: deque[Change] | None = None  # the documents a rescan still has to serve
 
 
 class _Report:
@@ -371,8 +371,7 @@ class FakeLease:
         self._fence(grant)
         w, d = self.world, self.world.lease
         position = covered_by(tok)
-        missing = [c["fullDocument"]["_id"] for c in w.outbox.changes[:position]
-                   if str(c["fullDocument"]["_id"]) not in w.broker.acked]
+        missing = [c.event_id for c in w.outbox.changes[:position] if c.event_id not in w.broker.acked]
         if missing:
             w.violate(f"stored a token covering {position} events, {len(missing)} not acknowledged "
                       f"(first {missing[0]})")
@@ -420,15 +419,24 @@ class FakeAssignment:
 
 class FakeProducers:
     """At-least-once mode (relay.core.boundaries.Producers): a new FakePublisher per leading
-    session, resuming at the lease document's checkpoint."""
+    session, and no offsets topic (nothing ever ran exactly-once here)."""
+
+    delivery = "at-least-once"
+    offsets_topic = "outbox-relay.offsets"
 
     def __init__(self, world: World) -> None:
         self.world = world
         self.publishers: list[Any] = []
 
-    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Any, Checkpoint]:
+    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> Any:
         self.publishers.append(FakePublisher(self.world))
-        return self.publishers[-1], grant.checkpoint
+        return self.publishers[-1]
+
+    def committed(self, heartbeat: Callable[[], None]) -> None:
+        return None
+
+    def forget(self, publisher: Any, heartbeat: Callable[[], None]) -> None:
+        raise AssertionError("an at-least-once relay forgets no offsets record")
 
 
 # ---- a relay on the fakes ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def write(world: World, n: int, **overrides: object) -> list[str]:
     for _ in range(n):
         seq = len(world.outbox.changes)
         change = world.outbox.add(outbox_document(seq, KEYS[seq % len(KEYS)], **overrides))
-        ids.append(str(change["fullDocument"]["_id"]))
+        ids.append(change.event_id)
     return ids
 
 

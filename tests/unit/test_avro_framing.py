@@ -21,6 +21,7 @@ from relay.avro.framing import (
 )
 from relay.avro.wire import CONFLUENT, SINGLE_OBJECT
 from relay.config import Settings
+from relay.core.change import Change
 from relay.core.errors import (
     ConfigError,
     SchemaRegistryRefusedError,
@@ -30,7 +31,7 @@ from relay.core.errors import (
 from relay.core.errors import (
     OperatorActionError as StopError,
 )
-from relay.mongo.codecs import insert_change
+from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
 
@@ -39,8 +40,8 @@ TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 TYPED = "io.outboxrelay.v1.events.OrderCreated"
 
 
-def change_for(doc: dict) -> dict:
-    return insert_change(doc, TOKEN, delivered=True)
+def change_for(doc: dict) -> Change:
+    return change_value(doc, TOKEN)
 
 
 def mock_settings(**kw: str) -> Settings:

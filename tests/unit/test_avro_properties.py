@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
-from relay.mongo.codecs import insert_change
+from relay.core.change import Change
+from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
 from tests.interop.bson_cases import (
@@ -33,8 +34,8 @@ READ_BACK = JSONOptions(json_mode=JSONMode.RELAXED, tz_aware=True,
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def change_for(doc: dict) -> dict:
-    return insert_change(doc, TOKEN, delivered=True)
+def change_for(doc: dict) -> Change:
+    return change_value(doc, TOKEN)
 
 
 def registry_with(case: Case, event_type: str = "PropertyEvent") -> SchemaFolder:

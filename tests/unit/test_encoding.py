@@ -12,9 +12,10 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
+from relay.core.change import Change
 from relay.core.errors import PoisonEventError
 from relay.core.message import HEADER_FENCING
-from relay.mongo.codecs import insert_change
+from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
 
@@ -23,8 +24,8 @@ REGISTRY_DIR = Path(__file__).resolve().parents[2] / "schemas"
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 
 
-def change_for(doc: dict) -> dict:
-    return insert_change(doc, TOKEN, delivered=True)
+def change_for(doc: dict) -> Change:
+    return change_value(doc, TOKEN)
 
 
 def test_single_object_header_is_c301_and_the_little_endian_crc64_fingerprint():

@@ -1,5 +1,5 @@
 """Exactly-once mode's rules, fast: the real `Relay` on in-memory fakes (tests/unit/txn_fakes.py),
-and the pure rules of relay.kafka.offsets_record.
+and the pure rules of relay.kafka.offsets_record (where to resume: tests/unit/test_resume.py).
 
 The state machine drives writes, loop passes, failed reports, takeovers (with and without the
 new leader's `init_transactions` yet), kills inside a transaction and between the Kafka commit
@@ -31,19 +31,17 @@ from relay.core.errors import (
     ConfigError,
     LeaseLostError,
     OffsetsRecordError,
-    PipelineMismatchError,
     PoisonEventError,
     ProducerFencedError,
     classify,
 )
-from relay.core.positions import Checkpoint, newer
-from relay.core.resume import after_exactly_once, resume_point
+from relay.core.positions import newer
 from relay.kafka.offsets_record import OffsetsRecord, partition_for, transactional_id
 from relay.wiring import DRIVER_ERRORS
 from tests.unit.fakes import FINGERPRINT, World, covered_by, fake_settings, outbox_document, token
 from tests.unit.machine import RelayMachine, first_copies_in_commit_order
 from tests.unit.machine import write as _write
-from tests.unit.txn_fakes import LEASE_ID, TOPIC, Crashed, TxnRelay, calm_world, txn_log, txn_relay
+from tests.unit.txn_fakes import LEASE_ID, Crashed, TxnRelay, calm_world, txn_log, txn_relay
 
 
 def eos_settings(**changes: object) -> Settings:
@@ -296,7 +294,7 @@ def test_transaction_bounds_are_checked_naming_the_setting(setting, value):
 def test_a_poison_event_stops_after_the_events_before_it_committed_in_their_own_transaction():
     world = calm_world()
     before = _write(world, 5)
-    bad = str(world.outbox.add(outbox_document(99, "k9", eventType=None))["fullDocument"]["_id"])
+    bad = world.outbox.add(outbox_document(99, "k9", eventType=None)).event_id
     _write(world, 5)
     for generation in range(2):
         tr = txn_relay(world, eos_settings(batch_max_events=100, instance_id=f"A{generation}"))
@@ -312,7 +310,7 @@ def test_dead_letters_are_written_inside_the_transaction_and_refused_batches_rep
     world = calm_world()
     settings = eos_settings(on_poison="dead-letter", dead_letter_topic="dlq", batch_max_events=50)
     good = _write(world, 4)
-    malformed = str(world.outbox.add(outbox_document(99, "k9", eventType=None))["fullDocument"]["_id"])
+    malformed = world.outbox.add(outbox_document(99, "k9", eventType=None)).event_id
     good += _write(world, 3)
     refused = _write(world, 1)[0]
     world.broker.refuse.add(("outbox.event.order", refused))
@@ -391,39 +389,6 @@ def test_after_a_checkpoint_reset_the_old_offsets_record_is_forgotten():
 
 def _record(position: int, fingerprint: str = FINGERPRINT) -> OffsetsRecord:
     return OffsetsRecord(LEASE_ID, token(position), fingerprint, 3, "A")
-
-
-@pytest.mark.parametrize("mongo, kafka, expected", [
-    (None, None, None),   # first start: RELAY_START_AT
-    (None, 5, None),      # after a checkpoint reset: RELAY_START_AT, the record is forgotten
-    (5, None, 5),         # at-least-once so far: the MongoDB checkpoint
-    (5, 7, 7),            # MongoDB lags the last commit (a kill between the two writes)
-    (7, 5, 7),            # MongoDB is newer (idle heartbeat, or an at-least-once run in between)
-    (5, 5, 5),
-])
-def test_resume_point_is_the_newer_of_the_mongodb_checkpoint_and_the_offsets_record(mongo, kafka, expected):
-    checkpoint = Checkpoint(None if mongo is None else token(mongo), None, FINGERPRINT, "exactly-once")
-    record = None if kafka is None else _record(kafka)
-    chosen = resume_point(checkpoint, record, FINGERPRINT, TOPIC)
-    assert (None if chosen.token is None else covered_by(chosen.token)) == expected
-
-
-def test_an_offsets_record_of_another_pipeline_is_refused_naming_the_topic():
-    with pytest.raises(PipelineMismatchError, match="RELAY_OFFSETS_TOPIC"):
-        resume_point(Checkpoint(token(1), None, FINGERPRINT), _record(2, "other"), FINGERPRINT, TOPIC)
-
-
-def test_at_least_once_reads_the_offsets_topic_only_after_an_exactly_once_checkpoint():
-    reads = []
-
-    def read() -> OffsetsRecord:
-        reads.append(1)
-        return _record(9)
-
-    alo = Checkpoint(token(4), None, FINGERPRINT, "at-least-once")
-    assert after_exactly_once(alo, read, FINGERPRINT, TOPIC) is alo and not reads
-    eos = Checkpoint(token(4), None, FINGERPRINT, "exactly-once")
-    assert covered_by(after_exactly_once(eos, read, FINGERPRINT, TOPIC).token) == 9 and reads
 
 
 def test_offsets_records_round_trip_and_a_foreign_record_names_where_it_is():

@@ -27,7 +27,7 @@ from relay.inbox.batching import (
 from relay.inbox.config import RunOptions
 from relay.inbox.decoding import EventDecoder, UndecodableMessageError
 from relay.inbox.poison import HEADER_SOURCE, dead_letter
-from relay.mongo.codecs import insert_change
+from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
 
@@ -140,7 +140,7 @@ def test_run_options_force_read_committed_and_manual_commits_and_name_bad_keys()
 
 def _message(doc: dict, schema_registry_url: str = ""):
     settings = Settings().replace(schema_registry_url=schema_registry_url)
-    return message_builder(settings, SchemaFolder.bundled()).build(insert_change(doc, TOKEN, delivered=True), 1)
+    return message_builder(settings, SchemaFolder.bundled()).build(change_value(doc, TOKEN), 1)
 
 
 @pytest.mark.parametrize("framing", ["single-object", "confluent"])

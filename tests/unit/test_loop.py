@@ -124,7 +124,7 @@ TestLoopMachine.settings = hsettings(max_examples=150, stateful_step_count=40, d
 
 def _bad(world: World) -> str:
     change = world.outbox.add(outbox_document(99, "k9", eventType=None))  # no eventType: malformed
-    return str(change["fullDocument"]["_id"])
+    return change.event_id
 
 
 def test_poison_event_stops_at_the_event_after_storing_the_ones_before_it():

@@ -1,6 +1,7 @@
 """The compiled encoder (relay._native, native/src) against the Python path it stands in for.
 
-For any change, `MessageBuilder.build_many` either declines it (None: the Python path builds it,
+For any change (relay.core.change.Change, read from a raw change event by the compiled reader,
+relay.mongo.codecs.change_value), `MessageBuilder.build_many` either declines it (None: the Python path builds it,
 or raises the poison error) or returns exactly the message `MessageBuilder.build` builds: same
 topic, key, value bytes and headers. And it does not decline the common case: valid generic
 events whose payloads hold the types it writes. The whole suite runs with the compiled encoder
@@ -23,8 +24,10 @@ from hypothesis import strategies as st
 from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
+from relay.core.change import Change
 from relay.core.errors import PoisonEventError
-from relay.mongo.codecs import RAW_CHANGE_CODEC, insert_change
+from relay.core.positions import ClusterTime
+from relay.mongo.codecs import RAW_CHANGE_CODEC, change_value, insert_change, read_changes
 from relay.wiring import message_builder
 from tests.interop.bson_cases import bson_documents
 
@@ -37,9 +40,8 @@ TOKEN = {"_data": "826B0442CE000000012B022C0100296E5A1004" + "A" * 32 + "463C5F6
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def _change(document: dict, cluster_time: bson.Timestamp = bson.Timestamp(0x6B0442CE, 1)) -> RawBSONDocument:
-    return insert_change(document, TOKEN, raw=True, clusterTime=cluster_time,
-                         wallTime=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+def _change(document: dict, cluster_time: bson.Timestamp = bson.Timestamp(0x6B0442CE, 1)) -> Change:
+    return change_value(document, TOKEN, cluster_time, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
 
 
 def _outbox(payload: object, /, **overrides: object) -> dict:
@@ -52,14 +54,14 @@ def _outbox(payload: object, /, **overrides: object) -> dict:
 _ABSENT = object()
 
 
-def _python(change: RawBSONDocument, builder: MessageBuilder = PYTHON) -> object:
+def _python(change: Change, builder: MessageBuilder = PYTHON) -> object:
     try:
         return builder.build(change, 7)
     except PoisonEventError as exc:
         return exc
 
 
-def _assert_same_or_declined(change: RawBSONDocument, native: MessageBuilder = NATIVE,
+def _assert_same_or_declined(change: Change, native: MessageBuilder = NATIVE,
                              python: MessageBuilder = PYTHON) -> object:
     [fast] = native.build_many([change], 7)
     expected = _python(change, python)
@@ -175,23 +177,65 @@ def test_repeated_keys_are_left_to_python():
     change = _change(_outbox({"abcdefgh": 1}))
     original = bson.encode({"abcdefgh": 1})  # same length as the duplicated document
     assert len(original) == len(duplicated)
-    spliced = RawBSONDocument(change.raw.replace(original, duplicated), RAW_CHANGE_CODEC)
+    spliced = change._replace(document=change.document.replace(original, duplicated))
     assert NATIVE.build_many([spliced], 7) == [None]
     _assert_same_or_declined(spliced)
 
 
-def test_dict_changes_are_left_to_python():
-    assert NATIVE.build_many([insert_change(_outbox({"n": 1}), TOKEN)], 7) == [None]
+def test_values_that_are_not_changes_are_left_to_python():
+    change = _change(_outbox({"n": 1}))
+    odd = [tuple(change), change._replace(position={"data": "82"}), change._replace(cluster_time=(2**31, 0)),
+           change._replace(document=bytearray(change.document))]
+    assert NATIVE.build_many(odd, 7) == [None] * len(odd)
 
 
 def test_changes_whose_bytes_are_a_memoryview_are_read_too():
     """pymongo hands some RawBSONDocuments a memoryview of the server's reply instead of bytes."""
-    change = _change(_outbox({"n": 1}))
-    viewed = RawBSONDocument(memoryview(bytes(change.raw)), RAW_CHANGE_CODEC)
-    assert NATIVE.build_many([viewed], 7) == NATIVE.build_many([change], 7) != [None]
-    from relay.mongo.changes import raw_facts
+    raw = insert_change(_outbox({"n": 1}), TOKEN, clusterTime=bson.Timestamp(5, 6),
+                        wallTime=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    viewed = RawBSONDocument(memoryview(bytes(raw.raw)), RAW_CHANGE_CODEC)
+    assert read_changes([viewed]) == read_changes([raw])
+    [change], other = read_changes([raw])
+    assert other == -1 and change.cluster_time == ClusterTime(5, 6) and change.wall_ms == 1_767_225_600_000
+    assert NATIVE.build_many([change], 7) != [None]
 
-    assert raw_facts([viewed]) == raw_facts([change]) == (-1, [int(change["wallTime"].timestamp() * 1000)])
+
+@pytest.mark.parametrize("event_id", [ObjectId(), "evt-1", "", 7, Int64(2**40), 1.5, None, {"a": 1}, _ABSENT])
+def test_the_reader_gives_the_event_id_as_event_id_of_does(event_id):
+    from relay.core.message import event_id_of
+
+    document = _outbox({"n": 1}, _id=event_id)
+    assert _change(document).event_id == event_id_of(document)
+
+
+@PROPERTIES
+@given(document=bson_documents(), event_id=st.one_of(st.just(_ABSENT), st.text(max_size=4), st.builds(ObjectId),
+                                                     st.integers(-5, 5), bson_documents()))
+def test_the_reader_takes_any_document_as_it_is(document, event_id):
+    from relay.core.message import event_id_of
+    from relay.outbox import decode
+
+    if event_id is not _ABSENT:
+        document = {"_id": event_id, **{k: v for k, v in document.items() if k != "_id"}}
+    change = _change(document)
+    assert change.document == bson.encode(document)
+    assert change.event_id == event_id_of(decode(change.document))
+
+
+def test_a_change_event_that_is_not_bson_is_named():
+    good = insert_change(_outbox({"n": 1}), TOKEN).raw
+    broken = good[:4] + b"\x42" + good[5:]  # its first field of a type BSON does not have
+    with pytest.raises(ValueError, match="change 1"):
+        read_changes([RawBSONDocument(good, RAW_CHANGE_CODEC), RawBSONDocument(broken, RAW_CHANGE_CODEC)])
+
+
+def test_the_reader_keeps_the_token_whole_and_stops_at_the_first_change_that_is_not_an_insert():
+    typed_bits = {"_data": TOKEN["_data"], "_typeBits": b"\x40"}
+    inserted = insert_change(_outbox({"n": 1}), typed_bits)
+    dropped = RawBSONDocument(bson.encode({"_id": TOKEN, "operationType": "drop"}), RAW_CHANGE_CODEC)
+    changes, other = read_changes([inserted, dropped, inserted])
+    assert other == 1 and [c.position for c in changes] == [typed_bits]
+    assert changes[0].cluster_time == ClusterTime(0x6B0442CE, 1), "without clusterTime: the token's"
 
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

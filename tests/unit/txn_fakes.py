@@ -6,8 +6,10 @@ sees), the offsets topic's records (visible once their transaction committed) an
 epoch (each `init_transactions` bumps it; a producer of an older epoch can commit nothing).
 
 `FakeTxnPublisher` is a transactional producer on it: `send()` adds a delivery to the open
-transaction (append the messages; at commit the offsets record, checking the epoch), `resume_point()` fences and
-reads like relay.kafka.transactions.TransactionalPublisher, with the same pure rules (relay.kafka.offsets_record).
+transaction (append the messages; at commit the offsets record, checking the epoch), `fence()`
+bumps the epoch and `forget_record()` commits a tombstone, like
+relay.kafka.transactions.TransactionalPublisher; where to resume is the loop's own decision
+(relay.core.resume), with the record `FakeTxnProducers.committed` reads.
 A transaction spans deliveries (reads) until its bounds or a drain commit it, as in the real one.
 Faults: `crash_inside` kills the process halfway through a delivery's messages (the open
 transaction may hold earlier reads), `crash_between_reads` as a read joins a transaction that
@@ -24,11 +26,11 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from relay.config import Settings
+from relay.core.change import Batch
 from relay.core.errors import ProducerFencedError, TransactionAbortedError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
-from relay.core.positions import Batch, Checkpoint, Grant
-from relay.core.resume import after_exactly_once, forgets_record, resume_point
+from relay.core.positions import Checkpoint, Grant
 from relay.core.window import Delivery
 from relay.kafka.offsets_record import OffsetsRecord
 from relay.kafka.producer import delivery_failure
@@ -116,15 +118,15 @@ class FakeTxnPublisher:
         self.events = self.bytes = 0
         self.opened_at = 0.0
 
-    def resume_point(self, grant: Grant, heartbeat: Callable[[], None]) -> Checkpoint:
+    def fence(self, grant: Grant) -> None:
         t = txn_log(self.world)
         t.epoch += 1  # init_transactions: every earlier producer of the lease is fenced
         self.epoch = t.epoch
         self.grant = grant
-        record = t.newest_record()
-        if forgets_record(grant.checkpoint, record):
-            self._commit(self._begin(), [], [None])  # a tombstone
-        return resume_point(grant.checkpoint, record, FINGERPRINT, TOPIC)
+
+    def forget_record(self) -> None:
+        assert self.grant is not None, "fence() first"
+        self._commit(self._begin(), [], [None])  # a tombstone
 
     def _begin(self) -> int:
         t = txn_log(self.world)
@@ -142,7 +144,7 @@ class FakeTxnPublisher:
             t.commits_by_stale_fencing += 1
 
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
-        assert self.grant is not None, "resume_point() first"
+        assert self.grant is not None, "fence() first"
         w, t = self.world, txn_log(self.world)
         delivery.hold()
         if self.txn is None:
@@ -285,25 +287,36 @@ class TxnSource(FakeSource):
 
 
 class FakeTxnProducers:
-    """The two delivery modes on the fakes (relay.core.boundaries.Producers): exactly-once, a
-    FakeTxnPublisher that fences and resumes like relay.kafka.modes.ExactlyOnce; at-least-once,
-    the FakePublisher resuming after the newer of the checkpoint and the fake offsets topic's
-    record when the checkpoint was stored in exactly-once mode (relay.kafka.modes.AtLeastOnce)."""
+    """The two delivery modes on the fakes (relay.core.boundaries.Producers), like
+    relay.kafka.modes: exactly-once, a FakeTxnPublisher fenced at start; at-least-once, the
+    FakePublisher. Both read the fake offsets topic's newest committed record when the loop's
+    resume decision asks (`reads` counts it), and exactly-once forgets it when told."""
+
+    offsets_topic = TOPIC
 
     def __init__(self, world: World, settings: Settings) -> None:
         self.world = world
         self.settings = settings
-        self.exactly_once = settings.delivery == "exactly-once"
+        self.delivery = settings.delivery
         self.publishers: list[Any] = []
+        self.reads = 0
 
-    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> tuple[Any, Checkpoint]:
-        if self.exactly_once:
+    def start(self, grant: Grant, heartbeat: Callable[[], None]) -> Any:
+        if self.delivery == "exactly-once":
             publisher = FakeTxnPublisher(self.world, self.settings)
-            self.publishers.append(publisher)
-            return publisher, publisher.resume_point(grant, heartbeat)
-        self.publishers.append(FakePublisher(self.world))
-        return self.publishers[-1], after_exactly_once(grant.checkpoint, txn_log(self.world).newest_record,
-                                                       FINGERPRINT, TOPIC)
+            publisher.fence(grant)
+        else:
+            publisher = FakePublisher(self.world)
+        self.publishers.append(publisher)
+        return publisher
+
+    def committed(self, heartbeat: Callable[[], None]) -> OffsetsRecord | None:
+        self.reads += 1
+        return txn_log(self.world).newest_record()
+
+    def forget(self, publisher: Any, heartbeat: Callable[[], None]) -> None:
+        assert isinstance(publisher, FakeTxnPublisher), "only an exactly-once relay forgets a record"
+        publisher.forget_record()
 
 
 @dataclass
