@@ -111,7 +111,7 @@ def _partition_relay(
     return Relay(
         parts.loop,
         source=source,
-        producers=delivery_mode(parts, lid, fingerprint),
+        delivery=delivery_mode(parts, lid, fingerprint),
         lease=parts.lease_store(client, partition),
         encoder=message_builder(parts, folder, native=native),
         observer=observer,

@@ -78,7 +78,7 @@ class Publisher(Protocol):
         """Drop whatever is queued or in flight (nothing in it was checkpointed)."""
 
 
-class Producers(Protocol):
+class DeliveryMode(Protocol):
     """The Kafka side of every leading session: the delivery mode (relay.kafka.modes). It supplies
     the inputs of the resume decision that live in Kafka and carries out its Kafka actions; the
     decision is relay.core.resume's, made by the loop. Each call gets a heartbeat to call while it

@@ -17,7 +17,7 @@ heartbeat interval (guarantee 7).
 
 `turn()` is one pass of the loop: a standby tries to take the lease (when its assignment says
 so: boundaries.Assignment, the share of a group of replicas over the partitions of an outbox); a
-new leader gets its producer (boundaries.Producers; exactly-once mode fences the lease's earlier
+new leader gets its producer (boundaries.DeliveryMode; exactly-once mode fences the lease's earlier
 producers), decides where to resume (resume.resume, from the lease's checkpoint, the offsets
 topic's record where its table needs it, and RELAY_START_AT), forgets a stale offsets record when
 that says so, opens the stream there (applying RELAY_ON_HISTORY_LOST if the point left the oplog)
@@ -55,10 +55,10 @@ from relay.core.boundaries import (
     Assignment,
     ChangeSource,
     Clock,
+    DeliveryMode,
     Encoder,
     LeaseStore,
     Observer,
-    Producers,
     Publisher,
     SystemClock,
 )
@@ -105,7 +105,7 @@ class Relay(Generic[ObserverT]):
     """Publishes one outbox collection (or one partition of it) to Kafka while it holds the lease.
 
     Its boundaries are given: `source` makes a fresh change source for every leading session and
-    `producers` its producer, the offsets record and its tombstone (the delivery mode,
+    `delivery` its producer, the offsets record and its tombstone (the delivery mode,
     relay.kafka.modes); `lease` is the lease document; `encoder` builds messages; `fingerprint`
     identifies the source's pipeline (stored beside every token); `preflight` runs once at the
     start of `run()` (configuration and reachability checks); `close` releases the clients after
@@ -119,7 +119,7 @@ class Relay(Generic[ObserverT]):
         config: LoopConfig,
         *,
         source: Callable[[], ChangeSource],
-        producers: Producers,
+        delivery: DeliveryMode,
         lease: LeaseStore,
         encoder: Encoder,
         observer: ObserverT,
@@ -133,7 +133,7 @@ class Relay(Generic[ObserverT]):
         self.config = config
         self.observer: ObserverT = observer
         self._sources = source
-        self._producers = producers
+        self._delivery = delivery
         self._lease = lease
         self._encoder = encoder
         self._fingerprint = fingerprint
@@ -212,7 +212,7 @@ class Relay(Generic[ObserverT]):
             log.info("holding the lease, fencing token %d", grant.fencing_token)
         self._role = "leader"
         source = self._sources()
-        publisher = self._producers.start(grant, lambda: self._heartbeat(grant))
+        publisher = self._delivery.start(grant, lambda: self._heartbeat(grant))
         self._session = session = Session(grant, source, publisher, self._window())
         self._unstored = None
         self.observer.watch_publisher(publisher)
@@ -247,7 +247,7 @@ class Relay(Generic[ObserverT]):
             self._heartbeat(grant)
 
         rules = self._resume_rules()
-        plan = resume(grant.checkpoint, lambda: self._producers.committed(heartbeat), rules)
+        plan = resume(grant.checkpoint, lambda: self._delivery.committed(heartbeat), rules)
         if plan.forget is not None:
             log.warning(
                 "no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at RELAY_START_AT=%s)",
@@ -256,7 +256,7 @@ class Relay(Generic[ObserverT]):
                 short_token(plan.forget.token),
                 rules.start_at,
             )
-            self._producers.forget(session.publisher, heartbeat)
+            self._delivery.forget(session.publisher, heartbeat)
         opened = self._open_at(session.source, plan)
         log.info("change stream opened %s", plan.description)
         if plan.store is Store.OPENING and opened and session.source.token is not None:
@@ -266,7 +266,7 @@ class Relay(Generic[ObserverT]):
 
     def _resume_rules(self) -> Rules:
         """What the resume decision reads from the settings and the delivery mode."""
-        c, p = self.config, self._producers
+        c, p = self.config, self._delivery
         return Rules(self._fingerprint, p.delivery, c.start_at, c.on_history_lost, p.offsets_topic)
 
     def _open_at(self, source: ChangeSource, plan: Resume) -> bool:

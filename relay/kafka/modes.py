@@ -1,4 +1,4 @@
-"""The two delivery modes (RELAY_DELIVERY) as the loop's Producers boundary: each leading session
+"""The two delivery modes (RELAY_DELIVERY) as the loop's DeliveryMode boundary: each leading session
 gets a fresh producer, and the mode supplies what the resume decision (relay.core.resume) reads
 from Kafka and carries out what that decision asks of Kafka, so no caller needs to know which mode
 it runs. The decision itself is the loop's to make (relay.core.loop).
@@ -17,20 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from relay.core.boundaries import Publisher as PublisherBoundary
+from relay.core.boundaries import Publisher
 from relay.core.config import AT_LEAST_ONCE, EXACTLY_ONCE
 from relay.core.positions import Grant
 from relay.kafka.config import KafkaConfig
 from relay.kafka.offsets_record import OffsetsRecord
 from relay.kafka.offsets_topic import OffsetsTopic
-from relay.kafka.producer import Publisher, check_config
+from relay.kafka.producer import IdempotentPublisher, check_config
 from relay.kafka.transactions import TransactionalPublisher, check_transactional_config
 
 Heartbeat = Callable[[], None]
 
 
 class AtLeastOnce:
-    """RELAY_DELIVERY=at-least-once (relay.core.boundaries.Producers)."""
+    """RELAY_DELIVERY=at-least-once (relay.core.boundaries.DeliveryMode)."""
 
     delivery = AT_LEAST_ONCE
 
@@ -47,21 +47,21 @@ class AtLeastOnce:
         """ConfigError naming the property librdkafka refuses (run at start)."""
         check_config(self._config.producer_config())
 
-    def start(self, grant: Grant, heartbeat: Heartbeat) -> PublisherBoundary:
-        return Publisher(self._config.producer_config())
+    def start(self, grant: Grant, heartbeat: Heartbeat) -> Publisher:
+        return IdempotentPublisher(self._config.producer_config())
 
     def committed(self, heartbeat: Heartbeat) -> OffsetsRecord | None:
         """The lease's newest committed offsets record, left by an exactly-once run; None when
         there is none or no offsets topic (it is not created for this)."""
         return self._offsets.read(self._lease_id, heartbeat, missing_ok=True)
 
-    def forget(self, publisher: PublisherBoundary, heartbeat: Heartbeat) -> None:
+    def forget(self, publisher: Publisher, heartbeat: Heartbeat) -> None:
         """Never asked: only an exactly-once relay forgets offsets records (relay.core.resume)."""
         raise AssertionError("an at-least-once relay writes nothing to the offsets topic")
 
 
 class ExactlyOnce:
-    """RELAY_DELIVERY=exactly-once (relay.core.boundaries.Producers)."""
+    """RELAY_DELIVERY=exactly-once (relay.core.boundaries.DeliveryMode)."""
 
     delivery = EXACTLY_ONCE
 
@@ -79,7 +79,7 @@ class ExactlyOnce:
         """ConfigError naming the property librdkafka refuses (run at start)."""
         check_transactional_config(self._config, self._lease_id)
 
-    def start(self, grant: Grant, heartbeat: Heartbeat) -> PublisherBoundary:
+    def start(self, grant: Grant, heartbeat: Heartbeat) -> Publisher:
         """A transactional producer that has fenced every earlier producer of the lease (so no
         zombie commits after the offsets record is read)."""
         publisher = TransactionalPublisher(self._config, self._lease_id, self._offsets, self._fingerprint)
@@ -94,7 +94,7 @@ class ExactlyOnce:
         """The lease's newest committed offsets record (read_committed, to the topic's end)."""
         return self._offsets.read(self._lease_id, heartbeat)
 
-    def forget(self, publisher: PublisherBoundary, heartbeat: Heartbeat) -> None:
+    def forget(self, publisher: Publisher, heartbeat: Heartbeat) -> None:
         """Tombstone the lease's offsets record with the session's (fenced) producer."""
         assert isinstance(publisher, TransactionalPublisher), "a publisher this mode started"
         publisher.forget_record(heartbeat)

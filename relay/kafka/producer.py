@@ -6,9 +6,9 @@ delivery can still leave a gap while later messages succeed, and a fatal error m
 instance unusable, so after any failure the relay drops this producer, builds a new one and
 replays from the checkpoint (docs/faults.md, "Delivery errors").
 
-`ProducerBase` holds what every producer of the relay shares: building the librdkafka instance,
+`LibrdkafkaProducer` holds what every producer of the relay shares: building the librdkafka instance,
 logging its client errors, and `_produce_all`, the one produce loop (each message with the
-delivery's bound callback, serving reports while the local queue is full). `Publisher` is the
+delivery's bound callback, serving reports while the local queue is full). `IdempotentPublisher` is the
 at-least-once producer; relay.kafka.transactions builds the exactly-once one on the same base.
 """
 
@@ -46,7 +46,7 @@ def delivery_failure(delivery: Delivery) -> Exception:
     return translate(err, producing(topics, delivery.failed_event_id(), batch, step="deliver"))
 
 
-class ProducerBase:
+class LibrdkafkaProducer:
     """A librdkafka producer built from `config` (ConfigError naming the property it refuses),
     its client errors logged, and the produce loop every relay producer uses."""
 
@@ -98,7 +98,7 @@ class ProducerBase:
         return len(self._producer)
 
 
-class Publisher(ProducerBase):
+class IdempotentPublisher(LibrdkafkaProducer):
     """One idempotent producer instance (relay.core.boundaries.Publisher).
 
     `send()` hands a delivery's messages to the producer; `poll()` runs the callbacks that are
@@ -163,4 +163,4 @@ class Publisher(ProducerBase):
 
 def check_config(producer_config: dict[str, Any]) -> None:
     """Raise ConfigError naming the property if librdkafka refuses the producer configuration."""
-    Publisher(producer_config).close()
+    IdempotentPublisher(producer_config).close()

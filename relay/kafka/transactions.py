@@ -55,7 +55,7 @@ from relay.kafka.config import KafkaConfig
 from relay.kafka.errors import Attempt, Treat, config_error, fenced, translate, treatment
 from relay.kafka.offsets_record import OffsetsRecord, transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
-from relay.kafka.producer import ProducerBase, delivery_failure
+from relay.kafka.producer import LibrdkafkaProducer, delivery_failure
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def aborted_failure(deliveries: list[Delivery]) -> Exception | None:
     return refusal
 
 
-class TransactionalPublisher(ProducerBase):
+class TransactionalPublisher(LibrdkafkaProducer):
     """One transactional producer for one lease (relay.core.boundaries.Publisher); a transaction
     spans deliveries (reads) until RELAY_TRANSACTION_MAX_EVENTS / _BYTES / _MS says to commit, or
     the loop waits for everything (`drain`). `fence()` must be called once before `send()`.

@@ -72,14 +72,14 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env,
 
     from relay.core.message import OutgoingMessage
     from relay.core.window import Delivery
-    from relay.kafka.producer import Publisher
+    from relay.kafka.producer import IdempotentPublisher
 
     broker = needs_local_stack(env.servers).kafka
     topic = env.topic()
     admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
     settings = env.settings.replace(kafka={"message.timeout.ms": "3000", "linger.ms": "0"})
-    publisher = Publisher(settings.kafka_config())
+    publisher = IdempotentPublisher(settings.kafka_config())
     message = lambda i: OutgoingMessage(f"e{i}", topic, b"k", f"v{i}".encode(), [])  # noqa: E731
     publisher.poll(5)  # connected
     first = Delivery([-1], [message(0)], None, 0.0)

@@ -417,8 +417,8 @@ class FakeAssignment:
         return False
 
 
-class FakeProducers:
-    """At-least-once mode (relay.core.boundaries.Producers): a new FakePublisher per leading
+class FakeDeliveryMode:
+    """At-least-once mode (relay.core.boundaries.DeliveryMode): a new FakePublisher per leading
     session, and no offsets topic (nothing ever ran exactly-once here)."""
 
     delivery = "at-least-once"
@@ -459,7 +459,7 @@ def relay_on(world: World, settings: Settings, producers: Any, source: Callable[
     """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes."""
     world.max_events = settings.batch_max_events
     parts = settings.parts()
-    return Relay(parts.loop, source=source, producers=producers, lease=lease,
+    return Relay(parts.loop, source=source, delivery=producers, lease=lease,
                  encoder=message_builder(parts, FOLDER), observer=observer or loop_observer(settings),
                  fingerprint=FINGERPRINT, clock=world.clock,
                  **({} if assignment is None else {"assignment": assignment}))
@@ -473,7 +473,7 @@ def loop_observer(settings: Settings) -> PartitionObserver:
 def fake_relay(world: World, settings: Settings, observer: PartitionObserver | None = None,
                assignment: FakeAssignment | None = None) -> FakeRelay:
     """A real `Relay` (and the real MessageBuilder) on the world's fakes, at-least-once."""
-    producers = FakeProducers(world)
+    producers = FakeDeliveryMode(world)
     sources: list[FakeSource] = []
 
     def new_source() -> FakeSource:

@@ -97,10 +97,10 @@ def test_resumable_errors_follow_the_change_streams_spec(exc, resumable):
 
 
 def test_a_kafka_configuration_error_names_the_setting_and_keeps_librdkafkas_error():
-    from relay.kafka.producer import Publisher
+    from relay.kafka.producer import IdempotentPublisher
 
     with pytest.raises(ConfigError) as err:
-        Publisher({"bootstrap.servers": "x:1", "no.such.property": "1"})
+        IdempotentPublisher({"bootstrap.servers": "x:1", "no.such.property": "1"})
     assert err.value.setting == "RELAY_KAFKA_NO_SUCH_PROPERTY"
     assert isinstance(err.value.__cause__, KafkaException)
     assert "KafkaException: " in (errors.cause_of(err.value) or "")
@@ -147,9 +147,9 @@ def test_kafka_errors_are_translated_by_one_table_naming_what_the_step_needs():
 def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
     """A refusal by produce() itself (here: a fatal error librdkafka raises from it) names the
     event's topic, not an empty resource."""
-    from relay.kafka.producer import Publisher
+    from relay.kafka.producer import IdempotentPublisher
 
-    publisher = Publisher({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
+    publisher = IdempotentPublisher({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
     publisher._topic = "orders"
     refused = publisher._refused(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), "e9")
     assert refused.refused == [("WRITE, DESCRIBE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC orders")]  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ epoch (each `init_transactions` bumps it; a producer of an older epoch can commi
 transaction (append the messages; at commit the offsets record, checking the epoch), `fence()`
 bumps the epoch and `forget_record()` commits a tombstone, like
 relay.kafka.transactions.TransactionalPublisher; where to resume is the loop's own decision
-(relay.core.resume), with the record `FakeTxnProducers.committed` reads.
+(relay.core.resume), with the record `FakeTxnDeliveryMode.committed` reads.
 A transaction spans deliveries (reads) until its bounds or a drain commit it, as in the real one.
 Faults: `crash_inside` kills the process halfway through a delivery's messages (the open
 transaction may hold earlier reads), `crash_between_reads` as a read joins a transaction that
@@ -286,8 +286,8 @@ class TxnSource(FakeSource):
             w.lease.token = saved
 
 
-class FakeTxnProducers:
-    """The two delivery modes on the fakes (relay.core.boundaries.Producers), like
+class FakeTxnDeliveryMode:
+    """The two delivery modes on the fakes (relay.core.boundaries.DeliveryMode), like
     relay.kafka.modes: exactly-once, a FakeTxnPublisher fenced at start; at-least-once, the
     FakePublisher. Both read the fake offsets topic's newest committed record when the loop's
     resume decision asks (`reads` counts it), and exactly-once forgets it when told."""
@@ -327,8 +327,8 @@ class TxnRelay:
 
 def txn_relay(world: World, settings: Settings, observer: PartitionObserver | None = None) -> TxnRelay:
     """A real `Relay` with the real MessageBuilder on the fakes, in the mode `settings.delivery`
-    names (FakeTxnProducers)."""
-    producers = FakeTxnProducers(world, settings)
+    names (FakeTxnDeliveryMode)."""
+    producers = FakeTxnDeliveryMode(world, settings)
     lease = DeliveryLease(world, settings.instance_id, settings.lease_ttl_s, settings.delivery)
     relay = relay_on(world, settings, producers, lambda: TxnSource(world), lease, observer)
     return TxnRelay(relay, producers.publishers)
