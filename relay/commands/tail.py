@@ -35,6 +35,7 @@ from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
 from relay.config import Settings
+from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
 from relay.core.redact import emit
 from relay.kafka.acls import TAIL_GROUP_PREFIX
 
@@ -102,7 +103,8 @@ def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
         return line
     try:
         decoded = decoder.decode(value, msg.topic())
-    except ValueError as exc:
+    except (ValueError, SchemaRegistryUnavailableError, SchemaRegistryRefusedError) as exc:
+        # tail shows what it cannot decode, registry outages included, and goes on
         line["error"] = str(exc)
         line["valueBase64"] = base64.b64encode(value).decode()
         return line

@@ -11,6 +11,7 @@ from typing import Any
 
 from relay.core.config import POISON_POLICIES
 from relay.core.errors import ConfigError
+from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
 
 # librdkafka settings with the inbox's own defaults (`kafka` may change them): librdkafka's
 # statistics carry each assigned partition's lag (relay_inbox_lag_messages), refreshed this often;
@@ -44,6 +45,11 @@ class RunOptions:
     retry_backoff_max_s: float = 10.0  # the longest wait before a batch whose transaction failed is retried
     kafka: Mapping[str, str] = field(default_factory=dict)  # more librdkafka settings for both clients
 
+    def __repr__(self) -> str:
+        """Every option, credentials as the relay shows them: `***`, a URL's user info `user:***@`."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        return f"RunOptions({', '.join(f'{k}={v!r}' for k, v in redact_mapping(shown).items())})"
+
     def __post_init__(self) -> None:
         if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
             raise ConfigError("topics", f"must be a non-empty list of topic names, got {self.topics!r}")
@@ -58,6 +64,10 @@ class RunOptions:
             raise ConfigError("on_poison", f"must be one of {', '.join(POISON_POLICIES)}; got {self.on_poison!r}")
         if self.schema_registry_basic_auth and ":" not in self.schema_registry_basic_auth:
             raise ConfigError("schema_registry_basic_auth", "must be USER:PASSWORD")
+        # Credentials are masked in everything the relay's formatter and commands print.
+        auth = self.schema_registry_basic_auth
+        register_secrets([auth, auth.partition(":")[2], *uri_secrets(self.schema_registry_url)])
+        register_secrets(v for k, v in self.kafka.items() for v in credential_values(k, str(v)))
         for key in self.kafka:
             if key in FORCED_CONSUMER_SETTINGS or key in ("group.id", "bootstrap.servers"):
                 raise ConfigError(f"kafka[{key!r}]", "is set by the inbox (or by its own option); remove it")

@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from relay.inbox.batching import BatchLimits, without_partitions
 from relay.inbox.config import RunOptions
 from relay.inbox.decoding import header_dict
+from relay.kafka.errors import Attempt, Treat, translate, treatment
 
 log = logging.getLogger("relay.inbox")
 
@@ -106,7 +107,7 @@ class KafkaSource:
                 if msg.error() is None:
                     self._batch.append(Received.of(msg))
                 else:
-                    _consumer_error(msg.error())
+                    self._consumer_error(msg.error(), msg.topic())
             if not self._batch or (not messages and first_at is not None):
                 break
             first_at = first_at or time.monotonic()
@@ -121,9 +122,29 @@ class KafkaSource:
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
             )
         except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if treatment(error) is Treat.DENIED:
+                raise translate(error, self._consuming(", ".join(sorted({t for t, _ in offsets})))) from exc
             log.warning("offset commit failed (redelivered events will be skipped): %s", exc, extra={"cause": str(exc)})
             return False
         return True
+
+    def _consumer_error(self, error: Any, topic: str | None) -> None:
+        """End of a partition: nothing; a refused ACL: PermissionDeniedError naming the topic or
+        the group and the operation (an operator must grant it); fatal: raised; else logged
+        (librdkafka retries)."""
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if treatment(error) is Treat.DENIED:
+            raise translate(error, self._consuming(topic or ", ".join(self._options.topics)))
+        if error.fatal():
+            raise KafkaException(error)
+        log.warning("consumer error: %s", error, extra={"cause": str(error)})
+
+    def _consuming(self, topics: str) -> Attempt:
+        """What the consumer does, for a refusal (relay.kafka.acls.required_to_consume lists its ACLs)."""
+        needs = (("TOPIC", topics, "READ, DESCRIBE"), ("GROUP", self._options.group_id, "READ"))
+        return Attempt("consume (relay.inbox)", needs)
 
     def _on_stats(self, text: str) -> None:
         try:
@@ -153,11 +174,3 @@ def partition_lags(stats: Mapping[str, Any], assigned: Collection[tuple[str, int
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
     return [f"{p.topic}[{p.partition}]" for p in partitions]
-
-
-def _consumer_error(error: Any) -> None:
-    if error.code() == KafkaError._PARTITION_EOF:
-        return
-    if error.fatal():
-        raise KafkaException(error)
-    log.warning("consumer error: %s", error, extra={"cause": str(error)})

@@ -18,12 +18,17 @@ the prefix of their throwaway consumer groups: `outbox-relay-tail-` for `outbox-
 `spark-kafka-source-...` streaming, `spark-kafka-relation-...` batch); the pipeline's half is
 written from Spark's defaults, not tested against a broker with ACLs.
 
+An inbox consumer (`required_to_consume`, relay.inbox): READ and DESCRIBE on its topics, READ on
+its consumer group (LITERAL: it commits its offsets there), and with on_poison=dead-letter WRITE
+and DESCRIBE on the dead-letter topic (its idempotent producer gets its id with that WRITE).
+
 `required()` returns them as plain tuples so the docs, the tests and an operator's tooling can
 turn them into `kafka-acls` commands or confluent_kafka `AclBinding`s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from relay.kafka.offsets_record import transactional_id
@@ -75,3 +80,13 @@ def required_to_read(topic_template: str, group_prefix: str) -> list[Acl]:
     return [Acl("TOPIC", prefix, pattern, op) for op in ("READ", "DESCRIBE")] + [
         Acl("GROUP", group_prefix, "PREFIXED", "READ")
     ]
+
+
+def required_to_consume(topics: Sequence[str], group_id: str, dead_letter_topic: str | None = None) -> list[Acl]:
+    """The ACLs of an inbox consumer of `topics` in group `group_id` (`dead_letter_topic`: with
+    on_poison=dead-letter): see the module docstring."""
+    out = [Acl("TOPIC", topic, "LITERAL", op) for topic in topics for op in ("READ", "DESCRIBE")]
+    out.append(Acl("GROUP", group_id, "LITERAL", "READ"))
+    if dead_letter_topic:
+        out += [Acl("TOPIC", dead_letter_topic, "LITERAL", op) for op in ("WRITE", "DESCRIBE")]
+    return out

@@ -226,3 +226,54 @@ def test_tail_reads_with_exactly_the_documented_reader_acls_and_names_a_missing_
     with pytest.raises(PermissionDeniedError) as refused:
         tail(no_group, topic, from_beginning=True, max_messages=3, out=io.StringIO())
     assert refused.value.refused == [("READ (GROUP_AUTHORIZATION_FAILED)", f"GROUP {TAIL_GROUP_PREFIX}*")]
+
+
+def test_the_inbox_consumes_with_exactly_the_documented_acls_and_names_a_missing_group_acl(
+    kafka: SaslKafka, servers: Servers
+) -> None:
+    """The relay (as the admin) publishes 40 events; an inbox consumer whose principal holds
+    exactly `required_to_consume` (dead-letter mode: WRITE on that topic too) applies each once;
+    without its group's READ, `run` stops naming the group and the operation."""
+    import threading
+
+    from relay.inbox import Inbox
+    from relay.kafka.acls import required_to_consume
+    from tests.inbox_support import INBOX, applied_count, assert_effects_exactly_once_in_order, effects_handler
+
+    settings = _settings(servers, kafka)
+    topic, dead_letters = settings.topic_template.format(aggregateType="order"), f"{settings.database}-dead"
+    kafka.create_topics(topic, dead_letters)
+    client: pymongo.MongoClient[Any]
+    with pymongo.MongoClient(servers.mongodb_uri, tz_aware=True) as client:
+        db = client[settings.database]
+        written = write_events(db, settings.outbox_collection, 40, writers=2)
+        with RelayThread(settings.replace(kafka=dict(kafka.admin_client))):
+            wait_until(lambda: len(read_topic(kafka.broker.bootstrap_servers, topic, timeout=5,
+                                              client=kafka.admin_client)) >= 40, 120, "40 events", interval=1)
+        group = f"shipping-{settings.database}"
+        consumer = _reader(kafka, settings, required_to_consume([topic], group, dead_letters))
+        options = dict(topics=[topic], group_id=group, bootstrap_servers=kafka.broker.bootstrap_servers,
+                       kafka=dict(consumer.kafka), on_poison="dead-letter", dead_letter_topic=dead_letters)
+        inbox, errors = Inbox(db[INBOX]), []
+        thread = threading.Thread(target=lambda: _capture(errors, inbox.run, effects_handler(db), **options))
+        thread.start()
+        try:
+            wait_until(lambda: applied_count(db) >= 40 or errors, 120, "the inbox to apply 40 events")
+        finally:
+            inbox.stop()
+            thread.join(60)
+        assert not errors, errors
+        assert_effects_exactly_once_in_order(db, written)
+        no_group = _reader(kafka, settings.replace(database=f"{settings.database}n"), required_to_consume([topic], "x"))
+        with pytest.raises(PermissionDeniedError) as refused:
+            Inbox(db[INBOX]).run(effects_handler(db), **(options | {"group_id": f"{group}-2", "kafka": dict(no_group.kafka),
+                                                                   "on_poison": "stop"}))
+        assert refused.value.refused == [("READ (GROUP_AUTHORIZATION_FAILED)", f"GROUP {group}-2")]
+        client.drop_database(settings.database)
+
+
+def _capture(errors: list[BaseException], run: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        run(*args, **kwargs)
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        errors.append(exc)

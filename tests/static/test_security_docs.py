@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from relay.kafka.acls import SPARK_GROUP_PREFIX, TAIL_GROUP_PREFIX, required_to_read
+from relay.kafka.acls import SPARK_GROUP_PREFIX, TAIL_GROUP_PREFIX, required_to_consume, required_to_read
 from relay.kafka.acls import required as required_acls
 from relay.mongo.privileges import required as required_privileges
 from tests.support import ROOT
@@ -58,6 +58,8 @@ def _as_tuples(acls) -> set[tuple[str, str, str, str]]:
 
 def test_the_kafka_tables_list_every_acl_of_every_mode_by_name() -> None:
     relay_part, readers = _section("Least privilege on Kafka").split("### Reading the topics", 1)
+    readers, inbox = readers.split("### Consuming the topics", 1)
+    assert _acls(inbox) == _as_tuples(required_to_consume(["outbox.event.order"], "shipping", "outbox.deadletter"))
     acls = required_acls("outbox.event.{aggregateType}", exactly_once=True, offsets_topic="outbox-relay.offsets",
                          dead_letter_topic="outbox.deadletter")
     assert _acls(relay_part) == _as_tuples(acls)

@@ -282,6 +282,17 @@ def test_the_registrys_basic_auth_is_an_option_checked_and_kept_out_of_the_repr(
         RunOptions.of(["x"], "g", "b", {"schema_registry_basic_auth": "no-colon"})
 
 
+def test_kafka_credentials_in_the_options_are_masked_in_their_repr_and_in_what_is_printed():
+    from relay.core.redact import scrub
+
+    opts = RunOptions.of(["x"], "g", "b", {
+        "kafka": {"sasl.password": "Canary-Sasl-7", "linger.ms": "5"},
+        "schema_registry_url": "http://reader:Canary-Url-8@r:8081", "schema_registry_basic_auth": "u:Canary-Auth-9"})
+    shown = repr(opts)
+    assert "Canary" not in shown and "linger.ms': '5'" in shown and "reader:***@" in shown
+    assert "Canary" not in scrub("from a driver: Canary-Sasl-7, Canary-Url-8, Canary-Auth-9")
+
+
 def test_lag_per_partition_comes_from_librdkafkas_statistics_for_assigned_partitions_only():
     from relay.inbox.consumer import partition_lags
 
