@@ -149,6 +149,12 @@ class Engine:
     def image_exists(self, ref: str) -> bool:
         return self.run("image", "inspect", ref, check=False).returncode == 0
 
+    def size_mb(self, ref: str) -> float:
+        """The image's size in MB (10^6 bytes; the engine's own figure); nan when it is missing."""
+        done = self.run("image", "inspect", "--format", "{{.Size}}", ref, check=False)
+        text = done.stdout.strip()
+        return float(text) / 1e6 if done.returncode == 0 and text.isdigit() else float("nan")
+
     def inspect(self, ref: str, what: str = "image") -> dict[str, object]:
         return dict(json.loads(self.run(what, "inspect", ref).stdout)[0])
 
