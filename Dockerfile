@@ -56,9 +56,11 @@ COPY native ./native
 COPY schemas ./schemas
 COPY relay ./relay
 # cargo's build folder and its registry are cache mounts: when only relay/ changes, cargo finds
-# the crate built and downloads nothing. The package's readme is a stand-in: README.md is not in
+# the crate built and downloads nothing. The build folder's id is this build's own: a build with
+# other settings (another Dockerfile, another interpreter path) in the same folder would make
+# cargo compile the crate and PyO3 again. The package's readme is a stand-in: README.md is not in
 # the build context, so editing it rebuilds nothing.
-RUN --mount=type=cache,target=/src/native/target \
+RUN --mount=type=cache,id=outbox-relay-native-target,target=/src/native/target \
     --mount=type=cache,target=/usr/local/cargo/registry \
     echo "outbox-relay: see README.md in the project's repository." > README.md \
     && /opt/wheel-build/bin/pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels .
