@@ -56,8 +56,10 @@ def main() -> int:
             return _failed(f"building the {target} image", exc)
         steps |= built.steps
         _say(f"image {ref}: built in {built.seconds:.0f} s (layers cached where unchanged), {built.size_mb:.0f} MB")
+    pruning = time.monotonic()
     removed = images.prune(engine, steps, begun)
-    _say(f"removed {removed} unused image(s); ready in {time.monotonic() - start:.0f} s")
+    _say(f"removed {removed} unused image(s) in {time.monotonic() - pruning:.0f} s; "
+         f"ready in {time.monotonic() - start:.0f} s")
     return 0
 
 
