@@ -1,76 +1,107 @@
 # syntax=docker/dockerfile:1
 #
 # outbox-relay images (README, "Containers"). Stages:
+#   requirements the dependency lists alone, read from pyproject.toml (plus constraints.txt): the
+#                stages below that install dependencies copy only these files, so an edit to the
+#                relay's sources, its README or its tool settings rebuilds none of them
 #   native       the relay's wheel, with its compiled hot path (native/, Rust): the only stage
 #                with a compiler (the Rust image's cargo and gcc); Debian 12's Python 3.11
 #                builds a cp311 wheel the python:3.11 stages install
-#   deps         a virtual environment in /opt/venv with the relay's dependencies (cached while
-#                only the relay's sources change)
-#   build        deps plus the relay
-#   spark-build  deps plus PySpark, the relay and the Spark connector jars (resolved with Maven)
+#   deps         a virtual environment in /opt/venv with the relay's dependencies, and a .pth
+#                file that puts /opt/relay (the relay itself, installed last) on its path
+#   build        the relay from its wheel in /opt/relay: the only layer a source change rebuilds
+#                (with the wheel and the final images' thin /opt/relay layer)
+#   spark-deps   deps plus a JRE, Maven and PySpark
+#   spark-build  spark-deps plus the relay and the Spark connector jars (resolved with Maven)
 #   pipeline     `outbox-relay pipeline ...` (docker-compose profile "spark"): JRE, no Maven
 #   relay        the default target (last stage): the relay alone, as a non-root user
 #
 # Every other dependency of the relay installs from a binary wheel, so only the native stage has
-# a compiler; the final stages get only /opt/venv (and the pipeline its jars), not pip's caches,
-# the sources or a toolchain. Debian 12 (bookworm) is pinned because its OpenJDK 17 is what
-# PySpark 4.0 is tested with, and its Python is 3.11 like the python:3.11 image.
+# a compiler. pip's, cargo's and Maven's downloads live in cache mounts (BuildKit, buildah), never
+# in a layer; the final stages get only /opt/venv, /opt/relay (and the pipeline its jars), not the
+# caches, the sources or a toolchain. Debian 12 (bookworm) is pinned because its OpenJDK 17 is
+# what PySpark 4.0 is tested with, and its Python is 3.11 like the python:3.11 image.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG RUST_IMAGE=rust:1.95-slim-bookworm
 
+FROM ${PYTHON_IMAGE} AS requirements
+WORKDIR /deps
+COPY pyproject.toml constraints.txt ./
+# requirements.txt: [project] dependencies; spark.txt: the `spark` extra; build.txt: the build
+# system's. Their times are fixed, so they are the same files whenever the lists are.
+RUN python -c "import pathlib, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+w = lambda name, reqs: pathlib.Path(name).write_text(''.join(r + '\n' for r in reqs)); \
+w('requirements.txt', p['project']['dependencies']); \
+w('spark.txt', p['project']['optional-dependencies']['spark']); \
+w('build.txt', p['build-system']['requires'])" \
+    && rm pyproject.toml \
+    && touch -d @0 ./*.txt
+
+
 FROM ${RUST_IMAGE} AS native
+# The rust image's own CARGO_HOME, set for bases that lack it: the registry cache mount below.
+ENV CARGO_HOME=/usr/local/cargo
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv /opt/wheel-build \
-    && /opt/wheel-build/bin/pip install --no-cache-dir --upgrade pip
+    && python3 -m venv /opt/wheel-build
+COPY --from=requirements /deps/build.txt /deps/
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/wheel-build/bin/pip install --upgrade pip \
+    && /opt/wheel-build/bin/pip install -r /deps/build.txt
 WORKDIR /src
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml ./
+COPY native ./native
 COPY schemas ./schemas
 COPY relay ./relay
-COPY native ./native
-# cargo's build folder is a cache mount: when only relay/ changes, the crate is not compiled again.
-RUN --mount=type=cache,target=/src/native/target \
-    /opt/wheel-build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# cargo's build folder and its registry are cache mounts: when only relay/ changes, cargo finds
+# the crate built and downloads nothing. The build folder's id is this build's own: a build with
+# other settings (another Dockerfile, another interpreter path) in the same folder would make
+# cargo compile the crate and PyO3 again. The package's readme is a stand-in: README.md is not in
+# the build context, so editing it rebuilds nothing.
+RUN --mount=type=cache,id=outbox-relay-native-target,target=/src/native/target \
+    --mount=type=cache,target=/usr/local/cargo/registry \
+    echo "outbox-relay: see README.md in the project's repository." > README.md \
+    && /opt/wheel-build/bin/pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels .
 
 
 FROM ${PYTHON_IMAGE} AS deps
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/venv
+# /opt/relay (stage build) is on the environment's path through a .pth file in its site-packages.
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))" > /tmp/site \
+    && echo /opt/relay > "$(cat /tmp/site)/outbox-relay.pth" \
+    && rm /tmp/site
 ENV PATH=/opt/venv/bin:$PATH
-WORKDIR /src
-# The relay's dependencies from pyproject.toml and constraints.txt alone: this layer (and the
-# Spark one on top) stays cached when only the relay's sources change.
-COPY pyproject.toml README.md constraints.txt ./
-RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
-       > /tmp/requirements.txt \
-    && pip install --no-cache-dir -c constraints.txt -r /tmp/requirements.txt
+COPY --from=requirements /deps/requirements.txt /deps/constraints.txt /deps/
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c /deps/constraints.txt -r /deps/requirements.txt
 
 
 FROM deps AS build
 COPY --from=native /wheels /wheels
-COPY schemas ./schemas
-COPY relay ./relay
-RUN pip install --no-cache-dir -c constraints.txt /wheels/outbox_relay-*.whl
+# Its console script's interpreter is /opt/venv/bin/python; its dependencies are in /opt/venv.
+RUN pip install --no-cache-dir --no-index --no-deps --target /opt/relay /wheels/outbox_relay-*.whl
 
 
-FROM deps AS spark-build
+FROM deps AS spark-deps
 # hadolint ignore=DL3008
 RUN mkdir -p /usr/share/man/man1 \
     && apt-get update \
     && apt-get install -y --no-install-recommends maven openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
-RUN pip install --no-cache-dir -c /src/constraints.txt pyspark
-COPY --from=native /wheels /wheels
-COPY schemas ./schemas
-COPY relay ./relay
-RUN pip install --no-cache-dir -c constraints.txt /wheels/outbox_relay-*.whl
+COPY --from=requirements /deps/spark.txt /deps/
+RUN --mount=type=cache,target=/root/.cache/pip \
+    pip install -c /deps/constraints.txt -r /deps/spark.txt
+
+
+FROM spark-deps AS spark-build
+COPY --from=build /opt/relay /opt/relay
 ENV RELAY_CACHE_DIR=/opt/outbox-relay-cache
-# From the source tree (sys.path[0] is /src under -m): the Maven pom lives beside the module.
-RUN python -m relay.dev.spark_jars
+# Maven's local repository is a cache mount: after a source change the jars resolve offline.
+RUN --mount=type=cache,target=/root/.m2 python -m relay.dev.spark_jars
 
 
 FROM ${PYTHON_IMAGE} AS pipeline
@@ -83,9 +114,12 @@ RUN mkdir -p /usr/share/man/man1 \
     && useradd --system --uid 10001 --gid relay --create-home --shell /usr/sbin/nologin relay \
     && mkdir /data \
     && chown relay:relay /data
-COPY --from=spark-build /opt/venv /opt/venv
+# The dependencies with PySpark first (they change only with the dependency lists), then the jars
+# and the relay.
+COPY --from=spark-deps /opt/venv /opt/venv
 COPY --from=spark-build /opt/outbox-relay-cache /opt/outbox-relay-cache
-ENV PATH=/opt/venv/bin:$PATH \
+COPY --from=build /opt/relay /opt/relay
+ENV PATH=/opt/relay/bin:/opt/venv/bin:$PATH \
     RELAY_CACHE_DIR=/opt/outbox-relay-cache \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -99,8 +133,10 @@ FROM ${PYTHON_IMAGE} AS relay
 RUN groupadd --system --gid 10001 relay \
     && useradd --system --uid 10001 --gid relay --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin relay
-COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH \
+# The dependencies first (they change only with the dependency lists), then the relay: a thin layer.
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=build /opt/relay /opt/relay
+ENV PATH=/opt/relay/bin:/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     RELAY_HTTP_PORT=8080 \

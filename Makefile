@@ -40,9 +40,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The container tests' engine and stand-in base images (tests/containers/prepare.py): Docker when
-# one works, else Debian's podman (installed with apt-get when root); the bases are built once and
-# kept in the engine's image store. With no engine the container tests skip, saying why.
+# The container tests' engine, stand-in base images and both images (tests/containers/prepare.py):
+# Docker when one works, else Debian's podman (installed with apt-get when root); the bases are
+# built once and kept in the engine's image store; the relay and pipeline images are built on every
+# run (cached layers: seconds unless the dependency lists changed), then unused images are removed.
+# With no engine the container tests skip, saying why.
 containers: $(STAMP)
 	$(PY) -m tests.containers.prepare
 

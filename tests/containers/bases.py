@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.containers.engine import Engine
@@ -66,12 +67,17 @@ def build_base(engine: Engine, ref: str) -> float:
     return time.monotonic() - start
 
 
-def ensure_bases(engine: Engine) -> dict[str, str]:
-    """The build arguments that select the stand-in bases (built when missing); {} with Docker."""
+def ensure_bases(engine: Engine, log: Callable[[str], None] | None = None) -> dict[str, str]:
+    """The build arguments that select the stand-in bases (built when missing); {} with Docker.
+    `log` gets one line per base: cached or built (and how long it took), and its size."""
     if engine.kind == "docker":
         return {}
     for ref in _PACKAGES:
-        if not engine.image_exists(ref):
+        if engine.image_exists(ref):
+            state = "cached"
+        else:
             print(f"building stand-in base {ref} (once) ...", file=sys.stderr, flush=True)
-            print(f"built {ref} in {build_base(engine, ref):.0f} s", file=sys.stderr, flush=True)
+            state = f"built now in {build_base(engine, ref):.0f} s"
+        if log is not None:
+            log(f"base {ref}: {state}, {engine.size_mb(ref):.0f} MB")
     return {"PYTHON_IMAGE": PYTHON_BASE, "RUST_IMAGE": RUST_BASE}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+import warnings
 from pathlib import Path
 
 from relay.dev.processes import free_port
@@ -56,7 +57,18 @@ class ComposeStack:
         self.up("--no-deps", "relay", "demo")
 
     def down(self) -> None:
-        self.run("down", "-v", "--timeout", "10")
+        """`down -v`; a failure is reported as a warning (in pytest's summary, with the tool's
+        output), not raised: the test's own outcome stays the one reported."""
+        try:
+            done = self.run("down", "-v", "--timeout", "10", timeout=300)
+        except subprocess.TimeoutExpired:
+            warnings.warn(f"compose down -v of {self.project} took more than 300 s; its containers, network "
+                          "or volumes may be left", stacklevel=2)
+            return
+        if done.returncode != 0:
+            warnings.warn(f"compose down -v of {self.project} failed (exit {done.returncode}); its containers, "
+                          f"network or volumes may be left:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}",
+                          stacklevel=2)
 
     @property
     def mongodb_uri(self) -> str:

@@ -5,15 +5,19 @@ apt-get when missing (root and apt-get needed), run through a runc wrapper, beca
 refuses the OCI runtime's setrlimit for RLIMIT_NOFILE/NPROC ("OCI permission denied"); the wrapper
 deletes `process.rlimits` from the bundle's config.json (`create`/`run`) and from the `--process`
 file (`exec`, so `podman exec` and health checks), then execs runc. `Engine.serve()` starts
-`podman system service` on a socket (the Docker API, for testcontainers and podman-compose) and
-`Service.stop()` stops it by pid. Everything lives under `state_dir()` (the project's cache).
+`podman system service` on a socket (the Docker API, for testcontainers and podman-compose):
+`Service.stop()` stops it by pid at the end of the session; it also ends when the process that
+started it dies (PR_SET_PDEATHSIG) or after SERVICE_IDLE_S without a request. Everything lives
+under `state_dir()` (the project's cache).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -55,6 +59,12 @@ os.execvp("runc", ["runc"] + args)
 '''
 
 
+# `podman system service` ends after this long without a request (and when its pytest worker dies,
+# or at the end of the session, stopped by pid).
+SERVICE_IDLE_S = 1800
+_PR_SET_PDEATHSIG = 1
+
+
 class EngineUnavailable(Exception):
     """Raised when no container engine can be had here; the message is the one-line reason."""
 
@@ -74,16 +84,20 @@ def _works(argv: list[str], env: dict[str, str] | None = None) -> bool:
 
 def install_podman() -> None:
     """apt-get install podman, buildah, mmdebstrap and runc (root and apt-get needed)."""
-    missing = [p for p in APT_PACKAGES if shutil.which(p if p != "runc" else "runc") is None]
+    missing = [p for p in APT_PACKAGES if shutil.which(p) is None]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise EngineUnavailable(f"no Docker engine, and {', '.join(missing)} cannot be installed (needs root and apt-get)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
-    done = subprocess.run(["apt-get", "install", "-y", "-q", *missing], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise EngineUnavailable(f"apt-get install {' '.join(missing)} failed: {done.stderr.strip()[-200:]}")
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *missing]):
+        try:
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
+        except subprocess.TimeoutExpired:
+            raise EngineUnavailable(f"`{' '.join(argv)}` took more than 20 minutes") from None
+        if done.returncode != 0:
+            reason = " ".join(done.stderr.strip().splitlines()[-2:])[-300:]
+            raise EngineUnavailable(f"`{' '.join(argv)}` failed (exit {done.returncode}): {reason}")
 
 
 def _podman_config() -> Path:
@@ -95,6 +109,12 @@ def _podman_config() -> Path:
     conf = state_dir() / "containers.conf"
     conf.write_text(f'[engine]\nruntime = "runc-no-rlimits"\n\n[engine.runtimes]\n"runc-no-rlimits" = ["{wrapper}"]\n')
     return conf
+
+
+def _end_with_parent() -> None:
+    """In the service's process before exec: SIGTERM when the process that started it ends (a
+    pytest worker killed), so no service outlives its test session."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -149,6 +169,12 @@ class Engine:
     def image_exists(self, ref: str) -> bool:
         return self.run("image", "inspect", ref, check=False).returncode == 0
 
+    def size_mb(self, ref: str) -> float:
+        """The image's size in MB (10^6 bytes; the engine's own figure); nan when it is missing."""
+        done = self.run("image", "inspect", "--format", "{{.Size}}", ref, check=False)
+        text = done.stdout.strip()
+        return float(text) / 1e6 if done.returncode == 0 and text.isdigit() else float("nan")
+
     def inspect(self, ref: str, what: str = "image") -> dict[str, object]:
         return dict(json.loads(self.run(what, "inspect", ref).stdout)[0])
 
@@ -158,8 +184,9 @@ class Engine:
             return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"), None
         sock = Path(tempfile.mkdtemp(prefix="relay-podman-")) / "podman.sock"
         process = subprocess.Popen(
-            ["podman", "system", "service", "--time", "0", f"unix://{sock}"],
+            ["podman", "system", "service", "--time", str(SERVICE_IDLE_S), f"unix://{sock}"],
             env=self.environ(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=_end_with_parent,
         )
         deadline = time.monotonic() + 30
         while not sock.exists():

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from relay.dev.stack import kafka_libs, mongod_binary
@@ -48,12 +49,17 @@ def build_server(engine: Engine, ref: str) -> float:
     return time.monotonic() - start
 
 
-def ensure_servers(engine: Engine) -> dict[str, str]:
-    """MONGO_IMAGE and KAFKA_IMAGE for compose: the stand-ins (built when missing); {} with Docker."""
+def ensure_servers(engine: Engine, log: Callable[[str], None] | None = None) -> dict[str, str]:
+    """MONGO_IMAGE and KAFKA_IMAGE for compose: the stand-ins (built when missing); {} with Docker.
+    `log` gets one line per image: cached or built (and how long it took), and its size."""
     if engine.kind == "docker":
         return {}
     for ref in (MONGO_STAND_IN, KAFKA_STAND_IN):
-        if not engine.image_exists(ref):
+        if engine.image_exists(ref):
+            state = "cached"
+        else:
             print(f"building stand-in server {ref} (once) ...", file=sys.stderr, flush=True)
-            print(f"built {ref} in {build_server(engine, ref):.0f} s", file=sys.stderr, flush=True)
+            state = f"built now in {build_server(engine, ref):.0f} s"
+        if log is not None:
+            log(f"server {ref}: {state}, {engine.size_mb(ref):.0f} MB")
     return {"MONGO_IMAGE": MONGO_STAND_IN, "KAFKA_IMAGE": KAFKA_STAND_IN}

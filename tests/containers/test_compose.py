@@ -14,7 +14,8 @@ from tests.containers import servers
 from tests.containers.compose import COMPOSE_RELAY_IMAGE, ComposeStack
 from tests.support import wait_until
 
-# The first test to need an image builds it (cold: several minutes on a busy machine).
+# `make containers` builds the images; run alone after an edit, the first test to need one
+# builds it (cold: several minutes on a busy machine).
 pytestmark = [pytest.mark.usefixtures("docker_api"), pytest.mark.timeout(1800)]
 
 

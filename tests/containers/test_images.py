@@ -4,6 +4,7 @@ pipeline image starts (its RELAY_CACHE_DIR is accepted) and materializes a topic
 from __future__ import annotations
 
 import json
+import warnings
 
 import docker
 import pytest
@@ -12,7 +13,8 @@ from tests.containers.sidecar import container_env
 from tests.spark.support import VIEW_COLLECTION, assert_view_equals_outbox, mongo_view, outbox_state, positions
 from tests.support import RelayThread, read_topic, topic_size, wait_until, write_events
 
-# The first test to need an image builds it (cold: several minutes on a busy machine).
+# `make containers` builds the images; run alone after an edit, the first test to need one
+# builds it (cold: several minutes on a busy machine).
 pytestmark = [pytest.mark.usefixtures("docker_api"), pytest.mark.timeout(1800)]
 
 # Run inside the relay image as its user: what a compiler, pip's cache or the sources would leave.
@@ -30,11 +32,25 @@ print(json.dumps(found))
 """
 
 
-def _run(image: str, *argv: str, **kwargs) -> bytes:
+def _run(image: str, *argv: str, timeout: float = 600, **kwargs) -> bytes:
+    """Run a container to its end and return its output (stdout; stderr too when asked). Detached,
+    so it is removed whatever happens: an error, its own timeout or pytest-timeout's."""
     client = docker.from_env()
+    container = None
     try:
-        return bytes(client.containers.run(image, list(argv), network_mode="host", remove=True, **kwargs))
+        container = client.containers.run(image, list(argv), network_mode="host", detach=True, **kwargs)
+        status = container.wait(timeout=timeout)
+        stderr = bool(kwargs.get("stderr"))
+        output = bytes(container.logs(stdout=True, stderr=stderr))
+        assert status["StatusCode"] == 0, f"{argv} exited with {status['StatusCode']}:\n" + \
+            container.logs(stdout=True, stderr=True).decode(errors="replace")[-3000:]
+        return output
     finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.APIError as exc:
+                warnings.warn(f"container {container.short_id} of {image} was not removed: {exc}", stacklevel=2)
         client.close()
 
 
@@ -54,7 +70,7 @@ def test_the_pipeline_image_materializes_a_topic_into_a_view_equal_to_the_outbox
     logs = _run(pipeline_image, "materialize", "--once", "--output", "/data/lake", "--shuffle-partitions", "2",
                 "--spark-conf", "spark.ui.enabled=false", "--view-collection", VIEW_COLLECTION,
                 environment=container_env(env.settings), volumes={str(data): {"bind": "/data", "mode": "rw"}},
-                stderr=True)
+                stderr=True, timeout=900)
     assert (data / "lake" / "events").is_dir(), logs.decode(errors="replace")[-3000:]
     expected = outbox_state(env.outbox, [("order", written)])
     position_of = positions(read_topic(env.servers.kafka_bootstrap, env.topic()))

@@ -89,12 +89,36 @@ def test_hadolint_would_catch_a_careless_dockerfile(tmp_path: Path):
 def test_build_is_multi_stage_with_the_relay_image_as_the_default_target():
     args, stages = _stages()
     names = [s.name for s in stages]
-    assert names == ["native", "deps", "build", "spark-build", "pipeline", "relay"], names
+    assert names == ["requirements", "native", "deps", "build", "spark-deps", "spark-build", "pipeline", "relay"], names
     assert args["PYTHON_IMAGE"].startswith("python:3.11-slim"), args
     assert args["RUST_IMAGE"].startswith("rust:") and args["RUST_IMAGE"].endswith("-bookworm"), args
-    assert stages[0].base == args["RUST_IMAGE"], "the compiled hot path is built in the Rust image"
-    for stage in stages[1:]:
-        assert stage.base in ("deps", args["PYTHON_IMAGE"]), f"{stage.name} starts from {stage.base}"
+    by_name = {s.name: s for s in stages}
+    assert by_name["native"].base == args["RUST_IMAGE"], "the compiled hot path is built in the Rust image"
+    for stage in stages:
+        if stage.name != "native":
+            assert stage.base in ("deps", "spark-deps", args["PYTHON_IMAGE"]), f"{stage.name} starts from {stage.base}"
+
+
+def test_dependency_layers_see_only_the_dependency_lists():
+    """The stages that install dependencies get the lists from `requirements` (which reads
+    pyproject.toml), never the sources or pyproject.toml itself: a change to relay/, the README or a
+    tool setting rebuilds neither the dependencies nor PySpark. The relay is installed last, on its own."""
+    _, stages = _stages()
+    by_name = {s.name: s for s in stages}
+    assert by_name["requirements"].all("COPY") == ["pyproject.toml constraints.txt ./"]
+    for name in ("deps", "spark-deps"):
+        copies = by_name[name].all("COPY")
+        assert copies and all(c.startswith("--from=requirements ") for c in copies), (name, copies)
+    assert by_name["build"].all("COPY") == ["--from=native /wheels /wheels"]
+    assert by_name["spark-build"].all("COPY") == ["--from=build /opt/relay /opt/relay"]
+    for name in ("pipeline", "relay"):
+        copies = by_name[name].all("COPY")
+        assert copies[-1] == "--from=build /opt/relay /opt/relay", (name, copies)
+    # Downloads go to cache mounts, not layers: pip's, cargo's registry, Maven's repository.
+    runs = " ".join(run for s in stages for run in s.all("RUN"))
+    for cache in ("/root/.cache/pip", "/usr/local/cargo/registry", "/src/native/target", "/root/.m2"):
+        assert re.search(rf"--mount=type=cache,(id=[\w-]+,)?target={cache}\b", runs), cache
+    assert dockerignored("README.md"), "the README is not part of the build context"
 
 
 def test_final_image_runs_the_relay_as_a_non_root_user_without_compilers():
@@ -108,10 +132,9 @@ def test_final_image_runs_the_relay_as_a_non_root_user_without_compilers():
     for run in relay.all("RUN"):
         assert not re.search(r"\b(apt-get|apk|pip) +install\b", run), f"final stage installs packages: {run}"
         assert not COMPILERS.search(run), run
-    copies = relay.all("COPY")
-    assert copies and all(c.startswith("--from=build ") for c in copies), copies
-    assert copies == ["--from=build /opt/venv /opt/venv"], "only the virtual environment enters the image"
-    assert not any(COMPILERS.search(run) for s in stages[1:] for run in s.all("RUN")), \
+    assert relay.all("COPY") == ["--from=deps /opt/venv /opt/venv", "--from=build /opt/relay /opt/relay"], \
+        "only the virtual environment and the relay enter the image"
+    assert not any(COMPILERS.search(run) for s in stages if s.name != "native" for run in s.all("RUN")), \
         "only the native stage compiles (with the Rust image's toolchain)"
 
 
