@@ -210,7 +210,7 @@ def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
 def _run(settings: cfg.Settings) -> int:
     from relay.wiring import build
 
-    relay = build(settings)  # one relay, or a group of one per partition (RELAY_PARTITIONS)
+    relay = build(settings)  # the process's group: one relay loop per partition (one without RELAY_PARTITIONS)
     server = relay.observer.serve()
 
     def on_signal(signum: int, _frame: Any) -> None:
