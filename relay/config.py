@@ -118,7 +118,9 @@ class Settings:
         5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)", to="loop"
     )
     standby_poll_s: float = _setting(
-        2.0, "how often a standby replica tries to take the lease (seconds)", to=("loop", "health", "group")
+        2.0,
+        "how often a standby replica tries to take the lease, and every replica writes its heartbeat (seconds)",
+        to=("loop", "health", "group"),
     )
     batch_max_events: int = _setting(
         1000,
@@ -156,7 +158,8 @@ class Settings:
     )
     outbox_check_interval_s: float = _setting(
         30.0,
-        "how often the leader measures the outbox (size, oldest undelivered, TTL headroom) and cleans up (seconds)",
+        "how often every replica measures the outbox (size, oldest undelivered, TTL headroom) and the leader "
+        "cleans up (seconds)",
         to="cleanup.check_interval_s",
     )
     ttl_headroom_warn_s: float = _setting(
