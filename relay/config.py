@@ -128,7 +128,10 @@ class Settings:
         to="loop",
     )
     batch_max_bytes: int = _setting(
-        4 * 1024 * 1024, "most bytes of encoded messages in one batch (a larger batch is split)", to="loop"
+        4 * 1024 * 1024,
+        "bytes of encoded messages at which a delivery to the producer closes (a larger read is split; "
+        "the message that reaches it is the delivery's last)",
+        to="loop",
     )
     # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
     # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
@@ -197,7 +200,10 @@ class Settings:
         to="kafka",
     )
     transaction_max_bytes: int = _setting(
-        16 * 1024 * 1024, "exactly-once: most bytes of encoded messages in one Kafka transaction", to="kafka"
+        16 * 1024 * 1024,
+        "exactly-once: bytes of encoded messages at which a Kafka transaction commits (the delivery that "
+        "reaches it is the transaction's last)",
+        to="kafka",
     )
     transaction_max_ms: int = _setting(
         100,

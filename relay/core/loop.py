@@ -4,8 +4,8 @@ One step (`_step`), while holding the lease:
   1. read a batch of changes and the token that covers exactly them (boundaries.ChangeSource);
   2. build each Kafka message (boundaries.Encoder); a poison event is dead-lettered in place, or
      (stop policy) ends the batch before it (poison.encode);
-  3. hand them to the producer (boundaries.Publisher) in deliveries of at most
-     RELAY_BATCH_MAX_BYTES; up to RELAY_PIPELINE_DEPTH deliveries are in flight, holding
+  3. hand them to the producer (boundaries.Publisher) in deliveries that close once they reach
+     RELAY_BATCH_MAX_BYTES (window.split); up to RELAY_PIPELINE_DEPTH deliveries are in flight, holding
      together at most RELAY_BATCH_MAX_EVENTS events (window.Window); in exactly-once mode the
      reads of the open Kafka transaction, at most RELAY_TRANSACTION_MAX_EVENTS events, none of
      them acknowledged before the commit (window.Window.transaction); a read that would keep
