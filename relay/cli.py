@@ -35,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="outbox-relay", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
-    sub.add_parser("status", parents=[settings], help="print the lease and checkpoint as JSON")
+    sub.add_parser("status", parents=[settings], help="print every lease, checkpoint and replica as JSON")
     demo = sub.add_parser("demo", parents=[settings], help="local stack + demo service + relay + consumer, end to end")
     demo.add_argument("--events", type=int, default=None, help="stop after this many events arrive")
     demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
@@ -210,7 +210,7 @@ def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
 def _run(settings: cfg.Settings) -> int:
     from relay.wiring import build
 
-    relay = build(settings)  # one relay, or a group of one per partition (RELAY_PARTITIONS)
+    relay = build(settings)  # the process's group: one relay loop per partition (one without RELAY_PARTITIONS)
     server = relay.observer.serve()
 
     def on_signal(signum: int, _frame: Any) -> None:

@@ -118,7 +118,9 @@ class Settings:
         5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)", to="loop"
     )
     standby_poll_s: float = _setting(
-        2.0, "how often a standby replica tries to take the lease (seconds)", to=("loop", "health", "group")
+        2.0,
+        "how often a standby replica tries to take the lease, and every replica writes its heartbeat (seconds)",
+        to=("loop", "health", "group"),
     )
     batch_max_events: int = _setting(
         1000,
@@ -126,7 +128,10 @@ class Settings:
         to="loop",
     )
     batch_max_bytes: int = _setting(
-        4 * 1024 * 1024, "most bytes of encoded messages in one batch (a larger batch is split)", to="loop"
+        4 * 1024 * 1024,
+        "bytes of encoded messages at which a delivery to the producer closes (a larger read is split; "
+        "the message that reaches it is the delivery's last)",
+        to="loop",
     )
     # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
     # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
@@ -156,7 +161,8 @@ class Settings:
     )
     outbox_check_interval_s: float = _setting(
         30.0,
-        "how often the leader measures the outbox (size, oldest undelivered, TTL headroom) and cleans up (seconds)",
+        "how often every replica measures the outbox (size, oldest undelivered, TTL headroom) and the leader "
+        "cleans up (seconds)",
         to="cleanup.check_interval_s",
     )
     ttl_headroom_warn_s: float = _setting(
@@ -194,7 +200,10 @@ class Settings:
         to="kafka",
     )
     transaction_max_bytes: int = _setting(
-        16 * 1024 * 1024, "exactly-once: most bytes of encoded messages in one Kafka transaction", to="kafka"
+        16 * 1024 * 1024,
+        "exactly-once: bytes of encoded messages at which a Kafka transaction commits (the delivery that "
+        "reaches it is the transaction's last)",
+        to="kafka",
     )
     transaction_max_ms: int = _setting(
         100,

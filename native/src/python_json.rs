@@ -1,6 +1,6 @@
 //! The payload document as relaxed Extended JSON, byte for byte as the Python path writes it.
 //!
-//! The Python path (`relay.encoding.relaxed_json`) is `json.dumps(payload, default=json_util.default,
+//! The Python path (`relay.avro.encoding.relaxed_json`) is `json.dumps(payload, default=json_util.default,
 //! allow_nan=False)` over the document pymongo decoded: separators ", " and ": ", every character
 //! outside ' '..'~' escaped (`ensure_ascii`), floats as Python's `repr`, and json_util's relaxed
 //! forms for ObjectId, dates and binary. This module writes the same text for the BSON types below

@@ -11,8 +11,9 @@ Layout of a schema folder (the repository's `schemas/`, installed as `relay_sche
 A typed envelope is the generic envelope with the `payload` field's type replaced by a record:
 the same fields, in the same order, with the same types (so a reader of any schema can select
 the common columns), plus the top-level attribute `"eventType"` naming the event type it is
-written for. `envelope_problems()` states these rules; the registry refuses a folder that breaks
-them (at start) and `outbox-relay schemas check` reports every problem.
+written for. `envelope_problems()` states these rules; the schema folder
+(relay.avro.folder.SchemaFolder) refuses a folder that breaks them (at start) and
+`outbox-relay schemas check` reports every problem.
 """
 
 from __future__ import annotations

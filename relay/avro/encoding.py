@@ -10,7 +10,8 @@ fingerprint), the Confluent wire format when a Schema Registry URL is configured
 
 Headers follow CloudEvents' Kafka binary mode (ce_id, ce_type, ce_source, ce_specversion,
 ce_time, ce_subject, content-type), then the fencing token (`relay_fencing_token`), then the
-outbox document's own headers (relay.core.message names them all).
+outbox document's own headers, then the CloudEvents copies of its trace context
+(`ce_traceparent`, `ce_tracestate`; relay.core.message names them all).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class ChangeSource(Protocol):
 
 
 class Publisher(Protocol):
-    """One producer instance of one leading session (relay.kafka.producer.Publisher, or in
+    """One producer instance of one leading session (relay.kafka.producer.IdempotentPublisher, or in
     exactly-once mode relay.kafka.transactions.TransactionalPublisher, which adds each delivery to
     the open Kafka transaction and reports it only once that transaction committed)."""
 
@@ -138,7 +138,7 @@ class Encoder(Protocol):
 
 
 class Observer(Protocol):
-    """What the loop reports (relay.ops.observe.Observer)."""
+    """What the loop reports (relay.ops.observe.PartitionObserver)."""
 
     def tick(self) -> None: ...
     def role(self, role: str, fencing_token: int | None) -> None: ...

@@ -4,8 +4,8 @@ One step (`_step`), while holding the lease:
   1. read a batch of changes and the token that covers exactly them (boundaries.ChangeSource);
   2. build each Kafka message (boundaries.Encoder); a poison event is dead-lettered in place, or
      (stop policy) ends the batch before it (poison.encode);
-  3. hand them to the producer (boundaries.Publisher) in deliveries of at most
-     RELAY_BATCH_MAX_BYTES; up to RELAY_PIPELINE_DEPTH deliveries are in flight, holding
+  3. hand them to the producer (boundaries.Publisher) in deliveries that close once they reach
+     RELAY_BATCH_MAX_BYTES (window.split); up to RELAY_PIPELINE_DEPTH deliveries are in flight, holding
      together at most RELAY_BATCH_MAX_EVENTS events (window.Window); in exactly-once mode the
      reads of the open Kafka transaction, at most RELAY_TRANSACTION_MAX_EVENTS events, none of
      them acknowledged before the commit (window.Window.transaction); a read that would keep
@@ -37,7 +37,8 @@ exceptions are classified by the classifier the wiring passes):
 
 Shutdown order, on `stop()`: finish the deliveries in flight and store their checkpoint; close
 the change stream; drop the producer (it holds nothing undelivered); release the lease so a
-standby takes over at once; close the clients.
+standby takes over at once; run `close` (in the relay process, relay.group.runner closes the
+shared client once every loop stopped).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class Relay(Generic[ObserverT]):
     start of `run()` (configuration and reachability checks); `close` releases the clients after
     the lease; `assignment` says when to try the lease and when to hand it over (a relay alone on
     its outbox: always try, never hand over); `foreign_errors` classifies the drivers' exceptions
-    (relay.core.errors.classify). `relay.wiring.build_relay` passes the real ones.
+    (relay.core.errors.classify). `relay.wiring.build` passes the real ones (neither `preflight`
+    nor `close`: the process's group runs the start-up checks and closes the client).
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""What a group of partition relays takes from the settings, checked where it is used."""
+"""What the relay process's group takes from the settings, checked where it is used."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from relay.core.partitions import MAX_PARTITIONS
 class GroupConfig:
     """This replica, its outbox, the partition count, and the heartbeat period of the group.
 
-    Invariant checked here: with partitions, replicas heartbeat every `standby_poll_s` and stop
-    counting as live after `lease_ttl_s`, so the period is at most half the TTL.
+    Invariant checked here: replicas heartbeat every `standby_poll_s` and stop counting as live
+    after `lease_ttl_s`; with partitions, where the live replicas decide the shares, the period
+    is at most half the TTL.
     """
 
     instance_id: str

@@ -14,7 +14,7 @@ RELAY_STANDBY_POLL_S, reads the live replicas, and sets the target. Shutdown ord
 mark this replica stopped (the others take its share at once), stop every partition's relay
 (each finishes its deliveries, stores its final checkpoint and releases its lease), close the
 client. A partition whose relay stops on an error stops the group the same way, and `run()`
-raises that error (the process exits with its code, as a single relay would).
+raises that error (the process exits with its code).
 """
 
 from __future__ import annotations

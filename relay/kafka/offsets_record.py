@@ -1,6 +1,6 @@
 """The offsets topic's record (RELAY_DELIVERY=exactly-once), and the names derived from a lease.
 
-In exactly-once mode every delivery is one Kafka transaction that also writes one record to the
+In exactly-once mode every Kafka transaction (spanning several reads) also writes one record to the
 compacted offsets topic (RELAY_OFFSETS_TOPIC): key = the lease id (`<db>.<collection>`, or
 `<db>.<collection>#<k>/<N>` with partitions), value = the resume token covering the transaction's
 events, the pipeline fingerprint it belongs to, and the fencing token and owner of the leader that

@@ -232,7 +232,7 @@ def shares_of(namespace: str, count: int, aggregate_id_field: str) -> list[tuple
 
 
 class OutboxReport(Protocol):
-    """Where the checks report (relay.ops.outbox_metrics.OutboxMetrics)."""
+    """Where the checks report (relay.ops.outbox_checks.OutboxMetrics)."""
 
     def size(self, documents: int) -> None: ...
     def oldest_undelivered(self, age_s: float) -> None: ...

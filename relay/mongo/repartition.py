@@ -1,7 +1,7 @@
 """Changing RELAY_PARTITIONS: refused while relays with another count hold leases; otherwise the
 new partitions start where the old ones stopped.
 
-`prepare()` runs before a relay (or a group of partition relays) starts:
+`prepare()` runs in a relay process's start-up checks (relay.wiring), before any lease is tried:
 
 1. If a lease document of this outbox with another partition count is held (an owner whose lease
    has not expired by the server's clock), it raises ConfigError naming RELAY_PARTITIONS (exit 2):

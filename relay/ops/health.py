@@ -1,8 +1,9 @@
 """Health: what /livez and /readyz answer, and the HTTP server for them and /metrics.
 
 Liveness means the loop turns; readiness means the relay is connected and doing its job, as the
-publishing lease holder or as a standby ready to take over. The loop's reports reach `Health`
-through `relay.ops.observe.Observer`; the HTTP server reads it on its own thread.
+publishing lease holder or as a standby ready to take over. Each loop's reports reach its
+`LoopHealth` through its `relay.ops.observe.PartitionObserver`, the group's coordinator's
+through `relay.ops.observe.Observer`; the HTTP server reads `Health` on its own thread.
 """
 
 from __future__ import annotations

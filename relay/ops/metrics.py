@@ -223,7 +223,7 @@ class RelayMetrics:
         self.restarts = Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"], registry=r)
         self.dead_letters = Counter("relay_dead_letters", "Poison events sent to the dead-letter topic", registry=r)
         self.resumes = Counter(
-            "relay_stream_resumes", "Change stream resumes by the driver after resumable errors", registry=r
+            "relay_stream_resumes", "Change stream resumes by the change source after resumable errors", registry=r
         )
 
     def partition(

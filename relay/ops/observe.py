@@ -1,7 +1,7 @@
 """Observation at the edge: the loop reports what happened, this module decides what it means.
 
 The loop calls the hooks of `PartitionObserver` (`tick`, `role`, `published`, `committed`, `restart`,
-`lease_lost`, `stopped`, `dead_lettered`, `resumed`, `watch_publisher`); the Observer turns them
+`lease_lost`, `stopped`, `dead_lettered`, `resumed`, `watch_publisher`); it turns them
 into metrics (`relay.ops.metrics`), health (`relay.ops.health`), log lines (`relay.ops.logs`) and a periodic
 summary line. The loop never touches a metric or a log format itself.
 
@@ -151,7 +151,7 @@ class PartitionObserver:
             self.metrics.checkpoint_time.set(ts.time)
 
     def resumed(self) -> None:
-        """The driver resumed the change stream after a resumable error (no restart)."""
+        """The change source resumed the stream after a resumable error (no restart)."""
         self.metrics.resumes.inc()
 
     def dead_lettered(self, event_id: str, reason: str) -> None:

@@ -2,8 +2,9 @@
 and `audit` (outbox versus Kafka for a time range).
 
 Modules, one concern each:
-  jars.py         the Kafka and Avro connector jars for the pinned PySpark, resolved once with
-                  Maven (`python -m relay.spark.jars`), passed to Spark via `spark.jars`
+  jars.py         where the Kafka and Avro connector jars for the pinned PySpark are (resolved
+                  once by the set-up, relay.dev.spark_jars; `python -m relay.spark.jars
+                  --classpath` lists them), passed to Spark via `spark.jars`
   session.py      the SparkSession: connector jars, UTC, temp dirs, RocksDB state store
   preflight.py    checks before a query starts on a cluster: the executors import this package,
                   the output is storage every node shares
@@ -11,7 +12,8 @@ Modules, one concern each:
   decode.py       Kafka rows -> the common event columns (single-object or Confluent framing)
   state.py        the per-aggregate state: its definition, the Parquet snapshots, the MongoDB
                   read model with version-conditioned upserts
-  materialize.py  the streaming job; audit.py the batch job; options.py their shared flags
+  materialize.py  the streaming job; audit.py the batch job; options.py their shared flags;
+                  pipeline.py the `outbox-relay pipeline` entry point
 
 Nothing here is imported by the relay itself; `pyspark` comes with the `spark` extra.
 """

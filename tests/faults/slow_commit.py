@@ -1,6 +1,6 @@
 """`python -m tests.faults.slow_commit run`: the relay, with a pause inside every Kafka transaction.
 
-Test-only. In exactly-once mode each delivery is one transaction. Here, before each commit, the
+Test-only. In exactly-once mode a transaction spans several reads. Here, before each commit, the
 transaction's messages are flushed to the log (a read_uncommitted consumer sees them), a line
 `slow_commit: transaction open` goes to stderr, and the commit waits RELAY_TEST_COMMIT_DELAY_S
 seconds (default 0.3), so a kill, a pause or a broker failure aimed at "inside a transaction"
