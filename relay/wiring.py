@@ -160,7 +160,7 @@ def _preflight(parts: Parts, client: MongoClient[Any]) -> None:
     else:
         check_config(kafka.producer_config())
     check_mongodb(client, mongo)
-    check_privileges(client, required_for(mongo, parts.cleanup, count))
+    check_privileges(client, required_for(mongo, parts.cleanup))
     check_server(client[mongo.database][mongo.outbox_collection], count)
     prepare(client[mongo.database][mongo.lease_collection], mongo.namespace, count)
     for p in partitions(count):  # so a later change of count finds all of them

@@ -1,7 +1,7 @@
 """`outbox-relay security role`: the least-privilege MongoDB role for these settings.
 
 Prints the `createRole` command as a mongosh snippet (or, with `--json`, the bare document) for
-the mode the settings select (partitions, clean-up, an inbox collection), so an operator does
+the mode the settings select (clean-up, an inbox collection), so an operator does
 not copy privileges by hand; `--create` creates the role (or sets its privileges when it exists)
 as the user of RELAY_MONGODB_URI, who needs `createRole`/`updateRole` on `admin`.
 Which privilege serves what: relay.mongo.privileges and docs/security.md.
@@ -21,7 +21,7 @@ DEFAULT_ROLE = "outboxRelay"
 
 def privileges(settings: Settings, inbox: str | None = None) -> list[Privilege]:
     parts = settings.parts()
-    return required_for(parts.mongo, parts.cleanup, settings.partitions, inbox)
+    return required_for(parts.mongo, parts.cleanup, inbox)
 
 
 def role(settings: Settings, name: str = DEFAULT_ROLE, inbox: str | None = None, *, as_json: bool = False) -> str:

@@ -23,8 +23,8 @@ from relay.core.positions import Grant
 from relay.kafka.config import KafkaConfig
 from relay.kafka.offsets_record import OffsetsRecord
 from relay.kafka.offsets_topic import OffsetsTopic
-from relay.kafka.producer import IdempotentPublisher, check_config
-from relay.kafka.transactions import TransactionalPublisher, check_transactional_config
+from relay.kafka.producer import IdempotentPublisher
+from relay.kafka.transactions import TransactionalPublisher
 
 Heartbeat = Callable[[], None]
 
@@ -42,10 +42,6 @@ class AtLeastOnce:
     @property
     def offsets_topic(self) -> str:
         return self._offsets.topic
-
-    def check(self) -> None:
-        """ConfigError naming the property librdkafka refuses (run at start)."""
-        check_config(self._config.producer_config())
 
     def start(self, grant: Grant, heartbeat: Heartbeat) -> Publisher:
         return IdempotentPublisher(self._config.producer_config())
@@ -74,10 +70,6 @@ class ExactlyOnce:
     @property
     def offsets_topic(self) -> str:
         return self._offsets.topic
-
-    def check(self) -> None:
-        """ConfigError naming the property librdkafka refuses (run at start)."""
-        check_transactional_config(self._config, self._lease_id)
 
     def start(self, grant: Grant, heartbeat: Heartbeat) -> Publisher:
         """A transactional producer that has fenced every earlier producer of the lease (so no

@@ -6,9 +6,10 @@
 - the outbox: `find` + `changeStream` (the change stream, the re-scan, the outbox checks' count
   and oldest-undelivered reads), `listIndexes` (the TTL headroom check); `remove` only with
   clean-up on (RELAY_OUTBOX_RETENTION);
-- the lease collection and its `_replicas` companion: `find`, `insert`, `update` (leases are
-  taken with upserting find-and-modify; every replica records itself); `remove` with
-  RELAY_PARTITIONS > 1 (changing the partition count replaces the lease documents);
+- the lease collection: `find`, `insert`, `update` (leases are taken with upserting
+  find-and-modify) and `remove` (a change of RELAY_PARTITIONS, either way, back to 1 included,
+  replaces the lease documents at the next start: the relay cannot know beforehand, so every mode
+  holds it); its `_replicas` companion: `find`, `insert`, `update` (every replica records itself);
 - `local.oplog.rs`: `find` (where `oplog-start` begins, the clean-up's coverage check);
 - an inbox collection (relay.inbox, optional): `find` and `insert` (the ids of processed events),
   `createIndex` (its unique and TTL indexes, at every start) and `collMod` (a changed retention
@@ -58,11 +59,9 @@ class Privilege:
         return {"resource": {"db": self.db, "collection": self.collection}, "actions": list(self.actions)}
 
 
-def required(
-    database: str, outbox: str, leases: str, *, cleanup: bool, partitions: int, inbox: str | None = None
-) -> list[Privilege]:
+def required(database: str, outbox: str, leases: str, *, cleanup: bool, inbox: str | None = None) -> list[Privilege]:
     """The privileges the relay needs with these settings (the module docstring says why)."""
-    lease_actions = ("find", "insert", "update", *(("remove",) if partitions > 1 else ()))
+    lease_actions = ("find", "insert", "update", "remove")
     out = [
         Privilege(
             database,
@@ -86,16 +85,13 @@ def required(
     return out
 
 
-def required_for(
-    mongo: MongoConfig, cleanup: OutboxCleanupConfig, partitions: int, inbox: str | None = None
-) -> list[Privilege]:
+def required_for(mongo: MongoConfig, cleanup: OutboxCleanupConfig, inbox: str | None = None) -> list[Privilege]:
     """`required()` for the relay's MongoDB and clean-up configurations."""
     return required(
         mongo.database,
         mongo.outbox_collection,
         mongo.lease_collection,
         cleanup=cleanup.retention_s is not None,
-        partitions=partitions,
         inbox=inbox,
     )
 

@@ -53,7 +53,7 @@ def _settings(servers: Servers, uri: str, **changes: Any) -> Settings:
 
 def _needed(settings: Settings, inbox: str | None = None) -> list[Privilege]:
     return required(settings.database, settings.outbox_collection, settings.lease_collection,
-                    cleanup=bool(settings.outbox_retention), partitions=settings.partitions, inbox=inbox)
+                    cleanup=bool(settings.outbox_retention), inbox=inbox)
 
 
 MODES = {
@@ -139,7 +139,7 @@ def test_the_role_command_prints_and_creates_exactly_the_documented_role(
     resources = {(p["resource"]["db"], p["resource"]["collection"]): p["actions"] for p in doc["privileges"]}
     assert resources == {
         ("shop", "outbox"): ["find", "changeStream", "listIndexes", "remove"],
-        ("shop", "outbox_relay_leases"): ["find", "insert", "update"],
+        ("shop", "outbox_relay_leases"): ["find", "insert", "update", "remove"],
         ("shop", "outbox_relay_leases_replicas"): ["find", "insert", "update"],
         ("local", "oplog.rs"): ["find"],
         ("shop", "inbox"): ["find", "insert", "createIndex", "collMod"],
