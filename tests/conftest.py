@@ -148,9 +148,29 @@ def _rank(item: pytest.Item) -> int:
     return next((i for i, key in enumerate(_ORDER) if name == key or name.startswith(key)), len(_ORDER))
 
 
+def _group_of(nodeid: str) -> str | None:
+    return next((g for prefix, g in _GROUPS if nodeid.startswith(prefix)), None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        group = next((g for prefix, g in _GROUPS if item.nodeid.startswith(prefix)), None)
+        group = _group_of(item.nodeid)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_rank)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup`, keyed by `_GROUPS` here: pytest-xdist 3.8 marks a group by appending
+    `@group` to each test's node id, which pytest 9.2 no longer lets a plugin change (its node ids
+    are read from `_id`), so every test would be scheduled alone and the Spark tests would start a
+    SparkSession on every worker. This scheduler asks `_group_of` instead."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Grouped(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid) or nodeid
+
+    return Grouped(config, log)

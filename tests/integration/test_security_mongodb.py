@@ -24,7 +24,7 @@ from relay.avro.folder import SchemaFolder
 from relay.cli import main
 from relay.config import Settings
 from relay.core.errors import PermissionDeniedError, ServerUnreachableError
-from relay.mongo.codecs import insert_change
+from relay.mongo.codecs import change_value
 from relay.mongo.errors import translate
 from relay.mongo.privileges import Privilege, required
 from relay.outbox import OutboxEvent
@@ -185,7 +185,7 @@ def _publish_events(bootstrap: str, topic: str, total: int) -> None:
     token = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
     for i in range(total):
         doc = OutboxEvent.new("order", f"o-{i % 7}", "Changed", {"seq": i}, trace_context=False).to_document()
-        msg = builder.build(insert_change(doc, token, delivered=True), 1)
+        msg = builder.build(change_value(doc, token), 1)
         producer.produce(topic, msg.value, msg.key, headers=msg.headers)
     assert producer.flush(30) == 0
 
