@@ -26,6 +26,30 @@ import pytest
 from relay.config import Settings
 from tests.support import CapturedLogs, Servers, captured_logs
 
+# Loggers whose levels relay.ops.logs.setup_logging sets (the commands' and jobs' main() call it).
+_LOGGERS = ("", "py4j", "kafka.admin", "kafka.producer")
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Every test leaves logging as it found it. A command's or job's `main()` (setup_logging)
+    installs a handler on the stream sys.stderr is during the test, pytest's capture, closed after
+    it, and turns py4j's lines on at DEBUG: left behind, each py4j command of a later Spark test
+    failed in that handler, whose error report asked the JVM for its message again (minutes of
+    logging in a loop)."""
+    import logging
+    import threading
+
+    root = logging.getLogger()
+    handlers, levels, hook = list(root.handlers), {n: logging.getLogger(n).level for n in _LOGGERS}, threading.excepthook
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+        threading.excepthook = hook
+
 
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:

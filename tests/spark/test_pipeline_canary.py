@@ -8,7 +8,6 @@ Spark tests), so its cost is the audit's jobs, not a JVM start.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 import pytest
@@ -37,14 +36,10 @@ def test_the_pipeline_prints_no_credential(env, spark, mongo: AuthMongo, monkeyp
                        "RELAY_LOG_FORMAT": fmt, "RELAY_KAFKA_BOOTSTRAP_SERVERS": env.servers.kafka_bootstrap,
                        "RELAY_TOPIC_TEMPLATE": env.settings.topic_template}.items():
         monkeypatch.setenv(key, value)
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        code = audit_job.main(["--master", "local[2]", "--shuffle-partitions", "2", "--json", "-",
-                               "--kafka-option", f"sasl.jaas.config={JAAS}",
-                               "--spark-conf", f"spark.hadoop.fs.s3a.secret.key={CANARIES[11]}"])
-    finally:
-        root.handlers[:], root.level = handlers, level
+    # (tests/conftest.py restores the logging the job sets up: its handler, py4j at DEBUG)
+    code = audit_job.main(["--master", "local[2]", "--shuffle-partitions", "2", "--json", "-",
+                           "--kafka-option", f"sasl.jaas.config={JAAS}",
+                           "--spark-conf", f"spark.hadoop.fs.s3a.secret.key={CANARIES[11]}"])
     out = "".join(capfd.readouterr())
     assert code == 4 and '"missing"' in out, f"exit {code}\n{out[-5000:]}"  # 5 events, no topic: all missing
     assert "py4j" in out  # the bridge's DEBUG lines were there to search
