@@ -23,6 +23,9 @@ from tests.support import (
     wait_until,
 )
 
+# The chaos run's events: four writers keep writing through all seven faults (about 30 s of them).
+EVENTS = 25_000
+
 
 def _step_down(rs) -> None:
     with pymongo.MongoClient(rs.uri) as client:
@@ -77,7 +80,7 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
     faults: list[str] = []
     try:
         with CheckpointWatcher(env3.db, env3.settings) as watcher:
-            writer = background_writes(env3, written, 50_000, writers=4, pause=0.004, max_per_txn=5)
+            writer = background_writes(env3, written, EVENTS, writers=4, pause=0.004, max_per_txn=5)
             actions = ["kill", "kill", "kill", "pause", "pause", "broker", "step-down"]
             rng.shuffle(actions)
             for action in actions:
@@ -107,6 +110,6 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
             proc.stop()
     verdict = assert_complete_and_ordered(records, written)
     watcher.assert_never_went_backwards()
-    assert len(written.ids) == 50_000
+    assert len(written.ids) == EVENTS
     print(f"\nchaos: {len(written.ids)} events, faults {faults}, {len(verdict.duplicates)} duplicates, "
           f"fencing tokens {sorted({r.fencing for r in records})}")

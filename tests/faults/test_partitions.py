@@ -86,12 +86,12 @@ def test_three_replicas_share_six_partitions_and_the_two_left_take_over_a_stoppe
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_chaos_four_partitions_three_replicas_kills_pauses_joins_and_leaves(env, tmp_path):
-    """4 partitions, 3 relay processes, 50,000 events from 4 writers in transactions of up to 5;
+    """4 partitions, 3 relay processes, 25,000 events from 4 writers in transactions of up to 5;
     meanwhile kills (SIGKILL, a new replica replaces it), pauses past the lease (SIGSTOP, SIGCONT),
     a replica joining and one leaving gracefully (SIGTERM). Then: nothing lost, per-aggregate
     order kept, every message published after the checkpoint its partition's lease resumed from
     (so every duplicate is), no checkpoint moved back, and every partition led at the end."""
-    n, total = 4, 50_000
+    n, total = 4, 25_000
     settings = env.settings.replace(partitions=n)
     rng = random.Random(11)
     written = Written()

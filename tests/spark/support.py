@@ -26,6 +26,7 @@ from relay.core.message import HEADER_FENCING
 from relay.outbox import OutboxEvent
 from relay.spark.materialize import MaterializeConfig, MongoView
 from relay.spark.state import read_state
+from tests.spark.cluster import JAVA_TOOL_OPTIONS
 from tests.support import ROOT, Record, Written, settings_env, wait_until
 
 VIEW_COLLECTION = "aggregate_state"
@@ -129,7 +130,8 @@ class PipelineProcess:
         scratch.mkdir(exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(pipeline_command(*self.argv),
-                                         env=settings_env(self.settings) | {"TMPDIR": str(scratch)}, cwd=ROOT,
+                                         env=settings_env(self.settings) | {"TMPDIR": str(scratch), "JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS},
+                                         cwd=ROOT,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
