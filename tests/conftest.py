@@ -192,6 +192,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_rank)
 
 
+@pytest.hookimpl(optionalhook=True)  # known only with pytest-xdist (`-p no:xdist` runs without it)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadgroup`, keyed by `_GROUPS` here: pytest-xdist 3.8 marks a group by appending
     `@group` to each test's node id, which pytest 9.2 no longer lets a plugin change (its node ids
