@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 EVENTS ?= 300
 PYTEST_ARGS ?=
 # Server tests run side by side on this many workers (pytest-xdist; each worker starts its own
-# MongoDB and Kafka; tests/conftest.py keeps the Spark tests on one worker, the registry tests on one).
+# MongoDB and Kafka; tests/conftest.py keeps the Spark and Schema Registry tests on one worker).
 TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 

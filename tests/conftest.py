@@ -149,8 +149,8 @@ def env(servers: Servers) -> Iterator[Env]:
 # ---- running side by side (pytest-xdist, `make test`: -n 3 --dist loadgroup) ------------------
 
 # Tests that share an expensive session or module fixture run on one worker: one SparkSession (a
-# JVM), one Schema Registry server (a JVM), one SASL broker. Every other test runs wherever a worker is free; each worker
-# starts its own MongoDB and Kafka (the `servers` fixture), so tests that kill or pause a server
+# JVM), one Schema Registry server (a JVM), one SASL broker. Every other test runs wherever a
+# worker is free; each worker starts its own MongoDB and Kafka (the `servers` fixture), so tests that kill or pause a server
 # disturb only their own worker's.
 # One SparkSession (a JVM) for every Spark test: three of them beside the servers of three
 # workers overload two cores (measured: 973 s against 877 s with one).
@@ -159,7 +159,8 @@ def env(servers: Servers) -> Iterator[Env]:
 # chain of the suite (about 800 s of 1,078 on one worker).
 _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            ("tests/spark/", "spark"), ("tests/interop/test_spark_from_avro.py", "spark"),
-           ("tests/integration/test_schema_registry.py", "registry"),
+           # The Schema Registry server (a JVM) is used by these and by one Spark test: one start.
+           ("tests/integration/test_schema_registry.py", "spark"),
            # One engine service and one image build for every container test.
            ("tests/containers/", "containers"),
            # Modules whose module-scoped servers (a SASL/TLS broker, a three-member replica set)
@@ -168,7 +169,7 @@ _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            ("tests/faults/test_elections_and_chaos.py", "tests/faults/test_elections_and_chaos.py"))
 # Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
 # groups, then the other server tests, the unit tests last.
-_ORDER = ("slow", "containers", "spark", "registry", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
+_ORDER = ("slow", "containers", "spark", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
           "tests/unit/")
 
 

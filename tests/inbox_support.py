@@ -11,8 +11,6 @@ it. One comparison catches a lost event, an event applied twice and a reordering
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -23,7 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pymongo.client_session import ClientSession
 
 from relay.inbox import Inbox, InboxEvent
-from tests.support import ROOT, Written, wait_until
+from tests.support import ROOT, ChildProcess, Written, wait_until
 
 EFFECTS = "effects"
 INBOX = "inbox"
@@ -117,7 +115,7 @@ class InboxThread:
         assert not self.thread.is_alive(), "the inbox did not stop"
 
 
-class InboxProcess:
+class InboxProcess(ChildProcess):
     """tests/inbox_service.py as a child process (SIGKILLed by the kill test; stopped by pid)."""
 
     def __init__(self, log_path: Path, mongodb_uri: str, database: str, topic: str, group: str, bootstrap: str,
@@ -125,26 +123,13 @@ class InboxProcess:
         self.args = [mongodb_uri, database, topic, group, bootstrap]
         self.log_path = log_path
         self.commit_delay_s = commit_delay_s
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> InboxProcess:
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "tests.inbox_service", *self.args]
+
+    def environ(self) -> dict[str, str]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if self.commit_delay_s:
             env["INBOX_TEST_COMMIT_DELAY_S"] = str(self.commit_delay_s)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.inbox_service", *self.args], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
-        return self
+        return env
 
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()

@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from pymongo.database import Database
@@ -171,25 +171,24 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-class RelayProcess:
-    """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid).
+class ChildProcess:
+    """A child process of the test, logging to `log_path`, stopped by its pid: SIGTERM (after
+    SIGCONT, in case it is paused), SIGKILL when it does not end within 30 s. Subclasses say what
+    to start (`argv`) and with which environment (`environ`)."""
 
-    `module` is what `python -m <module> run` starts: `relay`, or a test wrapper that changes
-    the relay's timing (tests/faults/slow_commit.py)."""
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
 
-    def __init__(self, settings: Settings, log_dir: Path, name: str, extra_env: dict[str, str] | None = None,
-                 module: str = "relay") -> None:
-        self.settings = settings
-        self.extra_env = extra_env or {}
-        self.module = module
-        self.log_path = log_dir / f"{name}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+    def argv(self) -> list[str]:
+        raise NotImplementedError
 
-    def start(self) -> RelayProcess:
+    def environ(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def start(self) -> Self:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module, "run"],
-                                         env=settings_env(self.settings) | self.extra_env,
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            self.proc = subprocess.Popen(self.argv(), env=self.environ(), stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=ROOT)
         return self
 
     def kill(self) -> None:
@@ -224,6 +223,26 @@ class RelayProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+class RelayProcess(ChildProcess):
+    """`outbox-relay run` as a child process, for kill and signal tests (stopped by pid).
+
+    `module` is what `python -m <module> run` starts: `relay`, or a test wrapper that changes
+    the relay's timing (tests/faults/slow_commit.py)."""
+
+    def __init__(self, settings: Settings, log_dir: Path, name: str, extra_env: dict[str, str] | None = None,
+                 module: str = "relay") -> None:
+        self.settings = settings
+        self.extra_env = extra_env or {}
+        self.module = module
+        self.log_path = log_dir / f"{name}.log"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", self.module, "run"]
+
+    def environ(self) -> dict[str, str]:
+        return settings_env(self.settings) | self.extra_env
 
 
 # ---- writing events ----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ GENERIC = dict(BUNDLED.raw(ENVELOPE))
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 READ_BACK = JSONOptions(json_mode=JSONMode.RELAXED, tz_aware=True,
                         datetime_conversion=DatetimeConversion.DATETIME_AUTO)
-PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def change_for(doc: dict) -> Change:

@@ -30,7 +30,7 @@ from relay.wiring import message_builder
 from tests.interop.bson_cases import Case, typed_cases
 from tests.unit.test_native import _assert_same_or_declined, _change, _outbox, _python
 
-PROPERTIES = hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTIES = hsettings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GENERIC = dict(SchemaFolder.bundled().raw(ENVELOPE))
 EVENT_TYPE = "PropertyEvent"
 
@@ -189,7 +189,7 @@ def test_absent_fields_and_decimals(payload, compiled):
 
 @given(unscaled=st.integers(-(10**34) + 1, 10**34 - 1), scale=st.integers(0, 38), size=st.integers(16, 20),
        exponent=st.integers(-40, 40), integer=st.integers(-(2**63), 2**63 - 1))
-@hsettings(max_examples=300, deadline=None)
+@hsettings(max_examples=150, deadline=None)
 def test_decimals_of_any_size_and_exponent(unscaled, scale, size, exponent, integer):
     schema = {"type": "record", "name": "N", "fields": [
         {"name": "b", "type": {"type": "bytes", "logicalType": "decimal", "precision": 38, "scale": scale}},
