@@ -351,9 +351,13 @@ class Relay(Generic[ObserverT]):
         This is where guarantee 1 holds: a token is stored only once every delivery report up
         to it succeeded. A failed report raises its error, after storing what was acknowledged
         before it (the caller replays from there).
+
+        Guarantee 7 holds here too: every settle that saw a delivery acknowledged writes the lease,
+        fenced. Rescanned documents have no position, so a rescan's deliveries store nothing; the
+        lease is renewed instead, so a replica that lost it stops after one batch in a rescan too.
         """
         s.publisher.poll(0)
-        window, newest = s.window, None
+        window, newest, acknowledged = s.window, None, False
         try:
             while (delivery := window.oldest) is not None:
                 if not delivery.done:
@@ -370,10 +374,13 @@ class Relay(Generic[ObserverT]):
                     delivery.wall_ms, delivery.messages, now - delivery.sent_at, delivery.token, now - delivery.read_at
                 )
                 newest = delivery.token or newest
+                acknowledged = True
         finally:
             if newest is not None:
                 self._commit(s, newest)
                 self._failures, self._repeat_code = 0, None  # progress
+            elif acknowledged:
+                self._renew(s.grant)  # rescanned documents: nothing to store, the lease still fenced
 
     def _await(self, s: Session, delivery: Delivery, everything: bool) -> None:
         """Serve reports until `delivery`'s are in (`everything`: the loop waits for every
