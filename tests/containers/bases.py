@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tests.containers.engine import Engine
@@ -67,17 +67,23 @@ def build_base(engine: Engine, ref: str) -> float:
     return time.monotonic() - start
 
 
-def ensure_bases(engine: Engine, log: Callable[[str], None] | None = None) -> dict[str, str]:
-    """The build arguments that select the stand-in bases (built when missing); {} with Docker.
-    `log` gets one line per base: cached or built (and how long it took), and its size."""
-    if engine.kind == "docker":
-        return {}
-    for ref in _PACKAGES:
+def ensure_images(engine: Engine, refs: Iterable[str], what: str, build: Callable[[Engine, str], float],
+                  log: Callable[[str], None] | None = None) -> None:
+    """Build each of `refs` that the engine lacks with `build` (which returns its seconds); `log`
+    gets one line per image: `<what> <ref>: cached` or `built now in N s`, and its size."""
+    for ref in refs:
         if engine.image_exists(ref):
             state = "cached"
         else:
-            print(f"building stand-in base {ref} (once) ...", file=sys.stderr, flush=True)
-            state = f"built now in {build_base(engine, ref):.0f} s"
+            print(f"building {what} {ref} (once) ...", file=sys.stderr, flush=True)
+            state = f"built now in {build(engine, ref):.0f} s"
         if log is not None:
-            log(f"base {ref}: {state}, {engine.size_mb(ref):.0f} MB")
+            log(f"{what.rsplit(maxsplit=1)[-1]} {ref}: {state}, {engine.size_mb(ref):.0f} MB")
+
+
+def ensure_bases(engine: Engine, log: Callable[[str], None] | None = None) -> dict[str, str]:
+    """The build arguments that select the stand-in bases (built when missing); {} with Docker."""
+    if engine.kind == "docker":
+        return {}
+    ensure_images(engine, _PACKAGES, "stand-in base", build_base, log)
     return {"PYTHON_IMAGE": PYTHON_BASE, "RUST_IMAGE": RUST_BASE}

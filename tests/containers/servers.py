@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from relay.dev.stack import kafka_libs, mongod_binary
-from tests.containers.bases import PYTHON_BASE
+from tests.containers.bases import PYTHON_BASE, ensure_images
 from tests.containers.engine import Engine
 
 MONGO_STAND_IN = "localhost/outbox-relay-stand-in/mongo:6.0-wheel"
@@ -50,16 +49,8 @@ def build_server(engine: Engine, ref: str) -> float:
 
 
 def ensure_servers(engine: Engine, log: Callable[[str], None] | None = None) -> dict[str, str]:
-    """MONGO_IMAGE and KAFKA_IMAGE for compose: the stand-ins (built when missing); {} with Docker.
-    `log` gets one line per image: cached or built (and how long it took), and its size."""
+    """MONGO_IMAGE and KAFKA_IMAGE for compose: the stand-ins (built when missing); {} with Docker."""
     if engine.kind == "docker":
         return {}
-    for ref in (MONGO_STAND_IN, KAFKA_STAND_IN):
-        if engine.image_exists(ref):
-            state = "cached"
-        else:
-            print(f"building stand-in server {ref} (once) ...", file=sys.stderr, flush=True)
-            state = f"built now in {build_server(engine, ref):.0f} s"
-        if log is not None:
-            log(f"server {ref}: {state}, {engine.size_mb(ref):.0f} MB")
+    ensure_images(engine, (MONGO_STAND_IN, KAFKA_STAND_IN), "stand-in server", build_server, log)
     return {"MONGO_IMAGE": MONGO_STAND_IN, "KAFKA_IMAGE": KAFKA_STAND_IN}
