@@ -13,8 +13,10 @@ RELAY_TEST_SCHEMA_REGISTRY_URL points them at an existing one instead.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,9 +39,6 @@ def _logging_restored() -> Iterator[None]:
     it, and turns py4j's lines on at DEBUG: left behind, each py4j command of a later Spark test
     failed in that handler, whose error report asked the JVM for its message again (minutes of
     logging in a loop)."""
-    import logging
-    import threading
-
     root = logging.getLogger()
     handlers, levels, hook = list(root.handlers), {n: logging.getLogger(n).level for n in _LOGGERS}, threading.excepthook
     try:
@@ -150,8 +149,8 @@ def env(servers: Servers) -> Iterator[Env]:
 
 # Tests that share an expensive session or module fixture run on one worker: one SparkSession (a
 # JVM), one Schema Registry server (a JVM), one SASL broker. Every other test runs wherever a
-# worker is free; each worker starts its own MongoDB and Kafka (the `servers` fixture), so tests that kill or pause a server
-# disturb only their own worker's.
+# worker is free; each worker starts its own MongoDB and Kafka (the `servers` fixture), so tests
+# that kill or pause a server disturb only their own worker's.
 # One SparkSession (a JVM) for every Spark test: three of them beside the servers of three
 # workers overload two cores (measured: 973 s against 877 s with one).
 # The standalone cluster's tests (tests/spark/test_cluster.py: their jobs are Spark applications of

@@ -78,7 +78,7 @@ def ensure_images(engine: Engine, refs: Iterable[str], what: str, build: Callabl
             print(f"building {what} {ref} (once) ...", file=sys.stderr, flush=True)
             state = f"built now in {build(engine, ref):.0f} s"
         if log is not None:
-            log(f"{what.rsplit(maxsplit=1)[-1]} {ref}: {state}, {engine.size_mb(ref):.0f} MB")
+            log(f"{what} {ref}: {state}, {engine.size_mb(ref):.0f} MB")
 
 
 def ensure_bases(engine: Engine, log: Callable[[str], None] | None = None) -> dict[str, str]:

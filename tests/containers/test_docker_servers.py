@@ -28,8 +28,9 @@ def test_server_modules_pass_against_servers_started_by_testcontainers(engine, d
     for key in [k for k in env if k.startswith(("PYTEST_XDIST_", "RELAY_TEST_MONGODB", "RELAY_TEST_KAFKA_B"))]:
         del env[key]
     report = tmp_path / "report.xml"
-    done = subprocess.run([sys.executable, "-m", "pytest", *MODULES, "-k", DESELECT, "-p", "no:cacheprovider", "-q", "-n", "0",
-                           f"--junitxml={report}"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    argv = [sys.executable, "-m", "pytest", *MODULES, "-k", DESELECT, "-p", "no:cacheprovider", "-q", "-n", "0",
+            f"--junitxml={report}"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     output = done.stdout[-5000:] + done.stderr[-2000:]
     assert done.returncode == 0, output
     # Every collected test ran and passed: none skipped (a server fixture that skips would pass
@@ -39,5 +40,6 @@ def test_server_modules_pass_against_servers_started_by_testcontainers(engine, d
     counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
     assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == counts["skipped"] == 0, (counts, output)
     summary = done.stdout.strip().splitlines()[-1]
-    assert re.match(rf"^=* ?{counts['tests']} passed(, 1 deselected)?(, \d+ warnings?)? in ", summary), (summary, output)
+    passed = rf"^=* ?{counts['tests']} passed(, 1 deselected)?(, \d+ warnings?)? in "
+    assert re.match(passed, summary), (summary, output)
     print(f"\n{summary}")

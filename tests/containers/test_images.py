@@ -70,8 +70,8 @@ def test_the_pipeline_image_materializes_a_topic_into_a_view_equal_to_the_outbox
     data.chmod(0o777)  # the image's user (10001) writes the lake there
     logs = _run(pipeline_image, "materialize", "--once", "--output", "/data/lake", "--shuffle-partitions", "2",
                 "--spark-conf", "spark.ui.enabled=false", "--view-collection", VIEW_COLLECTION,
-                environment=container_env(env.settings) | {"JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS}, volumes={str(data): {"bind": "/data", "mode": "rw"}},
-                stderr=True, timeout=900)
+                environment=container_env(env.settings) | {"JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS},
+                volumes={str(data): {"bind": "/data", "mode": "rw"}}, stderr=True, timeout=900)
     assert (data / "lake" / "events").is_dir(), logs.decode(errors="replace")[-3000:]
     expected = outbox_state(env.outbox, [("order", written)])
     position_of = positions(read_topic(env.servers.kafka_bootstrap, env.topic()))

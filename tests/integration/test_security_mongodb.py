@@ -1,5 +1,5 @@
 """Least privilege and TLS on MongoDB: the relay runs as a user holding only the documented
-role, in every mode, over TLS, losing nothing; so does relay.inbox with its collection's
+role, in every mode, over TLS, losing nothing, also when the partition count changes; so does relay.inbox with its collection's
 privileges (and a retention change needs `collMod`); a user missing one privilege gets a stop
 naming the action and the namespace; the role command prints and creates exactly that role; a
 wrong CA or host name stops the relay with a line that says so.
@@ -85,6 +85,30 @@ def test_every_mode_runs_as_a_user_holding_only_the_documented_role(mongo: AuthM
             assert relay.error is None, f"{mode}: {relay.error!r}"
             admin.drop_database(settings.database)
 
+
+
+def test_changing_the_partition_count_runs_as_a_user_holding_only_the_documented_role(
+    mongo: AuthMongo, servers: Servers
+) -> None:
+    """3 partitions, then 1, on one outbox: the start with the new count replaces the lease
+    documents (`remove` on the lease collection), which is why every mode's role holds it."""
+    settings = _settings(servers, "")
+    settings = settings.replace(mongodb_uri=mongo.user_with("relaypartitions", f"pw-{uuid.uuid4().hex}",
+                                                            _needed(settings)))
+    topic = settings.topic_template.format(aggregateType="order")
+    with mongo.admin() as admin:
+        db = admin[settings.database]
+        db.create_collection(settings.outbox_collection)
+        written = write_events(db, settings.outbox_collection, 30, writers=1)
+        for count, seed in ((3, 1), (1, 2)):
+            if count == 1:
+                write_events(db, settings.outbox_collection, 30, writers=1, seed=seed, written=written)
+            with RelayThread(settings.replace(partitions=count)) as relay:
+                wait_until(lambda: {r.id for r in read_topic(servers.kafka_bootstrap, topic, timeout=5)} >= written.ids,
+                           120, f"{count} partition(s): every event", interval=1, alive=relay.check_alive)
+            assert relay.error is None, f"{count} partition(s): {relay.error!r}"
+        assert_complete_and_ordered(read_topic(servers.kafka_bootstrap, topic), written)
+        admin.drop_database(settings.database)
 
 def test_a_user_missing_one_privilege_is_stopped_naming_the_action_and_namespace(
     mongo: AuthMongo, servers: Servers, logs: Any

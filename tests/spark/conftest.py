@@ -7,7 +7,6 @@ temporary folder. The servers are the session's real MongoDB and Kafka (tests/co
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,16 +21,10 @@ def spark() -> Iterator[Any]:
 
     # The session's JVM compiles with C1 only, as the cluster's do (tests/spark/cluster.py says
     # why; measured here: 10 Spark tests 75 -> 64 s); it inherits the variable when it starts.
-    saved = os.environ.get("JAVA_TOOL_OPTIONS")
-    os.environ["JAVA_TOOL_OPTIONS"] = JAVA_TOOL_OPTIONS
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAVA_TOOL_OPTIONS", JAVA_TOOL_OPTIONS)
         session = spark_session("outbox-relay tests", master="local[2]", shuffle_partitions=2,
                                 conf={"spark.ui.enabled": "false"})
-    finally:
-        if saved is None:
-            os.environ.pop("JAVA_TOOL_OPTIONS", None)
-        else:
-            os.environ["JAVA_TOOL_OPTIONS"] = saved
     try:
         yield session
     finally:

@@ -129,9 +129,8 @@ class PipelineProcess:
         scratch = self.log_path.parent / f"{self.log_path.stem}-tmp"
         scratch.mkdir(exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(pipeline_command(*self.argv),
-                                         env=settings_env(self.settings) | {"TMPDIR": str(scratch), "JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS},
-                                         cwd=ROOT,
+            env = settings_env(self.settings) | {"TMPDIR": str(scratch), "JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS}
+            self.proc = subprocess.Popen(pipeline_command(*self.argv), env=env, cwd=ROOT,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
