@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
-from relay.core.errors import EXIT_CONFIG, EXIT_FATAL, run_command
+from relay.core.errors import EXIT_FATAL, run_command
 from relay.core.redact import emit
 
 log = logging.getLogger("relay")
@@ -210,18 +210,18 @@ def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
 def _run(settings: cfg.Settings) -> int:
     from relay.wiring import build
 
-    relay = build(settings)  # the process's group: one relay loop per partition (one without RELAY_PARTITIONS)
-    server = relay.observer.serve()
+    group = build(settings)  # the process: one relay loop per lease it may lead
+    server = group.observer.serve()
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: finishing the batch in flight, then stopping", signum)
-        relay.stop()
+        group.stop()
         signal.signal(signum, signal.SIG_DFL)  # a second signal stops at once
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        relay.run()
+        group.run()
     finally:
         if server is not None:
             server.shutdown()
@@ -259,7 +259,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["EXIT_CONFIG", "main"]
+__all__ = ["main"]
 
 
 # The commands that read the settings, by name (`_dispatch` loads the settings first).

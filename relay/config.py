@@ -43,7 +43,7 @@ from relay.outbox import FieldNames
 
 __all__ = [
     "SETTINGS_DOC",
-    "Parts",
+    "PartConfigs",
     "Settings",
     "env_name",
     "flag_name",
@@ -254,7 +254,7 @@ class Settings:
 
     # ---- the parts' configurations ------------------------------------------------------------
 
-    def parts(self) -> Parts:
+    def parts(self) -> PartConfigs:
         """Each part's own configuration, made from these settings and checked by the part
         (ConfigError names the setting); built once per Settings object. `relay.wiring` hands
         each part its own."""
@@ -270,7 +270,7 @@ class Settings:
         }
 
     @functools.cached_property
-    def _parts(self) -> Parts:
+    def _parts(self) -> PartConfigs:
         kafka = KafkaConfig(**self._for("kafka"))
         encoding = EncodingConfig(
             fields=FieldNames(**self._for("fields")), max_message_bytes=kafka.max_message_bytes, **self._for("encoding")
@@ -278,7 +278,7 @@ class Settings:
         observer = ObserverConfig(
             namespace=self.namespace, health=HealthConfig(**self._for("health")), **self._for("observer")
         )
-        return Parts(
+        return PartConfigs(
             # The window holds an exactly-once transaction's reads until its commit (relay.core.window).
             loop=LoopConfig(
                 namespace=self.namespace,
@@ -388,7 +388,7 @@ class Settings:
 
 
 @dataclass(frozen=True)
-class Parts:
+class PartConfigs:
     """The configuration of each part, made from the settings (`Settings.parts`)."""
 
     loop: LoopConfig

@@ -18,7 +18,7 @@ from pymongo import MongoClient
 from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import Framing, framing_for
-from relay.config import Parts, Settings
+from relay.config import PartConfigs, Settings
 from relay.core.boundaries import Assignment
 from relay.core.errors import first_of
 from relay.core.loop import Relay
@@ -41,7 +41,7 @@ from relay.mongo.privileges import check as check_privileges
 from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
 from relay.ops.health import Health
-from relay.ops.observe import Observer, PartitionObserver
+from relay.ops.observe import PartitionObserver, ProcessObserver
 from relay.ops.outbox_checks import OutboxMetrics
 
 # What the loop does with the drivers' exceptions (relay.core.errors.classify).
@@ -57,7 +57,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     mongo, count = parts.mongo, parts.group.partitions
     client = mongo_client(mongo)
     folder = folder or SchemaFolder.bundled()
-    observer = Observer(parts.observer)
+    observer = ProcessObserver(parts.observer)
     balance = Balance(count)
     relays = [
         (
@@ -86,7 +86,10 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
 
 
 def message_builder(
-    settings: Settings | Parts, folder: SchemaFolder | None = None, framing: Framing | None = None, native: bool = True
+    settings: Settings | PartConfigs,
+    folder: SchemaFolder | None = None,
+    framing: Framing | None = None,
+    native: bool = True,
 ) -> MessageBuilder:
     """The message builder over `folder` (default: the bundled schemas/), with `framing` or the one
     the settings select; `native=False` builds every message in Python, for comparisons."""
@@ -96,7 +99,7 @@ def message_builder(
 
 
 def _partition_relay(
-    parts: Parts,
+    parts: PartConfigs,
     partition: Partition,
     client: MongoClient[Any],
     observer: PartitionObserver,
@@ -111,7 +114,7 @@ def _partition_relay(
     return Relay(
         parts.loop,
         source=source,
-        delivery=delivery_mode(parts, lid, fingerprint),
+        mode=delivery_mode(parts, lid, fingerprint),
         lease=parts.lease_store(client, partition),
         encoder=message_builder(parts, folder, native=native),
         observer=observer,
@@ -122,7 +125,7 @@ def _partition_relay(
 
 
 def _change_source(
-    parts: Parts, client: MongoClient[Any], partition: Partition
+    parts: PartConfigs, client: MongoClient[Any], partition: Partition
 ) -> tuple[Callable[[], ChangeSource], str]:
     """The change source factory of `partition` and the fingerprint of its pipeline."""
     mongo, fields = parts.mongo, parts.encoding.fields
@@ -136,7 +139,7 @@ def _change_source(
     return source, pipeline_fingerprint(mongo.namespace, stages)
 
 
-def delivery_mode(parts: Parts, lid: str, fingerprint: str) -> AtLeastOnce | ExactlyOnce:
+def delivery_mode(parts: PartConfigs, lid: str, fingerprint: str) -> AtLeastOnce | ExactlyOnce:
     """The delivery mode of lease `lid` (RELAY_DELIVERY): the producer of each leading session and
     the lease's offsets record (relay.kafka.modes)."""
     kafka = parts.kafka
@@ -146,7 +149,7 @@ def delivery_mode(parts: Parts, lid: str, fingerprint: str) -> AtLeastOnce | Exa
     return AtLeastOnce(kafka, lid, offsets)
 
 
-def _preflight(parts: Parts, client: MongoClient[Any]) -> None:
+def _preflight(parts: PartConfigs, client: MongoClient[Any]) -> None:
     """The process's start-up checks: librdkafka accepts the configuration (each lease's
     transactional producer, in exactly-once mode); MongoDB answers, the user holds the privileges
     the mode needs and the server can compute partitions; the partition count did not change
@@ -171,7 +174,7 @@ def _preflight(parts: Parts, client: MongoClient[Any]) -> None:
 
 
 def housekeeping(
-    parts: Parts,
+    parts: PartConfigs,
     client: MongoClient[Any],
     shares: Sequence[tuple[str, Mapping[str, Any] | None]],
     registry: CollectorRegistry,

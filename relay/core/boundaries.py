@@ -86,7 +86,7 @@ class DeliveryMode(Protocol):
     """
 
     @property
-    def delivery(self) -> str:
+    def name(self) -> str:
         """RELAY_DELIVERY: `at-least-once` or `exactly-once`."""
 
     @property
@@ -96,10 +96,10 @@ class DeliveryMode(Protocol):
     def start(self, grant: Grant, heartbeat: Callable[[], None]) -> Publisher:
         """A fresh producer for the session of `grant`, called once per session after the lease
         was taken. Exactly-once mode fences every earlier producer of the lease first, so nothing
-        commits after `committed()` reads. The loop closes the producer when the session ends;
+        commits after `committed_record()` reads. The loop closes the producer when the session ends;
         `start` closes it itself if it fails."""
 
-    def committed(self, heartbeat: Callable[[], None]) -> Committed | None:
+    def committed_record(self, heartbeat: Callable[[], None]) -> Committed | None:
         """The lease's newest committed offsets record (None: none, a tombstone, or no offsets
         topic); called after `start`, at most once per session, only where the decision needs it."""
 
@@ -117,7 +117,7 @@ class LeaseStore(Protocol):
     def renew(self, grant: Grant) -> None:
         """Extend the lease; raises LeaseLostError if the fencing token is no longer current."""
 
-    def commit(self, grant: Grant, token: Token, fingerprint: str) -> None:
+    def store_checkpoint(self, grant: Grant, token: Token, fingerprint: str) -> None:
         """Store `token` as the checkpoint, fenced like `renew`."""
 
     def release(self, grant: Grant) -> None:
@@ -137,7 +137,7 @@ class Encoder(Protocol):
         """The dead-letter record that stands in for a poison event."""
 
 
-class Observer(Protocol):
+class LoopObserver(Protocol):
     """What the loop reports (relay.ops.observe.PartitionObserver)."""
 
     def tick(self) -> None: ...
@@ -154,7 +154,7 @@ class Observer(Protocol):
         """Kafka acknowledged a delivery: its changes' commit times, its messages, the seconds
         since it was handed to the producer and since its changes were read, its token."""
 
-    def committed(self, token: Any) -> None: ...
+    def checkpoint_stored(self, token: Any) -> None: ...
     def resumed(self) -> None: ...
     def dead_lettered(self, event_id: str, reason: str) -> None: ...
     def restart(self, exc: BaseException, delay_s: float) -> None: ...

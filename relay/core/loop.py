@@ -59,7 +59,7 @@ from relay.core.boundaries import (
     DeliveryMode,
     Encoder,
     LeaseStore,
-    Observer,
+    LoopObserver,
     Publisher,
     SystemClock,
 )
@@ -99,7 +99,7 @@ def _nothing() -> None:
     pass
 
 
-ObserverT = TypeVar("ObserverT", bound=Observer)
+ObserverT = TypeVar("ObserverT", bound=LoopObserver)
 
 
 class Relay(Generic[ObserverT]):
@@ -121,7 +121,7 @@ class Relay(Generic[ObserverT]):
         config: LoopConfig,
         *,
         source: Callable[[], ChangeSource],
-        delivery: DeliveryMode,
+        mode: DeliveryMode,
         lease: LeaseStore,
         encoder: Encoder,
         observer: ObserverT,
@@ -135,7 +135,7 @@ class Relay(Generic[ObserverT]):
         self.config = config
         self.observer: ObserverT = observer
         self._sources = source
-        self._delivery = delivery
+        self._mode = mode
         self._lease = lease
         self._encoder = encoder
         self._fingerprint = fingerprint
@@ -214,7 +214,7 @@ class Relay(Generic[ObserverT]):
             log.info("holding the lease, fencing token %d", grant.fencing_token)
         self._role = "leader"
         source = self._sources()
-        publisher = self._delivery.start(grant, lambda: self._heartbeat(grant))
+        publisher = self._mode.start(grant, lambda: self._heartbeat(grant))
         self._session = session = Session(grant, source, publisher, self._window())
         self._unstored = None
         self.observer.watch_publisher(publisher)
@@ -249,7 +249,7 @@ class Relay(Generic[ObserverT]):
             self._heartbeat(grant)
 
         rules = self._resume_rules()
-        plan = resume(grant.checkpoint, lambda: self._delivery.committed(heartbeat), rules)
+        plan = resume(grant.checkpoint, lambda: self._mode.committed_record(heartbeat), rules)
         if plan.forget is not None:
             log.warning(
                 "no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at RELAY_START_AT=%s)",
@@ -258,18 +258,18 @@ class Relay(Generic[ObserverT]):
                 short_token(plan.forget.token),
                 rules.start_at,
             )
-            self._delivery.forget(session.publisher, heartbeat)
+            self._mode.forget(session.publisher, heartbeat)
         opened = self._open_at(session.source, plan)
         log.info("change stream opened %s", plan.description)
         if plan.store is Store.OPENING and opened and session.source.token is not None:
-            self._commit(session, session.source.token)
+            self._store(session, session.source.token)
         elif plan.store is Store.RESUMED and plan.start.resume_after is not None:
-            self._commit(session, plan.start.resume_after)
+            self._store(session, plan.start.resume_after)
 
     def _resume_rules(self) -> Rules:
         """What the resume decision reads from the settings and the delivery mode."""
-        c, p = self.config, self._delivery
-        return Rules(self._fingerprint, p.delivery, c.start_at, c.on_history_lost, p.offsets_topic)
+        c, p = self.config, self._mode
+        return Rules(self._fingerprint, p.name, c.start_at, c.on_history_lost, p.offsets_topic)
 
     def _open_at(self, source: ChangeSource, plan: Resume) -> bool:
         """Open `source` at the plan's start; if that point left the oplog, do what the plan says
@@ -377,7 +377,7 @@ class Relay(Generic[ObserverT]):
                 acknowledged = True
         finally:
             if newest is not None:
-                self._commit(s, newest)
+                self._store(s, newest)
                 self._failures, self._repeat_code = 0, None  # progress
             elif acknowledged:
                 self._renew(s.grant)  # rescanned documents: nothing to store, the lease still fenced
@@ -397,7 +397,7 @@ class Relay(Generic[ObserverT]):
         fresh = batch.token if batch.token is not None and batch.token != self._last_token else None
         if self._clock.monotonic() - self._last_write >= self.config.heartbeat_interval_s:
             if fresh is not None:
-                self._commit(s, fresh)  # idle: the post-batch token still advances
+                self._store(s, fresh)  # idle: the post-batch token still advances
             else:
                 self._renew(s.grant)
         elif fresh is not None:
@@ -405,12 +405,12 @@ class Relay(Generic[ObserverT]):
 
     # ---- writes to the lease document ---------------------------------------------------------
 
-    def _commit(self, s: Session, token: Token) -> None:
+    def _store(self, s: Session, token: Token) -> None:
         """Store `token`; called only once every event it covers was acknowledged by Kafka."""
-        self._lease.commit(s.grant, token, self._fingerprint)
+        self._lease.store_checkpoint(s.grant, token, self._fingerprint)
         self._last_write = self._clock.monotonic()
         self._last_token, self._unstored = token, None
-        self.observer.committed(token)
+        self.observer.checkpoint_stored(token)
         log.debug("checkpoint %s fencing=%d", short_token(token), s.grant.fencing_token)
 
     def _renew(self, grant: Grant) -> None:
@@ -499,7 +499,7 @@ class Relay(Generic[ObserverT]):
         try:
             self._settle(self._session, keep=0)
             if self._unstored is not None:
-                self._commit(self._session, self._unstored)
+                self._store(self._session, self._unstored)
         except Exception as exc:  # noqa: BLE001 - the next leader replays from the last checkpoint
             log.warning(
                 "stopping without storing the last deliveries (%s); the next leader replays them from the checkpoint",

@@ -29,7 +29,7 @@ from relay.core.loop import Relay
 from relay.core.partitions import Partition
 from relay.group.balance import Balance, target_of
 from relay.group.config import GroupConfig
-from relay.ops.observe import Observer
+from relay.ops.observe import ProcessObserver
 
 log = logging.getLogger("relay")
 
@@ -50,7 +50,7 @@ class Group:
 
     `relays` are built for `partitions` with the assignments of `balance` (relay.wiring.build);
     `preflight` runs first (checks, the partition count), `close` last. Has `run()`, `stop()` and
-    `observer` (relay.ops.observe.Observer: its metrics `registry`, `serve()`).
+    `observer` (relay.ops.observe.ProcessObserver: its metrics `registry`, `serve()`).
     """
 
     def __init__(
@@ -59,7 +59,7 @@ class Group:
         relays: Sequence[tuple[Partition, Relay[Any]]],
         balance: Balance,
         membership: Membership,
-        observer: Observer,
+        observer: ProcessObserver,
         preflight: Callable[[], None],
         close: Callable[[], None],
     ) -> None:

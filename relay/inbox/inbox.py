@@ -118,7 +118,7 @@ class Inbox:
             InboxMetrics(self.registry, opts.group_id),
             self._stop,
             opts,
-            Parts(source, decoder, store, dead_letters),
+            InboxParts(source, decoder, store, dead_letters),
             handler,
         )
         resources.callback(steps.close)
@@ -126,7 +126,7 @@ class Inbox:
 
 
 @dataclass(frozen=True)
-class Parts:
+class InboxParts:
     """The boundaries one `run` call uses (fakes in tests/unit/test_inbox_steps.py)."""
 
     source: KafkaSource
@@ -144,7 +144,7 @@ class Steps:
     """One `run` call's steps over its parts: `step` is one batch, `close` the end."""
 
     def __init__(
-        self, metrics: InboxMetrics, stop: threading.Event, options: RunOptions, parts: Parts, handler: Handler
+        self, metrics: InboxMetrics, stop: threading.Event, options: RunOptions, parts: InboxParts, handler: Handler
     ) -> None:
         self.metrics, self.stop, self.options, self.handler = metrics, stop, options, handler
         self.limits = BatchLimits(options.batch_max_events, options.batch_max_ms / 1000)

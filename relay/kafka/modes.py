@@ -32,7 +32,7 @@ Heartbeat = Callable[[], None]
 class AtLeastOnce:
     """RELAY_DELIVERY=at-least-once (relay.core.boundaries.DeliveryMode)."""
 
-    delivery = AT_LEAST_ONCE
+    name = AT_LEAST_ONCE
 
     def __init__(self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic) -> None:
         self._config = config
@@ -46,7 +46,7 @@ class AtLeastOnce:
     def start(self, grant: Grant, heartbeat: Heartbeat) -> Publisher:
         return IdempotentPublisher(self._config.producer_config())
 
-    def committed(self, heartbeat: Heartbeat) -> OffsetsRecord | None:
+    def committed_record(self, heartbeat: Heartbeat) -> OffsetsRecord | None:
         """The lease's newest committed offsets record, left by an exactly-once run; None when
         there is none or no offsets topic (it is not created for this)."""
         return self._offsets.read(self._lease_id, heartbeat, missing_ok=True)
@@ -59,7 +59,7 @@ class AtLeastOnce:
 class ExactlyOnce:
     """RELAY_DELIVERY=exactly-once (relay.core.boundaries.DeliveryMode)."""
 
-    delivery = EXACTLY_ONCE
+    name = EXACTLY_ONCE
 
     def __init__(self, config: KafkaConfig, lease_id: str, fingerprint: str, offsets: OffsetsTopic) -> None:
         self._config = config
@@ -82,7 +82,7 @@ class ExactlyOnce:
             raise
         return publisher
 
-    def committed(self, heartbeat: Heartbeat) -> OffsetsRecord | None:
+    def committed_record(self, heartbeat: Heartbeat) -> OffsetsRecord | None:
         """The lease's newest committed offsets record (read_committed, to the topic's end)."""
         return self._offsets.read(self._lease_id, heartbeat)
 

@@ -125,7 +125,7 @@ class LeaseStore:
         """Extend the lease; raises LeaseLostError if it is no longer ours."""
         self._fenced_update(grant, {"expiresAt": self._expires(), "renewedAt": "$$NOW"})
 
-    def commit(self, grant: Grant, token: Mapping[str, Any], fingerprint: str) -> None:
+    def store_checkpoint(self, grant: Grant, token: Mapping[str, Any], fingerprint: str) -> None:
         """Store the checkpoint and renew the lease in one fenced, majority-acknowledged write.
 
         Called only once every event up to `token` has been acknowledged by Kafka. A write

@@ -3,7 +3,7 @@
 Liveness means the loop turns; readiness means the relay is connected and doing its job, as the
 publishing lease holder or as a standby ready to take over. Each loop's reports reach its
 `LoopHealth` through its `relay.ops.observe.PartitionObserver`, the group's coordinator's
-through `relay.ops.observe.Observer`; the HTTP server reads `Health` on its own thread.
+through `relay.ops.observe.ProcessObserver`; the HTTP server reads `Health` on its own thread.
 """
 
 from __future__ import annotations

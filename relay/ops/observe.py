@@ -1,6 +1,6 @@
 """Observation at the edge: the loop reports what happened, this module decides what it means.
 
-The loop calls the hooks of `PartitionObserver` (`tick`, `role`, `published`, `committed`, `restart`,
+The loop calls the hooks of `PartitionObserver` (`tick`, `role`, `published`, `checkpoint_stored`, `restart`,
 `lease_lost`, `stopped`, `dead_lettered`, `resumed`, `watch_publisher`); it turns them
 into metrics (`relay.ops.metrics`), health (`relay.ops.health`), log lines (`relay.ops.logs`) and a periodic
 summary line. The loop never touches a metric or a log format itself.
@@ -19,7 +19,7 @@ Contracts:
   to blame), `reason` and `exit_code` as fields, before any shutdown line.
 
 A process runs one relay loop per partition (relay.group.runner; one partition without
-RELAY_PARTITIONS): `Observer` is the process's (one registry, the health checks, the HTTP server,
+RELAY_PARTITIONS): `ProcessObserver` is the process's (one registry, the health checks, the HTTP server,
 the stop line of a failed start), and gives each loop its own `PartitionObserver` (its metrics
 are the partition's view of the one registry; with several partitions its log lines carry
 `partition`).
@@ -57,11 +57,11 @@ class _Queued(Protocol):
 class PartitionObserver:
     """Counts and logs what one partition's relay loop reports; feeds the process's health.
 
-    Made by `Observer.partition`. The period of the summary line is the process observer's
+    Made by `ProcessObserver.partition`. The period of the summary line is the process observer's
     `summary_every_s` (an attribute, so tests can shorten it).
     """
 
-    def __init__(self, process: Observer, partition: Partition) -> None:
+    def __init__(self, process: ProcessObserver, partition: Partition) -> None:
         config = process.config
         self.config = config
         self.partition = partition
@@ -141,7 +141,7 @@ class PartitionObserver:
                 },
             )
 
-    def committed(self, token: Any) -> None:
+    def checkpoint_stored(self, token: Any) -> None:
         """`token` is stored as the checkpoint (every event before it is acknowledged)."""
         self._token = token
         self._log_fields["token"] = short_token(token)
@@ -280,7 +280,7 @@ def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) 
     )
 
 
-class Observer:
+class ProcessObserver:
     """What a relay process reports: one registry (relay.ops.metrics.RelayMetrics), the health
     checks of its coordinator and loops, the HTTP server, one `PartitionObserver` per partition's
     loop (`partition()`), and the stop line of a failed start (`stopped()`).

@@ -30,7 +30,7 @@ from relay.core.errors import ConfigError
 from relay.dev.stack import free_port
 from relay.ops.logs import JsonFormatter, resolve_log_format
 from relay.ops.metrics import BatchHistogram
-from relay.ops.observe import Observer
+from relay.ops.observe import ProcessObserver
 from tests.static.support import DOCKERFILE
 from tests.support import (
     ROOT,
@@ -297,7 +297,7 @@ def test_http_port_in_use_is_a_configuration_error_naming_it():
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(ConfigError) as err:
-            Observer(Settings().replace(http_port=port).parts().observer).serve()
+            ProcessObserver(Settings().replace(http_port=port).parts().observer).serve()
     assert err.value.setting == "RELAY_HTTP_PORT"
 
 

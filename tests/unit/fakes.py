@@ -38,7 +38,7 @@ from relay.core.positions import Checkpoint, Grant, StartPoint
 from relay.core.window import Delivery
 from relay.kafka.producer import delivery_failure
 from relay.mongo.codecs import change_value
-from relay.ops.observe import Observer, PartitionObserver
+from relay.ops.observe import PartitionObserver, ProcessObserver
 from relay.wiring import message_builder
 
 FOLDER = SchemaFolder.bundled()
@@ -367,7 +367,7 @@ class FakeLease:
         self._fence(grant)
         self.world.lease.expires_at = self.world.clock.now + self.ttl_s
 
-    def commit(self, grant: Grant, tok: Any, fingerprint: str) -> None:
+    def store_checkpoint(self, grant: Grant, tok: Any, fingerprint: str) -> None:
         self._fence(grant)
         w, d = self.world, self.world.lease
         position = covered_by(tok)
@@ -421,7 +421,7 @@ class FakeDeliveryMode:
     """At-least-once mode (relay.core.boundaries.DeliveryMode): a new FakePublisher per leading
     session, and no offsets topic (nothing ever ran exactly-once here)."""
 
-    delivery = "at-least-once"
+    name = "at-least-once"
     offsets_topic = "outbox-relay.offsets"
 
     def __init__(self, world: World) -> None:
@@ -432,7 +432,7 @@ class FakeDeliveryMode:
         self.publishers.append(FakePublisher(self.world))
         return self.publishers[-1]
 
-    def committed(self, heartbeat: Callable[[], None]) -> None:
+    def committed_record(self, heartbeat: Callable[[], None]) -> None:
         return None
 
     def forget(self, publisher: Any, heartbeat: Callable[[], None]) -> None:
@@ -459,7 +459,7 @@ def relay_on(world: World, settings: Settings, producers: Any, source: Callable[
     """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes."""
     world.max_events = settings.batch_max_events
     parts = settings.parts()
-    return Relay(parts.loop, source=source, delivery=producers, lease=lease,
+    return Relay(parts.loop, source=source, mode=producers, lease=lease,
                  encoder=message_builder(parts, FOLDER), observer=observer or loop_observer(settings),
                  fingerprint=FINGERPRINT, clock=world.clock,
                  **({} if assignment is None else {"assignment": assignment}))
@@ -467,7 +467,7 @@ def relay_on(world: World, settings: Settings, producers: Any, source: Callable[
 
 def loop_observer(settings: Settings) -> PartitionObserver:
     """The observer of a relay loop on the whole outbox, as the wiring makes it (one partition)."""
-    return Observer(settings.parts().observer).partition(Partition(0, 1))
+    return ProcessObserver(settings.parts().observer).partition(Partition(0, 1))
 
 
 def fake_relay(world: World, settings: Settings, observer: PartitionObserver | None = None,

@@ -24,7 +24,7 @@ from relay.inbox.batching import plan
 from relay.inbox.config import RunOptions
 from relay.inbox.consumer import Received
 from relay.inbox.decoding import UndecodableMessageError
-from relay.inbox.inbox import Parts, Steps
+from relay.inbox.inbox import InboxParts, Steps
 from relay.inbox.metrics import InboxMetrics
 from relay.inbox.poison import InboxPoisonError
 from relay.inbox.store import Applied, call_handler
@@ -116,7 +116,7 @@ def steps(journal, batches, on_poison="stop", recorded=(), fail=(), failures=(),
         if event.event_id in fail:
             raise raises
 
-    parts = Parts(FakeSource(journal, batches, lags), decoder or FakeDecoder(), store, dead)  # type: ignore[arg-type]
+    parts = InboxParts(FakeSource(journal, batches, lags), decoder or FakeDecoder(), store, dead)  # type: ignore[arg-type]
     return Steps(InboxMetrics(group="g"), threading.Event(), options, parts, handler), store
 
 

@@ -254,8 +254,8 @@ class DeliveryLease(FakeLease):
         return Grant(grant.owner, grant.fencing_token, grant.expires_at,
                      Checkpoint(grant.checkpoint.token, None, grant.checkpoint.fingerprint, delivery))
 
-    def commit(self, grant: Grant, tok: Any, fingerprint: str) -> None:
-        super().commit(grant, tok, fingerprint)
+    def store_checkpoint(self, grant: Grant, tok: Any, fingerprint: str) -> None:
+        super().store_checkpoint(grant, tok, fingerprint)
         self.world.lease.delivery = self.delivery  # type: ignore[attr-defined]
 
 
@@ -297,12 +297,12 @@ class FakeTxnDeliveryMode:
     def __init__(self, world: World, settings: Settings) -> None:
         self.world = world
         self.settings = settings
-        self.delivery = settings.delivery
+        self.name = settings.delivery
         self.publishers: list[Any] = []
         self.reads = 0
 
     def start(self, grant: Grant, heartbeat: Callable[[], None]) -> Any:
-        if self.delivery == "exactly-once":
+        if self.name == "exactly-once":
             publisher = FakeTxnPublisher(self.world, self.settings)
             publisher.fence(grant)
         else:
@@ -310,7 +310,7 @@ class FakeTxnDeliveryMode:
         self.publishers.append(publisher)
         return publisher
 
-    def committed(self, heartbeat: Callable[[], None]) -> OffsetsRecord | None:
+    def committed_record(self, heartbeat: Callable[[], None]) -> OffsetsRecord | None:
         self.reads += 1
         return txn_log(self.world).newest_record()
 
