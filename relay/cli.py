@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
-from relay.core.errors import EXIT_FATAL, run_command
+from relay.core.errors import EXIT_FATAL
 from relay.core.redact import emit
+from relay.ops.exits import run_command
 
 log = logging.getLogger("relay")
 

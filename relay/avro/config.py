@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
 from relay.core.message import valid_topic
+from relay.core.names import env_name
 from relay.core.redact import Secret, Uri, hold_masked
 from relay.outbox import FieldNames
 

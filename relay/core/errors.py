@@ -35,19 +35,6 @@ EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
 EXIT_DATA = 4
 
-ENV_PREFIX = "RELAY_"
-KAFKA_ENV_PREFIX = "RELAY_KAFKA_"
-
-
-def env_name(name: str) -> str:
-    """The environment variable of a setting: `batch_max_events` -> RELAY_BATCH_MAX_EVENTS."""
-    return ENV_PREFIX + name.upper()
-
-
-def kafka_env_name(prop: str) -> str:
-    """The environment variable of a Kafka client property: `linger.ms` -> RELAY_KAFKA_LINGER_MS."""
-    return KAFKA_ENV_PREFIX + prop.upper().replace(".", "_")
-
 
 class Action(enum.Enum):
     """What the loop does after an error ended a pass (the table in the module docstring)."""
@@ -81,12 +68,6 @@ class ConfigError(RelayError):
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(f"{setting}: {message}")
         self.setting = setting
-
-
-class DevStackError(RelayError):
-    """Raised when a local server (mongod, Kafka, a Schema Registry) cannot be prepared or started."""
-
-    action = Action.STOP
 
 
 class ServerUnreachableError(RelayError):
@@ -298,25 +279,3 @@ def cause_of(exc: BaseException) -> str | None:
         kind = f"{module}.{kind}"
     text = str(cause)
     return kind if len(text) > _CAUSE_CHARS or "\n" in text else f"{kind}: {text}"
-
-
-def run_command(prog: str, command: Callable[[], int]) -> int:
-    """Run a command, turning the relay's errors into their exit codes with a one-line message
-    on stderr (no traceback), and Ctrl-C into 130. Anything else prints its traceback and exits
-    1, as Python would. Whatever is printed is scrubbed of credentials (relay.core.redact)."""
-    import sys
-    import traceback
-
-    from relay.core.redact import scrub
-
-    try:
-        return command()
-    except RelayError as exc:
-        if not exc.logged:
-            print(scrub(f"{prog}: {type(exc).__name__}: {exc}"), file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except Exception:  # noqa: BLE001 - printed as Python would, scrubbed of credentials
-        print(scrub(traceback.format_exc()), file=sys.stderr, end="")
-        return EXIT_FATAL

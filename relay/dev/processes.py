@@ -15,7 +15,13 @@ from typing import Any
 
 import psutil
 
-from relay.core.errors import DevStackError
+from relay.core.errors import Action, RelayError
+
+
+class DevStackError(RelayError):
+    """Raised when a local server (mongod, Kafka, a Schema Registry) cannot be prepared or started."""
+
+    action = Action.STOP
 
 
 def free_port() -> int:

@@ -29,9 +29,8 @@ from typing import Any
 import psutil
 
 from relay.cachedir import cache_dir
-from relay.core.errors import DevStackError
 from relay.dev import maven
-from relay.dev.processes import ManagedProcess, free_port, pid_alive, port_open, wait_until
+from relay.dev.processes import DevStackError, ManagedProcess, free_port, pid_alive, port_open, wait_until
 
 KAFKA_VERSION = "4.1.1"
 _START_TIMEOUT_S = 90.0

@@ -11,7 +11,8 @@ from urllib.parse import unquote_plus
 from pymongo.errors import ConfigurationError, InvalidURI
 from pymongo.uri_parser import parse_uri, parse_userinfo, split_options
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 from relay.core.redact import MASK, Uri, hold_masked, secret_name, uri_secrets
 
 SRV_SCHEME = "mongodb+srv://"

@@ -36,7 +36,8 @@ from pymongo.collection import Collection
 from pymongo.errors import OperationFailure
 from pymongo.read_concern import ReadConcern
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 from relay.core.partitions import Partition, lease_id, lease_id_pattern, parse_lease_id, partitions
 from relay.mongo.lease import MAJORITY
 from relay.mongo.pipeline import partition_expression

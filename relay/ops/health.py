@@ -20,7 +20,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 from relay.ops.config import HealthConfig
 
 # A leader with messages in the producer's queue and no batch acknowledged for this long is not
