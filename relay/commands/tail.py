@@ -244,17 +244,15 @@ _NOT_READY = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC
 def _watermarks(consumer: Any, partition: Any, timeout_s: float) -> tuple[int, int]:
     """The partition's (low, high) offsets, asked again while its leader is not ready, for at
     most `timeout_s` (RELAY_CONNECT_TIMEOUT_S); then librdkafka's error."""
-    from confluent_kafka import KafkaException
-    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
+    from tenacity import wait_fixed
+
+    from relay.core.retry import retrying
+    from relay.kafka.errors import kafka_error
 
     def not_ready(exc: BaseException) -> bool:
-        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        err = kafka_error(exc)
         return err is not None and (err.retriable() or err.name() in _NOT_READY)
 
-    for attempt in Retrying(
-        stop=stop_after_delay(timeout_s), wait=wait_fixed(0.25), retry=retry_if_exception(not_ready), reraise=True
-    ):
-        with attempt:
-            low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
-            return int(low), int(high)
-    raise AssertionError("unreachable: Retrying re-raises the last error")
+    ask = retrying(not_ready, give_up_after_s=timeout_s, wait=wait_fixed(0.25))
+    low, high = ask(consumer.get_watermark_offsets, partition, timeout=timeout_s)
+    return int(low), int(high)

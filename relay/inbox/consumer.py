@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from relay.inbox.batching import BatchLimits, without_partitions
 from relay.inbox.config import RunOptions
 from relay.inbox.decoding import header_dict
-from relay.kafka.errors import Attempt, Treat, translate, treatment
+from relay.kafka.errors import Attempt, Treat, kafka_error, translate, treatment
 
 log = logging.getLogger("relay.inbox")
 
@@ -122,7 +122,7 @@ class KafkaSource:
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
             )
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
+            error = kafka_error(exc)
             if treatment(error) is Treat.DENIED:
                 raise translate(error, self._consuming(", ".join(sorted({t for t, _ in offsets})))) from exc
             log.warning("offset commit failed (redelivered events will be skipped): %s", exc, extra={"cause": str(exc)})
