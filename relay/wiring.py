@@ -81,7 +81,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
 
     g = parts.group
     leases = client[mongo.database][mongo.lease_collection]
-    membership = Membership(leases, mongo.namespace, g.instance_id, count, g.lease_ttl_s)
+    membership = Membership(leases, mongo.namespace, g.instance_id, count, g.timing.lease_ttl_s)
     return Group(g, relays, balance, membership, observer, start, close)
 
 

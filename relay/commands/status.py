@@ -42,7 +42,7 @@ def status(settings: Settings) -> dict[str, Any]:
             mongo.namespace,
             group.instance_id,
             group.partitions,
-            group.lease_ttl_s,
+            group.timing.lease_ttl_s,
         )
         members = membership.replicas()
     rows = [_partition_row(p, lid, doc) for p, lid, doc in leases]
@@ -58,7 +58,7 @@ def status(settings: Settings) -> dict[str, Any]:
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
         "leases": rows,
-        "replicas": [_replica(r, holders, group.lease_ttl_s) for r in members],
+        "replicas": [_replica(r, holders, group.timing.lease_ttl_s) for r in members],
     }
 
 

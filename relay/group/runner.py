@@ -109,7 +109,7 @@ class Group:
                 )
                 thread.start()
                 threads.append(thread)
-            while not self._stopping.wait(self.config.standby_poll_s):
+            while not self._stopping.wait(self.config.timing.standby_poll_s):
                 self._beat()
         finally:
             if self._joined:
