@@ -30,7 +30,7 @@ from relay.avro.config import EncodingConfig, RegistryConfig
 from relay.core.config import EXACTLY_ONCE, LeaseTiming, LoopConfig
 from relay.core.errors import ConfigError
 from relay.core.names import ENV_PREFIX, KAFKA_ENV_PREFIX, env_name, kafka_env_name
-from relay.core.partitions import Partition, lease_id
+from relay.core.partitions import Scope, scopes
 from relay.core.redact import (
     Properties,
     Secret,
@@ -89,11 +89,26 @@ class Settings:
         "mongodb://localhost:27017/?replicaSet=rs0",
         "MongoDB connection string (a replica set: change streams need one)",
     )
-    database: str = _setting("app", "database holding the outbox collection")
-    outbox_collection: str = _setting("outbox", "the outbox collection to watch")
+    database: str = _setting(
+        "app",
+        "database holding the outbox collection; with RELAY_OUTBOXES, the database holding the relay's own "
+        "state (RELAY_LEASE_COLLECTION and its _replicas)",
+    )
+    outbox_collection: str = _setting("outbox", "the outbox collection to watch (unless RELAY_OUTBOXES is set)")
+    outboxes: str = _setting(
+        "",
+        "comma-separated database.collection outboxes one deployment publishes, through one change stream per "
+        "process and database (empty: the one outbox RELAY_DATABASE.RELAY_OUTBOX_COLLECTION); docs/outboxes.md",
+    )
+    change_streams: str = _setting(
+        "per-database",
+        "per-database: one change stream per database holding outboxes; cluster: one stream for the whole "
+        "cluster (needs changeStream and find on every database)",
+    )
     kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
     topic_template: str = _setting(
-        "outbox.event.{aggregateType}", "topic for an event; placeholders {aggregateType}, {eventType}"
+        "outbox.event.{aggregateType}",
+        "topic for an event; placeholders {aggregateType}, {eventType}, {database}, {collection} (the outbox's)",
     )
     start_at: str = _setting("oplog-start", "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
     instance_id: str = _setting(_default_instance_id, "this replica's name in the lease (default: host name and pid)")
@@ -230,7 +245,8 @@ class Settings:
             mongo=MongoConfig(
                 uri=Uri(self.mongodb_uri),
                 database=self.database,
-                outbox_collection=self.outbox_collection,
+                outboxes=self.outbox_namespaces,
+                change_streams=self.change_streams,
                 lease_collection=self.lease_collection,
                 connect_timeout_s=self.connect_timeout_s,
                 max_await_ms=self.max_await_ms,
@@ -245,7 +261,7 @@ class Settings:
             ),
             observer=self._observer(timing),
             group=GroupConfig(
-                instance_id=self.instance_id, namespace=self.namespace, partitions=self.partitions, timing=timing
+                instance_id=self.instance_id, outboxes=self.outbox_namespaces, partitions=self.partitions, timing=timing
             ),
             cleanup=OutboxCleanupConfig(
                 retention=self.outbox_retention,
@@ -256,7 +272,7 @@ class Settings:
 
     def _loop(self, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
         return LoopConfig(
-            namespace=self.namespace,
+            namespace=",".join(self.outbox_namespaces),
             timing=timing,
             max_in_flight_events=self.batch_max_events,
             batch_max_bytes=self.batch_max_bytes,
@@ -292,9 +308,10 @@ class Settings:
             headers=self.field_headers,
             topic=self.field_topic,
         )
+        database, _, collection = self.outbox_namespaces[0].partition(".")
         return EncodingConfig(
-            database=self.database,
-            collection=self.outbox_collection,
+            database=database,
+            collection=collection,
             fields=fields,
             topic_template=self.topic_template,
             ce_source=self.ce_source,
@@ -311,7 +328,7 @@ class Settings:
         )
         return ObserverConfig(
             instance_id=self.instance_id,
-            namespace=self.namespace,
+            outboxes=self.outbox_namespaces,
             http_port=self.http_port,
             http_host=self.http_host,
             dead_letter_topic=self.dead_letter_topic,
@@ -321,7 +338,25 @@ class Settings:
 
     @property
     def namespace(self) -> str:
+        """RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: the outbox when RELAY_OUTBOXES is not set."""
         return f"{self.database}.{self.outbox_collection}"
+
+    @functools.cached_property
+    def outbox_namespaces(self) -> tuple[str, ...]:
+        """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one `namespace`."""
+        return parse_outboxes(self.outboxes) or (self.namespace,)
+
+    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[str, ...]:
+        """The outboxes a command acts on: `given` (`--outbox`, one of them), else all of them
+        (`every`), else the only one; ConfigError naming --outbox otherwise."""
+        names = self.outbox_namespaces
+        if given is not None:
+            if given not in names:
+                raise ConfigError("--outbox", f"{given!r} is not one of the outboxes: {', '.join(names)}")
+            return (given,)
+        if every or len(names) == 1:
+            return names
+        raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
 
     def kafka_client_config(self) -> dict[str, str]:
         """The configuration of the relay's other Kafka clients (KafkaConfig.client_config)."""
@@ -417,28 +452,49 @@ class PartConfigs:
     group: GroupConfig
     cleanup: OutboxCleanupConfig
 
-    def lease_document(self, client: MongoClient[Any], partition: Partition | None = None) -> LeaseDocument:
-        """The operator's view of `partition`'s lease document (relay.mongo.lease_admin)."""
-        mongo = self.mongo
-        return LeaseDocument(client[mongo.database][mongo.lease_collection], lease_id(mongo.namespace, partition))
+    def scopes(self) -> list[Scope]:
+        """What this deployment's relay loops publish: every outbox in every partition."""
+        return scopes(self.mongo.outboxes, self.group.partitions)
 
-    def lease_store(self, client: MongoClient[Any], partition: Partition | None = None) -> LeaseStore:
-        """The lease document of `partition` (None: the whole outbox) for this replica: the one
-        way the running relay, the group's start-up and the commands build it."""
-        mongo, group = self.mongo, self.group
+    def lease_document(self, client: MongoClient[Any], scope: Scope) -> LeaseDocument:
+        """The operator's view of `scope`'s lease document (relay.mongo.lease_admin)."""
+        return LeaseDocument(self.mongo.leases(client), scope.lease_id)
+
+    def lease_store(self, client: MongoClient[Any], scope: Scope) -> LeaseStore:
+        """The lease document of `scope` for this replica: the one way the running relay, the
+        group's start-up and the commands build it."""
         return LeaseStore(
-            client[mongo.database][mongo.lease_collection],
-            lease_id(mongo.namespace, partition),
-            group.instance_id,
-            group.timing.lease_ttl_s,
-            partition=partition,
-            namespace=mongo.namespace,
+            self.mongo.leases(client),
+            scope,
+            self.group.instance_id,
+            self.group.timing.lease_ttl_s,
             delivery=self.kafka.delivery,
         )
+
+    def encoding_for(self, namespace: str) -> EncodingConfig:
+        """How the events of the outbox `namespace` become messages (its database and collection
+        in the CloudEvents source and the topic template)."""
+        database, _, collection = namespace.partition(".")
+        return dataclasses.replace(self.encoding, database=database, collection=collection)
 
 
 def _public_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
+
+
+def parse_outboxes(text: str) -> tuple[str, ...]:
+    """RELAY_OUTBOXES as namespaces, in the order given; ConfigError names a malformed or repeated one."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        database, dot, collection = name.partition(".")
+        if not dot or not database or not collection or any(c in database for c in ' /\\"$.'):
+            raise ConfigError(env_name("outboxes"), f"expected database.collection outboxes, got {name!r}")
+        if "$" in collection or collection.startswith("system."):
+            raise ConfigError(env_name("outboxes"), f"not a collection an outbox can be: {name!r}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(env_name("outboxes"), f"lists {', '.join(repeated)} more than once")
+    return names
 
 
 def flag_name(name: str) -> str:

@@ -149,15 +149,22 @@ def tail(
     decoder: MessageDecoder | None = None,
     registry: SchemaFolder | None = None,
     isolation: str = "read_committed",
+    outbox: str | None = None,
 ) -> int:
     """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
-    An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a refused
-    ACL PermissionDeniedError (exit 2), naming the topic or group and the operation."""
+    With `outbox` (one of RELAY_OUTBOXES) only that outbox's events: those whose `ce_source` header
+    is its CloudEvents source (RELAY_CE_SOURCE, when set, is every outbox's: then it filters
+    nothing). An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a
+    refused ACL PermissionDeniedError (exit 2), naming the topic or group and the operation."""
     from confluent_kafka import Consumer
 
     from relay.kafka.admin import check_kafka
 
     check_kafka(settings.parts().kafka)
+    source = None
+    if outbox is not None:
+        [namespace] = settings.pick_outboxes(outbox)
+        source = settings.parts().encoding_for(namespace).cloudevents_source.encode()
     out = out or sys.stdout
     decoder = decoder or MessageDecoder.from_config(settings.parts().registry, registry or SchemaFolder.bundled())
     consumer = Consumer(consumer_config(settings, isolation))
@@ -167,7 +174,7 @@ def tail(
             emit(f"outbox-relay tail: no topic {topic!r} at {settings.parts().kafka.bootstrap_servers}", sys.stderr)
             return 2
         pending = _assign(consumer, topic, sorted(meta.partitions), from_beginning, last, settings.connect_timeout_s)
-        _print(consumer, pending, decoder, out, follow, max_messages)
+        _print(consumer, pending, decoder, out, follow, max_messages, source)
         return 0
     except KeyboardInterrupt:
         return 0
@@ -200,9 +207,10 @@ def _print(
     out: TextIO,
     follow: bool,
     max_messages: int | None,
+    source: bytes | None = None,
 ) -> None:
     """Print messages until every pending partition reached its end (or forever with `follow`),
-    at most `max_messages`."""
+    at most `max_messages`; with `source`, only those whose `ce_source` header it is."""
     from confluent_kafka import KafkaError
 
     from relay.kafka.errors import Treat, translate, treatment
@@ -222,8 +230,9 @@ def _print(
             elif treatment(error) is Treat.DENIED:
                 raise translate(error, _reading(msg.topic() or "?"))
             continue
-        emit(json.dumps(render(msg, decoder), ensure_ascii=False), out)
-        printed += 1
+        if source is None or (dict(msg.headers() or []).get("ce_source") == source):
+            emit(json.dumps(render(msg, decoder), ensure_ascii=False), out)
+            printed += 1
         offset = msg.offset() or 0
         pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}
 

@@ -214,7 +214,11 @@ class Relay(Generic[ObserverT]):
                 rules.start_at,
             )
             self._mode.forget(session.publisher, self._heartbeat)
-        opened = self._open_at(session.source, plan)
+        if plan.rescan:
+            session.source.rescan()
+            opened = False
+        else:
+            opened = self._open_at(session.source, plan)
         log.info("change stream opened %s", plan.description)
         if plan.store is Store.OPENING and opened and session.source.token is not None:
             self._checkpoints.store(session.source.token)

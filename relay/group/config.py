@@ -12,7 +12,7 @@ from relay.core.partitions import MAX_PARTITIONS
 
 @dataclass(frozen=True, kw_only=True)
 class GroupConfig:
-    """This replica, its outbox, the partition count, and the heartbeat period of the group.
+    """This replica, its outboxes, the partition count, and the heartbeat period of the group.
 
     Invariant checked here: replicas heartbeat every RELAY_STANDBY_POLL_S and stop counting as live
     after RELAY_LEASE_TTL_S; with partitions, where the live replicas decide the shares, the period
@@ -20,9 +20,21 @@ class GroupConfig:
     """
 
     instance_id: str
-    namespace: str
+    outboxes: tuple[str, ...]  # database.collection of each outbox the group publishes
     partitions: int
     timing: LeaseTiming
+
+    @property
+    def shared(self) -> bool:
+        """Whether the replicas share the leases out (RELAY_PARTITIONS > 1). Without partitions there
+        is nothing to balance: every replica may try every lease and none hands one over, so the
+        leases alone decide who leads, and a replica joining never moves them."""
+        return self.partitions > 1
+
+    @property
+    def name(self) -> str:
+        """The group's name in the membership documents: the outbox, or the sorted list of them."""
+        return ",".join(sorted(self.outboxes))
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS:

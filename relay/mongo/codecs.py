@@ -44,11 +44,12 @@ def _reader() -> Any:
     return _native.ChangeReader(Change, ClusterTime, _event_id, decode)
 
 
-def read_changes(changes: list[Any]) -> tuple[list[Change], int]:
+def read_changes(changes: list[Any], routes: list[int] | None = None) -> tuple[list[Change], int]:
     """The inserts of one read (raw change events, in stream order) as Change values, up to the
     first change that is not an insert (a drop, rename or invalidate), and that change's index
-    (-1: every change is an insert). ValueError names a change that is not a change event."""
-    return _reader().read(changes)  # type: ignore[no-any-return]
+    (-1: every change is an insert); each insert's route (its field `r`, -1 without one) appended
+    to `routes` when given. ValueError names a change that is not a change event."""
+    return _reader().read(changes, routes)  # type: ignore[no-any-return]
 
 
 def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], **fields: Any) -> RawBSONDocument:

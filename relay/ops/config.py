@@ -41,7 +41,7 @@ class ObserverConfig:
     """Who this relay is, where it serves its metrics and health, and its health thresholds."""
 
     instance_id: str
-    namespace: str
+    outboxes: tuple[str, ...]  # database.collection of each outbox the process publishes
     http_port: int
     dead_letter_topic: str  # named in the dead-letter log lines
     partitions: int
