@@ -62,19 +62,25 @@ def test_relay_replay_after_checkpoint_reset_is_skipped_by_event_id_at_new_offse
     consumers = [consumer(form, env, **_run(env)) for form in forms]
     for c in consumers:
         c.__enter__()
+
+    def alive():
+        for c in consumers:  # every one of them: a consumer that died would leave its share to the other
+            c.check_alive()
+
     try:
-        wait_applied(env.db, 600, alive=consumers[0].check_alive)
+        wait_applied(env.db, 600, alive=alive)
         reset_checkpoint(env.settings, force=True)  # the relay publishes everything again
         with RelayThread(env.settings):
             wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 1200, 90, "the replay")
         total = lambda name: sum(c.metric(name, topic=env.topic()) for c in consumers)  # noqa: E731
         wait_until(lambda: total("relay_inbox_duplicates_skipped_total") >= 600, 60, "the replayed events skipped",
-                   alive=consumers[0].check_alive)
+                   alive=alive)
         processed = total("relay_inbox_events_processed_total")
         # Every partition read to its end and committed; the lag comes from librdkafka's
         # statistics (every 5 s), so it gets there without a further commit.
         lags = lambda: {p: lag for c in consumers for p, lag in c.lags().items()}  # noqa: E731
-        wait_until(lambda: lags() == {0: 0, 1: 0, 2: 0}, 30, f"zero lag, got {lags()}", alive=consumers[0].check_alive)
+        wait_until(lambda: lags() == {0: 0, 1: 0, 2: 0}, 30, f"zero lag, got {lags()}", alive=alive)
+        alive()
     finally:
         for c in reversed(consumers):
             c.__exit__(None, None, None)
