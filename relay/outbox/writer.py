@@ -40,9 +40,12 @@ OCCURRED_AT_INDEX = "occurredAt_1"
 
 
 def is_async_collection(collection: object) -> bool:
-    """Whether `collection` is written with `await` (PyMongo's AsyncCollection, or any collection
-    whose `insert_one` is a coroutine function)."""
-    return inspect.iscoroutinefunction(getattr(collection, "insert_one", None))
+    """Whether `collection` is written with `await`: PyMongo's AsyncCollection, any collection
+    whose `insert_one` is a coroutine function, or a Motor collection (whose methods return
+    futures: a sync writer would drop them as surely as a coroutine)."""
+    return inspect.iscoroutinefunction(getattr(collection, "insert_one", None)) or type(
+        collection
+    ).__module__.startswith("motor.")
 
 
 def require_sync_collection(collection: object, user: str, instead: str) -> None:

@@ -105,6 +105,11 @@ def test_each_writer_and_inbox_refuses_the_other_apis_collection_when_built(env)
             AsyncInbox(env.db.inbox)
     finally:
         asyncio.run(async_client.close())
+    # Motor's collections return futures from plain methods: the sync writer refuses them too.
+    motor_like = type("AsyncIOMotorCollection", (), {"__module__": "motor.motor_asyncio",
+                                                      "insert_one": lambda self, doc, session=None: None})()
+    with pytest.raises(TypeError, match="AsyncIOMotorCollection"):
+        Outbox(motor_like)
     assert env.outbox.count_documents({}) == 0
 
 
