@@ -192,11 +192,9 @@ def test_a_stop_asked_while_an_attempt_fails_raises_stop_requested_with_the_fail
     async def attempt_async():
         attempt()
 
+    run = (lambda: retry.call(attempt)) if form == "sync" else (lambda: asyncio.run(retry.call_async(attempt_async)))
     with pytest.raises(StopRequested) as stopped:
-        if form == "sync":
-            retry.call(attempt)
-        else:
-            asyncio.run(retry.call_async(attempt_async))
+        run()
     assert isinstance(stopped.value.cause, AutoReconnect) and told == []
 
 
