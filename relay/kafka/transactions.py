@@ -88,6 +88,15 @@ def check_transactional_config(config: KafkaConfig, lease_id: str) -> None:
         raise config_error(exc) from exc
 
 
+def _serving(heartbeat: Heartbeat) -> Callable[[BaseException, float], None]:
+    """A retry's hook between attempts that serves the lease heartbeat."""
+
+    def serve(_error: BaseException, _wait_s: float) -> None:
+        heartbeat()
+
+    return serve
+
+
 def _still_working(abortable: bool) -> Callable[[BaseException], bool]:
     """Whether a transaction call's error says "not done yet, call again": retriable, not fatal,
     and (for a commit) not one that needs the transaction aborted."""
@@ -171,7 +180,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
             return err is not None and err.retriable() and isinstance(translate(err, attempt), DeliveryError)
 
         try:
-            retrying(not_ready, give_up_after_s=limit, between=heartbeat)(
+            retrying(not_ready, give_up_after_s=limit, before_wait=_serving(heartbeat))(
                 self._producer.init_transactions, WAIT_SLICE_S * 2
             )
         except KafkaException as exc:
@@ -289,7 +298,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
     def _commit(self, while_waiting: Heartbeat) -> None:
         """`commit_transaction`, retried while it is still flushing (a retriable error that needs no
         abort), serving the lease heartbeat; the delivery timeout bounds it."""
-        retrying(_still_working(abortable=False), between=while_waiting)(
+        retrying(_still_working(abortable=False), before_wait=_serving(while_waiting))(
             self._producer.commit_transaction, WAIT_SLICE_S
         )
         self._in_transaction = False
@@ -338,7 +347,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
         if not self._in_transaction:
             return
         limit = self._config.transaction_timeout_ms / 1000
-        retrying(_still_working(abortable=True), give_up_after_s=limit, between=while_waiting)(
+        retrying(_still_working(abortable=True), give_up_after_s=limit, before_wait=_serving(while_waiting))(
             self._producer.abort_transaction, WAIT_SLICE_S
         )
         self._in_transaction = False
