@@ -246,7 +246,8 @@ def _dev(action: str, schema_registry: bool = False) -> int:
 
     if action == "fetch":
         print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
-        print(f"mongod at {devstack.mongod_binary()}")
+        mongod = devstack.default_mongod()
+        print(f"mongod {mongod.version()} at {mongod.path}")
         if schema_registry:
             from relay.dev.registry import APICURIO_VERSION, registry_home
 

@@ -630,6 +630,16 @@ class LeaseHistory:
         return seen
 
 
+def change_streams(client: Any, databases: Iterable[str]) -> list[dict[str, Any]]:
+    """The originating commands of the relays' change stream cursors on `databases` now, idle or
+    in a getMore (`$currentOp`)."""
+    ops = client.admin.aggregate([
+        {"$currentOp": {"idleCursors": True, "allUsers": True}},
+        {"$match": {"appName": "outbox-relay", "cursor.originatingCommand.aggregate": {"$exists": True}}}])
+    commands = [op["cursor"]["originatingCommand"] for op in ops]
+    return [c for c in commands if c.get("$db") in set(databases) and "$changeStream" in c["pipeline"][0]]
+
+
 def needs_local_stack(servers: Servers) -> Any:
     import pytest
 

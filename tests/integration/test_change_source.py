@@ -14,7 +14,7 @@ from relay.core.positions import StartPoint, newer
 from relay.mongo.connection import mongo_client
 from relay.outbox import Outbox, OutboxEvent
 from relay.wiring import change_source, shared_streams
-from tests.support import wait_until
+from tests.support import change_streams, wait_until
 
 
 def _ids(batch) -> list[str]:
@@ -131,12 +131,6 @@ def test_two_outboxes_of_one_database_share_one_cursor_each_getting_its_own_even
     streams = _streams(env, outboxes=f"{env.settings.namespace},{other}")
     first, second = streams.source(env.settings.namespace), streams.source(other)
 
-    def change_stream_cursors() -> list[dict]:
-        return [op for op in env.client.admin.aggregate([
-            {"$currentOp": {"idleCursors": True, "allUsers": True}},
-            {"$match": {"type": "idleCursor", "cursor.originatingCommand.pipeline.0.$changeStream": {"$exists": True},
-                        "cursor.originatingCommand.$db": env.settings.database}}])]
-
     try:
         first.open(StartPoint())
         second.open(StartPoint())
@@ -152,9 +146,9 @@ def test_two_outboxes_of_one_database_share_one_cursor_each_getting_its_own_even
             if len(got_a) >= 6 and len(got_b) >= 4:
                 break
         assert got_a == a and got_b == b
-        cursors = change_stream_cursors()
+        cursors = change_streams(env.client, [env.settings.database])
         assert len(cursors) == 1, f"one cursor for the database's two outboxes: {cursors}"
-        assert cursors[0]["cursor"]["originatingCommand"]["aggregate"] == 1, "the database's stream"
+        assert cursors[0]["aggregate"] == 1, "the database's stream"
     finally:
         first.close()
         second.close()

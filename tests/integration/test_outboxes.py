@@ -21,6 +21,7 @@ from tests.support import (
     RelayThread,
     Written,
     assert_complete_and_ordered,
+    change_streams,
     read_topic,
     wait_until,
     write_events,
@@ -99,11 +100,8 @@ def test_three_outboxes_in_two_databases_each_publish_every_event_in_order_to_th
             assert not verdict.duplicates
         assert relay.metric("relay_events_published_total", outbox=outboxes.names[2]) == 300
         assert relay.metric("relay_lease_held", outbox=outboxes.names[0]) == 1
-        streams = list(env.client.admin.aggregate([
-            {"$currentOp": {"idleCursors": True, "allUsers": True}},
-            {"$match": {"cursor.originatingCommand.pipeline.0.$changeStream": {"$exists": True},
-                        "cursor.originatingCommand.$db": {"$in": [n.split(".")[0] for n in outboxes.names]}}}]))
-        assert len(streams) == 2, f"one change stream per database: {[s['cursor']['originatingCommand'] for s in streams]}"
+        streams = change_streams(env.client, {n.split(".")[0] for n in outboxes.names})
+        assert len(streams) == 2, f"one change stream per database: {streams}"
     docs = {d["_id"] for d in env.db[env.settings.lease_collection].find()}
     assert set(outboxes.names) <= docs, "each outbox has its lease, under its namespace, in RELAY_DATABASE"
 
