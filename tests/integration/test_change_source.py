@@ -86,12 +86,9 @@ def test_an_idle_stream_still_advances_its_token_and_without_a_member_holds_no_c
     opening = source.token
     assert opening is not None, "the opening post-batch token is known at once"
     env.db.other.insert_one({"x": 1})  # oplog entries the outbox's stream filters out
-    namespace = f"{env.settings.database}.{env.settings.outbox_collection}"
 
     def open_cursors() -> int:
-        return len(list(env.client.admin.aggregate([
-            {"$currentOp": {"idleCursors": True, "allUsers": True}},
-            {"$match": {"type": "idleCursor", "ns": namespace}}])))
+        return len(change_streams(env.client, [env.settings.database]))
 
     try:
         later = wait_until(lambda: (b := source.next_batch(10)).token != opening and b, 30,
