@@ -58,9 +58,9 @@ from relay.inbox import async_inbox as async_inbox_module
 from relay.inbox import inbox as inbox_module
 from relay.inbox.consumer import KafkaSource
 from relay.inbox.decoding import EventDecoder, header_dict
-from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 AGGREGATES = 1000

@@ -7,17 +7,13 @@ position (its resume token), the cluster and wall times, and the outbox document
 the Python path of the encoder decodes a document, with the outbox's codec (relay.outbox.decode:
 dates outside years 1-9999 as DatetimeMS, so one such date does not fail a whole batch).
 
-`change_value` makes the value of an insert by hand (tests, benchmarks), through the same reader.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
-from collections.abc import Mapping
 from typing import Any
 
-import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 
@@ -50,23 +46,3 @@ def read_changes(changes: list[Any], routes: list[int] | None = None) -> tuple[l
     (-1: every change is an insert); each insert's route (its field `r`, -1 without one) appended
     to `routes` when given. ValueError names a change that is not a change event."""
     return _reader().read(changes, routes)  # type: ignore[no-any-return]
-
-
-def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], **fields: Any) -> RawBSONDocument:
-    """The raw insert change event of `document` at `token`, as the stream hands it out (tests,
-    benchmarks), with any other change fields (`clusterTime`, `wallTime`)."""
-    change = {"_id": dict(token), "operationType": "insert", **fields, "fullDocument": document}
-    return RawBSONDocument(bson.encode(change), RAW_CHANGE_CODEC)
-
-
-def change_value(
-    document: Mapping[str, Any],
-    token: Mapping[str, Any],
-    cluster_time: bson.Timestamp | None = None,
-    wall_time: dt.datetime | None = None,
-) -> Change:
-    """The Change the source hands over for the insert of `document` at `token` (tests,
-    benchmarks): without `cluster_time`, the token's (relay.core.positions.token_cluster_time)."""
-    fields = {"clusterTime": cluster_time, "wallTime": wall_time}
-    [change], _ = read_changes([insert_change(document, token, **{k: v for k, v in fields.items() if v is not None})])
-    return change

@@ -24,11 +24,11 @@ from relay.avro.folder import SchemaFolder
 from relay.cli import main
 from relay.config import Settings
 from relay.core.errors import PermissionDeniedError, ServerUnreachableError
-from relay.mongo.codecs import change_value
 from relay.mongo.errors import translate
 from relay.mongo.privileges import Privilege, required
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 from tests.inbox_support import InboxThread
 from tests.security_servers import AuthMongo, auth_mongo, make_certificates
 from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events

@@ -37,9 +37,9 @@ from relay.core.partitions import Scope
 from relay.core.positions import Checkpoint, Grant, StartPoint
 from relay.core.window import Delivery
 from relay.kafka.producer import delivery_failure
-from relay.mongo.codecs import change_value
 from relay.ops.observe import ProcessObserver, ScopeObserver
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 FOLDER = SchemaFolder.bundled()
 FINGERPRINT = "fake-pipeline"

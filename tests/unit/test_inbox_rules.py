@@ -30,9 +30,9 @@ from relay.inbox.batching import (
 from relay.inbox.config import RunOptions
 from relay.inbox.decoding import EventDecoder, UndecodableMessageError
 from relay.inbox.poison import HEADER_SOURCE, dead_letter
-from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 

@@ -19,10 +19,11 @@ from relay.core.change import Batch
 from relay.core.errors import HistoryLostError, StreamInvalidatedError
 from relay.core.partitions import Partition, Scope
 from relay.core.positions import ClusterTime, StartPoint, position_key
-from relay.mongo.codecs import RAW_CHANGE_CODEC, insert_change
+from relay.mongo.codecs import RAW_CHANGE_CODEC
 from relay.mongo.cursor import Read
 from relay.mongo.pipeline import StreamPlan
 from relay.mongo.stream import SharedStream, Subscription
+from tests.changes import insert_change
 
 A, B = "app.a", "app.b"
 PLAN = StreamPlan((A, B), 1, "app")  # a database's stream over two outboxes: routes 0 (a) and 1 (b)
