@@ -357,7 +357,7 @@ class SharedStream:
         key = str(read.token["_data"])
         with self._cond:
             for route, member in list(self._members.items()):
-                mine = [c for c in events.get(route, ()) if c.position["_data"] > member.skip]
+                mine = _after(events.get(route, []), member.skip)
                 end = ended.get(route) or ended.get(-1)
                 if end is not None:
                     if mine:
@@ -382,9 +382,13 @@ class SharedStream:
         while rest:
             routes: list[int] | None = [] if self.plan.routed else None
             changes, other = read_changes(rest, routes)
-            for change, route in zip(changes, routes if routes is not None else itertools.repeat(0), strict=False):
-                if route not in ended and -1 not in ended:
-                    events[route].append(change)
+            if routes is None:  # one scope: every insert is its own (until its stream ends)
+                if not ended:
+                    events[0].extend(changes)
+            else:
+                for change, route in zip(changes, routes, strict=True):
+                    if route not in ended and -1 not in ended:
+                        events[route].append(change)
             if other < 0:
                 break
             for route in self._ended_routes(rest[other]):
@@ -407,6 +411,13 @@ class SharedStream:
             if o == f"{database}.{collection}" or (collection is None and o.partition(".")[0] == database)
             for k in range(n)
         ]
+
+
+def _after(changes: list[Change], skip: str) -> list[Change]:
+    """The changes after position `skip` (they are in stream order: only a prefix can be before it)."""
+    if not changes or changes[0].position["_data"] > skip:
+        return changes
+    return [c for c in changes if c.position["_data"] > skip]
 
 
 def _cluster_time(ts: Timestamp) -> ClusterTime:

@@ -197,3 +197,23 @@ def test_a_poison_event_in_one_outbox_names_that_outbox(outboxes, env, logs, pol
             assert relay.metric("relay_dead_letters_total", outbox=a) == 0
             dead = [line for line in capture.errors() if "dead-lettering" in line["message"]]
             assert dead and b in dead[0]["message"]
+
+
+def test_prune_cleans_up_each_outbox_by_its_own_position(outboxes, env):
+    """`outbox prune` (every outbox, or `--outbox`): each collection's documents its own lease's
+    committed position covers go, the others stay."""
+    from relay.commands.outbox import prune_outbox
+
+    a, b, c = outboxes.names
+    with RelayThread(outboxes.settings):
+        written = _write_all(outboxes, 20)
+        for name, w in written.items():
+            outboxes.wait_published(name, w)
+    later = _write_all(outboxes, 5, [b])[b]  # not published: the relay is down
+    lines = prune_outbox(outboxes.settings, outbox=a)
+    assert outboxes.collection(a).count_documents({}) == 0 and lines[-1].endswith(f"20 documents in {a}")
+    assert outboxes.collection(b).count_documents({}) == 25, "--outbox: only a"
+    prune_outbox(outboxes.settings)
+    assert outboxes.collection(c).count_documents({}) == 0
+    left = {str(d["_id"]) for d in outboxes.collection(b).find({}, {"_id": 1})}
+    assert left == later.ids, "b keeps what its position does not cover"
