@@ -97,7 +97,8 @@ def test_many_outboxes_run_as_a_user_holding_only_the_role_printed_for_the_set(
     names = [f"{settings.database}.a", f"{settings.database}.b", f"{other}.c"]
     settings = settings.replace(outboxes=",".join(names),
                                 topic_template=settings.topic_template.replace("{aggregateType}", "{collection}"))
-    needed = required_for(settings.parts().mongo, settings.parts().cleanup)
+    parts = settings.replace(mongodb_uri="mongodb://localhost/").parts()
+    needed = required_for(parts.mongo, parts.cleanup)
     assert {(p.db, p.collection) for p in needed} >= {(settings.database, ""), (other, "c")}, needed
     settings = settings.replace(mongodb_uri=mongo.user_with("relayoutboxes", f"pw-{uuid.uuid4().hex}", needed))
     with mongo.admin() as admin:
