@@ -27,7 +27,7 @@ from tests.interop.bson_cases import bson_documents
 
 _native = pytest.importorskip("relay._native")
 COMPILED = _native.ChangeReader(Change, ClusterTime, _event_id, decode).read
-PROPERTIES = hsettings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTIES = hsettings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TOKEN_DATA = "826B0442CE000000012B022C0100296E5A1004" + "A" * 32 + "463C5F6964003C" + "B" * 24 + "0004"
 
 _tokens = st.one_of(
@@ -60,7 +60,7 @@ def change_events(draw: st.DrawFn) -> RawBSONDocument:
 
 
 @PROPERTIES
-@given(changes=st.lists(change_events(), max_size=4))
+@given(changes=st.lists(change_events(), max_size=3))
 def test_the_python_reader_gives_the_compiled_readers_values(changes):
     assert read_in_python(changes) == COMPILED(changes)
 
