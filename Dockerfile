@@ -53,8 +53,8 @@ COPY schemas ./schemas
 COPY relay ./relay
 # The wheel as `make dist` builds it. Cache mounts: cargo's build folder and registry (when only
 # relay/ changes, cargo finds the crate built and downloads nothing; the build folder's id is this
-# build's own), pip's downloads, and the build tools (their virtual environment and cargo-zigbuild,
-# made on the first build). The package's readme is a stand-in: README.md is not in the build
+# build's own), pip's downloads, and the build tools' virtual environment (made on the first
+# build). The package's readme is a stand-in: README.md is not in the build
 # context, so editing it rebuilds nothing.
 RUN --mount=type=cache,id=outbox-relay-native-target,target=/src/native/target \
     --mount=type=cache,target=/usr/local/cargo/registry \

