@@ -28,8 +28,9 @@ one steady-state step per rate, for the relay and each Kafka Connect peer tuned
 (bench/scenarios/latency.py); with `--partitions`, last, the partitioned outbox
 (bench/scenarios/partitions.py): a backlog of `--partition-events`, drained by one relay process
 at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it; last (unless
-`--no-inbox`) the inbox beside two bare consumers (bench/scenarios/inbox.py: `--inbox-events`
-on one topic, `--inbox-rounds` rounds in a rotated order).
+`--no-inbox`) the inbox, sync and async, beside two bare consumers (bench/scenarios/inbox.py:
+`--inbox-events` on one topic, `--inbox-rounds` rounds in a rotated order), then the async
+writer's overhead (bench/scenarios/outbox_writer.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from bench.scenarios.fair import contestants, fair_catch_up, relay_and_bare
 from bench.scenarios.inbox import inbox_scenario
 from bench.scenarios.latency import steady_step
 from bench.scenarios.memory import memory_run
+from bench.scenarios.outbox_writer import writer_overhead
 from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.scenarios.peers import Peer, conduit_peer, peer_catch_up
 from bench.scenarios.producer import bare_producer
@@ -183,6 +185,7 @@ def run(args: argparse.Namespace) -> Report:
             if args.only_inbox:
                 report.inbox = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.inbox_events,
                                               rounds=args.inbox_rounds)
+                report.inbox["writer"] = writer_overhead(stack.mongo.uri)
                 return report
             runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
             runs = runs[:1] + [v for v in runs[1:] if v.key in args.variant_keys]
@@ -216,6 +219,7 @@ def run(args: argparse.Namespace) -> Report:
             if args.inbox:
                 report.inbox = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.inbox_events,
                                               rounds=args.inbox_rounds)
+                report.inbox["writer"] = writer_overhead(stack.mongo.uri)
     finally:
         progress("stopping the stack")
         stack.stop()

@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         client: MongoClient[Any] = MongoClient(stack.mongo.uri, tz_aware=True)
         with writer_child(stack.mongo.uri, database, args.rate, args.seconds, args.payload_bytes, 1) as conn, \
                 running_relay(settings) as runner:
-            timed = Timed(runner.relay.observer.partitions[0])  # the one partition's loop
+            [loop] = runner.relay.observer.loops.values()  # the one outbox's loop
+            timed = Timed(loop)
             runner.start()
             leases = client[database][settings.lease_collection]
             deadline = time.monotonic() + 60

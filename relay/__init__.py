@@ -1,7 +1,8 @@
 """outbox-relay: publishes a MongoDB outbox collection to Kafka, in order, at least once
 (or exactly once for read_committed consumers, with RELAY_DELIVERY=exactly-once).
 
-Services write events with `from relay import Outbox, OutboxEvent` (relay.outbox). The names are
+Services write events with `from relay import Outbox, OutboxEvent` (relay.outbox), asyncio
+services with `from relay import AsyncOutbox, OutboxEvent`. The names are
 loaded on first use, so importing a submodule (the Spark jobs' decoders on an executor, say)
 does not load the MongoDB driver.
 """
@@ -11,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from relay.outbox import Outbox, OutboxEvent
+    from relay.outbox import AsyncOutbox, Outbox, OutboxEvent
 
-__all__ = ["Outbox", "OutboxEvent"]
+__all__ = ["AsyncOutbox", "Outbox", "OutboxEvent"]
 __version__ = "0.1.0"
 
 

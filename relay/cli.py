@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
-from relay.core.errors import EXIT_CONFIG, EXIT_FATAL, run_command
+from relay.core.errors import EXIT_CONFIG, EXIT_FATAL
 from relay.core.redact import emit
+from relay.ops.exits import run_command
 
 log = logging.getLogger("relay")
 
@@ -36,7 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="outbox-relay", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
-    sub.add_parser("status", parents=[settings], help="print every lease, checkpoint and replica as JSON")
+    _add_outbox_choice(
+        sub.add_parser("status", parents=[settings], help="print every lease, checkpoint and replica as JSON"),
+        "show only this outbox (database.collection; default: every outbox)",
+    )
     demo = sub.add_parser("demo", parents=[settings], help="local stack + demo service + relay + consumer, end to end")
     demo.add_argument("--events", type=int, default=None, help="stop after this many events arrive")
     demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
@@ -53,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     checkpoint.add_argument(
         "--force", action="store_true", help="reset even while a leader holds the lease, fencing it out"
     )
+    _add_outbox_choice(checkpoint, "the outbox whose checkpoint to reset (needed with several)")
     pipeline = sub.add_parser(
         "pipeline", help="Spark jobs over the topics: materialize, audit (spark extra)", add_help=False
     )
@@ -66,8 +71,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_outbox_choice(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--outbox", default=None, metavar="DATABASE.COLLECTION", help=f"{help} [RELAY_OUTBOXES]")
+
+
 def _add_outbox(outbox: argparse.ArgumentParser) -> None:
     outbox.add_argument("action", choices=["init", "prune"])
+    _add_outbox_choice(outbox, "act on this outbox only (default: every outbox)")
     outbox.add_argument(
         "--ttl-seconds",
         type=int,
@@ -98,6 +108,7 @@ def _add_schemas(schemas: argparse.ArgumentParser) -> None:
 
 def _add_tail(tail: argparse.ArgumentParser) -> None:
     tail.add_argument("topic")
+    _add_outbox_choice(tail, "print only this outbox's events (by their ce_source; default: every event)")
     tail.add_argument("-n", "--last", type=int, default=10, help="start this many messages before each partition's end")
     tail.add_argument("--from-beginning", action="store_true", help="start at each partition's first message")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new messages until Ctrl-C")
@@ -154,7 +165,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _status(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import status
 
-    emit(json.dumps(status(settings), indent=2, default=str))
+    emit(json.dumps(status(settings, args.outbox), indent=2, default=str))
     return 0
 
 
@@ -172,9 +183,9 @@ def _outbox(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.outbox import init_outbox, prune_outbox
 
     lines = (
-        prune_outbox(settings, dry_run=args.dry_run)
+        prune_outbox(settings, dry_run=args.dry_run, outbox=args.outbox)
         if args.action == "prune"
-        else init_outbox(settings, args.ttl_seconds)
+        else init_outbox(settings, args.ttl_seconds, outbox=args.outbox)
     )
     for line in lines:
         emit(line)
@@ -192,6 +203,7 @@ def _tail(settings: cfg.Settings, args: argparse.Namespace) -> int:
         follow=args.follow,
         max_messages=args.max_messages,
         isolation=args.isolation,
+        outbox=args.outbox,
     )
 
 
@@ -208,7 +220,7 @@ def _security(settings: cfg.Settings, args: argparse.Namespace) -> int:
 def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import reset_checkpoint
 
-    emit(reset_checkpoint(settings, force=args.force))
+    emit(reset_checkpoint(settings, force=args.force, outbox=args.outbox))
     return 0
 
 
@@ -239,7 +251,8 @@ def _dev(action: str, schema_registry: bool = False) -> int:
 
     if action == "fetch":
         print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
-        print(f"mongod at {devstack.mongod_binary()}")
+        mongod = devstack.default_mongod()
+        print(f"mongod {mongod.version()} at {mongod.path}")
         if schema_registry:
             from relay.dev.registry import APICURIO_VERSION, registry_home
 

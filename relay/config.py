@@ -1,22 +1,20 @@
-"""Settings: one frozen object, every field with its default and meaning beside it.
+"""Settings: one frozen object, every setting declared once with its type, default and meaning.
 
-Sources, later ones win: defaults < TOML file (`--config` / `RELAY_CONFIG_FILE`) <
-environment (`RELAY_<FIELD>`) < command-line flags (`--<field-with-dashes>`).
-Kafka client properties pass through: `RELAY_KAFKA_COMPRESSION_TYPE=zstd` sets
-`compression.type`; so do `--kafka-property compression.type=zstd` and a `[kafka]` table in
-the TOML file. `Settings.load()` validates everything once: `parts()` makes each part's own
-small configuration (the loop's, MongoDB's, Kafka's, the encoder's, ...), which checks its
-values where they are used; any problem raises `ConfigError` naming the setting. Only the wiring
-(relay.wiring) and the commands read Settings; every part below them gets its own configuration. The README's configuration table is generated from `SETTINGS_DOC` and a
-test checks the two agree. `settings_parser()` gives every command (and the Spark jobs) the
-same flags, and `load_settings()` turns parsed flags into Settings.
+Sources, later ones win: defaults < TOML file (`--config` / `RELAY_CONFIG_FILE`) < environment
+(`RELAY_<FIELD>`, `RELAY_KAFKA_<PROPERTY>`) < command-line flags. `Settings.load()` validates once:
+`parts()` builds each part's small configuration by keyword (mypy checks every one), and each
+checks its own values; a problem raises `ConfigError` naming the setting. Only the wiring and the
+commands read Settings. The README's configuration table is generated from `SETTINGS_DOC`.
+
+Judged against pydantic-settings: it would parse the three sources with types too, but not keep
+every message and variable name as they are, and it would put pydantic into the light client's
+installation; the parsing here is some sixty lines (`load`, `_parse`, `_read_toml`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import functools
 import os
 import socket
@@ -29,10 +27,19 @@ from typing import Any
 from pymongo import MongoClient
 
 from relay.avro.config import EncodingConfig, RegistryConfig
-from relay.core.config import EXACTLY_ONCE, LoopConfig, start_at_time
-from relay.core.errors import ENV_PREFIX, KAFKA_ENV_PREFIX, ConfigError, env_name, kafka_env_name
-from relay.core.partitions import Partition, lease_id
-from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
+from relay.core.config import EXACTLY_ONCE, LeaseTiming, LoopConfig
+from relay.core.errors import ConfigError
+from relay.core.names import ENV_PREFIX, KAFKA_ENV_PREFIX, env_name, kafka_env_name
+from relay.core.partitions import Scope, scopes
+from relay.core.redact import (
+    Properties,
+    Secret,
+    Uri,
+    credential_values,
+    redact_mapping,
+    register_secrets,
+    uri_secrets,
+)
 from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig, uri_credentials
@@ -64,12 +71,10 @@ def _default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def _setting(default: Any, help: str, *, to: str | tuple[str, ...] = (), internal: bool = False) -> Any:
-    """One setting, declared once: its type (the annotation), `default`, meaning (`help`, which the
-    README's table shows) and where it goes: `to` names each part configuration that takes it, as
-    `part` (the same field name there) or `part.field`. `internal`: not a RELAY_ variable of its own."""
-    targets = tuple(t.partition(".")[::2] for t in ((to,) if isinstance(to, str) else to))
-    meta = {"help": help, "to": tuple((part, name or "") for part, name in targets), "internal": internal}
+def _setting(default: Any, help: str, *, internal: bool = False) -> Any:
+    """One setting, declared once: its type (the annotation), `default` and meaning (`help`, which
+    the README's table shows). `internal`: not a RELAY_ variable of its own."""
+    meta = {"help": help, "internal": internal}
     if callable(default):
         return field(default_factory=default, metadata=meta)
     return field(default=default, metadata=meta)
@@ -83,174 +88,140 @@ class Settings:
     mongodb_uri: str = _setting(
         "mongodb://localhost:27017/?replicaSet=rs0",
         "MongoDB connection string (a replica set: change streams need one)",
-        to="mongo.uri",
     )
-    database: str = _setting("app", "database holding the outbox collection", to=("mongo", "encoding"))
-    outbox_collection: str = _setting("outbox", "the outbox collection to watch", to=("mongo", "encoding.collection"))
-    kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers", to="kafka.bootstrap_servers")
+    database: str = _setting(
+        "app",
+        "database holding the outbox collection; with RELAY_OUTBOXES, the database holding the relay's own "
+        "state (RELAY_LEASE_COLLECTION and its _replicas)",
+    )
+    outbox_collection: str = _setting("outbox", "the outbox collection to watch (unless RELAY_OUTBOXES is set)")
+    outboxes: str = _setting(
+        "",
+        "comma-separated database.collection outboxes one deployment publishes, through one change stream per "
+        "process and database (empty: the one outbox RELAY_DATABASE.RELAY_OUTBOX_COLLECTION); docs/outboxes.md",
+    )
+    change_streams: str = _setting(
+        "per-database",
+        "per-database: one change stream per database holding outboxes; cluster: one stream for the whole "
+        "cluster (needs changeStream and find on every database)",
+    )
+    kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
     topic_template: str = _setting(
-        "outbox.event.{aggregateType}", "topic for an event; placeholders {aggregateType}, {eventType}", to="encoding"
+        "outbox.event.{aggregateType}",
+        "topic for an event; placeholders {aggregateType}, {eventType}, {database}, {collection} (the outbox's)",
     )
-    start_at: str = _setting(
-        "oplog-start", "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time", to="loop"
-    )
-    instance_id: str = _setting(
-        _default_instance_id, "this replica's name in the lease (default: host name and pid)", to=("observer", "group")
-    )
-    http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)", to="observer")
+    start_at: str = _setting("oplog-start", "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
+    instance_id: str = _setting(_default_instance_id, "this replica's name in the lease (default: host name and pid)")
+    http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)")
     http_host: str = _setting(
         "0.0.0.0",
         "IPv4 address the HTTP server binds (0.0.0.0: every interface; 127.0.0.1: this host only; IPv6 is refused)",
-        to="observer",
     )
     partitions: int = _setting(
         1,
         "split the outbox into this many partitions by a hash of aggregateId, each with "
         "its own lease and checkpoint, shared by the replicas (1: one lease, as before; "
         "change it only as docs/partitions.md says)",
-        to=("observer", "group"),
     )
-    lease_collection: str = _setting(
-        "outbox_relay_leases", "collection holding the lease and checkpoint documents", to="mongo"
-    )
-    lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)", to=("loop", "group"))
+    lease_collection: str = _setting("outbox_relay_leases", "collection holding the lease and checkpoint documents")
+    lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)")
     heartbeat_interval_s: float = _setting(
-        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)", to="loop"
+        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)"
     )
     standby_poll_s: float = _setting(
         2.0,
         "how often a standby replica tries to take the lease, and every replica writes its heartbeat (seconds)",
-        to=("loop", "health", "group"),
     )
     batch_max_events: int = _setting(
         1000,
         "most events handed to Kafka and not yet acknowledged (also what a replica that lost its lease may still publish)",
-        to="loop",
     )
     batch_max_bytes: int = _setting(
         4 * 1024 * 1024,
         "bytes of encoded messages at which a delivery to the producer closes (a larger read is split; "
         "the message that reaches it is the delivery's last)",
-        to="loop",
     )
     # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
     # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
     pipeline_depth: int = _setting(
-        1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)", to="loop"
+        1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)"
     )
-    max_await_ms: int = _setting(
-        500, "longest a change stream getMore waits for new events (ms)", to=("mongo", "health")
-    )
-    connect_timeout_s: float = _setting(
-        30.0, "how long start-up waits for MongoDB and Kafka (seconds)", to=("mongo", "kafka", "health")
-    )
-    restart_backoff_max_s: float = _setting(
-        30.0, "longest wait between restarts after transient errors (seconds)", to=("loop", "health")
-    )
-    on_poison: str = _setting(
-        "stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter", to="loop"
-    )
-    dead_letter_topic: str = _setting(
-        "outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter", to=("encoding", "observer")
-    )
+    max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
+    connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
+    restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
+    on_poison: str = _setting("stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter")
+    dead_letter_topic: str = _setting("outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter")
     outbox_retention: str = _setting(
         "",
         "clean-up by position: delete outbox documents the committed checkpoint covers once older than this "
         "(3600, 90m, 24h, 7d; empty or off: never); docs/outbox-cleanup.md",
-        to="cleanup.retention",
     )
     outbox_check_interval_s: float = _setting(
         30.0,
         "how often every replica measures the outbox (size, oldest undelivered, TTL headroom) and the leader "
         "cleans up (seconds)",
-        to="cleanup.check_interval_s",
     )
     ttl_headroom_warn_s: float = _setting(
         3600.0,
         "with a TTL index on the outbox: WARN and /readyz degraded when its headroom drops below this (seconds)",
-        to="cleanup",
     )
-    on_history_lost: str = _setting(
-        "stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)", to="loop"
-    )
-    on_lease_lost: str = _setting(
-        "standby", "after losing the lease: standby (wait to take it again), or exit", to="loop"
-    )
+    on_history_lost: str = _setting("stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)")
+    on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
     delivery: str = _setting(
         "at-least-once",
         "at-least-once, or exactly-once: events in Kafka transactions (RELAY_TRANSACTION_MAX_*) with their "
         "resume token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
         "(docs/exactly-once.md)",
-        to="kafka",
     )
     offsets_topic: str = _setting(
         "outbox-relay.offsets",
         "compacted topic holding each lease's committed resume token (RELAY_DELIVERY=exactly-once; created if missing)",
-        to="kafka",
     )
-    ce_source: str = _setting(
-        "", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)", to="encoding"
-    )
+    ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
     # Measured (docs/exactly-once.md#cost): a commit costs a fixed ~18 ms wait and broker work per
     # partition, so a transaction spans several reads until one of these bounds is reached.
     transaction_max_events: int = _setting(
         10000,
         "exactly-once: most events in one Kafka transaction, which spans several reads until this, "
         "RELAY_TRANSACTION_MAX_BYTES or RELAY_TRANSACTION_MAX_MS is reached",
-        to="kafka",
     )
     transaction_max_bytes: int = _setting(
         16 * 1024 * 1024,
         "exactly-once: bytes of encoded messages at which a Kafka transaction commits (the delivery that "
         "reaches it is the transaction's last)",
-        to="kafka",
     )
     transaction_max_ms: int = _setting(
         100,
         "exactly-once: longest a Kafka transaction stays open (ms); read_committed consumers see an "
         "event at most about this much later than at-least-once",
-        to="kafka",
     )
     schema_registry_url: str = _setting(
         "",
         "Confluent Schema Registry URL(s), comma-separated; set: values use the Confluent wire format "
         "(magic byte 0, 4-byte schema id); empty: Avro single-object encoding, schemas/ is the registry",
-        to="registry.url",
     )
     schema_registry_subject_strategy: str = _setting(
         "topic-record",
         "subject a writer schema is registered under: topic (<topic>-value), record "
         "(<record full name>) or topic-record (<topic>-<record full name>)",
-        to="registry.subject_strategy",
     )
     schema_registry_auto_register: bool = _setting(
         True,
         "true: register writer schemas on first use; false: only use schemas registered beforehand",
-        to="registry.auto_register",
     )
-    schema_registry_basic_auth: str = _setting(
-        "", "USER:PASSWORD for the Schema Registry (HTTP basic auth)", to="registry.basic_auth"
-    )
-    field_aggregate_type: str = _setting(
-        "aggregateType", "outbox field naming the aggregate type", to="fields.aggregate_type"
-    )
-    field_aggregate_id: str = _setting(
-        "aggregateId", "outbox field holding the aggregate id (the Kafka key)", to="fields.aggregate_id"
-    )
-    field_event_type: str = _setting("eventType", "outbox field holding the event type", to="fields.event_type")
-    field_payload: str = _setting("payload", "outbox field holding the event's data", to="fields.payload")
-    field_occurred_at: str = _setting(
-        "occurredAt", "outbox field holding when the event happened", to="fields.occurred_at"
-    )
-    field_headers: str = _setting("headers", "outbox field holding extra Kafka headers", to="fields.headers")
-    field_topic: str = _setting("topic", "outbox field that overrides the routed topic", to="fields.topic")
+    schema_registry_basic_auth: str = _setting("", "USER:PASSWORD for the Schema Registry (HTTP basic auth)")
+    field_aggregate_type: str = _setting("aggregateType", "outbox field naming the aggregate type")
+    field_aggregate_id: str = _setting("aggregateId", "outbox field holding the aggregate id (the Kafka key)")
+    field_event_type: str = _setting("eventType", "outbox field holding the event type")
+    field_payload: str = _setting("payload", "outbox field holding the event's data")
+    field_occurred_at: str = _setting("occurredAt", "outbox field holding when the event happened")
+    field_headers: str = _setting("headers", "outbox field holding extra Kafka headers")
+    field_topic: str = _setting("topic", "outbox field that overrides the routed topic")
     log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _setting(
         "auto", "log lines: json (one object per line), text, or auto (text when stderr is a terminal, else json)"
     )
-    kafka: Mapping[str, str] = _setting(
-        dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)", internal=True, to="kafka.properties"
-    )
+    kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)", internal=True)
 
     # ---- the parts' configurations ------------------------------------------------------------
 
@@ -260,55 +231,136 @@ class Settings:
         each part its own."""
         return self._parts
 
-    def _for(self, part: str) -> dict[str, Any]:
-        """The keyword arguments of `part`'s configuration: every setting declared `to` it."""
-        return {
-            name or f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            for target, name in f.metadata["to"]
-            if target == part
-        }
-
     @functools.cached_property
     def _parts(self) -> PartConfigs:
-        kafka = KafkaConfig(**self._for("kafka"))
-        encoding = EncodingConfig(
-            fields=FieldNames(**self._for("fields")), max_message_bytes=kafka.max_message_bytes, **self._for("encoding")
+        """Each part's configuration by keyword, so mypy checks every name and type."""
+        timing = LeaseTiming(
+            lease_ttl_s=self.lease_ttl_s,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            standby_poll_s=self.standby_poll_s,
         )
-        observer = ObserverConfig(
-            namespace=self.namespace, health=HealthConfig(**self._for("health")), **self._for("observer")
-        )
+        kafka = self._kafka()
         return PartConfigs(
-            # The window holds an exactly-once transaction's reads until its commit (relay.core.window).
-            loop=LoopConfig(
-                namespace=self.namespace,
-                transaction_max_events=kafka.transaction_max_events if kafka.exactly_once else None,
-                **self._for("loop"),
+            loop=self._loop(timing, kafka),
+            mongo=MongoConfig(
+                uri=Uri(self.mongodb_uri),
+                database=self.database,
+                outboxes=self.outbox_namespaces,
+                change_streams=self.change_streams,
+                lease_collection=self.lease_collection,
+                connect_timeout_s=self.connect_timeout_s,
+                max_await_ms=self.max_await_ms,
             ),
-            mongo=MongoConfig(**self._for("mongo")),
             kafka=kafka,
-            encoding=encoding,
-            registry=RegistryConfig(**self._for("registry")),
-            observer=observer,
-            group=GroupConfig(namespace=self.namespace, **self._for("group")),
-            cleanup=OutboxCleanupConfig(**self._for("cleanup")),
+            encoding=self._encoding(kafka),
+            registry=RegistryConfig(
+                url=Uri(self.schema_registry_url),
+                subject_strategy=self.schema_registry_subject_strategy,
+                auto_register=self.schema_registry_auto_register,
+                basic_auth=Secret(self.schema_registry_basic_auth),
+            ),
+            observer=self._observer(timing),
+            group=GroupConfig(
+                instance_id=self.instance_id, outboxes=self.outbox_namespaces, partitions=self.partitions, timing=timing
+            ),
+            cleanup=OutboxCleanupConfig(
+                retention=self.outbox_retention,
+                check_interval_s=self.outbox_check_interval_s,
+                ttl_headroom_warn_s=self.ttl_headroom_warn_s,
+            ),
+        )
+
+    def _loop(self, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
+        return LoopConfig(
+            namespace=",".join(self.outbox_namespaces),
+            timing=timing,
+            max_in_flight_events=self.batch_max_events,
+            batch_max_bytes=self.batch_max_bytes,
+            pipeline_depth=self.pipeline_depth,
+            restart_backoff_max_s=self.restart_backoff_max_s,
+            on_poison=self.on_poison,
+            on_history_lost=self.on_history_lost,
+            on_lease_lost=self.on_lease_lost,
+            start_at=self.start_at,
+            # The window holds an exactly-once transaction's reads until its commit (relay.core.window).
+            transaction_max_events=kafka.transaction_max_events if kafka.exactly_once else None,
+        )
+
+    def _kafka(self) -> KafkaConfig:
+        return KafkaConfig(
+            bootstrap_servers=Uri(self.kafka_bootstrap_servers),
+            properties=Properties(self.kafka),
+            connect_timeout_s=self.connect_timeout_s,
+            delivery=self.delivery,
+            offsets_topic=self.offsets_topic,
+            transaction_max_events=self.transaction_max_events,
+            transaction_max_bytes=self.transaction_max_bytes,
+            transaction_max_ms=self.transaction_max_ms,
+        )
+
+    def _encoding(self, kafka: KafkaConfig) -> EncodingConfig:
+        fields = FieldNames(
+            aggregate_type=self.field_aggregate_type,
+            aggregate_id=self.field_aggregate_id,
+            event_type=self.field_event_type,
+            payload=self.field_payload,
+            occurred_at=self.field_occurred_at,
+            headers=self.field_headers,
+            topic=self.field_topic,
+        )
+        database, _, collection = self.outbox_namespaces[0].partition(".")
+        return EncodingConfig(
+            database=database,
+            collection=collection,
+            fields=fields,
+            topic_template=self.topic_template,
+            ce_source=self.ce_source,
+            max_message_bytes=kafka.max_message_bytes,
+            dead_letter_topic=self.dead_letter_topic,
+        )
+
+    def _observer(self, timing: LeaseTiming) -> ObserverConfig:
+        health = HealthConfig(
+            connect_timeout_s=self.connect_timeout_s,
+            restart_backoff_max_s=self.restart_backoff_max_s,
+            timing=timing,
+            max_await_ms=self.max_await_ms,
+        )
+        return ObserverConfig(
+            instance_id=self.instance_id,
+            outboxes=self.outbox_namespaces,
+            http_port=self.http_port,
+            http_host=self.http_host,
+            dead_letter_topic=self.dead_letter_topic,
+            partitions=self.partitions,
+            health=health,
         )
 
     @property
     def namespace(self) -> str:
+        """RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: the outbox when RELAY_OUTBOXES is not set."""
         return f"{self.database}.{self.outbox_collection}"
 
-    def kafka_config(self) -> dict[str, str]:
-        """The producer configuration (relay.kafka.config.KafkaConfig.producer_config)."""
-        return self.parts().kafka.producer_config()
+    @functools.cached_property
+    def outbox_namespaces(self) -> tuple[str, ...]:
+        """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one `namespace`."""
+        return parse_outboxes(self.outboxes) or (self.namespace,)
+
+    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[str, ...]:
+        """The outboxes a command acts on: `given` (`--outbox`, one of them), else all of them
+        (`every`), else the only one; ConfigError naming --outbox otherwise."""
+        names = self.outbox_namespaces
+        if given is not None:
+            if given not in names:
+                raise ConfigError("--outbox", f"{given!r} is not one of the outboxes: {', '.join(names)}")
+            return (given,)
+        if every or len(names) == 1:
+            return names
+        raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
 
     def kafka_client_config(self) -> dict[str, str]:
         """The configuration of the relay's other Kafka clients (KafkaConfig.client_config)."""
         return self.parts().kafka.client_config()
-
-    def start_at_time(self) -> dt.datetime | None:
-        """The operator-given start time, or None for `oplog-start` / `now`."""
-        return start_at_time(self.start_at)
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -400,28 +452,49 @@ class PartConfigs:
     group: GroupConfig
     cleanup: OutboxCleanupConfig
 
-    def lease_document(self, client: MongoClient[Any], partition: Partition | None = None) -> LeaseDocument:
-        """The operator's view of `partition`'s lease document (relay.mongo.lease_admin)."""
-        mongo = self.mongo
-        return LeaseDocument(client[mongo.database][mongo.lease_collection], lease_id(mongo.namespace, partition))
+    def scopes(self) -> list[Scope]:
+        """What this deployment's relay loops publish: every outbox in every partition."""
+        return scopes(self.mongo.outboxes, self.group.partitions)
 
-    def lease_store(self, client: MongoClient[Any], partition: Partition | None = None) -> LeaseStore:
-        """The lease document of `partition` (None: the whole outbox) for this replica: the one
-        way the running relay, the group's start-up and the commands build it."""
-        mongo, group = self.mongo, self.group
+    def lease_document(self, client: MongoClient[Any], scope: Scope) -> LeaseDocument:
+        """The operator's view of `scope`'s lease document (relay.mongo.lease_admin)."""
+        return LeaseDocument(self.mongo.leases(client), scope.lease_id)
+
+    def lease_store(self, client: MongoClient[Any], scope: Scope) -> LeaseStore:
+        """The lease document of `scope` for this replica: the one way the running relay, the
+        group's start-up and the commands build it."""
         return LeaseStore(
-            client[mongo.database][mongo.lease_collection],
-            lease_id(mongo.namespace, partition),
-            group.instance_id,
-            group.lease_ttl_s,
-            partition=partition,
-            namespace=mongo.namespace,
+            self.mongo.leases(client),
+            scope,
+            self.group.instance_id,
+            self.group.timing.lease_ttl_s,
             delivery=self.kafka.delivery,
         )
+
+    def encoding_for(self, namespace: str) -> EncodingConfig:
+        """How the events of the outbox `namespace` become messages (its database and collection
+        in the CloudEvents source and the topic template)."""
+        database, _, collection = namespace.partition(".")
+        return dataclasses.replace(self.encoding, database=database, collection=collection)
 
 
 def _public_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
+
+
+def parse_outboxes(text: str) -> tuple[str, ...]:
+    """RELAY_OUTBOXES as namespaces, in the order given; ConfigError names a malformed or repeated one."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        database, dot, collection = name.partition(".")
+        if not dot or not database or not collection or any(c in database for c in ' /\\"$.'):
+            raise ConfigError(env_name("outboxes"), f"expected database.collection outboxes, got {name!r}")
+        if "$" in collection or collection.startswith("system."):
+            raise ConfigError(env_name("outboxes"), f"not a collection an outbox can be: {name!r}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(env_name("outboxes"), f"lists {', '.join(repeated)} more than once")
+    return names
 
 
 def flag_name(name: str) -> str:

@@ -1,29 +1,34 @@
 """Wiring: the relay with its real boundaries; the one place that reads the whole Settings.
 
 `build` is what `outbox-relay run`, the demo, the tests and the benchmarks call: the process's
-`Group` (relay.group.runner), running one `Relay` loop per partition of the outbox; without
-RELAY_PARTITIONS that is a group of one partition, wired the same way. Each part gets its own
-configuration (`Settings.parts()`), never the settings themselves. This is the only place that
-builds clients for the loop; the loop itself (`relay.core.loop.Relay`) never builds one.
+`Group` (relay.group.runner), running one `Relay` loop per scope (every outbox of the deployment,
+in every partition), each with its own lease and producer; the change streams are the process's,
+one per database holding outboxes (or one for the cluster), shared by the loops that lead
+(relay.mongo.stream). Each part gets its own configuration (`Settings.parts()`), never the
+settings themselves. This is the only place that builds clients for the loops; the loop itself
+(`relay.core.loop.Relay`) never builds one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from pymongo import MongoClient
 
+from relay.avro.config import EncodingConfig
 from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import Framing, framing_for
 from relay.config import PartConfigs, Settings
 from relay.core.boundaries import Assignment
+from relay.core.change import Change
 from relay.core.errors import first_of
 from relay.core.loop import Relay
-from relay.core.partitions import Partition, lease_id, partitions
-from relay.group.balance import Balance, PartitionAssignment
+from relay.core.partitions import Scope
+from relay.group.balance import Balance, LeaseAssignment
 from relay.group.runner import Group
 from relay.kafka import errors as kafka_errors
 from relay.kafka.admin import check_kafka
@@ -32,44 +37,48 @@ from relay.kafka.offsets_topic import OffsetsTopic
 from relay.kafka.producer import check_config
 from relay.kafka.transactions import check_transactional_config
 from relay.mongo import errors as mongo_errors
-from relay.mongo.changes import ChangeSource
+from relay.mongo.config import CLUSTER
 from relay.mongo.connection import check_mongodb, mongo_client
-from relay.mongo.housekeeping import Housekeeper, cleaner_for, shares_of
+from relay.mongo.cursor import Cursor, oplog_start
+from relay.mongo.housekeeping import Housekeeper, Watched, cleaner_for, shares_of
 from relay.mongo.membership import Membership
-from relay.mongo.pipeline import pipeline, pipeline_fingerprint, scan_filter
+from relay.mongo.outboxes import added
+from relay.mongo.pipeline import StreamPlan, fingerprint, scan_filter
 from relay.mongo.privileges import check as check_privileges
 from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
+from relay.mongo.rescan import rescan_changes
+from relay.mongo.stream import SharedStream, Subscription, subscriptions
 from relay.ops.health import Health
-from relay.ops.observe import PartitionObserver, ProcessObserver
-from relay.ops.outbox_checks import OutboxMetrics
+from relay.ops.observe import ProcessObserver, ScopeObserver
+from relay.ops.outbox_checks import OutboxMetrics, OutboxSeries
 
 # What the loop does with the drivers' exceptions (relay.core.errors.classify).
 DRIVER_ERRORS = first_of(mongo_errors.action_for, kafka_errors.action_for)
 
 
 def build(settings: Settings, folder: SchemaFolder | None = None, native: bool = True) -> Group:
-    """The relay process for `settings`: a group of RELAY_PARTITIONS relay loops (one without
-    partitions) sharing one MongoDB client, with the group's heartbeat (membership),
-    housekeeping and start-up checks (`_preflight`), which `Group.run()` runs first. It has
-    `run()`, `stop()` and `observer` (with its metrics `registry` and `serve()`)."""
+    """The relay process for `settings`: a group of relay loops, one per scope, sharing one MongoDB
+    client and the change streams, with the group's heartbeat (membership), housekeeping and
+    start-up checks (`_preflight`), which `Group.run()` runs first. It has `run()`, `stop()` and
+    `observer` (with its metrics `registry` and `serve()`)."""
     parts = settings.parts()
-    mongo, count = parts.mongo, parts.group.partitions
+    mongo, group = parts.mongo, parts.group
     client = mongo_client(mongo)
     folder = folder or SchemaFolder.bundled()
     observer = ProcessObserver(parts.observer)
-    balance = Balance(count)
+    scopes = parts.scopes()
+    balance = Balance(len(scopes), group.shared)
+    streams = shared_streams(parts, client)
     relays = [
         (
-            p,
-            _partition_relay(
-                parts, p, client, observer.partition(p), folder, native, PartitionAssignment(balance, p.index)
-            ),
+            scope,
+            _relay(parts, scope, client, streams[_stream_of(parts, scope)], observer.loop(scope), folder, native,
+                   LeaseAssignment(balance, k)),
         )
-        for p in partitions(count)
-    ]
-    shares = shares_of(mongo.namespace, count, parts.encoding.fields.aggregate_id)
-    housekeeper = housekeeping(parts, client, shares, observer.metrics.registry, observer.health)
+        for k, scope in enumerate(scopes)
+    ]  # fmt: skip
+    housekeeper = housekeeping(parts, client, observer.metrics.registry, observer.health)
 
     def start() -> None:
         _preflight(parts, client)
@@ -77,12 +86,13 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
 
     def close() -> None:
         housekeeper.stop()
+        for stream in streams.values():
+            stream.close()
         client.close()
 
-    g = parts.group
-    leases = client[mongo.database][mongo.lease_collection]
-    membership = Membership(leases, mongo.namespace, g.instance_id, count, g.lease_ttl_s)
-    return Group(g, relays, balance, membership, observer, start, close)
+    membership = Membership(mongo.leases(client), group.name, group.instance_id, group.partitions,
+                            group.timing.lease_ttl_s)  # fmt: skip
+    return Group(group, relays, balance, membership, observer, start, close)
 
 
 def message_builder(
@@ -90,53 +100,87 @@ def message_builder(
     folder: SchemaFolder | None = None,
     framing: Framing | None = None,
     native: bool = True,
+    encoding: EncodingConfig | None = None,
 ) -> MessageBuilder:
     """The message builder over `folder` (default: the bundled schemas/), with `framing` or the one
-    the settings select; `native=False` builds every message in Python, for comparisons."""
+    the settings select, for the first outbox (or `encoding`'s); `native=False` builds every
+    message in Python, for comparisons."""
     parts = settings.parts() if isinstance(settings, Settings) else settings
     folder = folder or SchemaFolder.bundled()
-    return MessageBuilder(parts.encoding, folder, framing or framing_for(parts.registry, folder), native=native)
+    encoding = encoding or parts.encoding
+    return MessageBuilder(encoding, folder, framing or framing_for(parts.registry, folder), native=native)
 
 
-def _partition_relay(
+def stream_plans(parts: PartConfigs) -> list[StreamPlan]:
+    """The change streams of the deployment: one per database holding outboxes, or one for the
+    cluster (RELAY_CHANGE_STREAMS)."""
+    mongo, count = parts.mongo, parts.group.partitions
+    if mongo.change_streams == CLUSTER:
+        return [StreamPlan(mongo.outboxes, count, None)]
+    databases: dict[str, list[str]] = {}
+    for namespace in mongo.outboxes:
+        databases.setdefault(namespace.partition(".")[0], []).append(namespace)
+    return [StreamPlan(tuple(outboxes), count, database) for database, outboxes in databases.items()]
+
+
+def shared_streams(parts: PartConfigs, client: MongoClient[Any]) -> dict[str | None, SharedStream]:
+    """The process's change streams, by database (None: the cluster's)."""
+    mongo, loop = parts.mongo, parts.loop
+    field = parts.encoding.fields.aggregate_id
+    read_events = max(1, loop.max_in_flight_events // loop.pipeline_depth)
+
+    def stream(plan: StreamPlan) -> SharedStream:
+        def cursor() -> Cursor:
+            return Cursor(client, plan.database, plan.collection, plan.stages(field), mongo.max_await_ms)
+
+        return SharedStream(plan, cursor, read_events, mongo.max_await_ms / 1000, lambda: oplog_start(client))
+
+    return {plan.database: stream(plan) for plan in stream_plans(parts)}
+
+
+def _stream_of(parts: PartConfigs, scope: Scope) -> str | None:
+    return None if parts.mongo.change_streams == CLUSTER else scope.database
+
+
+def _relay(
     parts: PartConfigs,
-    partition: Partition,
+    scope: Scope,
     client: MongoClient[Any],
-    observer: PartitionObserver,
+    stream: SharedStream,
+    observer: ScopeObserver,
     folder: SchemaFolder,
     native: bool,
     assignment: Assignment,
-) -> Relay[PartitionObserver]:
-    """The relay loop of one partition (the whole outbox without partitions) on the process's
-    `client`: its lease, change source, delivery mode, message builder and assignment."""
-    lid = lease_id(parts.mongo.namespace, partition)
-    source, fingerprint = _change_source(parts, client, partition)
+) -> Relay[ScopeObserver]:
+    """The relay loop of `scope` on the process's `client` and `stream`: its lease, change source,
+    delivery mode, message builder and assignment."""
+    selection = fingerprint(scope, parts.encoding.fields.aggregate_id)
     return Relay(
-        parts.loop,
-        source=source,
-        mode=delivery_mode(parts, lid, fingerprint),
-        lease=parts.lease_store(client, partition),
-        encoder=message_builder(parts, folder, native=native),
+        dataclasses.replace(parts.loop, namespace=str(scope)),
+        source=change_source(parts, client, stream, scope),
+        mode=delivery_mode(parts, scope.lease_id, selection),
+        lease=parts.lease_store(client, scope),
+        encoder=message_builder(parts, folder, native=native, encoding=parts.encoding_for(scope.namespace)),
         observer=observer,
-        fingerprint=fingerprint,
+        fingerprint=selection,
         assignment=assignment,
         foreign_errors=DRIVER_ERRORS,
     )
 
 
-def _change_source(
-    parts: PartConfigs, client: MongoClient[Any], partition: Partition
-) -> tuple[Callable[[], ChangeSource], str]:
-    """The change source factory of `partition` and the fingerprint of its pipeline."""
-    mongo, fields = parts.mongo, parts.encoding.fields
-    stages = pipeline(partition, fields.aggregate_id)
-    documents = scan_filter(partition, fields.aggregate_id)
-    outbox = client[mongo.database][mongo.outbox_collection]
+def change_source(
+    parts: PartConfigs, client: MongoClient[Any], stream: SharedStream, scope: Scope
+) -> Callable[[], Subscription]:
+    """The change source factory of `scope`: a subscription to `stream` per leading session, with
+    its outbox's documents for a rescan."""
+    fields = parts.encoding.fields
+    outbox = parts.mongo.outbox(client, scope.namespace)
+    documents = scan_filter(scope.partition, fields.aggregate_id)
 
-    def source() -> ChangeSource:
-        return ChangeSource(outbox, mongo.max_await_ms, fields.occurred_at, pipeline=stages, scan_filter=documents)
+    def scan() -> Iterator[Change]:
+        return rescan_changes(outbox, fields.occurred_at, documents)
 
-    return source, pipeline_fingerprint(mongo.namespace, stages)
+    return subscriptions(stream, scope, scan)
 
 
 def delivery_mode(parts: PartConfigs, lid: str, fingerprint: str) -> AtLeastOnce | ExactlyOnce:
@@ -152,38 +196,44 @@ def delivery_mode(parts: PartConfigs, lid: str, fingerprint: str) -> AtLeastOnce
 def _preflight(parts: PartConfigs, client: MongoClient[Any]) -> None:
     """The process's start-up checks: librdkafka accepts the configuration (each lease's
     transactional producer, in exactly-once mode); MongoDB answers, the user holds the privileges
-    the mode needs and the server can compute partitions; the partition count did not change
-    under running relays (or the outbox moves to it: relay.mongo.repartition); every partition's
-    lease document exists; Kafka answers (and, in exactly-once mode, the offsets topic exists,
-    compacted)."""
+    the outboxes and the mode need, and the server can compute partitions; the partition count did
+    not change under running relays (or each outbox moves to it: relay.mongo.repartition); every
+    scope's lease document exists (an added outbox's marked to rescan: relay.mongo.outboxes); Kafka
+    answers (and, in exactly-once mode, the offsets topic exists, compacted)."""
     mongo, kafka, count = parts.mongo, parts.kafka, parts.group.partitions
+    scopes = parts.scopes()
     if kafka.exactly_once:
-        for p in partitions(count):
-            check_transactional_config(kafka, lease_id(mongo.namespace, p))
+        for scope in scopes:
+            check_transactional_config(kafka, scope.lease_id)
     else:
         check_config(kafka.producer_config())
     check_mongodb(client, mongo)
     check_privileges(client, required_for(mongo, parts.cleanup))
-    check_server(client[mongo.database][mongo.outbox_collection], count)
-    prepare(client[mongo.database][mongo.lease_collection], mongo.namespace, count)
-    for p in partitions(count):  # so a later change of count finds all of them
-        parts.lease_store(client, p).ensure()
+    check_server(mongo.outbox(client, mongo.outboxes[0]), count)
+    leases = mongo.leases(client)
+    for namespace in mongo.outboxes:
+        prepare(leases, namespace, count)
+    new = added(leases, mongo.outboxes)
+    for scope in scopes:  # so a later change of count finds all of them
+        parts.lease_store(client, scope).ensure(rescan=scope.namespace in new)
     check_kafka(kafka)
     if kafka.exactly_once:
         OffsetsTopic(kafka).ensure()
 
 
 def housekeeping(
-    parts: PartConfigs,
-    client: MongoClient[Any],
-    shares: Sequence[tuple[str, Mapping[str, Any] | None]],
-    registry: CollectorRegistry,
-    health: Health,
+    parts: PartConfigs, client: MongoClient[Any], registry: CollectorRegistry, health: Health
 ) -> Housekeeper:
     """The outbox checks and clean-up by position (relay.mongo.housekeeping) of one process, over
-    the lease ids (with their documents) it may lead, reporting to its metrics and health."""
-    mongo = parts.mongo
-    cleaner = cleaner_for(client, mongo, parts.encoding.fields.occurred_at, parts.cleanup)
-    report = OutboxMetrics(registry, health)
-    leases = client[mongo.database][mongo.lease_collection]
-    return Housekeeper(cleaner, leases, parts.group.instance_id, shares, parts.cleanup, report)
+    every outbox and the lease ids it may lead, reporting to its metrics and health."""
+    mongo, field = parts.mongo, parts.encoding.fields
+    series = OutboxSeries(registry)
+    watched = [
+        Watched(
+            cleaner_for(client, mongo, namespace, field.occurred_at, parts.cleanup),
+            shares_of(namespace, parts.group.partitions, field.aggregate_id),
+            OutboxMetrics(series, health, namespace),
+        )
+        for namespace in mongo.outboxes
+    ]
+    return Housekeeper(watched, mongo.leases(client), parts.group.instance_id, parts.cleanup)

@@ -1,25 +1,34 @@
 """A downstream service consuming through the inbox, as a process the kill test SIGKILLs.
 
-Usage: python -m tests.inbox_service MONGODB_URI DATABASE TOPIC GROUP BOOTSTRAP
+Usage: python -m tests.inbox_service MONGODB_URI DATABASE TOPIC GROUP BOOTSTRAP [sync|async]
+
+`sync` (the default) runs `Inbox`, `async` runs `AsyncInbox` in an event loop (SIGTERM and SIGINT
+call its `stop()` through `loop.add_signal_handler`, as a service would). Both apply the same
+effects with the same options.
 
 With INBOX_TEST_COMMIT_DELAY_S set, every Kafka offset commit waits that long first: the window
 between a batch's MongoDB commit and its offset commit, the one the inbox exists for, is then wide
-enough for the kill test to aim a SIGKILL into it.
+enough for the kill test to aim a SIGKILL into it. The wait is on the consumer's thread (in the
+async form, the Kafka thread; the event loop does not wait).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import sys
 import time
+from typing import Any
 
 import pymongo
 
-from relay.inbox import Inbox
+from relay.inbox import AsyncInbox, Inbox
+from relay.inbox import async_inbox as async_inbox_module
 from relay.inbox import inbox as inbox_module
 from relay.inbox.consumer import KafkaSource
 from relay.ops.logs import setup_logging
-from tests.inbox_support import INBOX, effects_handler
+from tests.inbox_support import INBOX, async_effects_handler, effects_handler
 
 
 class SlowCommitSource(KafkaSource):
@@ -31,18 +40,39 @@ class SlowCommitSource(KafkaSource):
         return super().commit(offsets)
 
 
-def main(uri: str, database: str, topic: str, group: str, bootstrap: str) -> None:
+def run_options(topic: str, group: str, bootstrap: str) -> dict[str, Any]:
+    # Small batches: more MongoDB commits followed by Kafka commits for a kill to fall between.
+    return dict(topics=[topic], group_id=group, bootstrap_servers=bootstrap, batch_max_events=40, batch_max_ms=50,
+                # Static membership: the restarted process takes its partitions back at once
+                # instead of waiting for the killed member's session to expire.
+                kafka={"group.instance.id": f"{group}-service", "session.timeout.ms": "6000"})
+
+
+async def run_async(uri: str, database: str, options: dict[str, Any]) -> None:
+    client: pymongo.AsyncMongoClient[Any] = pymongo.AsyncMongoClient(uri, tz_aware=True)
+    db = client[database]
+    inbox = AsyncInbox(db[INBOX])
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, inbox.stop)
+    try:
+        await inbox.run(async_effects_handler(db), **options)
+    finally:
+        await client.close()
+
+
+def main(uri: str, database: str, topic: str, group: str, bootstrap: str, form: str = "sync") -> None:
     setup_logging("INFO", "json")
     if os.environ.get("INBOX_TEST_COMMIT_DELAY_S"):
         inbox_module.KafkaSource = SlowCommitSource  # type: ignore[misc]
+        async_inbox_module.KafkaSource = SlowCommitSource  # type: ignore[misc]
+    options = run_options(topic, group, bootstrap)
+    if form == "async":
+        asyncio.run(run_async(uri, database, options))
+        return
     db = pymongo.MongoClient(uri, tz_aware=True)[database]
-    # Small batches: more MongoDB commits followed by Kafka commits for a kill to fall between.
-    Inbox(db[INBOX]).run(effects_handler(db), topics=[topic], group_id=group, bootstrap_servers=bootstrap,
-                         batch_max_events=40, batch_max_ms=50,
-                         # Static membership: the restarted process takes its partitions back at
-                         # once instead of waiting for the killed member's session to expire.
-                         kafka={"group.instance.id": f"{group}-service", "session.timeout.ms": "6000"})
+    Inbox(db[INBOX]).run(effects_handler(db), **options)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:7])

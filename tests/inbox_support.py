@@ -6,21 +6,28 @@ tests.support.write_events in commit order, starting at 1) to the aggregate's ef
 the inbox's transaction. Exactly-once effects in the relay's order then mean: for every aggregate,
 the effect document's `seqs` is exactly 1, 2, ..., n, n being how many events the outbox holds for
 it. One comparison catches a lost event, an event applied twice and a reordering.
+
+Both forms of the inbox run here: `Inbox` (InboxThread, `effects_handler`) and `AsyncInbox`
+(AsyncInboxThread: an event loop on a thread of its own, an AsyncMongoClient, `async_effects_handler`).
+`consumer(form, env, ...)` builds either, with the effects handler, for tests parametrized by form.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.client_session import ClientSession
 
-from relay.inbox import Inbox, InboxEvent
+from relay.inbox import AsyncInbox, Inbox, InboxEvent
 from tests.support import ROOT, ChildProcess, Written, wait_until
 
 EFFECTS = "effects"
@@ -34,6 +41,17 @@ def effects_handler(db: Any, fail_on: Callable[[InboxEvent], bool] | None = None
             raise ValueError(f"refusing {event.event_id}")
         db[EFFECTS].update_one({"_id": event.aggregate_id}, {"$push": {"seqs": event.payload["seq"]}},
                                upsert=True, session=session)
+    return handle
+
+
+def async_effects_handler(db: Any, fail_on: Callable[[InboxEvent], bool] | None = None
+                          ) -> Callable[[InboxEvent, AsyncClientSession], Awaitable[None]]:
+    """The same downstream service for the async inbox (`db` an AsyncDatabase), awaited in its session."""
+    async def handle(event: InboxEvent, session: AsyncClientSession) -> None:
+        if fail_on is not None and fail_on(event):
+            raise ValueError(f"refusing {event.event_id}")
+        await db[EFFECTS].update_one({"_id": event.aggregate_id}, {"$push": {"seqs": event.payload["seq"]}},
+                                     upsert=True, session=session)
     return handle
 
 
@@ -76,20 +94,13 @@ def wait_applied(db: Any, count: int, timeout: float = 90, alive: Callable[[], N
     wait_until(lambda: applied_count(db) >= count, timeout, f"{count} events applied", interval=0.3, alive=alive)
 
 
-class InboxThread:
-    """`Inbox.run` on a thread (stopped with `Inbox.stop`); its error, if it raised."""
+class _ConsumerThread:
+    """An inbox run on a thread: started and stopped (`inbox.stop()`) by `with`; its error."""
 
-    def __init__(self, db: Any, handler: Callable[..., None], retention: Any = None, **run: Any) -> None:
-        self.inbox = Inbox(db[INBOX]) if retention is None else Inbox(db[INBOX], retention=retention)
-        self.run_kwargs = run
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(handler,), daemon=True)
-
-    def _run(self, handler: Callable[..., None]) -> None:
-        try:
-            self.inbox.run(handler, **self.run_kwargs)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            self.error = exc
+    inbox: Any
+    run_kwargs: dict[str, Any]
+    thread: threading.Thread
+    error: BaseException | None = None
 
     def check_alive(self) -> None:
         if not self.thread.is_alive():
@@ -105,7 +116,7 @@ class InboxThread:
                 if family.name == "relay_inbox_lag_messages" for s in family.samples
                 if s.labels["group"] == self.run_kwargs["group_id"]}
 
-    def __enter__(self) -> InboxThread:
+    def __enter__(self) -> Any:
         self.thread.start()
         return self
 
@@ -115,12 +126,67 @@ class InboxThread:
         assert not self.thread.is_alive(), "the inbox did not stop"
 
 
+class InboxThread(_ConsumerThread):
+    """`Inbox.run` on a thread (stopped with `Inbox.stop`); its error, if it raised."""
+
+    def __init__(self, db: Any, handler: Callable[..., None], retention: Any = None, **run: Any) -> None:
+        self.inbox = Inbox(db[INBOX]) if retention is None else Inbox(db[INBOX], retention=retention)
+        self.run_kwargs = run
+        self.thread = threading.Thread(target=self._run, args=(handler,), daemon=True)
+
+    def _run(self, handler: Callable[..., None]) -> None:
+        try:
+            self.inbox.run(handler, **self.run_kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+
+
+class AsyncInboxThread(_ConsumerThread):
+    """`AsyncInbox.run` in an event loop on a thread of its own, over an AsyncMongoClient of its
+    own (stopped with `AsyncInbox.stop`, from the test's thread); its error, if it raised.
+    `handler(db)` gives the async handler for the AsyncDatabase `database`."""
+
+    def __init__(self, uri: str, database: str, handler: Callable[[Any], Callable[..., Awaitable[None]]],
+                 retention: Any = None, **run: Any) -> None:
+        self.client: AsyncMongoClient[Any] = AsyncMongoClient(uri, tz_aware=True)
+        db = self.client[database]
+        options = {} if retention is None else {"retention": retention}
+        self.inbox = AsyncInbox(db[INBOX], **options)
+        self.handler = handler(db)
+        self.run_kwargs = run
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            try:
+                await self.inbox.run(self.handler, **self.run_kwargs)
+            finally:
+                await self.client.close()
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+
+
+FORMS = ("sync", "async")
+
+
+def consumer(form: str, env: Any, fail_on: Callable[[InboxEvent], bool] | None = None, **run: Any) -> Any:
+    """An inbox of `form` ("sync" or "async") on a thread, applying the effects to `env`'s database."""
+    if form == "sync":
+        return InboxThread(env.db, effects_handler(env.db, fail_on), **run)
+    return AsyncInboxThread(env.settings.mongodb_uri, env.settings.database,
+                            lambda db: async_effects_handler(db, fail_on), **run)
+
+
 class InboxProcess(ChildProcess):
-    """tests/inbox_service.py as a child process (SIGKILLed by the kill test; stopped by pid)."""
+    """tests/inbox_service.py as a child process (SIGKILLed by the kill test; stopped by pid);
+    `form` "async" runs the AsyncInbox in it."""
 
     def __init__(self, log_path: Path, mongodb_uri: str, database: str, topic: str, group: str, bootstrap: str,
-                 commit_delay_s: float = 0.0) -> None:
-        self.args = [mongodb_uri, database, topic, group, bootstrap]
+                 commit_delay_s: float = 0.0, form: str = "sync") -> None:
+        self.args = [mongodb_uri, database, topic, group, bootstrap, form]
         self.log_path = log_path
         self.commit_delay_s = commit_delay_s
 

@@ -149,8 +149,10 @@ class RelayThread:
         assert self.stop(), "relay did not stop"
 
     def metric(self, name: str, **labels: str) -> float:
-        """A sample of the relay's metrics as /metrics would show it (0 when absent)."""
-        return self.relay.observer.registry.get_sample_value(name, labels) or 0.0
+        """The relay's samples of `name` with these labels, summed over the labels not given (the
+        `outbox` of a relay of one outbox, say), as /metrics would show them (0 when absent)."""
+        return sum(s.value for m in self.relay.observer.registry.collect() for s in m.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
     def metric_labels(self, name: str, label: str) -> set[str]:
         """The values of `label` among the non-zero samples of `name`."""
@@ -260,6 +262,13 @@ class Written:
             for e in events:
                 self.per_aggregate[e.aggregate_id].append(e.id_str)
                 self.ids.add(e.id_str)
+
+    def add_from(self, other: Written) -> None:
+        """What `other` committed, after what this one did (it was written later)."""
+        with self.lock:
+            for aggregate, ids in other.per_aggregate.items():
+                self.per_aggregate[aggregate].extend(ids)
+            self.ids |= other.ids
 
 
 def write_events(db: Database[Any], collection: str, total: int, writers: int = 4, max_per_txn: int = 4,
@@ -619,6 +628,16 @@ class LeaseHistory:
                 assert b >= a, f"checkpoint of {lease} went backwards: {a} -> {b}"
             seen += len(set(tokens))
         return seen
+
+
+def change_streams(client: Any, databases: Iterable[str]) -> list[dict[str, Any]]:
+    """The originating commands of the relays' change stream cursors on `databases` now, idle or
+    in a getMore (`$currentOp`)."""
+    ops = client.admin.aggregate([
+        {"$currentOp": {"idleCursors": True, "allUsers": True}},
+        {"$match": {"appName": "outbox-relay", "cursor.originatingCommand.aggregate": {"$exists": True}}}])
+    commands = [op["cursor"]["originatingCommand"] for op in ops]
+    return [c for c in commands if c.get("$db") in set(databases) and "$changeStream" in c["pipeline"][0]]
 
 
 def needs_local_stack(servers: Servers) -> Any:

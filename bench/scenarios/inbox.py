@@ -1,4 +1,5 @@
-"""The inbox's throughput beside two bare consumers doing the same writes (reported, never asserted).
+"""The inbox's throughput, both forms, beside two bare consumers doing the same writes (reported,
+never asserted).
 
 Run: as part of `make bench` (`python -m bench.run`; `--only-inbox` runs only this scenario,
 `--no-inbox` skips it, `--inbox-events N`, `--inbox-rounds R`), or alone:
@@ -13,21 +14,25 @@ does one `update_one` (`$inc` on the aggregate's counter document, upsert) per e
 
 - `inbox`: `Inbox.run` with that handler (record lookup + records + the writes, one transaction
   per batch of at most `--batch`, offsets committed after);
+- `async inbox`: `AsyncInbox.run` with the same handler as an `async def` over an
+  AsyncMongoClient, in an event loop (Kafka on the inbox's own thread);
 - `bare, one transaction per batch`: a confluent-kafka consumer (read_committed, manual commits),
   the same writes in one `with_transaction` per polled batch, no inbox records, offsets after;
 - `bare, one transaction per event`: the same, one transaction per event (on the first
   `--per-event-events` events only: it is slow).
 
-All three are timed over the same window: from the first handler call to the return of the
+All four are timed over the same window: from the first handler call to the return of the
 offset commit that covers the last event (the group join before, and closing the consumer after,
-are left out of all three; the inbox's commits are timed by a subclass of its consumer). The order
-of the three is rotated every round (3 rounds by default); the ratios are of the medians.
-Goals (issue 27): inbox >= 0.7 of the bare batched consumer, >= 10x the per-event one.
+are left out of all four; the inboxes' commits are timed by a subclass of their consumer). The
+order of the four is rotated every round (3 rounds by default); the ratios are of the medians.
+Goals (issue 27): inbox >= 0.7 of the bare batched consumer, >= 10x the per-event one; (issue 35)
+async inbox >= 0.9 of the inbox.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -41,23 +46,26 @@ from typing import Any
 from unittest import mock
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-from pymongo import MongoClient
+from pymongo import AsyncMongoClient, MongoClient
 from pymongo.client_session import ClientSession
 
 from bench.common import create_topic, progress, warm_up_kafka
+from bench.scenarios.outbox_writer import format_writer
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
-from relay.inbox import Inbox, InboxEvent
+from relay.inbox import AsyncInbox, Inbox, InboxEvent
+from relay.inbox import async_inbox as async_inbox_module
 from relay.inbox import inbox as inbox_module
 from relay.inbox.consumer import KafkaSource
 from relay.inbox.decoding import EventDecoder, header_dict
-from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 AGGREGATES = 1000
 INBOX = "inbox"
+ASYNC_INBOX = "async inbox"
 BATCHED = "bare, one transaction per batch"
 PER_EVENT = "bare, one transaction per event"
 
@@ -93,20 +101,32 @@ class Window:
             db.counts.update_one({"_id": event.aggregate_id}, {"$inc": {"n": 1}}, upsert=True, session=session)
         return handle
 
+    def async_handler(self, db: Any) -> Callable[[InboxEvent, Any], Any]:
+        async def handle(event: InboxEvent, session: Any) -> None:
+            if not self.first:
+                self.first = time.perf_counter()
+            await db.counts.update_one({"_id": event.aggregate_id}, {"$inc": {"n": 1}}, upsert=True, session=session)
+        return handle
+
+    def timed_source(self) -> type[KafkaSource]:
+        """The inboxes' consumer, noting when each offset commit returned."""
+        window = self
+
+        class TimedSource(KafkaSource):
+            def commit(self, offsets: dict[tuple[str, int], int]) -> bool:
+                done = super().commit(offsets)
+                if offsets:
+                    window.last_commit = time.perf_counter()
+                return done
+
+        return TimedSource
+
     def rate(self, events: int) -> float:
         return events / (self.last_commit - self.first)
 
 
 def run_inbox(db: Any, bootstrap: str, topic: str, events: int, batch: int) -> float:
     window, group = Window(), f"bench-inbox-{uuid.uuid4().hex[:6]}"
-
-    class TimedSource(KafkaSource):
-        def commit(self, offsets: dict[tuple[str, int], int]) -> bool:
-            done = super().commit(offsets)
-            if offsets:
-                window.last_commit = time.perf_counter()
-            return done
-
     inbox = Inbox(db[f"inbox_{uuid.uuid4().hex[:6]}"])
     labels = {"group": group, "topic": topic}
 
@@ -117,10 +137,38 @@ def run_inbox(db: Any, bootstrap: str, topic: str, events: int, batch: int) -> f
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    with mock.patch.object(inbox_module, "KafkaSource", TimedSource):
+    with mock.patch.object(inbox_module, "KafkaSource", window.timed_source()):
         inbox.run(window.handler(db), topics=[topic], group_id=group, bootstrap_servers=bootstrap,
                   batch_max_events=batch)
     watcher.join()
+    return window.rate(events)
+
+
+def run_async_inbox(uri: str, database: str, bootstrap: str, topic: str, events: int, batch: int) -> float:
+    """`AsyncInbox.run` in an event loop, the same handler awaited, the same window."""
+    window, group = Window(), f"bench-async-inbox-{uuid.uuid4().hex[:6]}"
+    labels = {"group": group, "topic": topic}
+
+    async def main() -> None:
+        client: AsyncMongoClient[Any] = AsyncMongoClient(uri, tz_aware=True)
+        db = client[database]
+        inbox = AsyncInbox(db[f"inbox_{uuid.uuid4().hex[:6]}"])
+
+        async def watch() -> None:  # stops the inbox once every event is applied (its window ends before)
+            while (inbox.registry.get_sample_value("relay_inbox_events_processed_total", labels) or 0) < events:
+                await asyncio.sleep(0.01)
+            inbox.stop()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            with mock.patch.object(async_inbox_module, "KafkaSource", window.timed_source()):
+                await inbox.run(window.async_handler(db), topics=[topic], group_id=group, bootstrap_servers=bootstrap,
+                                batch_max_events=batch)
+        finally:
+            watcher.cancel()
+            await client.close()
+
+    asyncio.run(main())
     return window.rate(events)
 
 
@@ -163,6 +211,7 @@ def inbox_scenario(uri: str, bootstrap: str, events: int = 20000, per_event_even
     client: MongoClient[Any] = MongoClient(uri, tz_aware=True)
     contestants: list[tuple[str, Callable[[Any], float]]] = [
         (INBOX, lambda db: run_inbox(db, bootstrap, topic, events, batch)),
+        (ASYNC_INBOX, lambda db: run_async_inbox(uri, db.name, bootstrap, topic, events, batch)),
         (BATCHED, lambda db: run_bare(db, bootstrap, topic, events, batch, False)),
         (PER_EVENT, lambda db: run_bare(db, bootstrap, topic, min(per_event_events, events), batch, True)),
     ]
@@ -170,7 +219,7 @@ def inbox_scenario(uri: str, bootstrap: str, events: int = 20000, per_event_even
     load = [os.getloadavg()]
     try:
         for r in range(rounds):
-            for name, run in contestants[r % 3:] + contestants[: r % 3]:
+            for name, run in contestants[r % len(contestants):] + contestants[: r % len(contestants)]:
                 db = client[f"bench_inbox_{uuid.uuid4().hex[:6]}"]
                 db.create_collection("counts")
                 progress(f"[inbox] round {r + 1}/{rounds}: {name}")
@@ -182,7 +231,8 @@ def inbox_scenario(uri: str, bootstrap: str, events: int = 20000, per_event_even
     median = {name: statistics.median(v) for name, v in runs.items()}
     return {"events": events, "per_event_events": min(per_event_events, events), "rounds": rounds, "batch": batch,
             "runs": runs, "events_per_s": median, "load_average": load,
-            "inbox_vs_batched": median[INBOX] / median[BATCHED], "inbox_vs_per_event": median[INBOX] / median[PER_EVENT]}
+            "inbox_vs_batched": median[INBOX] / median[BATCHED], "inbox_vs_per_event": median[INBOX] / median[PER_EVENT],
+            "async_vs_sync": median[ASYNC_INBOX] / median[INBOX]}
 
 
 def format_inbox(result: dict[str, Any]) -> list[str]:
@@ -197,9 +247,11 @@ def format_inbox(result: dict[str, Any]) -> list[str]:
         lines.append(f"  {name:<34} {value:>9.0f} events/s   (rounds: {runs})")
     lines.append(f"  inbox / bare batched   = {result['inbox_vs_batched']:.2f}   (goal >= 0.7)")
     lines.append(f"  inbox / bare per event = {result['inbox_vs_per_event']:.1f}x  (goal >= 10x)")
+    if "async_vs_sync" in result:
+        lines.append(f"  async inbox / inbox    = {result['async_vs_sync']:.2f}   (goal >= 0.9)")
     start, end = result["load_average"]
     lines.append(f"  load average (1 min) at start {start[0]:.2f}, at end {end[0]:.2f}")
-    return lines
+    return lines + format_writer(result.get("writer", {}))  # bench.run adds the async writer's overhead
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,7 +111,7 @@ def stream_cost(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, s
     """`streams` partition change streams read the backlog at once (above)."""
     coll = client[backlog.database][backlog.collection].with_options(codec_options=RAW)
     if streams == 1:
-        stages = [pipeline(None)]
+        stages = [pipeline(Partition(0, 1))]
         expected = [backlog.events]
     else:
         stages = [pipeline(Partition(k, streams)) for k in range(streams)]

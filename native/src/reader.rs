@@ -10,6 +10,9 @@
 //! relay.core.positions.token_cluster_time reads it), its wall time (Unix ms, -1 without one) and
 //! the outbox document's bytes. Reading stops at the first change that is not an insert (a drop,
 //! rename or invalidate ends the stream): its index is returned beside the values (-1: none).
+//! Given a list `routes`, each insert's route is appended to it: the integer the stream's pipeline
+//! computed in its top-level field `r` (which scope of a shared stream it belongs to,
+//! relay.mongo.pipeline), -1 without one.
 //!
 //! The top-level fields are found by their BSON sizes alone (`Walk`: a few nanoseconds a field;
 //! only the fields read are decoded). An event the walk does not take is read again with the
@@ -58,6 +61,7 @@ struct Raw<'a> {
     cluster_time: Option<(u32, u32)>,
     wall_ms: i64,
     document: Option<&'a [u8]>,
+    route: i64,
 }
 
 #[pymethods]
@@ -73,8 +77,11 @@ impl ChangeReader {
         Ok(ChangeReader { change: change.unbind(), cluster_time: cluster_time.unbind(), event_id, token })
     }
 
-    /// (the inserts before the first other change, as Change values; that change's index or -1).
-    fn read<'py>(&self, py: Python<'py>, changes: &Bound<'py, PyList>) -> PyResult<(Bound<'py, PyList>, i64)> {
+    /// (the inserts before the first other change, as Change values; that change's index or -1);
+    /// each insert's route appended to `routes` when given.
+    #[pyo3(signature = (changes, routes=None))]
+    fn read<'py>(&self, py: Python<'py>, changes: &Bound<'py, PyList>, routes: Option<&Bound<'py, PyList>>)
+                 -> PyResult<(Bound<'py, PyList>, i64)> {
         let out = PyList::empty(py);
         for (i, change) in changes.iter().enumerate() {
             let raw = change.getattr(intern!(py, "raw"))
@@ -95,6 +102,9 @@ impl ChangeReader {
                 return Err(PyValueError::new_err(format!("change {i}: an insert without _id or fullDocument")));
             };
             out.append(self.value(py, &fields, token, document)?)?;
+            if let Some(routes) = routes {
+                routes.append(fields.route)?;
+            }
         }
         Ok((out, -1))
     }
@@ -141,7 +151,7 @@ impl ChangeReader {
 /// One pass over the change event's top-level fields (`Walk`; the bson crate where the walk does
 /// not take the event, to say what is wrong with it).
 fn scan(bytes: &[u8]) -> Result<Raw<'_>, String> {
-    let mut raw = Raw { insert: false, token: None, cluster_time: None, wall_ms: -1, document: None };
+    let mut raw = Raw { insert: false, token: None, cluster_time: None, wall_ms: -1, document: None, route: -1 };
     let Some(walk) = Walk::new(bytes) else { return checked_scan(bytes) };
     for element in walk {
         let Ok(e) = element else { return checked_scan(bytes) };
@@ -151,6 +161,8 @@ fn scan(bytes: &[u8]) -> Result<Raw<'_>, String> {
             (b"clusterTime", 0x11) => raw.cluster_time = Some((u32_at(e.value, 4), u32_at(e.value, 0))),
             (b"wallTime", 0x09) => raw.wall_ms = i64::from_le_bytes(e.value.try_into().map_err(|_| "wallTime")?),
             (b"fullDocument", 0x03) => raw.document = Some(e.value),
+            (b"r", 0x10) => raw.route = i64::from(i32::from_le_bytes(e.value.try_into().map_err(|_| "r")?)),
+            (b"r", 0x12) => raw.route = i64::from_le_bytes(e.value.try_into().map_err(|_| "r")?),
             _ => {}
         }
     }
@@ -160,7 +172,7 @@ fn scan(bytes: &[u8]) -> Result<Raw<'_>, String> {
 /// `scan` by the bson crate: the same fields, or the crate's account of what is wrong.
 fn checked_scan(bytes: &[u8]) -> Result<Raw<'_>, String> {
     let change = RawDocument::from_bytes(bytes).map_err(|e| format!("not BSON: {e}"))?;
-    let mut raw = Raw { insert: false, token: None, cluster_time: None, wall_ms: -1, document: None };
+    let mut raw = Raw { insert: false, token: None, cluster_time: None, wall_ms: -1, document: None, route: -1 };
     for element in change.iter() {
         let (key, value) = element.map_err(|e| e.to_string())?;
         match (key.as_str(), value) {
@@ -169,6 +181,8 @@ fn checked_scan(bytes: &[u8]) -> Result<Raw<'_>, String> {
             ("clusterTime", RawBsonRef::Timestamp(ts)) => raw.cluster_time = Some((ts.time, ts.increment)),
             ("wallTime", RawBsonRef::DateTime(dt)) => raw.wall_ms = dt.timestamp_millis(),
             ("fullDocument", RawBsonRef::Document(doc)) => raw.document = Some(doc.as_bytes()),
+            ("r", RawBsonRef::Int32(r)) => raw.route = i64::from(r),
+            ("r", RawBsonRef::Int64(r)) => raw.route = r,
             _ => {}
         }
     }

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
 from relay.core.message import valid_topic
+from relay.core.names import env_name
 from relay.core.redact import Secret, Uri, hold_masked
 from relay.outbox import FieldNames
 
-TOPIC_FIELDS = ("aggregateType", "eventType")
+TOPIC_FIELDS = ("aggregateType", "eventType")  # the event's own fields a topic template may name
+OUTBOX_FIELDS = ("database", "collection")  # the outbox's, the same for all its events
 SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
 
 
@@ -28,10 +31,11 @@ class EncodingConfig:
 
     def __post_init__(self) -> None:
         try:
-            self.topic_template.format(**{k: "x" for k in TOPIC_FIELDS})
+            self.topic_template.format(**{k: "x" for k in (*TOPIC_FIELDS, *OUTBOX_FIELDS)})
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(
-                env_name("topic_template"), f"bad placeholder {exc}; use {{aggregateType}} or {{eventType}}"
+                env_name("topic_template"),
+                f"bad placeholder {exc}; use {{aggregateType}}, {{eventType}}, {{database}} or {{collection}}",
             ) from exc
         if not valid_topic(self.dead_letter_topic):
             raise ConfigError(
@@ -41,6 +45,24 @@ class EncodingConfig:
     @property
     def namespace(self) -> str:
         return f"{self.database}.{self.collection}"
+
+    @property
+    def event_topic_template(self) -> str:
+        """The topic template with this outbox's `{database}` and `{collection}` filled in: what is
+        left names only the event's own fields (TOPIC_FIELDS)."""
+        parts = []
+        for literal, field, spec, conversion in string.Formatter().parse(self.topic_template):
+            parts.append(literal.replace("{", "{{").replace("}", "}}"))
+            if field is None:
+                continue
+            if field in OUTBOX_FIELDS and not spec and not conversion:
+                value = self.database if field == "database" else self.collection
+                parts.append(value.replace("{", "{{").replace("}", "}}"))
+            else:
+                parts.append(
+                    "{" + field + ("!" + conversion if conversion else "") + (":" + spec if spec else "") + "}"
+                )
+        return "".join(parts)
 
     @property
     def cloudevents_source(self) -> str:

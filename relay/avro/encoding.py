@@ -127,7 +127,7 @@ class MessageBuilder:
         self._fields = config.fields
         self._registry = registry
         self._framing = framing or SingleObjectFraming(registry)
-        self._template = config.topic_template
+        self._template = config.event_topic_template
         self._source = config.cloudevents_source.encode()
         self._database = config.database
         self._collection = config.collection
@@ -266,7 +266,7 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
     if _native is None:
         return None
     template: list[tuple[str, str | None]] = []
-    for literal, field, spec, conversion in string.Formatter().parse(config.topic_template):
+    for literal, field, spec, conversion in string.Formatter().parse(config.event_topic_template):
         if spec or conversion or field not in (None, "aggregateType", "eventType"):
             return None
         template.append((literal, field))

@@ -16,27 +16,38 @@ TTL_WARNING = (
 )
 
 
-def init_outbox(settings: Settings, ttl_seconds: int | None = None) -> list[str]:
-    """Create the collection and the index on the occurrence time (a TTL index with
-    `ttl_seconds`); returns one line per thing done."""
+def init_outbox(settings: Settings, ttl_seconds: int | None = None, outbox: str | None = None) -> list[str]:
+    """Create each outbox collection (`outbox`: one of them) and its index on the occurrence time
+    (a TTL index with `ttl_seconds`); returns one line per thing done."""
     parts = settings.parts()
+    done: list[str] = []
     with mongo_client(parts.mongo) as client:
         check_mongodb(client, parts.mongo)
-        coll = client[settings.database][settings.outbox_collection]
-        done = Outbox(coll, parts.encoding.fields).init(ttl_seconds)
-        return done if ttl_seconds is None else [*done, TTL_WARNING]
+        for namespace in settings.pick_outboxes(outbox):
+            done += Outbox(parts.mongo.outbox(client, namespace), parts.encoding.fields).init(ttl_seconds)
+    return done if ttl_seconds is None else [*done, TTL_WARNING]
 
 
-def prune_outbox(settings: Settings, dry_run: bool = False) -> list[str]:
-    """`outbox prune [--dry-run]`: delete (or, dry, count) the outbox documents every partition's
-    committed position covers and older than RELAY_OUTBOX_RETENTION (none set: 0 s). Refuses,
-    deleting nothing, while any partition's position is unknown (relay.mongo.housekeeping)."""
+def prune_outbox(settings: Settings, dry_run: bool = False, outbox: str | None = None) -> list[str]:
+    """`outbox prune [--dry-run] [--outbox NS]`: for each outbox (or the one named), delete (or,
+    dry, count) the documents every partition's committed position covers and older than
+    RELAY_OUTBOX_RETENTION (none set: 0 s)."""
+    lines: list[str] = []
+    for namespace in settings.pick_outboxes(outbox):
+        lines += _prune(settings, namespace, dry_run)
+    return lines
+
+
+def _prune(settings: Settings, namespace: str, dry_run: bool) -> list[str]:
+    """One outbox's prune. Refuses, deleting nothing, while any of its partitions' positions is
+    unknown (relay.mongo.housekeeping)."""
     parts = settings.parts()
     retention = parts.cleanup.retention_s
+    fields = parts.encoding.fields
     with mongo_client(parts.mongo) as client:
         check_mongodb(client, parts.mongo)
-        cleaner = cleaner_for(client, parts.mongo, parts.encoding.fields.occurred_at, parts.cleanup)
-        shares = shares_of(parts.mongo.namespace, settings.partitions, parts.encoding.fields.aggregate_id)
+        cleaner = cleaner_for(client, parts.mongo, namespace, fields.occurred_at, parts.cleanup)
+        shares = shares_of(namespace, settings.partitions, fields.aggregate_id)
         unknown = [p for p in (cleaner.position(lid) for lid, _ in shares) if p.time is None]
         if unknown:
             raise PositionUnknownError(
@@ -59,5 +70,5 @@ def prune_outbox(settings: Settings, dry_run: bool = False) -> list[str]:
                 f"{verb} {result.deleted} of {result.candidates} documents older than the retention "
                 f"({result.kept_uncovered} not yet covered, kept)"
             )
-        lines.append(f"{'would delete' if dry_run else 'deleted'} {total} documents in {parts.mongo.namespace}")
+        lines.append(f"{'would delete' if dry_run else 'deleted'} {total} documents in {namespace}")
         return lines

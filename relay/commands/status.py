@@ -1,8 +1,10 @@
 """`outbox-relay status` and `checkpoint reset`: read (or reset) the lease documents.
 
-`status` lists every partition (holder, fencing token, expiry, checkpoint and its lag; one, the
-whole outbox's, without RELAY_PARTITIONS, also shown at the top as it always was) and every
-replica of the group with the partitions it leads; `checkpoint reset` resets them all.
+`status` lists, for each outbox (`--outbox`: one of them), every partition (holder, fencing token,
+expiry, checkpoint and its lag; one, the whole outbox's, without RELAY_PARTITIONS, also shown at
+the top as it always was) and every replica of the group with the leases it leads. With several
+outboxes and no `--outbox` they are listed under `outboxes`. `checkpoint reset` resets one
+outbox's leases (every partition's), named with `--outbox` when there are several.
 """
 
 from __future__ import annotations
@@ -12,54 +14,63 @@ from typing import Any
 
 from relay.config import Settings
 from relay.core.errors import LeaseHeldError
-from relay.core.partitions import Partition, partitions
+from relay.core.partitions import Partition, Scope, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
 
 
-def _stores(settings: Settings, client: Any) -> list[LeaseDocument]:
-    """Every partition's lease document (the one of the whole outbox without partitions)."""
+def _stores(settings: Settings, client: Any, namespace: str) -> list[LeaseDocument]:
+    """Every partition's lease document of the outbox `namespace` (the whole outbox's without partitions)."""
     parts = settings.parts()
-    return [parts.lease_document(client, p) for p in partitions(settings.partitions)]
+    return [parts.lease_document(client, Scope(namespace, p)) for p in partitions(settings.partitions)]
 
 
-def status(settings: Settings) -> dict[str, Any]:
-    """Every partition's lease (holder, fencing token, expiry), checkpoint and its lag, and every
-    replica with the partitions it leads. Without partitions the one lease and checkpoint are
-    also at the top (`lease`, `checkpoint`), as they always were."""
+def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
+    """Each outbox's leases (holder, fencing token, expiry), checkpoints and their lag, and every
+    replica with the leases it leads (the module docstring); `outbox` picks one."""
     parts = settings.parts()
     mongo, group = parts.mongo, parts.group
+    chosen = settings.pick_outboxes(outbox)
     with mongo_client(mongo) as client:
         check_mongodb(client, mongo)
-        leases = [
-            (p, store.lease_id, store.read())
-            for p, store in zip(partitions(group.partitions), _stores(settings, client), strict=True)
-        ]
+        shown = {n: [(s, s.read()) for s in _stores(settings, client, n)] for n in chosen}
         membership = Membership(
-            client[mongo.database][mongo.lease_collection],
-            mongo.namespace,
-            group.instance_id,
-            group.partitions,
-            group.lease_ttl_s,
+            mongo.leases(client), group.name, group.instance_id, group.partitions, group.timing.lease_ttl_s
         )
         members = membership.replicas()
-    rows = [_partition_row(p, lid, doc) for p, lid, doc in leases]
-    holders: dict[str, list[int]] = {}
+    holders: dict[str, list[str]] = {}
+    outboxes = {n: _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
+    common = {
+        "partitions": group.partitions,
+        "partitionsLed": sum(len(v) for v in holders.values()),
+        "replicas": [_replica(r, holders, group.timing.lease_ttl_s) for r in members],
+    }
+    if len(outboxes) == 1:
+        [(namespace, one)] = outboxes.items()
+        return {
+            "outbox": namespace,
+            **{k: v for k, v in one.items() if k != "leases"},
+            **common,
+            "leases": one["leases"],
+        }
+    return {"outboxes": outboxes, **common}
+
+
+def _outbox_status(
+    namespace: str, docs: list[tuple[LeaseDocument, dict[str, Any] | None]], count: int, holders: dict[str, list[str]]
+) -> dict[str, Any]:
+    """One outbox's leases; adds each held lease's id to `holders` under its owner."""
+    rows = [_partition_row(p, store.lease_id, doc) for p, (store, doc) in zip(partitions(count), docs, strict=True)]
     for row in rows:
         lease = row["lease"]
         if lease is not None and not lease["expired"] and lease["owner"] is not None:
-            holders.setdefault(str(lease["owner"]), []).append(row["partition"])
-    out: dict[str, Any] = {"outbox": mongo.namespace}
-    if group.partitions == 1:
+            holders.setdefault(str(lease["owner"]), []).append(row["leaseId"])
+    out: dict[str, Any] = {}
+    if not Scope(namespace, Partition(0, count)).partitioned:
         out |= {"lease": rows[0]["lease"], "checkpoint": rows[0]["checkpoint"]}
-    return out | {
-        "partitions": group.partitions,
-        "partitionsLed": sum(len(v) for v in holders.values()),
-        "leases": rows,
-        "replicas": [_replica(r, holders, group.lease_ttl_s) for r in members],
-    }
+    return out | {"leases": rows}
 
 
 def _partition_row(p: Partition, lid: str, doc: dict[str, Any] | None) -> dict[str, Any]:
@@ -75,7 +86,7 @@ def _partition_row(p: Partition, lid: str, doc: dict[str, Any] | None) -> dict[s
     return row
 
 
-def _replica(r: dict[str, Any], holders: dict[str, list[int]], ttl_s: float) -> dict[str, Any]:
+def _replica(r: dict[str, Any], holders: dict[str, list[str]], ttl_s: float) -> dict[str, Any]:
     """One replica as `status` shows it: `stopped` after a graceful stop, `leader` while it holds
     an unexpired lease, `gone` once unseen for RELAY_LEASE_TTL_S, else `standby`."""
     age = (r["serverTime"] - r["seenAt"]).total_seconds()
@@ -122,9 +133,9 @@ def _checkpoint(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
     }
 
 
-def reset_checkpoint(settings: Settings, force: bool = False) -> str:
-    """Forget the stored checkpoint (every partition's, with RELAY_PARTITIONS > 1); the next
-    leader starts at RELAY_START_AT.
+def reset_checkpoint(settings: Settings, force: bool = False, outbox: str | None = None) -> str:
+    """Forget the stored checkpoint of an outbox (`outbox`; the only one when there is one), every
+    partition's with RELAY_PARTITIONS > 1; the next leader starts at RELAY_START_AT.
 
     Refused (LeaseHeldError, naming the holder) while a leader holds an unexpired lease: its next
     commit would store its position again, so the reset would silently do nothing. With `force`
@@ -132,9 +143,10 @@ def reset_checkpoint(settings: Settings, force: bool = False) -> str:
     write fails and it goes back to standby before taking the lease again.
     """
     mongo = settings.parts().mongo
+    [namespace] = settings.pick_outboxes(outbox, every=False)
     with mongo_client(mongo) as client:
         check_mongodb(client, mongo)
-        stores = _stores(settings, client)
+        stores = _stores(settings, client, namespace)
         if not force:
             held = [(s.lease_id, (s.read() or {})) for s in stores]
             busy = [
@@ -144,7 +156,7 @@ def reset_checkpoint(settings: Settings, force: bool = False) -> str:
             ]
             if busy:
                 lid, doc = busy[0]
-                what = settings.namespace if settings.partitions == 1 else lid
+                what = lid
                 raise LeaseHeldError(
                     f"{doc['owner']} holds the lease on {what}: it would store its position again at "
                     "its next commit. Stop the relays first, or use --force to fence it out as well"
@@ -152,11 +164,9 @@ def reset_checkpoint(settings: Settings, force: bool = False) -> str:
         fenced = [h for h in (s.reset_checkpoint(force) for s in stores) if h is not None]
     if fenced and not force:
         raise LeaseHeldError(
-            f"{fenced[0]} holds the lease on {settings.namespace}: it would store its position again at "
+            f"{fenced[0]} holds the lease on {namespace}: it would store its position again at "
             "its next commit. Stop the relays first, or use --force to fence it out as well"
         )
-    which = (
-        settings.namespace if settings.partitions == 1 else f"{settings.namespace} ({settings.partitions} partitions)"
-    )
+    which = namespace if settings.partitions == 1 else f"{namespace} ({settings.partitions} partitions)"
     note = f" ({', '.join(sorted(set(fenced)))} fenced out)" if fenced else ""
     return f"checkpoint for {which} removed{note}; the next start begins at RELAY_START_AT={settings.start_at}"

@@ -149,15 +149,22 @@ def tail(
     decoder: MessageDecoder | None = None,
     registry: SchemaFolder | None = None,
     isolation: str = "read_committed",
+    outbox: str | None = None,
 ) -> int:
     """Print `topic`'s messages as JSON lines to `out`; returns the exit code (2: no such topic).
-    An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a refused
-    ACL PermissionDeniedError (exit 2), naming the topic or group and the operation."""
+    With `outbox` (one of RELAY_OUTBOXES) only that outbox's events: those whose `ce_source` header
+    is its CloudEvents source (RELAY_CE_SOURCE, when set, is every outbox's: then it filters
+    nothing). An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a
+    refused ACL PermissionDeniedError (exit 2), naming the topic or group and the operation."""
     from confluent_kafka import Consumer
 
     from relay.kafka.admin import check_kafka
 
     check_kafka(settings.parts().kafka)
+    source = None
+    if outbox is not None:
+        [namespace] = settings.pick_outboxes(outbox)
+        source = settings.parts().encoding_for(namespace).cloudevents_source.encode()
     out = out or sys.stdout
     decoder = decoder or MessageDecoder.from_config(settings.parts().registry, registry or SchemaFolder.bundled())
     consumer = Consumer(consumer_config(settings, isolation))
@@ -167,7 +174,7 @@ def tail(
             emit(f"outbox-relay tail: no topic {topic!r} at {settings.parts().kafka.bootstrap_servers}", sys.stderr)
             return 2
         pending = _assign(consumer, topic, sorted(meta.partitions), from_beginning, last, settings.connect_timeout_s)
-        _print(consumer, pending, decoder, out, follow, max_messages)
+        _print(consumer, pending, decoder, out, follow, max_messages, source)
         return 0
     except KeyboardInterrupt:
         return 0
@@ -200,9 +207,10 @@ def _print(
     out: TextIO,
     follow: bool,
     max_messages: int | None,
+    source: bytes | None = None,
 ) -> None:
     """Print messages until every pending partition reached its end (or forever with `follow`),
-    at most `max_messages`."""
+    at most `max_messages`; with `source`, only those whose `ce_source` header it is."""
     from confluent_kafka import KafkaError
 
     from relay.kafka.errors import Treat, translate, treatment
@@ -222,8 +230,9 @@ def _print(
             elif treatment(error) is Treat.DENIED:
                 raise translate(error, _reading(msg.topic() or "?"))
             continue
-        emit(json.dumps(render(msg, decoder), ensure_ascii=False), out)
-        printed += 1
+        if source is None or (dict(msg.headers() or []).get("ce_source") == source):
+            emit(json.dumps(render(msg, decoder), ensure_ascii=False), out)
+            printed += 1
         offset = msg.offset() or 0
         pending = {(p, end) for p, end in pending if not (p == msg.partition() and offset + 1 >= end)}
 
@@ -244,17 +253,15 @@ _NOT_READY = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC
 def _watermarks(consumer: Any, partition: Any, timeout_s: float) -> tuple[int, int]:
     """The partition's (low, high) offsets, asked again while its leader is not ready, for at
     most `timeout_s` (RELAY_CONNECT_TIMEOUT_S); then librdkafka's error."""
-    from confluent_kafka import KafkaException
-    from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
+    from tenacity import wait_fixed
+
+    from relay.core.retry import retrying
+    from relay.kafka.errors import kafka_error
 
     def not_ready(exc: BaseException) -> bool:
-        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        err = kafka_error(exc)
         return err is not None and (err.retriable() or err.name() in _NOT_READY)
 
-    for attempt in Retrying(
-        stop=stop_after_delay(timeout_s), wait=wait_fixed(0.25), retry=retry_if_exception(not_ready), reraise=True
-    ):
-        with attempt:
-            low, high = consumer.get_watermark_offsets(partition, timeout=timeout_s)
-            return int(low), int(high)
-    raise AssertionError("unreachable: Retrying re-raises the last error")
+    ask = retrying(not_ready, give_up_after_s=timeout_s, wait=wait_fixed(0.25))
+    low, high = ask(consumer.get_watermark_offsets, partition, timeout=timeout_s)
+    return int(low), int(high)

@@ -1,12 +1,13 @@
 """What the loop takes from the settings, checked where it is used (each failure names the
-RELAY_ setting; relay.config maps the settings onto this)."""
+RELAY_ setting; relay.config builds these from the settings)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 
 STOP, DEAD_LETTER = "stop", "dead-letter"
 POISON_POLICIES = (STOP, DEAD_LETTER)  # RELAY_ON_POISON (relay.core.poison)
@@ -35,22 +36,51 @@ def start_at_time(start_at: str) -> dt.datetime | None:
     return None if start_at in START_KEYWORDS else parse_start_time(start_at)
 
 
+def _positive(value: float, setting: str) -> None:
+    if value <= 0:
+        raise ConfigError(env_name(setting), f"must be greater than 0, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseTiming:
+    """How long a lease lasts and how often its holder and the standbys act (RELAY_LEASE_TTL_S,
+    RELAY_HEARTBEAT_INTERVAL_S, RELAY_STANDBY_POLL_S); the loop, the group and the health checks
+    share it.
+
+    Invariants checked here: every period is positive; the lease is renewed at least twice per TTL
+    (`heartbeat_interval_s` <= `lease_ttl_s` / 2), so a healthy leader never loses it.
+    """
+
+    lease_ttl_s: float
+    heartbeat_interval_s: float
+    standby_poll_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ttl_s", "heartbeat_interval_s", "standby_poll_s"):
+            _positive(getattr(self, name), name)
+        if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
+            raise ConfigError(
+                env_name("heartbeat_interval_s"),
+                f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
+                "so the lease is renewed before it expires",
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoopConfig:
     """The loop's limits, timing and policies (relay.core.loop.Relay).
 
-    Invariants checked here: every size and period is positive; the lease is renewed at least
-    twice per TTL (`heartbeat_interval_s` <= `lease_ttl_s` / 2), so a healthy leader never loses
-    it; the policies are ones the loop knows.
+    Invariants checked here: every size and period is positive; the policies are ones the loop
+    knows; RELAY_START_AT is `oplog-start`, `now` or an ISO-8601 time.
     """
 
     namespace: str  # what the loop's log lines name
-    batch_max_events: int
+    timing: LeaseTiming
+    # Most events handed to Kafka and not yet acknowledged (RELAY_BATCH_MAX_EVENTS: its public
+    # name predates the window; it caps what is in flight, whatever the reads' sizes).
+    max_in_flight_events: int
     batch_max_bytes: int
     pipeline_depth: int
-    lease_ttl_s: float
-    heartbeat_interval_s: float
-    standby_poll_s: float
     restart_backoff_max_s: float
     on_poison: str
     on_history_lost: str
@@ -61,16 +91,11 @@ class LoopConfig:
     transaction_max_events: int | None
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, (int, float)) and value <= 0:
-                raise ConfigError(env_name(f.name), f"must be greater than 0, got {value}")
-        if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
-            raise ConfigError(
-                env_name("heartbeat_interval_s"),
-                f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) "
-                "so the lease is renewed before it expires",
-            )
+        _positive(self.max_in_flight_events, "batch_max_events")
+        for name in ("batch_max_bytes", "pipeline_depth", "restart_backoff_max_s"):
+            _positive(getattr(self, name), name)
+        if self.transaction_max_events is not None:
+            _positive(self.transaction_max_events, "transaction_max_events")
         for name, allowed in (
             ("on_poison", POISON_POLICIES),
             ("on_history_lost", HISTORY_LOST_POLICIES),
@@ -78,8 +103,4 @@ class LoopConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(env_name(name), f"must be one of {', '.join(allowed)}; got {getattr(self, name)!r}")
-        self.start_at_time()  # raises ConfigError
-
-    def start_at_time(self) -> dt.datetime | None:
-        """The operator-given start time, or None for `oplog-start` / `now`."""
-        return start_at_time(self.start_at)
+        start_at_time(self.start_at)  # raises ConfigError

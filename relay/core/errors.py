@@ -1,26 +1,12 @@
 """One error tree, rooted at `RelayError`; every kind carries the action the loop takes for it.
 
-The loop never inspects exceptions itself: it asks `classify()` for an `Action`, and its outcome
-table (`relay.core.loop.Relay._outcome`) says what each action does:
-- RESTART: drop the producer and the change stream, back off, reopen from the stored checkpoint
-  (delivery errors, fatal producer errors, lost connections, elections);
-- REOPEN: the same, for a non-resumable change stream error a fresh cursor may not hit again;
-  if the same code repeats without progress the relay stops (RepeatedStreamError);
-- POISON: an event cannot be published (or the broker refused a record batch); the poison
-  policy (`relay.core.poison.PoisonPolicy`) decides: stop at the event, dead-letter it, or
-  replay the batch one message per request to find it;
-- FENCED: the lease was lost (a fenced MongoDB write, or in exactly-once mode the broker fenced
-  the transactional producer); stop publishing and go back to standby;
-- STOP: an operator must act (bad configuration, history lost, invalidated stream, pipeline
-  changed); the relay exits with the error's `exit_code`.
-
-The action is a class attribute of each kind, never derived from where a class sits in the tree.
-Exceptions of the drivers (pymongo, confluent-kafka) are classified by the driver layers
-(`relay.mongo.errors.action_for`, `relay.kafka.errors.action_for`), which the wiring hands to the
-loop; an exception nobody recognises stops the relay (exit 1). Errors raised while translating a
-driver's exception keep it as their cause (`raise ... from exc`): the stop line logs it.
-
-This module imports no driver: it is the bottom of the tree.
+The loop never inspects exceptions itself: it asks `classify()` for an `Action` (RESTART, REOPEN,
+POISON, FENCED, STOP), and its outcome table, in relay.core.loop's docstring, says what each one
+does. The action is a class attribute of each kind, never derived from where a class sits in the
+tree. The drivers' exceptions are classified by the driver layers (`relay.mongo.errors.action_for`,
+`relay.kafka.errors.action_for`), which the wiring hands to the loop; an exception nobody
+recognises stops the relay (exit 1). Errors raised while translating a driver's exception keep it
+as their cause (`raise ... from exc`): the stop line logs it. This module imports no driver.
 """
 
 from __future__ import annotations
@@ -35,22 +21,9 @@ EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
 EXIT_DATA = 4
 
-ENV_PREFIX = "RELAY_"
-KAFKA_ENV_PREFIX = "RELAY_KAFKA_"
-
-
-def env_name(name: str) -> str:
-    """The environment variable of a setting: `batch_max_events` -> RELAY_BATCH_MAX_EVENTS."""
-    return ENV_PREFIX + name.upper()
-
-
-def kafka_env_name(prop: str) -> str:
-    """The environment variable of a Kafka client property: `linger.ms` -> RELAY_KAFKA_LINGER_MS."""
-    return KAFKA_ENV_PREFIX + prop.upper().replace(".", "_")
-
 
 class Action(enum.Enum):
-    """What the loop does after an error ended a pass (the table in the module docstring)."""
+    """What the loop does after an error ended a pass (the table in relay.core.loop's docstring)."""
 
     RESTART = "restart"
     REOPEN = "reopen"
@@ -81,12 +54,6 @@ class ConfigError(RelayError):
     def __init__(self, setting: str, message: str) -> None:
         super().__init__(f"{setting}: {message}")
         self.setting = setting
-
-
-class DevStackError(RelayError):
-    """Raised when a local server (mongod, Kafka, a Schema Registry) cannot be prepared or started."""
-
-    action = Action.STOP
 
 
 class ServerUnreachableError(RelayError):
@@ -298,25 +265,3 @@ def cause_of(exc: BaseException) -> str | None:
         kind = f"{module}.{kind}"
     text = str(cause)
     return kind if len(text) > _CAUSE_CHARS or "\n" in text else f"{kind}: {text}"
-
-
-def run_command(prog: str, command: Callable[[], int]) -> int:
-    """Run a command, turning the relay's errors into their exit codes with a one-line message
-    on stderr (no traceback), and Ctrl-C into 130. Anything else prints its traceback and exits
-    1, as Python would. Whatever is printed is scrubbed of credentials (relay.core.redact)."""
-    import sys
-    import traceback
-
-    from relay.core.redact import scrub
-
-    try:
-        return command()
-    except RelayError as exc:
-        if not exc.logged:
-            print(scrub(f"{prog}: {type(exc).__name__}: {exc}"), file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        return 130
-    except Exception:  # noqa: BLE001 - printed as Python would, scrubbed of credentials
-        print(scrub(traceback.format_exc()), file=sys.stderr, end="")
-        return EXIT_FATAL

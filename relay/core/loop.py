@@ -1,44 +1,20 @@
-"""The relay loop: the only place that knows the order of steps.
-
-One step (`_step`), while holding the lease:
-  1. read a batch of changes and the token that covers exactly them (boundaries.ChangeSource);
-  2. build each Kafka message (boundaries.Encoder); a poison event is dead-lettered in place, or
-     (stop policy) ends the batch before it (poison.encode);
-  3. hand them to the producer (boundaries.Publisher) in deliveries that close once they reach
-     RELAY_BATCH_MAX_BYTES (window.split); up to RELAY_PIPELINE_DEPTH deliveries are in flight, holding
-     together at most RELAY_BATCH_MAX_EVENTS events (window.Window); in exactly-once mode the
-     reads of the open Kafka transaction, at most RELAY_TRANSACTION_MAX_EVENTS events, none of
-     them acknowledged before the commit (window.Window.transaction); a read that would keep
-     that transaction open past its time bound is preceded by its commit;
-  4. `_settle`: store, with a fenced majority write (boundaries.LeaseStore.commit), the token of
-     the newest delivery that Kafka acknowledged along with every delivery before it.
-An idle step first settles everything in flight, then stores the post-batch token at most every
-heartbeat interval (guarantee 7).
-
-`turn()` is one pass of the loop: a standby tries to take the lease (when its assignment says
-so: boundaries.Assignment, the share of a group of replicas over the partitions of an outbox); a
-new leader gets its producer (boundaries.DeliveryMode; exactly-once mode fences the lease's earlier
-producers), decides where to resume (resume.resume, from the lease's checkpoint, the offsets
-topic's record where its table needs it, and RELAY_START_AT), forgets a stale offsets record when
-that says so, opens the stream there (applying RELAY_ON_HISTORY_LOST if the point left the oplog)
-and stores what it says to store at once; a leader takes one step, or, between steps, hands
-the lease over when its assignment asks (`_hand_over`: the shutdown below without closing the
-clients, then standby). An exception ends the pass and goes through the outcome table
-(`_outcome`), keyed by the action each error kind carries (`errors.classify`; the drivers'
-exceptions are classified by the classifier the wiring passes):
+"""The relay loop: the only place that knows the order of steps (docs/architecture.md tells it
+as a story). `Relay.turn()` is one pass: a standby tries to take the lease; a new leader opens the
+stream where relay.core.resume decides; a leader takes one `_step` (read, encode, hand to the
+producer, store what Kafka acknowledged) or hands the lease over. An error that ends a pass goes
+through the outcome table, by the action its kind carries (relay.core.errors.classify):
 
 | action  | what the loop does |
 | ------- | ------------------ |
-| RESTART | drop the stream and the producer, wait (exponential backoff while no progress is made), reopen from the checkpoint |
+| RESTART | drop the stream and the producer; reopen from the checkpoint after the restart policy's wait (relay.core.restarts) |
 | REOPEN  | the same, unless the same code repeats without progress: then stop (RepeatedStreamError) |
-| POISON  | the poison policy decides: STOP at the event (what precedes it is already stored), DEAD_LETTER it on the replay, or ISOLATE the refused batch (replay it one message per request); both replays start at once |
+| POISON  | the poison policy decides (relay.core.poison): STOP at the event (what precedes it is already stored), DEAD_LETTER it on the replay, or ISOLATE the refused batch (one message per request); both replays start at once |
 | FENCED  | drop the stream and the producer (never release a lease that is not ours), poll as a standby; with RELAY_ON_LEASE_LOST=exit, stop |
 | STOP    | raise: `run()` writes the stop line and shuts down |
 
-Shutdown order, on `stop()`: finish the deliveries in flight and store their checkpoint; close
-the change stream; drop the producer (it holds nothing undelivered); release the lease so a
-standby takes over at once; run `close` (in the relay process, relay.group.runner closes the
-shared client once every loop stopped).
+Shutdown order, on `stop()`: finish the deliveries in flight and store their checkpoint; close the
+change stream; drop the producer (it holds nothing undelivered); release the lease so a standby
+takes over at once. The process (relay.group.runner) closes the shared clients after every loop.
 """
 
 from __future__ import annotations
@@ -48,8 +24,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-
-from tenacity import RetryCallState, wait_exponential_jitter
 
 from relay.core.boundaries import (
     ALWAYS,
@@ -64,6 +38,7 @@ from relay.core.boundaries import (
     SystemClock,
 )
 from relay.core.change import Batch
+from relay.core.checkpoints import CheckpointWriter
 from relay.core.config import WAIT_SLICE_S, LoopConfig
 from relay.core.errors import (
     Action,
@@ -73,12 +48,12 @@ from relay.core.errors import (
     PoisonEventError,
     RelayError,
     ReopenableStreamError,
-    RepeatedStreamError,
     TransientError,
     classify,
 )
 from relay.core.poison import Decision, PoisonPolicy, encode
-from relay.core.positions import Grant, Token, short_token
+from relay.core.positions import Grant, short_token
+from relay.core.restarts import RestartPolicy
 from relay.core.resume import IfLost, Resume, Rules, Store, resume
 from relay.core.window import Delivery, Window, split
 
@@ -95,25 +70,18 @@ class Session:
     window: Window
 
 
-def _nothing() -> None:
-    pass
-
-
 ObserverT = TypeVar("ObserverT", bound=LoopObserver)
 
 
 class Relay(Generic[ObserverT]):
     """Publishes one outbox collection (or one partition of it) to Kafka while it holds the lease.
 
-    Its boundaries are given: `source` makes a fresh change source for every leading session and
-    `delivery` its producer, the offsets record and its tombstone (the delivery mode,
-    relay.kafka.modes); `lease` is the lease document; `encoder` builds messages; `fingerprint`
-    identifies the source's pipeline (stored beside every token); `preflight` runs once at the
-    start of `run()` (configuration and reachability checks); `close` releases the clients after
-    the lease; `assignment` says when to try the lease and when to hand it over (a relay alone on
-    its outbox: always try, never hand over); `foreign_errors` classifies the drivers' exceptions
-    (relay.core.errors.classify). `relay.wiring.build` passes the real ones (neither `preflight`
-    nor `close`: the process's group runs the start-up checks and closes the client).
+    Its boundaries are given (relay.core.boundaries; `relay.wiring.build` passes the real ones):
+    `source` makes a fresh change source for every leading session and `mode` its producer, the
+    offsets record and its tombstone; `lease` is the lease document; `encoder` builds messages;
+    `fingerprint` identifies the source's pipeline (stored beside every token); `assignment` says
+    when to try the lease and when to hand it over (alone on its outbox: always try, never hand
+    over); `foreign_errors` classifies the drivers' exceptions (relay.core.errors.classify).
     """
 
     def __init__(
@@ -127,8 +95,6 @@ class Relay(Generic[ObserverT]):
         observer: ObserverT,
         fingerprint: str,
         clock: Clock | None = None,
-        preflight: Callable[[], None] = _nothing,
-        close: Callable[[], None] = _nothing,
         assignment: Assignment = ALWAYS,
         foreign_errors: ForeignClassifier | None = None,
     ) -> None:
@@ -140,22 +106,18 @@ class Relay(Generic[ObserverT]):
         self._encoder = encoder
         self._fingerprint = fingerprint
         self._clock: Clock = clock or SystemClock()
-        self._preflight = preflight
-        self._close = close
         self._assignment = assignment
         self._foreign_errors = foreign_errors
         self._stopping = threading.Event()
         self._poison = PoisonPolicy(config.on_poison)
         self._session: Session | None = None
         self._role = "starting"
-        self._last_write = 0.0  # monotonic time of the last write to the lease document
-        self._last_token: Token | None = None  # the last token this relay stored
-        # An idle read's newer token not stored yet (stored within a heartbeat interval, or when
-        # the session ends): it covers only acknowledged events, as `_idle` settles first.
-        self._unstored: Token | None = None
-        self._failures = 0  # restarts since the last progress (a stored checkpoint covering new events)
-        self._repeat_code: int | None = None  # the reopenable stream error met since the last progress
-        self._backoff = wait_exponential_jitter(multiplier=0.2, max=config.restart_backoff_max_s, jitter=0.2)
+        self._checkpoints = CheckpointWriter(
+            lease, fingerprint, self._clock, config.timing.heartbeat_interval_s, observer.checkpoint_stored
+        )
+        self._restarts = RestartPolicy(
+            config.restart_backoff_max_s, lambda s: self._clock.wait(s, self._stopping), observer.restart
+        )
 
     # ---- public -----------------------------------------------------------------------------
 
@@ -171,7 +133,6 @@ class Relay(Generic[ObserverT]):
         """Run until `stop()`. Raises the error that made the relay stop, after writing it as the
         stop's one ERROR line (see errors.classify for which errors stop it)."""
         try:
-            self._preflight()
             log.info("relay watching %s", self.config.namespace)
             while not self.stopping:
                 self.turn()
@@ -182,7 +143,7 @@ class Relay(Generic[ObserverT]):
                 exc.logged = True
             raise
         finally:
-            self._shutdown()
+            self._release()
 
     def turn(self) -> None:
         """One pass of the loop: as a standby try to take the lease, as a leader take one step;
@@ -208,15 +169,14 @@ class Relay(Generic[ObserverT]):
         if grant is None:
             self._wait_as_standby(f"another replica holds the lease on {self.config.namespace}")
             return
-        self._last_write = self._clock.monotonic()  # acquiring renewed the lease
+        self._checkpoints.begin(grant)  # acquiring renewed the lease
         self.observer.role("leader", grant.fencing_token)
         if self._role != "leader":
             log.info("holding the lease, fencing token %d", grant.fencing_token)
         self._role = "leader"
         source = self._sources()
-        publisher = self._mode.start(grant, lambda: self._heartbeat(grant))
+        publisher = self._mode.start(grant, self._heartbeat)
         self._session = session = Session(grant, source, publisher, self._window())
-        self._unstored = None
         self.observer.watch_publisher(publisher)
         self._open(session)
 
@@ -226,8 +186,8 @@ class Relay(Generic[ObserverT]):
         token is stored before its commit (window.Window.transaction)."""
         c = self.config
         if c.transaction_max_events is None:
-            return Window(c.batch_max_events, c.pipeline_depth)
-        return Window.transaction(c.transaction_max_events, c.batch_max_events)
+            return Window(c.max_in_flight_events, c.pipeline_depth)
+        return Window.transaction(c.transaction_max_events, c.max_in_flight_events)
 
     def _wait_as_standby(self, why: str) -> None:
         if self._role != "standby":
@@ -235,7 +195,7 @@ class Relay(Generic[ObserverT]):
             self._role = "standby"
             self.observer.role("standby", None)
         self.observer.tick()
-        self._clock.wait(self.config.standby_poll_s, self._stopping)
+        self._clock.wait(self.config.timing.standby_poll_s, self._stopping)
 
     def _open(self, session: Session) -> None:
         """Open the stream where the resume decision says (relay.core.resume.resume, its table):
@@ -243,13 +203,8 @@ class Relay(Generic[ObserverT]):
         store at once (the opening token when there is no checkpoint, unless the stream was
         rescanned; the offsets record's token when that was newer than the checkpoint, so `status`
         shows it)."""
-        grant = session.grant
-
-        def heartbeat() -> None:
-            self._heartbeat(grant)
-
         rules = self._resume_rules()
-        plan = resume(grant.checkpoint, lambda: self._mode.committed_record(heartbeat), rules)
+        plan = resume(session.grant.checkpoint, lambda: self._mode.committed_record(self._heartbeat), rules)
         if plan.forget is not None:
             log.warning(
                 "no MongoDB checkpoint for %s, but %s holds token %s: forgetting it (starting at RELAY_START_AT=%s)",
@@ -258,18 +213,22 @@ class Relay(Generic[ObserverT]):
                 short_token(plan.forget.token),
                 rules.start_at,
             )
-            self._mode.forget(session.publisher, heartbeat)
-        opened = self._open_at(session.source, plan)
+            self._mode.forget(session.publisher, self._heartbeat)
+        if plan.rescan:
+            session.source.rescan()
+            opened = False
+        else:
+            opened = self._open_at(session.source, plan)
         log.info("change stream opened %s", plan.description)
         if plan.store is Store.OPENING and opened and session.source.token is not None:
-            self._store(session, session.source.token)
+            self._checkpoints.store(session.source.token)
         elif plan.store is Store.RESUMED and plan.start.resume_after is not None:
-            self._store(session, plan.start.resume_after)
+            self._checkpoints.store(plan.start.resume_after)
 
     def _resume_rules(self) -> Rules:
         """What the resume decision reads from the settings and the delivery mode."""
-        c, p = self.config, self._mode
-        return Rules(self._fingerprint, p.name, c.start_at, c.on_history_lost, p.offsets_topic)
+        c, m = self.config, self._mode
+        return Rules(self._fingerprint, m.name, c.start_at, c.on_history_lost, m.offsets_topic)
 
     def _open_at(self, source: ChangeSource, plan: Resume) -> bool:
         """Open `source` at the plan's start; if that point left the oplog, do what the plan says
@@ -307,10 +266,11 @@ class Relay(Generic[ObserverT]):
         if batch.resumed:
             self.observer.resumed()
         if not batch.changes:
-            self._idle(s, batch)
+            self._settle(s, keep=0)
+            self._checkpoints.idle(batch.token)
             return
-        self._unstored = None  # the batch's own token will cover more
-        self._heartbeat(s.grant)  # a replica that was paused learns here that it lost the lease
+        self._checkpoints.read()
+        self._checkpoints.beat()  # a replica that was paused learns here that it lost the lease
         self._publish(s, batch, read_at)
         self._settle(s, keep=window.keep)
 
@@ -333,7 +293,7 @@ class Relay(Generic[ObserverT]):
                 alone,
                 read_at,
             )
-            s.publisher.send(delivery, lambda: self._heartbeat(s.grant))
+            s.publisher.send(delivery, self._heartbeat)
             s.window.add(delivery)
             start = end
             if alone:
@@ -377,10 +337,10 @@ class Relay(Generic[ObserverT]):
                 acknowledged = True
         finally:
             if newest is not None:
-                self._store(s, newest)
-                self._failures, self._repeat_code = 0, None  # progress
+                self._checkpoints.store(newest)
+                self._restarts.progressed()
             elif acknowledged:
-                self._renew(s.grant)  # rescanned documents: nothing to store, the lease still fenced
+                self._checkpoints.renew()  # rescanned documents: nothing to store, the lease still fenced
 
     def _await(self, s: Session, delivery: Delivery, everything: bool) -> None:
         """Serve reports until `delivery`'s are in (`everything`: the loop waits for every
@@ -388,40 +348,12 @@ class Relay(Generic[ObserverT]):
         wait = s.publisher.drain if everything else s.publisher.poll
         while not delivery.done:
             wait(WAIT_SLICE_S)
-            self._heartbeat(s.grant)
+            self._heartbeat()
 
-    def _idle(self, s: Session, batch: Batch) -> None:
-        """Nothing new: settle everything in flight, then store the post-batch token (or renew)
-        once a heartbeat interval has passed since the last write."""
-        self._settle(s, keep=0)
-        fresh = batch.token if batch.token is not None and batch.token != self._last_token else None
-        if self._clock.monotonic() - self._last_write >= self.config.heartbeat_interval_s:
-            if fresh is not None:
-                self._store(s, fresh)  # idle: the post-batch token still advances
-            else:
-                self._renew(s.grant)
-        elif fresh is not None:
-            self._unstored = fresh  # e.g. the end of a rescan: stored at the latest when the session ends
-
-    # ---- writes to the lease document ---------------------------------------------------------
-
-    def _store(self, s: Session, token: Token) -> None:
-        """Store `token`; called only once every event it covers was acknowledged by Kafka."""
-        self._lease.store_checkpoint(s.grant, token, self._fingerprint)
-        self._last_write = self._clock.monotonic()
-        self._last_token, self._unstored = token, None
-        self.observer.checkpoint_stored(token)
-        log.debug("checkpoint %s fencing=%d", short_token(token), s.grant.fencing_token)
-
-    def _renew(self, grant: Grant) -> None:
-        self._lease.renew(grant)
-        self._last_write = self._clock.monotonic()
-
-    def _heartbeat(self, grant: Grant) -> None:
+    def _heartbeat(self) -> None:
         """Runs while waiting on Kafka: keep the lease alive so a slow broker is not a takeover."""
         self.observer.tick()
-        if self._clock.monotonic() - self._last_write >= self.config.heartbeat_interval_s:
-            self._renew(grant)
+        self._checkpoints.beat()
 
     # ---- outcomes -------------------------------------------------------------------------------
 
@@ -436,21 +368,12 @@ class Relay(Generic[ObserverT]):
         }
         handlers[classify(exc, self._foreign_errors)](exc)
 
-    def _restart(self, exc: Exception, at_once: bool = False) -> None:
-        """Drop the stream and the producer; the next pass reopens from the checkpoint. The
-        first restart after progress is immediate, later ones back off exponentially."""
+    def _restart(self, exc: Exception) -> None:
         self._close_session()
-        delay = 0.0 if at_once or self._failures == 0 else self._delay(self._failures)
-        self._failures += 1
-        self.observer.restart(exc, delay)
-        self._clock.wait(delay, self._stopping)
+        self._restarts.restart(exc)
 
     def _reopen(self, exc: ReopenableStreamError) -> None:
-        if self._repeat_code == exc.code:
-            raise RepeatedStreamError(
-                f"{exc}; it repeated after reopening from the checkpoint, so the relay stops"
-            ) from exc
-        self._repeat_code = exc.code
+        self._restarts.check_reopen(exc)  # raises when it repeated: the stop releases the lease
         self._restart(exc)
 
     def _on_poison(self, exc: PoisonEventError | BatchRefusedError) -> None:
@@ -464,7 +387,8 @@ class Relay(Generic[ObserverT]):
                 exc.reason,
                 extra={"event_id": exc.event_id},
             )
-        self._restart(exc, at_once=True)
+        self._close_session()
+        self._restarts.restart(exc, at_once=True)
 
     def _standby(self, exc: Exception) -> None:
         self._close_session()
@@ -477,11 +401,6 @@ class Relay(Generic[ObserverT]):
 
     def _stop(self, exc: Exception) -> None:
         raise exc
-
-    def _delay(self, failures: int) -> float:
-        state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
-        state.attempt_number = failures
-        return float(self._backoff(state))
 
     # ---- shutdown -----------------------------------------------------------------------------
 
@@ -498,17 +417,12 @@ class Relay(Generic[ObserverT]):
             return
         try:
             self._settle(self._session, keep=0)
-            if self._unstored is not None:
-                self._store(self._session, self._unstored)
+            self._checkpoints.flush()
         except Exception as exc:  # noqa: BLE001 - the next leader replays from the last checkpoint
             log.warning(
                 "stopping without storing the last deliveries (%s); the next leader replays them from the checkpoint",
                 exc,
             )
-
-    def _shutdown(self) -> None:
-        self._release()
-        self._close()
 
     def _release(self) -> None:
         """Close the session and release its lease (a failure leaves it to expire)."""

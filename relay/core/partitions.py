@@ -19,9 +19,12 @@ compute the same in Python (tests/integration/test_partitions.py checks them aga
 server); consumers can use them to find the partition of a key. MongoDB's `$mod` keeps the
 sign of the dividend, so the stage matches `h mod N` in {k, k - N}.
 
-**Leases**: with N = 1 the lease document's id is the namespace `<db>.<collection>`, as it has
-always been; with N > 1 partition k has its own, `<db>.<collection>#<k>/<N>`, with its own
-fencing token and checkpoint.
+**Scopes and leases**: a relay loop publishes one `Scope`, the events of one outbox in one
+partition of it (Partition(0, 1): all of them), under one lease. The unpartitioned outbox is
+`Partition(0, 1)` everywhere; only its lease id and its documents keep the shape they always had
+(`Scope.partitioned` is the one test of it): with N = 1 the lease document's id is the namespace
+`<db>.<collection>`; with N > 1 partition k has its own, `<db>.<collection>#<k>/<N>`, with its
+own fencing token and checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_PARTITIONS = 64
@@ -53,8 +57,49 @@ class Partition:
         return f"{self.index}/{self.count}"
 
 
+WHOLE = Partition(0, 1)  # the unpartitioned outbox: every event
+
+
 def partitions(count: int) -> list[Partition]:
     return [Partition(k, count) for k in range(count)]
+
+
+@dataclass(frozen=True, order=True)
+class Scope:
+    """What one relay loop publishes and one lease guards: the events of the outbox `namespace`
+    (`database.collection`) that fall in `partition`."""
+
+    namespace: str
+    partition: Partition = WHOLE
+
+    @property
+    def database(self) -> str:
+        return self.namespace.partition(".")[0]
+
+    @property
+    def collection(self) -> str:
+        return self.namespace.partition(".")[2]
+
+    @property
+    def partitioned(self) -> bool:
+        """Whether the outbox is split (RELAY_PARTITIONS > 1). An unpartitioned outbox's lease id,
+        lease document and metric labels keep the shape they had before partitions existed."""
+        return self.partition.count > 1
+
+    @property
+    def lease_id(self) -> str:
+        """The lease document's id: the namespace when the outbox is not partitioned."""
+        if not self.partitioned:
+            return self.namespace
+        return f"{self.namespace}#{self.partition.index}/{self.partition.count}"
+
+    def __str__(self) -> str:
+        return self.lease_id
+
+
+def scopes(namespaces: Sequence[str], count: int) -> list[Scope]:
+    """Every scope of the outboxes `namespaces` split into `count` partitions, outbox by outbox."""
+    return [Scope(namespace, p) for namespace in namespaces for p in partitions(count)]
 
 
 def hashed_index_key(value: str | None) -> int:
@@ -75,23 +120,16 @@ def partition_of(aggregate_id: str | None, count: int) -> int:
 # ---- lease ids ----------------------------------------------------------------------------------
 
 
-def lease_id(namespace: str, partition: Partition | None) -> str:
-    """The lease document's id: the namespace when the outbox is not partitioned (N = 1)."""
-    if partition is None or partition.count == 1:
-        return namespace
-    return f"{namespace}#{partition.index}/{partition.count}"
-
-
 def lease_id_pattern(namespace: str) -> str:
     """A regular expression matching every lease id of `namespace`, whatever its partition count."""
     return f"^{re.escape(namespace)}(#[0-9]+/[0-9]+)?$"
 
 
 def parse_lease_id(namespace: str, value: str) -> Partition | None:
-    """The partition a lease id names (Partition(0, 1) for the namespace itself); None if it is
-    not a lease id of `namespace`."""
+    """The partition a lease id names (WHOLE for the namespace itself); None if it is not a lease
+    id of `namespace`."""
     if value == namespace:
-        return Partition(0, 1)
+        return WHOLE
     m = re.fullmatch(re.escape(namespace) + r"#([0-9]+)/([0-9]+)", value)
     if m is None:
         return None

@@ -44,6 +44,13 @@ def short_token(token: Token | None) -> str:
     return data[2:18] + "…" if len(data) > 18 else data
 
 
+def position_key(at: ClusterTime) -> str:
+    """The position just before every change at cluster time `at`, as a string comparable with a
+    token's `_data`: the KeyString's Timestamp prefix ("82", seconds, increment), which every token
+    at that time extends."""
+    return f"82{at.time:08X}{at.inc:08X}"
+
+
 def newer(a: Token, b: Token) -> bool:
     """Whether token `a` lies after token `b` in the change stream (uppercase hex keeps the
     KeyString's byte order, so comparing the strings compares the positions)."""
@@ -74,7 +81,8 @@ class Checkpoint:
     `delivery` is the RELAY_DELIVERY of the relay that stored it (None before that was recorded):
     after `exactly-once` the offsets topic may hold a newer token (relay.core.resume).
     `seed`, while there is no token, is where a changed partition count starts this lease
-    (relay.mongo.repartition).
+    (relay.mongo.repartition). `rescan`, while there is no token, says the lease's outbox was added
+    to RELAY_OUTBOXES: it starts by publishing every document it holds (relay.mongo.outboxes).
     """
 
     token: Token | None
@@ -82,6 +90,7 @@ class Checkpoint:
     fingerprint: str | None
     delivery: str | None = None
     seed: ClusterTime | None = None
+    rescan: bool = False
 
 
 @dataclass(frozen=True)

@@ -87,10 +87,13 @@ class Resume:
     store: Store = Store.NOTHING
     forget: Committed | None = None
     checkpoint: Token | None = None  # the MongoDB checkpoint's token, when the record was newer
+    rescan: bool = False  # open at "now" and publish every document of the outbox first
 
     @property
     def description(self) -> str:
         """Where the stream opens, for the log line that says so."""
+        if self.rescan:
+            return "now, after publishing every document the outbox holds (it was added to RELAY_OUTBOXES)"
         if self.store is Store.RESUMED:
             return (
                 f"after {short_token(self.start.resume_after)} from the offsets topic's record, newer than the "
@@ -111,6 +114,7 @@ def resume(checkpoint: Checkpoint, committed: Callable[[], Committed | None], ru
     | token of another pipeline (fingerprint set and not ours) | not newer, or not read | PipelineMismatchError | | |
     | token | not newer, or not read (at-least-once after at-least-once) | after the token | policy | |
     | no token, RELAY_DELIVERY=exactly-once here | read: a record is forgotten first (a tombstone) | as the rows below | | |
+    | no token, the outbox was added to RELAY_OUTBOXES (`rescan`) | | now, after rescanning the outbox | (cannot happen) | nothing (the scan's end is stored once delivered) |
     | no token, a partition's seed (startAtClusterTime) | | at the seed (startAtOperationTime) | policy | store the opening token |
     | no token, RELAY_START_AT=now | | now | (cannot happen) | store the opening token |
     | no token, RELAY_START_AT=<ISO time> | | at that time | policy | store the opening token |
@@ -124,6 +128,8 @@ def resume(checkpoint: Checkpoint, committed: Callable[[], Committed | None], ru
     """
     if checkpoint.token is None:
         forget = committed() if rules.delivery == EXACTLY_ONCE else None
+        if checkpoint.rescan:
+            return Resume(StartPoint(), rules.if_lost, Store.NOTHING, forget, rescan=True)
         start, if_lost = _first_start(checkpoint, rules)
         return Resume(start, if_lost, Store.OPENING, forget)
     if EXACTLY_ONCE in (rules.delivery, checkpoint.delivery):

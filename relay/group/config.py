@@ -4,31 +4,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.config import LeaseTiming
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 from relay.core.partitions import MAX_PARTITIONS
 
 
 @dataclass(frozen=True, kw_only=True)
 class GroupConfig:
-    """This replica, its outbox, the partition count, and the heartbeat period of the group.
+    """This replica, its outboxes, the partition count, and the heartbeat period of the group.
 
-    Invariant checked here: replicas heartbeat every `standby_poll_s` and stop counting as live
-    after `lease_ttl_s`; with partitions, where the live replicas decide the shares, the period
+    Invariant checked here: replicas heartbeat every RELAY_STANDBY_POLL_S and stop counting as live
+    after RELAY_LEASE_TTL_S; with partitions, where the live replicas decide the shares, the period
     is at most half the TTL.
     """
 
     instance_id: str
-    namespace: str
+    outboxes: tuple[str, ...]  # database.collection of each outbox the group publishes
     partitions: int
-    standby_poll_s: float
-    lease_ttl_s: float
+    timing: LeaseTiming
+
+    @property
+    def shared(self) -> bool:
+        """Whether the replicas share the leases out (RELAY_PARTITIONS > 1). Without partitions there
+        is nothing to balance: every replica may try every lease and none hands one over, so the
+        leases alone decide who leads, and a replica joining never moves them."""
+        return self.partitions > 1
+
+    @property
+    def name(self) -> str:
+        """The group's name in the membership documents: the outbox, or the sorted list of them."""
+        return ",".join(sorted(self.outboxes))
 
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ConfigError(env_name("partitions"), f"must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")
-        if self.partitions > 1 and self.standby_poll_s * 2 > self.lease_ttl_s:
+        timing = self.timing
+        if self.partitions > 1 and timing.standby_poll_s * 2 > timing.lease_ttl_s:
             raise ConfigError(
                 env_name("standby_poll_s"),
-                f"must be at most half of RELAY_LEASE_TTL_S ({self.lease_ttl_s}) with RELAY_PARTITIONS > 1: "
+                f"must be at most half of RELAY_LEASE_TTL_S ({timing.lease_ttl_s}) with RELAY_PARTITIONS > 1: "
                 "replicas heartbeat this often and stop counting as live after the TTL",
             )

@@ -1,20 +1,17 @@
-"""A relay process: the replica of a group sharing the partitions of one outbox.
+"""A relay process: one replica of the group publishing a set of outboxes.
 
-An unpartitioned relay is a group of one partition (RELAY_PARTITIONS=1), run the same way. A process
-runs one `relay.core.loop.Relay` per partition, each in its own thread with its own lease, change
-stream and producer (a standby partition holds neither stream nor producer). `Relay` keeps
-the order of steps; this module only decides, through each relay's `Assignment`, whether it
-should try its lease and whether it should hand it over at its next batch boundary. The rule
-(relay.group.balance): every live replica computes the same targets from the same list of live
-replicas (relay.mongo.membership); a replica tries free partitions while it leads fewer than its
-target and hands over the ones above it.
+A process runs one `relay.core.loop.Relay` per scope (an outbox in one partition of it, with its
+own lease), each in its own thread with its own producer; the change streams are the process's,
+one per database, shared by the loops that lead (relay.mongo.stream). `Relay` keeps the order of
+steps; this module only decides, through each relay's `Assignment`, whether it should try its
+lease and whether it should hand it over at its next batch boundary (relay.group.balance).
 
 The coordinator (`Group.run`'s own loop) writes this replica's heartbeat every
 RELAY_STANDBY_POLL_S, reads the live replicas, and sets the target. Shutdown order, on `stop()`:
-mark this replica stopped (the others take its share at once), stop every partition's relay
-(each finishes its deliveries, stores its final checkpoint and releases its lease), close the
-client. A partition whose relay stops on an error stops the group the same way, and `run()`
-raises that error (the process exits with its code).
+mark this replica stopped (the others take its share at once), stop every relay (each finishes
+its deliveries, stores its final checkpoint and releases its lease), close the streams and the
+client. A relay that stops on an error stops the group the same way, and `run()` raises that
+error (the process exits with its code).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from typing import Any, Protocol
 
 from relay.core.errors import RelayError, ServerError
 from relay.core.loop import Relay
-from relay.core.partitions import Partition
+from relay.core.partitions import Scope
 from relay.group.balance import Balance, target_of
 from relay.group.config import GroupConfig
 from relay.ops.observe import ProcessObserver
@@ -46,9 +43,9 @@ class Membership(Protocol):
 
 
 class Group:
-    """Runs the partitions' relays of one outbox in this process (see the module docstring).
+    """Runs the relays of its scopes in this process (see the module docstring).
 
-    `relays` are built for `partitions` with the assignments of `balance` (relay.wiring.build);
+    `relays` are built for the scopes with the assignments of `balance` (relay.wiring.build);
     `preflight` runs first (checks, the partition count), `close` last. Has `run()`, `stop()` and
     `observer` (relay.ops.observe.ProcessObserver: its metrics `registry`, `serve()`).
     """
@@ -56,7 +53,7 @@ class Group:
     def __init__(
         self,
         config: GroupConfig,
-        relays: Sequence[tuple[Partition, Relay[Any]]],
+        relays: Sequence[tuple[Scope, Relay[Any]]],
         balance: Balance,
         membership: Membership,
         observer: ProcessObserver,
@@ -77,7 +74,7 @@ class Group:
 
     def stop(self) -> None:
         """Ask the group to shut down (thread- and signal-safe): `run()` marks this replica stopped,
-        then stops every partition's relay."""
+        then stops every relay."""
         self._stopping.set()
 
     @property
@@ -85,7 +82,7 @@ class Group:
         return self._stopping.is_set()
 
     def run(self) -> None:
-        """Run until `stop()` or until a partition's relay stops on an error, which is raised."""
+        """Run until `stop()` or until a relay stops on an error, which is raised."""
         threads: list[threading.Thread] = []
         try:
             try:
@@ -96,20 +93,13 @@ class Group:
                 if isinstance(exc, RelayError):
                     exc.logged = True
                 raise
-            if self.config.partitions > 1:
-                log.info(
-                    "relay %s in the group of %s with %d partitions",
-                    self.config.instance_id,
-                    self.config.namespace,
-                    self.config.partitions,
-                )
-            for partition, relay in self.relays:
-                thread = threading.Thread(
-                    target=self._run_relay, args=(relay,), daemon=True, name=f"relay-{partition.index}"
-                )
+            c = self.config
+            log.info("relay %s in the group of %s (%d partitions each)", c.instance_id, c.name, c.partitions)
+            for scope, relay in self.relays:
+                thread = threading.Thread(target=self._run_relay, args=(relay,), daemon=True, name=f"relay-{scope}")
                 thread.start()
                 threads.append(thread)
-            while not self._stopping.wait(self.config.standby_poll_s):
+            while not self._stopping.wait(self.config.timing.standby_poll_s):
                 self._beat()
         finally:
             if self._joined:
@@ -143,13 +133,9 @@ class Group:
                 log.info("group heartbeat recovered")
             self._beat_failed, self._joined = False, True
             c = self.config
-            target = target_of(c.instance_id, live, c.partitions)
-            if target != self.balance.target and c.partitions > 1:
-                log.info(
-                    "share: %d of %d partitions (%d live replicas)",
-                    target,
-                    c.partitions,
-                    len(set(live) | {c.instance_id}),
-                )
+            count = len(self.relays)
+            target = target_of(c.instance_id, live, count, c.shared)
+            if target != self.balance.target and c.shared:
+                log.info("share: %d of %d leases (%d live replicas)", target, count, len(set(live) | {c.instance_id}))
             self.balance.set_target(target)
         self.observer.tick(len(leading), self.balance.target)

@@ -12,7 +12,9 @@ order). Invariants, each enforced by one function here and tested with in-memory
   committed offset is the next one to read), only for partitions the batch holds.
 - `without_partitions`: messages of partitions revoked in a rebalance are dropped from a batch
   not yet applied, so nothing is committed for a partition this consumer lost.
-- `BatchLimits`: a batch closes at `max_events` messages or `max_seconds` after its first one.
+- `BatchLimits`: a batch closes at `max_events` messages or `max_seconds` after its first one;
+  `Gathering` says how long each poll of one batch may wait and when the batch is complete (the
+  consumer, relay.inbox.consumer, only polls).
 """
 
 from __future__ import annotations
@@ -85,6 +87,36 @@ class BatchLimits:
         if gathered >= self.max_events:
             return True
         return first_at is not None and now - first_at >= self.max_seconds
+
+
+@dataclass
+class Gathering:
+    """One batch being gathered: how long the next poll may wait, and whether to poll again.
+
+    The first poll waits up to `idle_s` (an idle consumer notices a stop that quickly); once a
+    message arrived, the batch closes at `limits` (count, or `max_seconds` after the first
+    message) or at the first poll that returns nothing (the consumer has caught up)."""
+
+    limits: BatchLimits
+    idle_s: float
+    first_at: float | None = None
+
+    def wait(self, gathered: int, now: float) -> float | None:
+        """How long the next poll may wait; None when the batch is complete."""
+        if self.limits.closed(gathered, self.first_at, now):
+            return None
+        if self.first_at is None:
+            return self.idle_s
+        return max(self.first_at + self.limits.max_seconds - now, 0.0)
+
+    def polled(self, gathered: int, received: int, now: float) -> bool:
+        """After a poll that returned `received` messages (`gathered` kept so far): whether to
+        poll again. An idle first poll, or an empty poll after the first message, ends it."""
+        if gathered == 0 or (received == 0 and self.first_at is not None):
+            return False
+        if self.first_at is None:
+            self.first_at = now
+        return True
 
 
 def split_at_poison(batch: Sequence[M | Poisoned]) -> tuple[list[M], Poisoned | None, list[M | Poisoned]]:

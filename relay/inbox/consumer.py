@@ -20,20 +20,25 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from relay.inbox.batching import BatchLimits, without_partitions
+from relay.inbox.batching import BatchLimits, Gathering, without_partitions
 from relay.inbox.config import RunOptions
 from relay.inbox.decoding import header_dict
-from relay.kafka.errors import Attempt, Treat, translate, treatment
+from relay.kafka.errors import Attempt, Treat, kafka_error, translate, treatment
 
 log = logging.getLogger("relay.inbox")
+
+
+class Stopping(Protocol):
+    """What `gather` reads between polls (relay.inbox.stopping.StopSignal, or a threading.Event)."""
+
+    def is_set(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,6 @@ class KafkaSource:
         self._batch: list[Received] = []
         self._assigned: set[tuple[str, int]] = set()
         self._lags: dict[tuple[str, int], int] = {}
-        self.revocations = 0
         self._consumer = Consumer({**options.consumer_config(), "stats_cb": self._on_stats})
         self._consumer.subscribe(
             list(options.topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
@@ -82,7 +86,6 @@ class KafkaSource:
         self._lags = {k: v for k, v in self._lags.items() if k not in lost}
         before = len(self._batch)
         self._batch[:] = without_partitions(self._batch, lost)
-        self.revocations += 1
         log.info(
             "revoked %s; %d messages of them dropped from the batch being gathered",
             _names(partitions),
@@ -90,27 +93,26 @@ class KafkaSource:
             extra={"partitions": _names(partitions)},
         )
 
-    def gather(self, limits: BatchLimits, stop: threading.Event) -> list[Received]:
+    def gather(self, limits: BatchLimits, stop: Stopping) -> list[Received]:
         """The next batch, in delivery order; [] after an idle poll or when `stop` is set first.
 
-        Closes at `limits` (count, or time since the first message) or when a poll returns nothing.
+        Closes at `limits` (count, or time since the first message) or when a poll returns nothing
+        (`batching.Gathering`). Runs the rebalance callbacks (inside `consume`).
         """
         self._batch = []
-        first_at: float | None = None
-        while not stop.is_set() and not limits.closed(len(self._batch), first_at, time.monotonic()):
-            if first_at is None:
-                timeout = self._options.poll_timeout_s
-            else:
-                timeout = max(first_at + limits.max_seconds - time.monotonic(), 0.0)
+        gathering = Gathering(limits, self._options.poll_timeout_s)
+        while not stop.is_set():
+            timeout = gathering.wait(len(self._batch), time.monotonic())
+            if timeout is None:
+                break
             messages = self._consumer.consume(limits.room(len(self._batch)), timeout)
             for msg in messages:
                 if msg.error() is None:
                     self._batch.append(Received.of(msg))
                 else:
                     self._consumer_error(msg.error(), msg.topic())
-            if not self._batch or (not messages and first_at is not None):
+            if not gathering.polled(len(self._batch), len(messages), time.monotonic()):
                 break
-            first_at = first_at or time.monotonic()
         return self._batch
 
     def commit(self, offsets: dict[tuple[str, int], int]) -> bool:
@@ -122,7 +124,7 @@ class KafkaSource:
                 offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()], asynchronous=False
             )
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
+            error = kafka_error(exc)
             if treatment(error) is Treat.DENIED:
                 raise translate(error, self._consuming(", ".join(sorted({t for t, _ in offsets})))) from exc
             log.warning("offset commit failed (redelivered events will be skipped): %s", exc, extra={"cause": str(exc)})

@@ -11,10 +11,11 @@ in the same order, nothing of it committed to Kafka until it succeeds):
 - a Schema Registry that cannot be asked (SchemaRegistryUnavailableError: a network error, a
   timeout, 408/429/5xx; relay.avro.framing.decode_failure).
 
-Anything else is not retried. Raised by the handler, it makes the handler's event poison: also a
-PyMongoError that no later attempt can fix (InvalidOperation or ConfigurationError from a wrong
-or ended session, a duplicate key, a refused command). Raised by the inbox's own work, it ends
-`run` (no replica set, a missing privilege, a registry that refuses the inbox's credentials).
+Anything else is not retried. Raised by the handler, it makes the handler's event poison
+(HandlerError names its event): also a PyMongoError that no later attempt can fix
+(InvalidOperation or ConfigurationError from a wrong or ended session, a duplicate key, a refused
+command). Raised by the inbox's own work, it ends `run` (no replica set, a missing privilege, a
+registry that refuses the inbox's credentials).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError, WriteConcernError
 
 from relay.core.errors import Action, SchemaRegistryUnavailableError
+from relay.inbox.event import InboxEvent
 from relay.mongo.errors import action_for
 
 TRANSACTION_LABELS = ("TransientTransactionError", "UnknownTransactionCommitResult")
@@ -38,3 +40,13 @@ def retryable(exc: BaseException) -> bool:
     if isinstance(exc, (ConnectionFailure, WriteConcernError)) or exc.timeout:
         return True
     return isinstance(exc, OperationFailure) and action_for(exc) is Action.RESTART
+
+
+class HandlerError(Exception):
+    """Raised when the handler raised for `event` (the batch's transaction was aborted): the
+    event is poison (relay.inbox.poison)."""
+
+    def __init__(self, event: InboxEvent, cause: BaseException) -> None:
+        super().__init__(f"handler raised {type(cause).__name__}: {cause}")
+        self.event = event
+        self.cause = cause

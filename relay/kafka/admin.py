@@ -8,7 +8,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from relay.core.errors import ServerUnreachableError, env_name
+from relay.core.errors import ServerUnreachableError
+from relay.core.names import env_name
 from relay.kafka.config import KafkaConfig
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relay.core.config import DELIVERY_MODES, EXACTLY_ONCE
-from relay.core.errors import ConfigError, env_name, kafka_env_name
+from relay.core.errors import ConfigError
 from relay.core.message import valid_topic
+from relay.core.names import env_name, kafka_env_name
 from relay.core.redact import Properties, Uri, hold_masked
 
 # Producer properties the relay's guarantees depend on: forced, and refused if contradicted.

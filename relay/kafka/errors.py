@@ -34,8 +34,8 @@ from relay.core.errors import (
     PoisonEventError,
     ProducerFatalError,
     ProducerFencedError,
-    kafka_env_name,
 )
+from relay.core.names import kafka_env_name
 
 
 class Treat(enum.Enum):
@@ -113,10 +113,17 @@ def producing(topics: Iterable[str], event_id: str = "?", batch: int = 0, step: 
     return Attempt(step, needs, event_id, batch)
 
 
-def kafka_error(exc: KafkaException) -> KafkaError | None:
-    """The `KafkaError` a `KafkaException` carries (None if it carries something else)."""
-    err = exc.args[0] if exc.args else None
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The `KafkaError` a `KafkaException` carries: the one way to read a driver error's code
+    (None for any other exception, or one that carries something else)."""
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return err if isinstance(err, KafkaError) else None
+
+
+def has_code(exc: BaseException, code: int) -> bool:
+    """Whether `exc` is a KafkaException carrying a KafkaError with `code`."""
+    err = kafka_error(exc)
+    return err is not None and err.code() == code
 
 
 def treatment(err: object) -> Treat | None:

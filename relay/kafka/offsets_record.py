@@ -20,7 +20,8 @@ from typing import Any
 from bson import json_util
 from bson.json_util import CANONICAL_JSON_OPTIONS
 
-from relay.core.errors import OffsetsRecordError, env_name
+from relay.core.errors import OffsetsRecordError
+from relay.core.names import env_name
 
 RECORD_VERSION = 1
 

@@ -12,13 +12,16 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
+from tenacity import wait_fixed
 
 from relay.core.config import WAIT_SLICE_S
-from relay.core.errors import ConfigError, ServerUnreachableError, TransientError, env_name
+from relay.core.errors import ConfigError, ServerUnreachableError, TransientError
+from relay.core.names import env_name
+from relay.core.retry import retrying
 from relay.kafka.acls import OFFSETS_GROUP_PREFIX
 from relay.kafka.admin import client_config
 from relay.kafka.config import KafkaConfig
-from relay.kafka.errors import Attempt, Treat, translate, treatment
+from relay.kafka.errors import Attempt, Treat, has_code, kafka_error, translate, treatment
 from relay.kafka.offsets_record import OffsetsRecord, partition_for
 
 log = logging.getLogger(__name__)
@@ -68,11 +71,11 @@ class OffsetsTopic:
             step = self._step("check the offsets topic is compacted", "DESCRIBE_CONFIGS")
             configs = self._describe(admin)
         except KafkaException as exc:
-            if treatment(exc.args[0] if exc.args else None) is Treat.DENIED:
-                raise translate(exc.args[0], step) from exc
+            if treatment(kafka_error(exc)) is Treat.DENIED:
+                raise translate(kafka_error(exc), step) from exc
             raise ServerUnreachableError(
                 f"cannot create or describe the offsets topic {self.topic!r} ({env_name('offsets_topic')}) at "
-                f"{self._config.bootstrap_servers}: {exc.args[0] if exc.args else exc}"
+                f"{self._config.bootstrap_servers}: {kafka_error(exc) or exc}"
             ) from exc
         policy = configs["cleanup.policy"].value or ""
         if "compact" not in policy.split(","):
@@ -96,7 +99,7 @@ class OffsetsTopic:
             future[self.topic].result(timeout=timeout)
             log.info("created the offsets topic %s (compacted, replication %d)", self.topic, replicas)
         except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another replica was first
+            if not has_code(exc, KafkaError.TOPIC_ALREADY_EXISTS):  # another replica was first
                 raise
 
     def _describe(self, admin: AdminClient) -> dict[str, Any]:
@@ -104,18 +107,17 @@ class OffsetsTopic:
         answering for a little while (metadata propagation), so that answer is retried."""
         resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
         timeout = self._config.connect_timeout_s
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                configs: dict[str, Any] = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
-                    timeout=timeout
-                )
-                return configs
-            except KafkaException as exc:
-                unknown = exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                if not unknown or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+
+        def describe() -> dict[str, Any]:
+            configs: dict[str, Any] = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+                timeout=timeout
+            )
+            return configs
+
+        def unknown(exc: BaseException) -> bool:
+            return has_code(exc, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+        return retrying(unknown, give_up_after_s=timeout, wait=wait_fixed(0.2))(describe)
 
     def partition(self, lease_id: str) -> int:
         """The partition holding `lease_id`'s records (relay.kafka.offsets_record.partition_for)."""
@@ -142,10 +144,10 @@ class OffsetsTopic:
             )
             return int(futures[tp].result(timeout=timeout).offset)
         except KafkaException as exc:
-            if missing_ok and exc.args and exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            if missing_ok and has_code(exc, KafkaError.UNKNOWN_TOPIC_OR_PART):
                 return None
-            if treatment(exc.args[0] if exc.args else None) is Treat.DENIED:
-                raise translate(exc.args[0], self._step("list the offsets topic's offsets", "DESCRIBE")) from exc
+            if treatment(kafka_error(exc)) is Treat.DENIED:
+                raise translate(kafka_error(exc), self._step("list the offsets topic's offsets", "DESCRIBE")) from exc
             raise TransientError(f"cannot list the offsets of {self.topic}[{partition}]: {exc}") from exc
 
     def read(self, lease_id: str, heartbeat: Heartbeat, missing_ok: bool = False) -> OffsetsRecord | None:

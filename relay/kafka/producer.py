@@ -23,11 +23,22 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.core.config import WAIT_SLICE_S
 from relay.core.window import Delivery
-from relay.kafka.errors import config_error, producing, translate
+from relay.kafka.errors import config_error, kafka_error, producing, translate
 
 log = logging.getLogger(__name__)
 
 DRAIN_SLICE_S = 0.01  # longest a drain flushes before it checks for a failed report
+
+
+class ProduceRefused(Exception):
+    """Raised when librdkafka refused a message in produce(): its error (`cause`) and the event and
+    topic it was handed (what a refusal names)."""
+
+    def __init__(self, cause: KafkaException, event_id: str, topic: str) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.event_id = event_id
+        self.topic = topic
 
 
 def delivery_failure(delivery: Delivery) -> Exception:
@@ -57,8 +68,6 @@ class LibrdkafkaProducer:
             )
         except KafkaException as exc:
             raise config_error(exc) from exc
-        self._current = "?"  # the event being handed to produce() (names a refusal by produce itself)
-        self._topic = "?"  # the topic of the message handed over last (names a refusal by produce or poll)
 
     def _on_error(self, err: KafkaError) -> None:
         # Client-level errors: librdkafka keeps retrying and reports per-message failures
@@ -69,10 +78,9 @@ class LibrdkafkaProducer:
     def _produce_all(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
         """Hand every message of `delivery` to the producer with its bound report callback,
         blocking only while the local queue is full (then serving reports and `while_waiting`).
-        Raises librdkafka's KafkaException; `self._current` names the message it was handing over."""
+        Raises ProduceRefused naming the message produce() refused, or poll()'s KafkaException."""
         produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._poll
         for m in delivery.messages:
-            self._current, self._topic = m.event_id, m.topic
             while True:
                 try:
                     produce(m.topic, m.value, m.key, headers=m.headers, on_delivery=on_delivery)
@@ -80,7 +88,8 @@ class LibrdkafkaProducer:
                 except BufferError:  # local queue full: serve reports, then retry
                     poll(WAIT_SLICE_S)
                     while_waiting()
-        self._current = "?"
+                except KafkaException as exc:
+                    raise ProduceRefused(exc, m.event_id, m.topic) from exc
 
     def _poll(self, timeout: float) -> int:
         return int(self._producer.poll(timeout))
@@ -88,9 +97,11 @@ class LibrdkafkaProducer:
     def failure(self, delivery: Delivery) -> Exception:
         return delivery_failure(delivery)
 
-    def _refused(self, exc: KafkaException, event_id: str = "?") -> Exception:
-        """The relay's error for a failure of produce() (naming `event_id`) or poll()/flush()."""
-        return translate(exc.args[0] if exc.args else None, producing([self._topic], event_id))
+    def _refused(self, exc: KafkaException | ProduceRefused) -> Exception:
+        """The relay's error for a refusal by produce() (naming its event and topic) or poll()/flush()."""
+        if isinstance(exc, ProduceRefused):
+            return translate(kafka_error(exc.cause), producing([exc.topic], exc.event_id))
+        return translate(kafka_error(exc), producing([]))
 
     @property
     def queued(self) -> int:
@@ -117,8 +128,8 @@ class IdempotentPublisher(LibrdkafkaProducer):
         try:
             self._produce_all(delivery, while_waiting)
             self._poll(0)
-        except KafkaException as exc:
-            raise self._refused(exc, self._current) from exc
+        except (KafkaException, ProduceRefused) as exc:
+            raise self._refused(exc) from exc
 
     def poll(self, timeout: float) -> None:
         """Run delivery callbacks that are due (waiting up to `timeout` for one); after a failed

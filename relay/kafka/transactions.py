@@ -29,7 +29,8 @@ Errors, translated by relay.kafka.errors.translate (one table of codes) for the 
   report decides as for the idempotent producer (a refused record batch is replayed one message
   per transaction to name the poison event), else TransactionAbortedError -> restart;
 - fatal: ProducerFatalError -> restart with a new producer (which fences this one);
-- retriable timeouts of commit/abort/init: retried in slices, serving the lease heartbeat.
+- retriable timeouts of commit/abort/init: retried in slices (relay.core.retry), serving the lease
+  heartbeat.
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ from relay.core.errors import (
     TransientError,
 )
 from relay.core.positions import Grant
+from relay.core.retry import retrying
 from relay.core.window import Delivery
 from relay.kafka.config import KafkaConfig
-from relay.kafka.errors import Attempt, Treat, config_error, fenced, translate, treatment
+from relay.kafka.errors import Attempt, Treat, config_error, fenced, kafka_error, translate, treatment
 from relay.kafka.offsets_record import OffsetsRecord, transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
-from relay.kafka.producer import LibrdkafkaProducer, delivery_failure
+from relay.kafka.producer import LibrdkafkaProducer, ProduceRefused, delivery_failure
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,28 @@ def check_transactional_config(config: KafkaConfig, lease_id: str) -> None:
         Producer(transactional_config(config, lease_id))
     except KafkaException as exc:
         raise config_error(exc) from exc
+
+
+def _serving(heartbeat: Heartbeat) -> Callable[[BaseException, float], None]:
+    """A retry's hook between attempts that serves the lease heartbeat."""
+
+    def serve(_error: BaseException, _wait_s: float) -> None:
+        heartbeat()
+
+    return serve
+
+
+def _still_working(abortable: bool) -> Callable[[BaseException], bool]:
+    """Whether a transaction call's error says "not done yet, call again": retriable, not fatal,
+    and (for a commit) not one that needs the transaction aborted."""
+
+    def retriable(exc: BaseException) -> bool:
+        err = kafka_error(exc)
+        if err is None or not err.retriable() or err.fatal():
+            return False
+        return abortable or not err.txn_requires_abort()
+
+    return retriable
 
 
 def aborted_failure(deliveries: list[Delivery]) -> Exception | None:
@@ -145,31 +169,36 @@ class TransactionalPublisher(LibrdkafkaProducer):
         self._run_transaction(lambda: self._produce_record(None), heartbeat)
 
     def _init_transactions(self, heartbeat: Heartbeat) -> None:
+        """`init_transactions`, retried while the broker answers with a retriable error (a
+        coordinator not ready yet), serving the lease heartbeat, for at most the connect timeout
+        (30 s at least)."""
         limit = max(self._config.connect_timeout_s, 30.0)
-        deadline = time.monotonic() + limit
         attempt = self._attempt("initialize transactions")
-        while True:
-            try:
-                self._producer.init_transactions(WAIT_SLICE_S * 2)
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                failure = translate(err, attempt)
-                if not isinstance(failure, DeliveryError):  # refused, fenced, a setting, fatal
-                    self._unusable = True
-                    raise failure from exc
-                if not err.retriable() or time.monotonic() > deadline:
-                    raise TransientError(
-                        f"init_transactions for {transactional_id(self._lease_id)} did not complete within "
-                        f"{limit:.0f}s ({err}); the broker must support transactions "
-                        "(transaction.state.log.replication.factor and min.isr at most the brokers there are)"
-                    ) from exc
-                heartbeat()
+
+        def not_ready(exc: BaseException) -> bool:
+            err = kafka_error(exc)
+            return err is not None and err.retriable() and isinstance(translate(err, attempt), DeliveryError)
+
+        try:
+            retrying(not_ready, give_up_after_s=limit, before_wait=_serving(heartbeat))(
+                self._producer.init_transactions, WAIT_SLICE_S * 2
+            )
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            failure = translate(err, attempt)
+            if not isinstance(failure, DeliveryError):  # refused, fenced, a setting, fatal
+                self._unusable = True
+                raise failure from exc
+            raise TransientError(
+                f"init_transactions for {transactional_id(self._lease_id)} did not complete within "
+                f"{limit:.0f}s ({err}); the broker must support transactions "
+                "(transaction.state.log.replication.factor and min.isr at most the brokers there are)"
+            ) from exc
 
     def _attempt(self, step: str, event_id: str = "?") -> Attempt:
         """What this producer does in `step`, for relay.kafka.errors.translate: WRITE and DESCRIBE
         on its transactional id, and on the topics of the open transaction and the offsets topic."""
-        topics = sorted({m.topic for d in self._open for m in d.messages} | {self._topic} - {"?"})
+        topics = sorted({m.topic for d in self._open for m in d.messages})
         names = ", ".join([*topics, self._offsets.topic])
         needs = (
             ("TRANSACTIONAL_ID", transactional_id(self._lease_id), "WRITE, DESCRIBE"),
@@ -203,8 +232,10 @@ class TransactionalPublisher(LibrdkafkaProducer):
                 self._in_transaction = True
                 self._opened_at = time.monotonic()
             self._produce_all(delivery, while_waiting)
+        except ProduceRefused as exc:
+            raise self._failed(kafka_error(exc.cause), while_waiting, exc.event_id) from exc
         except KafkaException as exc:
-            raise self._failed(exc.args[0] if exc.args else None, while_waiting) from exc
+            raise self._failed(kafka_error(exc), while_waiting) from exc
         self._open_events += len(delivery.messages)
         self._open_bytes += sum(len(m.value) for m in delivery.messages)
         c = self._config
@@ -240,7 +271,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
                 )
             self._commit(while_waiting)
         except KafkaException as exc:
-            raise self._failed(exc.args[0] if exc.args else None, while_waiting) from exc
+            raise self._failed(kafka_error(exc), while_waiting) from exc
         deliveries, self._open = self._open, []
         self._open_events = self._open_bytes = 0
         deadline = time.monotonic() + self._config.connect_timeout_s
@@ -262,41 +293,38 @@ class TransactionalPublisher(LibrdkafkaProducer):
             produce()
             self._commit(while_waiting)
         except KafkaException as exc:
-            raise self._failed(exc.args[0] if exc.args else None, while_waiting) from exc
+            raise self._failed(kafka_error(exc), while_waiting) from exc
 
     def _commit(self, while_waiting: Heartbeat) -> None:
-        while True:
-            try:
-                self._producer.commit_transaction(WAIT_SLICE_S)
-                self._in_transaction = False
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.retriable() and not err.fatal() and not err.txn_requires_abort():
-                    while_waiting()  # still committing (flushing); delivery timeouts bound this
-                    continue
-                raise
+        """`commit_transaction`, retried while it is still flushing (a retriable error that needs no
+        abort), serving the lease heartbeat; the delivery timeout bounds it."""
+        retrying(_still_working(abortable=False), before_wait=_serving(while_waiting))(
+            self._producer.commit_transaction, WAIT_SLICE_S
+        )
+        self._in_transaction = False
 
-    def _failed(self, err: KafkaError | None, while_waiting: Heartbeat) -> Exception:
+    def _failed(self, err: KafkaError | None, while_waiting: Heartbeat, event_id: str = "?") -> Exception:
         """The error a failed transaction is reported as, after aborting it where that is possible;
         every delivery it held is released as failed (none of it is visible)."""
         deliveries, self._open = self._open, []
         self._open_events = self._open_bytes = 0
         try:
-            return self._failure(err, deliveries, while_waiting)
+            return self._failure(err, deliveries, while_waiting, event_id)
         finally:
             stand_in = (b"", err if err is not None else KafkaError(KafkaError._PURGE_QUEUE, "transaction aborted"))
             for d in deliveries:
                 d.release(stand_in)
 
-    def _failure(self, err: KafkaError | None, deliveries: list[Delivery], while_waiting: Heartbeat) -> Exception:
+    def _failure(
+        self, err: KafkaError | None, deliveries: list[Delivery], while_waiting: Heartbeat, event_id: str
+    ) -> Exception:
         if err is not None and err.fatal():
             self._unusable = True
             return translate(err, self._attempt("run a transaction"))  # fenced, or unusable
         try:
             self._abort(while_waiting)
         except KafkaException as exc:
-            abort_err = exc.args[0] if exc.args else None
+            abort_err = kafka_error(exc)
             self._unusable = True
             if fenced(abort_err):
                 return translate(abort_err, self._attempt("abort a transaction"))
@@ -308,26 +336,21 @@ class TransactionalPublisher(LibrdkafkaProducer):
         if refusal is not None:
             return refusal
         if err is not None and not err.txn_requires_abort() and not err.retriable():
-            return translate(err, self._attempt("produce", self._current))  # refused by produce() itself
+            return translate(err, self._attempt("produce", event_id))  # refused by produce() itself
         if treatment(err) is Treat.DENIED:  # a refused ACL (the offsets topic's, say), aborted first
             return translate(err, self._attempt("run a transaction"))
         return TransactionAbortedError(f"transaction aborted, none of it visible: {err}")
 
     def _abort(self, while_waiting: Heartbeat) -> None:
+        """`abort_transaction`, retried while the broker answers with a retriable error, serving
+        the lease heartbeat, for at most the transaction timeout (the broker aborts it then)."""
         if not self._in_transaction:
             return
-        deadline = time.monotonic() + self._config.transaction_timeout_ms / 1000
-        while True:
-            try:
-                self._producer.abort_transaction(WAIT_SLICE_S)
-                self._in_transaction = False
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.retriable() and not err.fatal() and time.monotonic() < deadline:
-                    while_waiting()
-                    continue
-                raise
+        limit = self._config.transaction_timeout_ms / 1000
+        retrying(_still_working(abortable=True), give_up_after_s=limit, before_wait=_serving(while_waiting))(
+            self._producer.abort_transaction, WAIT_SLICE_S
+        )
+        self._in_transaction = False
 
     def poll(self, timeout: float) -> None:
         """Serve reports, waiting up to `timeout` but not past the open transaction's time bound,
@@ -336,7 +359,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
         try:
             self._producer.poll(timeout if due is None else max(0.0, min(timeout, due)))
         except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
+            err = kafka_error(exc)
             if self._open:
                 raise self._failed(err, self._while_waiting) from exc
             raise translate(err, self._attempt("poll")) from exc

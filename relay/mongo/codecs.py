@@ -8,18 +8,15 @@ the Python path of the encoder decodes a document, with the outbox's codec (rela
 dates outside years 1-9999 as DatetimeMS, so one such date does not fail a whole batch).
 
 An install without the compiled module (a source install without Rust) reads them with
-`read_in_python`, which gives the same values (tests/unit/test_native.py), more slowly
-(relay.avro.encoding says so once at start).
-
-`change_value` makes the value of an insert by hand (tests, benchmarks), through the same reader.
+`read_in_python`, which gives the same values and routes (tests/unit/test_python_reader.py), more
+slowly (relay.avro.encoding says so once at start).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import bson
@@ -49,7 +46,7 @@ def _event_id(document: bytes) -> str:
 
 
 @functools.cache
-def _reader() -> Callable[[list[Any]], tuple[list[Change], int]]:
+def _reader() -> Callable[[list[Any], list[int] | None], tuple[list[Change], int]]:
     """The compiled reader (relay._native, built by `make setup`, in the published wheel), made
     once; `read_in_python` where this install has no compiled module."""
     try:
@@ -59,15 +56,16 @@ def _reader() -> Callable[[list[Any]], tuple[list[Change], int]]:
     return _native.ChangeReader(Change, ClusterTime, _event_id, decode).read  # type: ignore[no-any-return]
 
 
-def read_changes(changes: list[Any]) -> tuple[list[Change], int]:
+def read_changes(changes: list[Any], routes: list[int] | None = None) -> tuple[list[Change], int]:
     """The inserts of one read (raw change events, in stream order) as Change values, up to the
     first change that is not an insert (a drop, rename or invalidate), and that change's index
-    (-1: every change is an insert). ValueError names a change that is not a change event."""
-    return _reader()(changes)
+    (-1: every change is an insert); each insert's route (its field `r`, -1 without one) appended
+    to `routes` when given. ValueError names a change that is not a change event."""
+    return _reader()(changes, routes)
 
 
-def read_in_python(changes: list[Any]) -> tuple[list[Change], int]:
-    """`read_changes` without the compiled module: the same values, read with pymongo's bson."""
+def read_in_python(changes: list[Any], routes: list[int] | None = None) -> tuple[list[Change], int]:
+    """`read_changes` without the compiled module: the same values and routes, read with pymongo's bson."""
     values: list[Change] = []
     for i, change in enumerate(changes):
         raw = getattr(change, "raw", None)
@@ -83,13 +81,15 @@ def read_in_python(changes: list[Any]) -> tuple[list[Change], int]:
         if not isinstance(token, RawBSONDocument) or not isinstance(document, RawBSONDocument):
             raise ValueError(f"change {i}: an insert without _id or fullDocument")
         position: Token = decode(bytes(token.raw))
-        stamp, wall = fields.get("clusterTime"), fields.get("wallTime")
+        stamp, wall, route = fields.get("clusterTime"), fields.get("wallTime"), fields.get("r")
         cluster_time = (
             ClusterTime(stamp.time, stamp.inc) if isinstance(stamp, bson.Timestamp) else _token_time(position)
         )
         wall_ms = int(wall) if isinstance(wall, DatetimeMS) else -1
         document_bytes = bytes(document.raw)
         values.append(Change(_own_id(document, document_bytes), position, cluster_time, wall_ms, document_bytes))
+        if routes is not None:  # an int32 or int64 `r`, else -1
+            routes.append(int(route) if isinstance(route, int) and not isinstance(route, bool) else -1)
     return values, -1
 
 
@@ -112,23 +112,3 @@ def _token_time(token: Token) -> ClusterTime | None:
     if not all(c in string.hexdigits for c in data[2:18]):
         return None
     return ClusterTime(int(data[2:10], 16), int(data[10:18], 16))
-
-
-def insert_change(document: Mapping[str, Any], token: Mapping[str, Any], **fields: Any) -> RawBSONDocument:
-    """The raw insert change event of `document` at `token`, as the stream hands it out (tests,
-    benchmarks), with any other change fields (`clusterTime`, `wallTime`)."""
-    change = {"_id": dict(token), "operationType": "insert", **fields, "fullDocument": document}
-    return RawBSONDocument(bson.encode(change), RAW_CHANGE_CODEC)
-
-
-def change_value(
-    document: Mapping[str, Any],
-    token: Mapping[str, Any],
-    cluster_time: bson.Timestamp | None = None,
-    wall_time: dt.datetime | None = None,
-) -> Change:
-    """The Change the source hands over for the insert of `document` at `token` (tests,
-    benchmarks): without `cluster_time`, the token's (relay.core.positions.token_cluster_time)."""
-    fields = {"clusterTime": cluster_time, "wallTime": wall_time}
-    [change], _ = read_changes([insert_change(document, token, **{k: v for k, v in fields.items() if v is not None})])
-    return change

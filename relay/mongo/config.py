@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_plus
 
+from pymongo import MongoClient
+from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError, InvalidURI
 from pymongo.uri_parser import parse_uri, parse_userinfo, split_options
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 from relay.core.redact import MASK, Uri, hold_masked, secret_name, uri_secrets
 
 SRV_SCHEME = "mongodb+srv://"
@@ -86,8 +89,9 @@ class MongoConfig:
     URI is a `Uri`: shown without its password; `uri.reveal()` is for the client only."""
 
     uri: Uri
-    database: str
-    outbox_collection: str
+    database: str  # holds the relay's own state: the lease collection and its _replicas
+    outboxes: tuple[str, ...]  # database.collection of every outbox (relay.config.parse_outboxes)
+    change_streams: str  # CHANGE_STREAMS: one per database holding outboxes, or one for the cluster
     lease_collection: str
     connect_timeout_s: float
     max_await_ms: int  # the longest a getMore waits for new changes
@@ -95,17 +99,30 @@ class MongoConfig:
     def __post_init__(self) -> None:
         hold_masked(self, uris=["uri"])
         check_uri(self.uri.reveal())
-        for name in ("database", "outbox_collection", "lease_collection"):
+        for name in ("database", "lease_collection"):
             if not getattr(self, name).strip():
                 raise ConfigError(env_name(name), "must not be empty")
+        if not self.outboxes or any(not n.partition(".")[2].strip() for n in self.outboxes):
+            raise ConfigError(env_name("outbox_collection"), "must not be empty")
+        if self.change_streams not in CHANGE_STREAMS:
+            raise ConfigError(
+                env_name("change_streams"), f"must be one of {', '.join(CHANGE_STREAMS)}; got {self.change_streams!r}"
+            )
         for name in ("connect_timeout_s", "max_await_ms"):
             if getattr(self, name) <= 0:
                 raise ConfigError(env_name(name), f"must be greater than 0, got {getattr(self, name)}")
 
-    @property
-    def namespace(self) -> str:
-        return f"{self.database}.{self.outbox_collection}"
+    def leases(self, client: MongoClient[Any]) -> Collection[Any]:
+        """The collection of the lease documents (in the state database)."""
+        return client[self.database][self.lease_collection]
 
+    def outbox(self, client: MongoClient[Any], namespace: str) -> Collection[Any]:
+        database, _, collection = namespace.partition(".")
+        return client[database][collection]
+
+
+PER_DATABASE, CLUSTER = "per-database", "cluster"
+CHANGE_STREAMS = (PER_DATABASE, CLUSTER)  # RELAY_CHANGE_STREAMS
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}

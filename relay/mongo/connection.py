@@ -14,7 +14,8 @@ from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.server_api import ServerApi
 
-from relay.core.errors import ConfigError, ServerUnreachableError, env_name
+from relay.core.errors import ConfigError, ServerUnreachableError
+from relay.core.names import env_name
 from relay.mongo.config import URI_ERRORS, MongoConfig, uri_error
 from relay.mongo.errors import AUTHENTICATION_FAILED
 

@@ -40,10 +40,10 @@ from pymongo import ASCENDING, MongoClient
 from pymongo.collection import Collection
 
 from relay.core.errors import OperatorActionError
-from relay.core.partitions import lease_id, partitions
+from relay.core.partitions import Scope, partitions
 from relay.core.positions import ClusterTime
-from relay.mongo.changes import oplog_start
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
+from relay.mongo.cursor import oplog_start
 from relay.mongo.lease import cluster_time
 from relay.mongo.pipeline import scan_filter
 
@@ -220,15 +220,16 @@ class Cleaner:
         return result
 
 
-def cleaner_for(client: MongoClient[Any], mongo: MongoConfig, occurred_at: str, config: OutboxCleanupConfig) -> Cleaner:
-    """The Cleaner of the configured outbox and lease collections."""
-    db = client[mongo.database]
-    return Cleaner(client, db[mongo.outbox_collection], db[mongo.lease_collection], occurred_at, config)
+def cleaner_for(
+    client: MongoClient[Any], mongo: MongoConfig, namespace: str, occurred_at: str, config: OutboxCleanupConfig
+) -> Cleaner:
+    """The Cleaner of the outbox `namespace` (its leases in the state database)."""
+    return Cleaner(client, mongo.outbox(client, namespace), mongo.leases(client), occurred_at, config)
 
 
 def shares_of(namespace: str, count: int, aggregate_id_field: str) -> list[tuple[str, dict[str, Any] | None]]:
-    """Every partition's lease id and documents (RELAY_PARTITIONS = `count`)."""
-    return [(lease_id(namespace, p), scan_filter(p, aggregate_id_field)) for p in partitions(count)]
+    """Every partition's lease id and documents (RELAY_PARTITIONS = `count`) of the outbox `namespace`."""
+    return [(Scope(namespace, p).lease_id, scan_filter(p, aggregate_id_field)) for p in partitions(count)]
 
 
 class OutboxReport(Protocol):
@@ -241,23 +242,27 @@ class OutboxReport(Protocol):
     def cleanup_error(self, exc: BaseException) -> None: ...
 
 
+@dataclass
+class Watched:
+    """One outbox the housekeeper measures and cleans up: its cleaner, its partitions' lease ids
+    and documents (`shares_of`), and where its checks report."""
+
+    cleaner: Cleaner
+    shares: Sequence[tuple[str, Mapping[str, Any] | None]]
+    report: OutboxReport
+
+
 class Housekeeper:
-    """A thread that, every RELAY_OUTBOX_CHECK_INTERVAL_S, measures the outbox (size, age of the
+    """A thread that, every RELAY_OUTBOX_CHECK_INTERVAL_S, measures each outbox (size, age of the
     oldest undelivered event, TTL headroom; on every replica) and, with RELAY_OUTBOX_RETENTION,
-    cleans up the partitions this replica leads. It never touches the loop: a slow delete cannot stall
-    publishing, and every decision rests on the stored checkpoint alone."""
+    cleans up the partitions this replica leads. It never touches the loops: a slow delete cannot
+    stall publishing, and every decision rests on the stored checkpoint alone."""
 
     def __init__(
-        self,
-        cleaner: Cleaner,
-        leases: Collection[Any],
-        instance_id: str,
-        shares: Sequence[tuple[str, Mapping[str, Any] | None]],
-        config: OutboxCleanupConfig,
-        report: OutboxReport,
+        self, watched: Sequence[Watched], leases: Collection[Any], instance_id: str, config: OutboxCleanupConfig
     ) -> None:
-        self._cleaner, self._leases, self._instance = cleaner, leases, instance_id
-        self._shares, self._config, self._report = list(shares), config, report
+        self._watched, self._leases, self._instance = list(watched), leases, instance_id
+        self._config = config
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -270,46 +275,54 @@ class Housekeeper:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def _led(self) -> list[tuple[str, Mapping[str, Any] | None]]:
+    def _led(
+        self, shares: Sequence[tuple[str, Mapping[str, Any] | None]]
+    ) -> list[tuple[str, Mapping[str, Any] | None]]:
         now = dt.datetime.now(dt.UTC)
         held = {
             d["_id"]
             for d in self._leases.find(
-                {"_id": {"$in": [lid for lid, _ in self._shares]}, "owner": self._instance},
+                {"_id": {"$in": [lid for lid, _ in shares]}, "owner": self._instance},
                 projection={"expiresAt": 1},
             )
             if d.get("expiresAt") is not None and _aware(d["expiresAt"]) > now
         }
-        return [(lid, docs) for lid, docs in self._shares if lid in held]
+        return [(lid, docs) for lid, docs in shares if lid in held]
 
     def _run(self) -> None:
         while not self._stop.wait(self._config.check_interval_s):
-            try:
-                self.check_once()
-            except Exception as exc:  # noqa: BLE001 - a failed check must not end the checks
-                self._report.cleanup_error(exc)
-                log.warning("outbox check failed (retrying in %.0fs): %s", self._config.check_interval_s, exc)
+            for watched in self._watched:
+                try:
+                    self.check_once(watched)
+                except Exception as exc:  # noqa: BLE001 - a failed check must not end the checks
+                    watched.report.cleanup_error(exc)
+                    log.warning(
+                        "outbox check of %s failed (retrying in %.0fs): %s",
+                        watched.cleaner.namespace,
+                        self._config.check_interval_s,
+                        exc,
+                    )
 
-    def check_once(self) -> list[PassResult]:
-        """One round: measure the outbox (any replica: a standby sees a stalled leader's outbox
-        age), then clean up the partitions this replica leads (if retention is set)."""
-        c = self._cleaner
-        self._report.size(c.outbox.estimated_document_count())
-        self._measure([c.position(lid) for lid, _ in self._shares])
+    def check_once(self, watched: Watched) -> list[PassResult]:
+        """One round for one outbox: measure it (any replica: a standby sees a stalled leader's
+        outbox age), then clean up the partitions this replica leads (if retention is set)."""
+        c, report = watched.cleaner, watched.report
+        report.size(c.outbox.estimated_document_count())
+        self._measure(watched, [c.position(lid) for lid, _ in watched.shares])
         retention = self._config.retention_s
         if retention is None:
             return []
         results = []
-        for lid, documents in self._led():
+        for lid, documents in self._led(watched.shares):
             result = c.run_pass(lid, documents, retention, budget_s=self._config.pass_budget_s)
             if result.deleted:
-                self._report.deleted(result.deleted)
+                report.deleted(result.deleted)
                 log.info("outbox clean-up: deleted %d documents covered by %s", result.deleted, lid)
             results.append(result)
         return results
 
-    def _measure(self, positions: Sequence[Position]) -> None:
-        c = self._cleaner
+    def _measure(self, watched: Watched, positions: Sequence[Position]) -> None:
+        c, report = watched.cleaner, watched.report
         known = [p.time for p in positions if p.time is not None]
         if not known:
             return
@@ -317,9 +330,9 @@ class Housekeeper:
         now = dt.datetime.now(dt.UTC)
         occurred = None if oldest is None else oldest.get(c.occurred_at)
         age = 0.0 if not isinstance(occurred, dt.datetime) else max((now - _aware(occurred)).total_seconds(), 0.0)
-        self._report.oldest_undelivered(age)
+        report.oldest_undelivered(age)
         ttl = ttl_seconds(c.outbox, c.occurred_at)
-        self._report.ttl_headroom(None if ttl is None else ttl - age, self._config.ttl_headroom_warn_s)
+        report.ttl_headroom(None if ttl is None else ttl - age, self._config.ttl_headroom_warn_s)
 
 
 def _aware(value: dt.datetime) -> dt.datetime:

@@ -1,5 +1,5 @@
-"""The lease, its fencing token, and the fenced checkpoint, in one MongoDB document per outbox
-(per partition of it with RELAY_PARTITIONS > 1: relay.core.partitions).
+"""The lease, its fencing token, and the fenced checkpoint, in one MongoDB document per scope (an
+outbox, or one partition of it with RELAY_PARTITIONS > 1: relay.core.partitions.Scope).
 
 Design from the blog post in shared/reference (004): find-and-modify with upsert and majority
 write concern takes or renews the lease; the fencing token (a version) grows by one whenever
@@ -19,6 +19,8 @@ A partition's document (`<db>.<collection>#<k>/<N>`) also holds `outbox`, `parti
 `partitions` and `acquiredAt` (server time of the last change of owner), and, after a change of
 RELAY_PARTITIONS (relay.mongo.repartition), `startAtClusterTime`: where the partition starts while it
 has no checkpoint of its own. The unpartitioned document (`<db>.<collection>`) is as it always was.
+A document created for an outbox added to RELAY_OUTBOXES holds `rescan: true` until its first
+checkpoint (relay.mongo.outboxes): it starts by publishing what the outbox already holds.
 """
 
 from __future__ import annotations
@@ -32,58 +34,57 @@ from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
 from relay.core.errors import LeaseLostError
-from relay.core.partitions import Partition
+from relay.core.partitions import Scope
 from relay.core.positions import Checkpoint, ClusterTime, Grant, token_cluster_time
 
 MAJORITY = WriteConcern("majority")
 
 
 class LeaseStore:
-    """The lease document for one outbox (its `_id` is the outbox namespace), or for one
-    partition of it (`partition`; its `_id` is `lease_id`, see relay.core.partitions.lease_id).
+    """The lease document of one scope (its `_id` is `scope.lease_id`: the outbox's namespace, or
+    `<namespace>#<k>/<N>` for a partition of it).
 
     `lease_id` is the identity of whatever this lease guards (the exactly-once mode names its
     transactional producer and offsets after it).
     """
 
     def __init__(
-        self,
-        collection: Collection[Any],
-        lease_id: str,
-        owner: str,
-        ttl_s: float,
-        partition: Partition | None = None,
-        namespace: str | None = None,
-        delivery: str = "at-least-once",
+        self, collection: Collection[Any], scope: Scope, owner: str, ttl_s: float, delivery: str = "at-least-once"
     ) -> None:
         self._coll = collection.with_options(write_concern=MAJORITY)
-        self.lease_id = lease_id
+        self.scope = scope
+        self.lease_id = scope.lease_id
         self.owner = owner
         self.delivery = delivery  # RELAY_DELIVERY, stored beside every checkpoint
         self._ttl_ms = int(ttl_s * 1000)
         self._ensured = False
         # A partition's fields; none for the unpartitioned document, which stays as it was.
-        self._partition = partition if partition is not None and partition.count > 1 else None
+        p = scope.partition
         self._fields: dict[str, Any] = (
-            {}
-            if self._partition is None
-            else {"outbox": namespace, "partition": self._partition.index, "partitions": self._partition.count}
+            {"outbox": scope.namespace, "partition": p.index, "partitions": p.count} if scope.partitioned else {}
         )
 
     def _expires(self) -> dict[str, Any]:
         return {"$add": ["$$NOW", self._ttl_ms]}
 
-    def ensure(self) -> None:
-        """Create the lease document if it does not exist (idempotent)."""
+    def ensure(self, rescan: bool = False) -> bool:
+        """Create the lease document if it does not exist (idempotent); `rescan` marks a new one
+        to start by publishing what its outbox holds. True when it was created now."""
         # A find-and-modify that compares with $$NOW needs $expr, which an upsert refuses, so
         # the document is created first (idempotently) and then only ever updated.
+        created = False
         if not self._ensured:
-            self._coll.update_one(
-                {"_id": self.lease_id},
-                {"$setOnInsert": {"owner": None, "fencingToken": 0, "expiresAt": None, **self._fields}},
-                upsert=True,
-            )
+            new = {"owner": None, "fencingToken": 0, "expiresAt": None, **self._fields}
+            if rescan:
+                new["rescan"] = True
+            result = self._coll.update_one({"_id": self.lease_id}, {"$setOnInsert": new}, upsert=True)
+            created = result.upserted_id is not None
             self._ensured = True
+        return created
+
+    def exists(self) -> bool:
+        """Whether the lease document exists."""
+        return self._coll.count_documents({"_id": self.lease_id}, limit=1) > 0
 
     def try_acquire(self) -> Grant | None:
         """Take the lease if it is free, expired or already ours; renew it if ours.
@@ -111,7 +112,7 @@ class LeaseStore:
                 }
             }
         ]
-        if self._partition is not None:
+        if self.scope.partitioned:
             # When the partition changed hands (balancing, takeovers): `status` shows it.
             update[0]["$set"]["acquiredAt"] = {"$cond": [{"$eq": ["$owner", me]}, "$acquiredAt", "$$NOW"]}
         doc = self._coll.find_one_and_update(
@@ -141,6 +142,7 @@ class LeaseStore:
                 "checkpointAt": "$$NOW",
                 "expiresAt": self._expires(),
                 "renewedAt": "$$NOW",
+                "rescan": "$$REMOVE",  # an added outbox's scan is done once a position is stored
             },
         )
 
@@ -183,5 +185,6 @@ def _grant(doc: Mapping[str, Any]) -> Grant:
             doc.get("pipelineFingerprint"),
             doc.get("delivery"),
             cluster_time(doc.get("startAtClusterTime")),
+            bool(doc.get("rescan")),
         ),
     )

@@ -1,20 +1,28 @@
-"""The change stream pipeline: which changes the relay reads, and the fingerprint stored beside
-every token (a token is tied to its pipeline: resuming with another one could skip or repeat
-events, so a mismatch stops the relay, relay.core.resume.resume).
+"""The change stream pipelines: what a scope's checkpoint refers to, and what a shared stream reads.
 
-Inserts are the events; the other watched types end the stream and must not pass unseen. The
-projection keeps only what the relay reads (the resume token `_id` always stays), which makes each
-change cheaper to transfer and decode. With RELAY_PARTITIONS > 1 each partition's stream keeps
-only the inserts whose aggregate id hashes to it, computed by the server (relay.core.partitions).
+A scope's selection (`pipeline`, `scan_filter`): the inserts of its outbox whose aggregate id
+hashes to its partition (relay.core.partitions). Its fingerprint (`pipeline_fingerprint`) is
+stored beside every token of its lease: a token is tied to its selection (resuming another one
+could skip or repeat events, so a mismatch stops the relay, relay.core.resume.resume). The
+fingerprint of an unpartitioned outbox is what it always was.
+
+A shared stream (`StreamPlan`, relay.mongo.stream) reads the scopes of one database (or of the
+cluster) with one cursor: a collection's stream when the database holds one outbox, else the
+database's, filtered by collection with the cheap shape (`ns.coll $in`, not `ns $in [{db, coll}]`).
+When it serves several scopes the server computes each insert's route in a field `r` (the scope's
+index: outbox index times N plus partition), so nothing outside the server hashes an aggregate id.
+Inserts are the events; the other watched types end a scope's stream and must not pass unseen.
+The projection keeps only what the relay reads (the resume token `_id` always stays).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from relay.core.partitions import Partition
+from relay.core.partitions import Partition, Scope
 
 WATCHED_OPERATIONS = ["insert", "drop", "rename", "dropDatabase", "invalidate"]
 PIPELINE: list[dict[str, Any]] = [
@@ -35,21 +43,20 @@ def partition_predicate(partition: Partition, path: str) -> dict[str, Any]:
     return {"$expr": {"$in": [partition_expression(path, n), [k, k - n] if k else [0]]}}
 
 
-def pipeline(partition: Partition | None = None, aggregate_id_field: str = "aggregateId") -> list[dict[str, Any]]:
-    """The change stream pipeline: PIPELINE for the whole outbox (RELAY_PARTITIONS=1, unchanged),
+def pipeline(partition: Partition, aggregate_id_field: str = "aggregateId") -> list[dict[str, Any]]:
+    """A scope's selection as a collection's change stream pipeline: PIPELINE for the whole outbox,
     or, for one partition, the same with inserts kept only when their aggregate id hashes to it.
-    Every partition still sees the operations that end the stream, so each of them stops on a
-    drop or rename."""
-    if partition is None or partition.count == 1:
+    Every partition still sees the operations that end the stream."""
+    if partition.count == 1:
         return PIPELINE
     ending = [op for op in WATCHED_OPERATIONS if op != "insert"]
     own = {"operationType": "insert", **partition_predicate(partition, f"$fullDocument.{aggregate_id_field}")}
     return [{"$match": {"$or": [{"operationType": {"$in": ending}}, own]}}, *PIPELINE[1:]]
 
 
-def scan_filter(partition: Partition | None, aggregate_id_field: str = "aggregateId") -> dict[str, Any] | None:
+def scan_filter(partition: Partition, aggregate_id_field: str = "aggregateId") -> dict[str, Any] | None:
     """The documents of the outbox a rescan serves for `partition` (None: all of them)."""
-    if partition is None or partition.count == 1:
+    if partition.count == 1:
         return None
     return partition_predicate(partition, f"${aggregate_id_field}")
 
@@ -58,3 +65,67 @@ def pipeline_fingerprint(namespace: str, stages: list[dict[str, Any]] = PIPELINE
     """A short hash of what the stored token depends on: the namespace and the pipeline."""
     text = json.dumps({"ns": namespace, "pipeline": stages}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(scope: Scope, aggregate_id_field: str) -> str:
+    """The fingerprint of `scope`'s selection, stored beside its tokens."""
+    return pipeline_fingerprint(scope.namespace, pipeline(scope.partition, aggregate_id_field))
+
+
+ENDING = [op for op in WATCHED_OPERATIONS if op != "insert"]
+WHOLE_DATABASE = ["dropDatabase", "invalidate"]  # end every scope of the stream (they carry no collection)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One shared change stream: the outboxes it reads (`database.collection`), their partition
+    count, and whether it is a collection's, a database's (`database`), or the cluster's (None)."""
+
+    outboxes: tuple[str, ...]
+    partitions: int
+    database: str | None
+
+    @property
+    def collection(self) -> str | None:
+        """The collection of a collection's stream (one outbox in its database), else None."""
+        if self.database is not None and len(self.outboxes) == 1:
+            return self.outboxes[0].partition(".")[2]
+        return None
+
+    @property
+    def routed(self) -> bool:
+        """Whether it serves several scopes, so each insert carries its route."""
+        return len(self.outboxes) > 1 or self.partitions > 1
+
+    def route(self, scope: Scope) -> int:
+        """The route the server computes for `scope`'s inserts (`r`); 0 when not routed."""
+        return self.outboxes.index(scope.namespace) * self.partitions + scope.partition.index
+
+    def stages(self, aggregate_id_field: str) -> list[dict[str, Any]]:
+        """The pipeline after `$changeStream`."""
+        match: dict[str, Any] = {"operationType": {"$in": WATCHED_OPERATIONS}}
+        if self.collection is None:
+            colls = sorted({n.partition(".")[2] for n in self.outboxes})
+            match = {**match, "$or": [{"ns.coll": {"$in": colls}}, {"operationType": {"$in": WHOLE_DATABASE}}]}
+            if self.database is None:
+                match["ns.db"] = {"$in": sorted({n.partition(".")[0] for n in self.outboxes})}
+        projection: dict[str, Any] = dict(PIPELINE[1]["$project"])
+        if self.collection is None:
+            projection["ns"] = 1
+        if self.routed:
+            projection["r"] = self._route_expression(f"$fullDocument.{aggregate_id_field}")
+        return [{"$match": match}, {"$project": projection}]
+
+    def _route_expression(self, path: str) -> dict[str, Any]:
+        n = self.partitions
+        if self.database is None:
+            name: Any = {"$concat": ["$ns.db", ".", "$ns.coll"]}
+            outbox: Any = {"$indexOfArray": [list(self.outboxes), name]}
+        elif len(self.outboxes) > 1:
+            outbox = {"$indexOfArray": [[o.partition(".")[2] for o in self.outboxes], "$ns.coll"]}
+        else:
+            outbox = 0
+        if n == 1:
+            return outbox if isinstance(outbox, dict) else {"$literal": 0}
+        partition = {"$mod": [{"$add": [partition_expression(path, n), n]}, n]}  # in [0, N)
+        return {"$add": [{"$multiply": [outbox, n]}, partition]}

@@ -3,9 +3,11 @@
 `required()` lists them for given settings (docs/security.md has the same table, and
 `outbox-relay security role` prints them as a `createRole` document). Each privilege names why:
 
-- the outbox: `find` + `changeStream` (the change stream, the re-scan, the outbox checks' count
+- each outbox: `find` + `changeStream` (the change stream, the re-scan, the outbox checks' count
   and oldest-undelivered reads), `listIndexes` (the TTL headroom check); `remove` only with
-  clean-up on (RELAY_OUTBOX_RETENTION);
+  clean-up on (RELAY_OUTBOX_RETENTION). Where one database holds several outboxes of RELAY_OUTBOXES,
+  the shared stream is the database's: `find` + `changeStream` on the database (every
+  collection); with RELAY_CHANGE_STREAMS=cluster, on every database (relay.mongo.stream);
 - the lease collection: `find`, `insert`, `update` (leases are taken with upserting
   find-and-modify) and `remove` (a change of RELAY_PARTITIONS, either way, back to 1 included,
   replaces the lease documents at the next start: the relay cannot know beforehand, so every mode
@@ -35,7 +37,7 @@ from typing import Any
 from pymongo import MongoClient
 
 from relay.core.errors import PermissionDeniedError
-from relay.mongo.config import MongoConfig, OutboxCleanupConfig
+from relay.mongo.config import CLUSTER, PER_DATABASE, MongoConfig, OutboxCleanupConfig
 
 OPLOG = ("local", "oplog.rs")
 HINT = "docs/security.md; outbox-relay security role prints the role"
@@ -52,23 +54,31 @@ class Privilege:
 
     @property
     def namespace(self) -> str:
-        return f"{self.db}.{self.collection}"
+        if not self.db:
+            return "every database"
+        return f"{self.db}.{self.collection}" if self.collection else f"{self.db} (every collection)"
 
     def document(self) -> dict[str, Any]:
         """As `createRole` takes it."""
         return {"resource": {"db": self.db, "collection": self.collection}, "actions": list(self.actions)}
 
 
-def required(database: str, outbox: str, leases: str, *, cleanup: bool, inbox: str | None = None) -> list[Privilege]:
-    """The privileges the relay needs with these settings (the module docstring says why)."""
+def required(
+    database: str,
+    outbox: str | Sequence[str],
+    leases: str,
+    *,
+    cleanup: bool,
+    inbox: str | None = None,
+    streams: str = PER_DATABASE,
+) -> list[Privilege]:
+    """The privileges the relay needs with these settings (the module docstring says why):
+    `database` holds the leases (and a one-collection `outbox`); `outbox` is that collection or
+    the `database.collection` outboxes of RELAY_OUTBOXES."""
+    outboxes = [f"{database}.{outbox}"] if isinstance(outbox, str) else list(outbox)
     lease_actions = ("find", "insert", "update", "remove")
-    out = [
-        Privilege(
-            database,
-            outbox,
-            ("find", "changeStream", "listIndexes", *(("remove",) if cleanup else ())),
-            "change stream, re-scan, outbox checks" + (", clean-up deletes" if cleanup else ""),
-        ),
+    out = [*_outbox_privileges(outboxes, streams, cleanup)]
+    out += [
         Privilege(database, leases, lease_actions, "leases, fencing tokens and checkpoints"),
         Privilege(database, f"{leases}_replicas", ("find", "insert", "update"), "which replicas are alive"),
         Privilege(*OPLOG, ("find",), "where oplog-start begins; clean-up coverage"),
@@ -85,14 +95,40 @@ def required(database: str, outbox: str, leases: str, *, cleanup: bool, inbox: s
     return out
 
 
+def _outbox_privileges(outboxes: Sequence[str], streams: str, cleanup: bool) -> list[Privilege]:
+    """Each outbox's own actions, and the change stream's where it reads a database or the cluster."""
+    own = ("find", "listIndexes", *(("remove",) if cleanup else ()))
+    why = "re-scan, outbox checks" + (", clean-up deletes" if cleanup else "")
+    by_db: dict[str, list[str]] = {}
+    for name in outboxes:
+        db, _, coll = name.partition(".")
+        by_db.setdefault(db, []).append(coll)
+    out: list[Privilege] = []
+    if streams == CLUSTER:
+        out.append(
+            Privilege("", "", ("find", "changeStream"), "the cluster's change stream (RELAY_CHANGE_STREAMS=cluster)")
+        )
+    for db, colls in by_db.items():
+        if streams != CLUSTER and len(colls) > 1:
+            out.append(
+                Privilege(db, "", ("find", "changeStream"), f"the change stream of database {db} (its outboxes)")
+            )
+        for coll in colls:
+            single = streams != CLUSTER and len(colls) == 1
+            actions = (*own[:1], "changeStream", *own[1:]) if single else own
+            out.append(Privilege(db, coll, actions, ("change stream, " if single else "") + why))
+    return out
+
+
 def required_for(mongo: MongoConfig, cleanup: OutboxCleanupConfig, inbox: str | None = None) -> list[Privilege]:
     """`required()` for the relay's MongoDB and clean-up configurations."""
     return required(
         mongo.database,
-        mongo.outbox_collection,
+        mongo.outboxes,
         mongo.lease_collection,
         cleanup=cleanup.retention_s is not None,
         inbox=inbox,
+        streams=mongo.change_streams,
     )
 
 

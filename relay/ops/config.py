@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.config import LeaseTiming
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 
 LOG_FORMATS = ("auto", "json", "text")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -16,7 +18,7 @@ class HealthConfig:
 
     connect_timeout_s: float
     restart_backoff_max_s: float
-    standby_poll_s: float
+    timing: LeaseTiming
     max_await_ms: int
 
     @property
@@ -25,13 +27,13 @@ class HealthConfig:
         makes while healthy or on a slow server (three MongoDB socket timeouts, the longest restart
         backoff and a standby poll; at least 60 s), so only a loop that is stuck fails it."""
         io_timeout_s = max(self.connect_timeout_s, 10.0)  # relay.mongo.connection's socket timeout
-        return max(60.0, 3 * io_timeout_s + self.restart_backoff_max_s + self.standby_poll_s)
+        return max(60.0, 3 * io_timeout_s + self.restart_backoff_max_s + self.timing.standby_poll_s)
 
     @property
     def ready_stall_s(self) -> float:
         """/readyz fails when the loop has not turned for this long (a blocked getMore or write:
         MongoDB unreachable)."""
-        return 10.0 + 2 * max(self.max_await_ms / 1000.0, self.standby_poll_s)
+        return 10.0 + 2 * max(self.max_await_ms / 1000.0, self.timing.standby_poll_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +41,7 @@ class ObserverConfig:
     """Who this relay is, where it serves its metrics and health, and its health thresholds."""
 
     instance_id: str
-    namespace: str
+    outboxes: tuple[str, ...]  # database.collection of each outbox the process publishes
     http_port: int
     dead_letter_topic: str  # named in the dead-letter log lines
     partitions: int

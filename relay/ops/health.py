@@ -1,9 +1,10 @@
 """Health: what /livez and /readyz answer, and the HTTP server for them and /metrics.
 
-Liveness means the loop turns; readiness means the relay is connected and doing its job, as the
+Liveness means the loops turn; readiness means the relay is connected and doing its job, as the
 publishing lease holder or as a standby ready to take over. Each loop's reports reach its
-`LoopHealth` through its `relay.ops.observe.PartitionObserver`, the group's coordinator's
-through `relay.ops.observe.ProcessObserver`; the HTTP server reads `Health` on its own thread.
+`LoopHealth` through its `relay.ops.observe.ScopeObserver`, the group's coordinator's through
+`relay.ops.observe.ProcessObserver`; the HTTP server reads `Health` on its own thread. /readyz
+answers for the process and, under `outboxes`, for each outbox.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from relay.core.errors import ConfigError, env_name
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
+from relay.core.partitions import Scope
 from relay.ops.config import HealthConfig
 
 # A leader with messages in the producer's queue and no batch acknowledged for this long is not
@@ -29,18 +32,28 @@ PUBLISH_STALL_S = 30.0
 
 
 class _Degradable:
-    """A warning that leaves the relay ready but says something needs attention (/readyz answers
-    200 with `"status": "degraded"` and the reason), e.g. a TTL index about to delete an
-    undelivered event (relay.ops.outbox_checks). A ready relay's body is unchanged otherwise."""
+    """Warnings that leave the relay ready but say something needs attention (/readyz answers
+    200 with `"status": "degraded"` and the reasons), e.g. a TTL index about to delete an
+    undelivered event (relay.ops.outbox_checks), one per outbox. A ready relay's body is
+    unchanged otherwise."""
 
-    degraded: str | None = None
+    def __init__(self) -> None:
+        self._degraded: dict[str, str] = {}
 
-    def degrade(self, reason: str | None) -> None:
-        self.degraded = reason
+    def degrade(self, reason: str | None, what: str = "") -> None:
+        """Set (or, with None, clear) the warning about `what` (an outbox)."""
+        if reason is None:
+            self._degraded.pop(what, None)
+        else:
+            self._degraded[what] = reason
+
+    @property
+    def degraded(self) -> str | None:
+        return "; ".join(self._degraded[k] for k in sorted(self._degraded)) or None
 
 
 class LoopHealth:
-    """Liveness and readiness of one relay loop (one partition's) from its reports, judged by the
+    """Liveness and readiness of one relay loop (one scope's) from its reports, judged by the
     thresholds of the process's `Health`."""
 
     def __init__(self, thresholds: Health, queued: Callable[[], float]) -> None:
@@ -102,13 +115,12 @@ class LoopHealth:
 
 class Health(_Degradable):
     """Liveness and readiness of the process: its group's coordinator (the heartbeat thread,
-    relay.group.runner) and the loop of every partition it runs (`loop()`; one without
-    RELAY_PARTITIONS).
+    relay.group.runner) and the loop of every scope it runs (`loop()`).
 
     Live while the coordinator and every loop turn; ready while every loop is ready (a publishing
     leader or a ready standby) and the coordinator turns. `role` is `leader` while this replica
-    leads at least one partition. A reason names its partition only when there are several, so an
-    unpartitioned relay answers as it always did.
+    leads at least one lease. A reason names its scope only when there are several, so a relay of
+    one unpartitioned outbox answers as it always did; `outboxes()` answers for each outbox.
 
     Thresholds (attributes, so tests can shorten them; every loop reads them here):
     - `live_stall_s`: /livez fails when a loop has not turned for this long. It is longer than any
@@ -121,17 +133,18 @@ class Health(_Degradable):
     """
 
     def __init__(self, config: HealthConfig) -> None:
+        super().__init__()
         self.live_stall_s = config.live_stall_s
         self.ready_stall_s = config.ready_stall_s
         self.publish_stall_s = PUBLISH_STALL_S
         self._coordinator = LoopHealth(self, lambda: 0.0)
         self._coordinator.became("standby")
-        self.loops: dict[int, LoopHealth] = {}
+        self.loops: dict[Scope, LoopHealth] = {}
         self._stopped: str | None = None
 
-    def loop(self, index: int, queued: Callable[[], float]) -> LoopHealth:
-        """The health of partition `index`'s loop (`queued`: its producer's queue, read when asked)."""
-        self.loops[index] = health = LoopHealth(self, queued)
+    def loop(self, scope: Scope, queued: Callable[[], float]) -> LoopHealth:
+        """The health of `scope`'s loop (`queued`: its producer's queue, read when asked)."""
+        self.loops[scope] = health = LoopHealth(self, queued)
         return health
 
     def turned(self, now: float) -> None:
@@ -164,11 +177,24 @@ class Health(_Degradable):
         ok, why = self._coordinator.readiness()
         if not ok:
             return False, f"group heartbeat: {why}"
-        for index, health in sorted(self.loops.items()):
+        for scope, health in sorted(self.loops.items()):
             ok, why = health.readiness()
             if not ok:
-                return False, why if len(self.loops) == 1 else f"partition {index}: {why}"
+                return False, why if len(self.loops) == 1 else f"{scope}: {why}"
         return True, self.role
+
+    def outboxes(self) -> dict[str, dict[str, Any]]:
+        """Each outbox's answer: ready while each of its loops is, `leader` while this replica leads
+        one of its leases, the first reason it is not ready."""
+        answers: dict[str, dict[str, Any]] = {}
+        for scope, health in sorted(self.loops.items()):
+            ok, why = health.readiness()
+            answer = answers.setdefault(scope.namespace, {"ok": True, "role": "standby"})
+            if health.role == "leader" or answer["role"] == "standby":
+                answer["role"] = health.role
+            if answer["ok"] and not ok:
+                answer.update(ok=False, reason=why if scope.partition.count == 1 else f"{scope}: {why}")
+        return answers
 
     def ready(self) -> bool:
         return self.readiness()[0]
@@ -214,6 +240,7 @@ def _handler(health: Health, registry: CollectorRegistry) -> type[BaseHTTPReques
                 answer: dict[str, Any] = {"ok": ok, "role": health.role, "reason": why}
                 if ok and health.degraded is not None:
                     answer.update(status="degraded", degraded=health.degraded)
+                answer["outboxes"] = health.outboxes()
                 body = _json(answer)
                 status, ctype = (200 if ok else 503), "application/json"
             else:

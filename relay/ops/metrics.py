@@ -1,12 +1,14 @@
 """Prometheus metrics of one relay process: the series, and the collectors cheap on the hot path.
 
-A process runs one relay loop per partition it may lead (one without RELAY_PARTITIONS) and keeps
+A process runs one relay loop per scope it may lead (an outbox, or a partition of it) and keeps
 all their series in one registry (`RelayMetrics`; every process has its own, so several can run in
-one process: tests, the demo). The series about one lease (held, fencing token, checkpoint time
-and lag, batches, producer queue) carry a `partition` label when RELAY_PARTITIONS > 1, and none
-without partitions, as they always did; each loop's view (`PartitionMetrics`) binds its children
-once, never per event. The README's Metrics table lists every series; names follow Prometheus
-conventions (`relay_..._total`, `_seconds`, `_bytes`). There are no `_created` series.
+one process: tests, the demo). Every series about what a loop does carries an `outbox` label (its
+`database.collection`), and the series about one lease (held, fencing token, checkpoint time and
+lag, batches, producer queue) a `partition` label too when RELAY_PARTITIONS > 1 (`LABELS`, the one
+place that says which): an unpartitioned outbox's series have no `partition` label, as they never
+had. Each loop's view (`LoopMetrics`) binds its children once, never per event. The README's
+Metrics table lists every series; names follow Prometheus conventions (`relay_..._total`,
+`_seconds`, `_bytes`). There are no `_created` series.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from relay.core.partitions import Scope
 
 prometheus_client.disable_created_metrics()
 
@@ -60,25 +64,19 @@ def latencies(wall_ms: Iterable[int], acked: float) -> Iterator[float]:
             yield latency if latency > 0.0 else 0.0
 
 
-class BatchHistogram(Collector):
-    """A Prometheus histogram fed a batch of values at a time.
+class BatchHistogram:
+    """One child of a `BatchHistograms` family: a histogram fed a batch of values at a time.
 
     `observe_many` places each value with one bisect into a local count list and adds the
     counts under one lock, where prometheus_client's `Histogram.observe` takes a lock and
-    updates every bucket per value. Exposed exactly like a `Histogram` (`_bucket`, `_sum`,
-    `_count`).
+    updates every bucket per value.
     """
 
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float], registry: CollectorRegistry) -> None:
-        self._name, self._doc = name, documentation
-        self._bounds = tuple(sorted(float(b) for b in buckets))
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
         self._counts = [0] * (len(self._bounds) + 1)  # the last one is +Inf
         self._sum = 0.0
         self._lock = threading.Lock()
-        registry.register(self)
-
-    def describe(self) -> Iterator[Metric]:
-        yield HistogramMetricFamily(self._name, self._doc)
 
     def observe_many(self, values: Iterable[float]) -> int:
         """Add every value; returns how many there were."""
@@ -105,92 +103,155 @@ class BatchHistogram(Collector):
                 self._counts[i] += times
                 self._sum += value * times
 
-    def collect(self) -> Iterator[Metric]:
+    def buckets(self) -> tuple[list[tuple[str, float]], float]:
+        """The cumulative buckets (`le`, count) and the sum, as Prometheus exposes them."""
         with self._lock:
             counts, total = list(self._counts), self._sum
         cumulative, buckets = 0, []
         for bound, count in zip((*[repr(b) for b in self._bounds], "+Inf"), counts, strict=False):
             cumulative += count
             buckets.append((bound, float(cumulative)))
-        yield HistogramMetricFamily(self._name, self._doc, buckets=buckets, sum_value=total)
+        return buckets, total
+
+
+class BatchHistograms(Collector):
+    """A histogram family fed by `BatchHistogram` children, one per value of its labels (`labels()`).
+    Exposed exactly like a labelled prometheus_client `Histogram` (`_bucket`, `_sum`, `_count`)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._name, self._doc, self._labels = name, documentation, list(labels)
+        self._bounds = tuple(sorted(float(b) for b in buckets))
+        self._children: dict[tuple[str, ...], BatchHistogram] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def labels(self, *values: str) -> BatchHistogram:
+        with self._lock:
+            child = self._children.get(values)
+            if child is None:
+                child = self._children[values] = BatchHistogram(self._bounds)
+            return child
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self._name, self._doc, labels=self._labels)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._doc, labels=self._labels)
+        with self._lock:
+            children = sorted(self._children.items())
+        for values, child in children:
+            buckets, total = child.buckets()
+            family.add_metric(list(values), buckets, total)
+        yield family
 
 
 class ScrapeTimeGauge(Collector):
-    """A gauge computed when scraped: one sample per function `add`ed, labelled with its value of
-    `label` (no label: at most one function, an unlabelled sample). A sample is absent while its
-    function returns None."""
+    """A gauge computed when scraped: one sample per function `add`ed, labelled with its values of
+    `labels`. A sample is absent while its function returns None."""
 
-    def __init__(self, name: str, documentation: str, label: str | None, registry: CollectorRegistry) -> None:
+    def __init__(self, name: str, documentation: str, labels: Sequence[str], registry: CollectorRegistry) -> None:
         self._name, self._doc = name, documentation
-        self._labels = [] if label is None else [label]
-        self._values: dict[str, Callable[[], float | None]] = {}
+        self._labels = list(labels)
+        self._values: dict[tuple[str, ...], Callable[[], float | None]] = {}
         registry.register(self)
 
-    def add(self, label_value: str, value: Callable[[], float | None]) -> None:
-        """Sample `value()` at scrape time, as `label_value` (ignored without a label)."""
-        self._values[label_value if self._labels else ""] = value
+    def add(self, label_values: Sequence[str], value: Callable[[], float | None]) -> None:
+        """Sample `value()` at scrape time, as `label_values`."""
+        self._values[tuple(label_values)] = value
 
     def describe(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(self._name, self._doc, labels=self._labels)
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(self._name, self._doc, labels=self._labels)
-        for label_value, value in sorted(self._values.items(), key=lambda kv: int(kv[0] or 0)):
+        for label_values, value in sorted(self._values.items()):
             v = value()
             if v is not None:
-                family.add_metric([label_value] if self._labels else [], v)
+                family.add_metric(list(label_values), v)
         yield family
+
+
+def lease_labels(partitions: int) -> list[str]:
+    """The labels of the series about one lease: `outbox`, and `partition` when RELAY_PARTITIONS > 1."""
+    return ["outbox", "partition"] if partitions > 1 else ["outbox"]
+
+
+def label_values(scope: Scope) -> tuple[str, ...]:
+    """`scope`'s values of `lease_labels` (the one place that says what they are)."""
+    return (scope.namespace, str(scope.partition.index)) if scope.partitioned else (scope.namespace,)
 
 
 class RelayMetrics:
     """The series of one relay process, in their own registry (see the module docstring);
-    `partition()` gives each loop its view."""
+    `loop()` gives each loop its view."""
 
-    def __init__(self, replica: str, outbox: str, partitions: int) -> None:
+    def __init__(self, replica: str, outboxes: Sequence[str], partitions: int) -> None:
         self.registry = r = CollectorRegistry()
-        self.labelled = partitions > 1  # the series about one lease are per partition
+        self.lease_labels = lease_labels(partitions)
         self._published_series(r)
         self._lease_series(r)
         self._outcome_series(r)
-        self.partitions_led = Gauge("relay_partitions_led", "Partitions this replica leads", registry=r)
+        self.partitions_led = Gauge(
+            "relay_partitions_led", "Leases this replica leads (every outbox, every partition)", registry=r
+        )
         self.partitions_target = Gauge(
             "relay_partitions_target",
-            "Partitions this replica should lead (its share of the live replicas; 1 without RELAY_PARTITIONS)",
+            "Leases this replica should lead (its share of the live replicas; all of them without RELAY_PARTITIONS)",
             registry=r,
         )
         # `replica`, not `instance`: Prometheus sets `instance` to the scraped target.
-        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox, version, partitions", registry=r).info(
-            {"replica": replica, "outbox": outbox, "version": _version(), "partitions": str(partitions)}
+        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox(es), version, partitions", registry=r).info(
+            {"replica": replica, "outbox": ",".join(outboxes), "version": _version(), "partitions": str(partitions)}
         )
         prometheus_client.ProcessCollector(registry=r)
 
     def _published_series(self, r: CollectorRegistry) -> None:
-        """What Kafka acknowledged, for all partitions together."""
-        self.events = Counter("relay_events_published", "Events acknowledged by Kafka, by topic", ["topic"], registry=r)
+        """What Kafka acknowledged, by outbox."""
+        self.events = Counter(
+            "relay_events_published",
+            "Events acknowledged by Kafka, by outbox and topic",
+            ["outbox", "topic"],
+            registry=r,
+        )
         self.bytes = Counter(
-            "relay_bytes_published", "Message value bytes acknowledged by Kafka, by topic", ["topic"], registry=r
+            "relay_bytes_published",
+            "Message value bytes acknowledged by Kafka, by outbox and topic",
+            ["outbox", "topic"],
+            registry=r,
         )
         self.batch_seconds = Histogram(
-            "relay_batch_seconds", "From handing a batch to the producer until Kafka acknowledged all of it", registry=r
+            "relay_batch_seconds",
+            "From handing a batch to the producer until Kafka acknowledged all of it, by outbox",
+            ["outbox"],
+            registry=r,
         )
-        self.latency = BatchHistogram(
+        self.latency = BatchHistograms(
             "relay_delivery_latency_seconds",
-            "Per event: from its commit in MongoDB (change event wallTime) to Kafka's acknowledgement",
+            "Per event: from its commit in MongoDB (change event wallTime) to Kafka's acknowledgement, by outbox",
+            ["outbox"],
             LATENCY_BUCKETS,
             r,
         )
-        self.own_latency = BatchHistogram(
+        self.own_latency = BatchHistograms(
             "relay_read_to_ack_seconds",
             "Per event: from the relay reading its change to Kafka's "
-            "acknowledgement (the relay's own share of the latency)",
+            "acknowledgement (the relay's own share of the latency), by outbox",
+            ["outbox"],
             OWN_LATENCY_BUCKETS,
             r,
         )
 
     def _lease_series(self, r: CollectorRegistry) -> None:
-        """The series about one lease: labelled `partition` when there are several."""
-        by, of = (["partition"], ", by partition") if self.labelled else ([], "")
-        label = by[0] if by else None
+        """The series about one lease (`lease_labels`)."""
+        by = self.lease_labels
+        of = ", by " + " and ".join(by)
         self.batches = Counter("relay_batches", f"Batches acknowledged by Kafka{of}", by, registry=r)
         self.checkpoint_time = Gauge(
             "relay_checkpoint_cluster_time_seconds",
@@ -201,7 +262,7 @@ class RelayMetrics:
         self.checkpoint_lag = ScrapeTimeGauge(
             "relay_checkpoint_lag_seconds",
             f"Now minus the cluster time of the stored checkpoint{of} (only where this replica holds the lease)",
-            label,
+            by,
             r,
         )
         self.lease_held = Gauge("relay_lease_held", f"1 while this replica holds the lease{of}", by, registry=r)
@@ -209,56 +270,76 @@ class RelayMetrics:
             "relay_fencing_token", f"Fencing token of the held lease (0 when not held){of}", by, registry=r
         )
         self.producer_queue = ScrapeTimeGauge(
-            "relay_producer_queue_messages", f"Messages in the producer awaiting a delivery report{of}", label, r
+            "relay_producer_queue_messages", f"Messages in the producer awaiting a delivery report{of}", by, r
         )
 
     def _outcome_series(self, r: CollectorRegistry) -> None:
-        """What happened to the loops: errors, restarts, dead letters, driver resumes."""
+        """What happened to the loops (`lease_labels`): errors, restarts, dead letters, stream resumes.
+        Errors of the process itself (a failed start) carry the outbox `-`."""
+        by = self.lease_labels
         self.errors = Counter(
             "relay_errors",
-            "Errors by exception name and what the relay did (restart, standby, stop, dead-letter)",
-            ["kind", "action"],
+            "Errors by outbox, exception name and what the relay did (restart, standby, stop, dead-letter)",
+            [*by, "kind", "action"],
             registry=r,
         )
-        self.restarts = Counter("relay_restarts", "Restarts from the checkpoint, by error kind", ["kind"], registry=r)
-        self.dead_letters = Counter("relay_dead_letters", "Poison events sent to the dead-letter topic", registry=r)
+        self.restarts = Counter(
+            "relay_restarts", "Restarts from the checkpoint, by outbox and error kind", [*by, "kind"], registry=r
+        )
+        self.dead_letters = Counter(
+            "relay_dead_letters", "Poison events sent to the dead-letter topic, by outbox", by, registry=r
+        )
         self.resumes = Counter(
-            "relay_stream_resumes", "Change stream resumes by the change source after resumable errors", registry=r
+            "relay_stream_resumes",
+            "Change stream resumes after resumable errors (counted by each loop the stream serves), by outbox",
+            by,
+            registry=r,
         )
 
-    def partition(
-        self, index: int, checkpoint_lag: Callable[[], float | None], queued: Callable[[], float]
-    ) -> PartitionMetrics:
-        """Partition `index`'s view; `checkpoint_lag` and `queued` are read at scrape time."""
-        return PartitionMetrics(self, str(index), checkpoint_lag, queued)
+    def process_error(self, kind: str) -> None:
+        """The process stops on `kind` before any loop ran (the start-up checks)."""
+        self.errors.labels(*["-"] * len(self.lease_labels), kind, "stop").inc()
+
+    def loop(
+        self, scope: Scope, checkpoint_lag: Callable[[], float | None], queued: Callable[[], float]
+    ) -> LoopMetrics:
+        """The view of `scope`'s loop; `checkpoint_lag` and `queued` are read at scrape time."""
+        return LoopMetrics(self, scope, checkpoint_lag, queued)
 
 
-class PartitionMetrics:
-    """One loop's view of `RelayMetrics`: its `partition` children bound here, once (the series
-    themselves when they carry no label)."""
+class LoopMetrics:
+    """One loop's view of `RelayMetrics`: its children bound here, once."""
 
     def __init__(
         self,
         metrics: RelayMetrics,
-        partition: str,
+        scope: Scope,
         checkpoint_lag: Callable[[], float | None],
         queued: Callable[[], float],
     ) -> None:
-        def bound(series: Any) -> Any:
-            return series.labels(partition) if metrics.labelled else series
-
+        outbox, self._lease = scope.namespace, label_values(scope)
         self.registry = metrics.registry
-        self.events, self.bytes = metrics.events, metrics.bytes
-        self.batch_seconds, self.latency, self.own_latency = metrics.batch_seconds, metrics.latency, metrics.own_latency
-        self.batches = bound(metrics.batches)
-        self.checkpoint_time = bound(metrics.checkpoint_time)
-        self.lease_held = bound(metrics.lease_held)
-        self.fencing = bound(metrics.fencing)
-        self.errors, self.restarts = metrics.errors, metrics.restarts
-        self.dead_letters, self.resumes = metrics.dead_letters, metrics.resumes
-        metrics.checkpoint_lag.add(partition, checkpoint_lag)
-        metrics.producer_queue.add(partition, queued)
+        self._outbox = outbox
+        self._events, self._bytes = metrics.events, metrics.bytes
+        self.batch_seconds = metrics.batch_seconds.labels(outbox)
+        self.latency, self.own_latency = metrics.latency.labels(outbox), metrics.own_latency.labels(outbox)
+        self.batches = metrics.batches.labels(*self._lease)
+        self.checkpoint_time = metrics.checkpoint_time.labels(*self._lease)
+        self.lease_held = metrics.lease_held.labels(*self._lease)
+        self.fencing = metrics.fencing.labels(*self._lease)
+        self._errors, self._restarts = metrics.errors, metrics.restarts
+        self.dead_letters = metrics.dead_letters.labels(*self._lease)
+        self.resumes = metrics.resumes.labels(*self._lease)
+        metrics.checkpoint_lag.add(self._lease, checkpoint_lag)
+        metrics.producer_queue.add(self._lease, queued)
         self._topics: dict[str, tuple[Any, Any]] = {}
+        self._labels = dict(zip(metrics.lease_labels, self._lease, strict=True))
+
+    def error(self, kind: str, action: str) -> None:
+        self._errors.labels(*self._lease, kind, action).inc()
+
+    def restart(self, kind: str) -> None:
+        self._restarts.labels(*self._lease, kind).inc()
 
     def count_published(self, messages: Iterable[Any]) -> int:
         """Add acknowledged messages to the per-topic event and byte counters (one counter update
@@ -275,10 +356,34 @@ class PartitionMetrics:
         for topic, (count, size) in per_topic.items():
             children = self._topics.get(topic)
             if children is None:
-                children = self._topics[topic] = (self.events.labels(topic), self.bytes.labels(topic))
+                children = self._topics[topic] = (
+                    self._events.labels(self._outbox, topic),
+                    self._bytes.labels(self._outbox, topic),
+                )
             children[0].inc(count)
             children[1].inc(size)
         return n
+
+    def totals(self) -> dict[str, float]:
+        """This loop's counts for the summary line, read from the registry's series (each summed
+        over its other labels): `published` (this outbox's events, every partition), `batches`,
+        `restarts`, `dead_letters`, `errors`."""
+        wanted = {
+            "relay_events_published": ("published", {"outbox": self._outbox}),
+            "relay_batches": ("batches", self._labels),
+            "relay_restarts": ("restarts", self._labels),
+            "relay_dead_letters": ("dead_letters", self._labels),
+            "relay_errors": ("errors", self._labels),
+        }
+        sums = dict.fromkeys(("published", "batches", "restarts", "dead_letters", "errors"), 0.0)
+        for family in self.registry.collect():
+            if family.name not in wanted:
+                continue
+            key, labels = wanted[family.name]
+            for sample in family.samples:
+                if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    sums[key] += sample.value
+        return sums
 
 
 def _version() -> str:

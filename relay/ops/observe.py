@@ -1,9 +1,9 @@
 """Observation at the edge: the loop reports what happened, this module decides what it means.
 
-The loop calls the hooks of `PartitionObserver` (`tick`, `role`, `published`, `checkpoint_stored`, `restart`,
-`lease_lost`, `stopped`, `dead_lettered`, `resumed`, `watch_publisher`); it turns them
-into metrics (`relay.ops.metrics`), health (`relay.ops.health`), log lines (`relay.ops.logs`) and a periodic
-summary line. The loop never touches a metric or a log format itself.
+The loop calls the hooks of `ScopeObserver` (`tick`, `role`, `published`, `checkpoint_stored`,
+`restart`, `lease_lost`, `stopped`, `dead_lettered`, `resumed`, `watch_publisher`); it turns them
+into metrics (`relay.ops.metrics`), health (`relay.ops.health`), log lines (`relay.ops.logs`) and a
+periodic summary line. The loop never touches a metric or a log format itself.
 
 Contracts:
 - Every hook is called on the relay's loop thread; the HTTP server reads on its own thread.
@@ -18,11 +18,10 @@ Contracts:
 - `stopped()` writes the one ERROR line of a stop: `error_kind`, `event_id` (when an event is
   to blame), `reason` and `exit_code` as fields, before any shutdown line.
 
-A process runs one relay loop per partition (relay.group.runner; one partition without
-RELAY_PARTITIONS): `ProcessObserver` is the process's (one registry, the health checks, the HTTP server,
-the stop line of a failed start), and gives each loop its own `PartitionObserver` (its metrics
-are the partition's view of the one registry; with several partitions its log lines carry
-`partition`).
+A process runs one relay loop per scope (an outbox, or a partition of it; relay.group.runner):
+`ProcessObserver` is the process's (one registry, the health checks, the HTTP server, the stop
+line of a failed start), and gives each loop its own `ScopeObserver` (its metrics are the scope's
+view of the one registry; its log lines carry `outbox`, and `partition` with several).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
 
 from relay.core.errors import EXIT_FATAL, cause_of
-from relay.core.partitions import Partition
+from relay.core.partitions import Scope
 from relay.core.positions import short_token, token_cluster_time
 from relay.ops.config import ObserverConfig
 from relay.ops.health import Health, serve
@@ -54,31 +53,30 @@ class _Queued(Protocol):
     def queued(self) -> int: ...
 
 
-class PartitionObserver:
-    """Counts and logs what one partition's relay loop reports; feeds the process's health.
+class ScopeObserver:
+    """Counts and logs what one scope's relay loop reports; feeds the process's health.
 
-    Made by `ProcessObserver.partition`. The period of the summary line is the process observer's
+    Made by `ProcessObserver.loop`. The period of the summary line is the process observer's
     `summary_every_s` (an attribute, so tests can shorten it).
     """
 
-    def __init__(self, process: ProcessObserver, partition: Partition) -> None:
+    def __init__(self, process: ProcessObserver, scope: Scope) -> None:
         config = process.config
         self.config = config
-        self.partition = partition
+        self.scope = scope
         self._process = process
-        self.metrics = process.metrics.partition(partition.index, self.checkpoint_lag, self._queued)
-        self.health = process.health.loop(partition.index, self._queued)
+        self.metrics = process.metrics.loop(scope, self.checkpoint_lag, self._queued)
+        self.health = process.health.loop(scope, self._queued)
         self._publisher: Callable[[], _Queued | None] = lambda: None
         self._role = "starting"
         self._fencing: int | None = None
         self._token: Any = None  # the last checkpoint this replica stored
         self._checkpoint_unix: int | None = None  # its cluster time, while holding the lease
-        self._log_fields: dict[str, Any] = {"instance": config.instance_id}
-        if partition.count > 1:
-            self._log_fields["partition"] = partition.index
-        self._published = self._batches = self._restarts = self._dead = self._errors = 0
+        self._log_fields: dict[str, Any] = {"instance": config.instance_id, "outbox": scope.namespace}
+        if scope.partitioned:
+            self._log_fields["partition"] = scope.partition.index
         self._last_summary = time.monotonic()
-        self._summary_published = 0
+        self._summary_published = 0.0
 
     @property
     def registry(self) -> Any:
@@ -124,8 +122,6 @@ class PartitionObserver:
         m.own_latency.observe_repeated(read_seconds, n)
         m.batches.inc()
         m.batch_seconds.observe(seconds)
-        self._published += len(messages)
-        self._batches += 1
         self.health.progressed()
         if messages and log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -157,12 +153,11 @@ class PartitionObserver:
     def dead_lettered(self, event_id: str, reason: str) -> None:
         """A poison event goes to the dead-letter topic in its place."""
         self.metrics.dead_letters.inc()
-        self.metrics.errors.labels("PoisonEventError", "dead-letter").inc()
-        self._dead += 1
-        self._errors += 1
+        self.metrics.error("PoisonEventError", "dead-letter")
         stop_log.error(
-            "dead-lettering event %s to %s: %s",
+            "dead-lettering event %s of %s to %s: %s",
             event_id,
+            self.scope.namespace,
             self.config.dead_letter_topic,
             reason,
             extra={"event_id": event_id, "reason": reason},
@@ -171,28 +166,24 @@ class PartitionObserver:
     def restart(self, exc: BaseException, delay_s: float) -> None:
         """The loop drops the producer and the stream and restarts from the checkpoint."""
         kind = type(exc).__name__
-        self.metrics.restarts.labels(kind).inc()
-        self.metrics.errors.labels(kind, "restart").inc()
-        self._restarts += 1
-        self._errors += 1
+        self.metrics.restart(kind)
+        self.metrics.error(kind, "restart")
         self.health.restarting(kind)
         stop_log.warning("restarting from the checkpoint in %.1fs after: %s", delay_s, exc, extra={"error_kind": kind})
 
     def lease_lost(self, exc: BaseException) -> None:
         """A fenced write matched nothing: back to standby."""
-        self.metrics.errors.labels(type(exc).__name__, "standby").inc()
-        self._errors += 1
+        self.metrics.error(type(exc).__name__, "standby")
         stop_log.warning("%s; back to standby", exc, extra={"error_kind": type(exc).__name__})
 
     def stopped(self, exc: BaseException) -> None:
         """The relay stops on `exc`: one ERROR line with the kind, the event, the reason and the
         exit code (before the shutdown lines)."""
         kind = type(exc).__name__
-        self.metrics.errors.labels(kind, "stop").inc()
-        self._errors += 1
+        self.metrics.error(kind, "stop")
         self.health.stopped(kind)
         self._role = "stopped"
-        write_stop_line(exc)
+        write_stop_line(exc, {"outbox": self.scope.namespace})
 
     # ---- derived values ---------------------------------------------------------------------------
 
@@ -219,8 +210,10 @@ class PartitionObserver:
 
     def _summary(self, now: float) -> None:
         interval = max(now - self._last_summary, 1e-9)
-        recent = self._published - self._summary_published
-        self._last_summary, self._summary_published = now, self._published
+        totals = self.metrics.totals()
+        published = int(totals["published"])
+        recent = published - self._summary_published
+        self._last_summary, self._summary_published = now, published
         lag = self.checkpoint_lag()
         queued = int(self._queued())
         summary_log.info(
@@ -228,27 +221,27 @@ class PartitionObserver:
             "dead_letters=%d errors=%d checkpoint=%s lag=%s queue=%d",
             self._role,
             self._fencing,
-            self._published,
+            published,
             recent,
             interval,
             recent / interval,
-            self._batches,
-            self._restarts,
-            self._dead,
-            self._errors,
+            totals["batches"],
+            totals["restarts"],
+            totals["dead_letters"],
+            totals["errors"],
             short_token(self._token),
             "-" if lag is None else f"{lag:.1f}s",
             queued,
             extra={
                 "summary": True,
                 "role": self._role,
-                "published_total": self._published,
+                "published_total": published,
                 "published_recent": recent,
                 "events_per_second": round(recent / interval, 2),
-                "batches_total": self._batches,
-                "restarts_total": self._restarts,
-                "dead_letters_total": self._dead,
-                "errors_total": self._errors,
+                "batches_total": int(totals["batches"]),
+                "restarts_total": int(totals["restarts"]),
+                "dead_letters_total": int(totals["dead_letters"]),
+                "errors_total": int(totals["errors"]),
                 "checkpoint_lag_s": None if lag is None else round(lag, 3),
                 "producer_queue": queued,
             },
@@ -282,17 +275,17 @@ def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) 
 
 class ProcessObserver:
     """What a relay process reports: one registry (relay.ops.metrics.RelayMetrics), the health
-    checks of its coordinator and loops, the HTTP server, one `PartitionObserver` per partition's
-    loop (`partition()`), and the stop line of a failed start (`stopped()`).
+    checks of its coordinator and loops, the HTTP server, one `ScopeObserver` per loop (`loop()`),
+    and the stop line of a failed start (`stopped()`).
 
     `summary_every_s` (an attribute, so tests can shorten it) is the period of each loop's summary line.
     """
 
     def __init__(self, config: ObserverConfig) -> None:
         self.config = config
-        self.metrics = RelayMetrics(config.instance_id, config.namespace, config.partitions)
+        self.metrics = RelayMetrics(config.instance_id, config.outboxes, config.partitions)
         self.health = Health(config.health)
-        self.partitions: dict[int, PartitionObserver] = {}
+        self.loops: dict[Scope, ScopeObserver] = {}
         self.summary_every_s = SUMMARY_EVERY_S
 
     @property
@@ -300,9 +293,9 @@ class ProcessObserver:
         """The Prometheus registry of this process's metrics."""
         return self.metrics.registry
 
-    def partition(self, partition: Partition) -> PartitionObserver:
-        """The observer of `partition`'s relay loop."""
-        self.partitions[partition.index] = observer = PartitionObserver(self, partition)
+    def loop(self, scope: Scope) -> ScopeObserver:
+        """The observer of `scope`'s relay loop."""
+        self.loops[scope] = observer = ScopeObserver(self, scope)
         return observer
 
     def serve(self) -> ThreadingHTTPServer | None:
@@ -317,7 +310,7 @@ class ProcessObserver:
 
     def stopped(self, exc: BaseException) -> None:
         """The process stops on `exc` before any loop ran (the start-up checks)."""
-        self.metrics.errors.labels(type(exc).__name__, "stop").inc()
+        self.metrics.process_error(type(exc).__name__)
         self.health.stopped(type(exc).__name__)
         write_stop_line(exc)
 

@@ -1,7 +1,7 @@
 """The outbox contract: the event document services write, its parser, and the writer.
 
-`from relay import Outbox, OutboxEvent` is the interface services use; `decode`, `parse` and
-`FieldNames` are what the relay reads documents with.
+`from relay import Outbox, AsyncOutbox, OutboxEvent` is the interface services use (`AsyncOutbox`
+for asyncio services); `decode`, `parse` and `FieldNames` are what the relay reads documents with.
 """
 
 from relay.outbox.event import (
@@ -13,11 +13,12 @@ from relay.outbox.event import (
     decode,
     parse,
 )
-from relay.outbox.writer import Outbox
+from relay.outbox.writer import AsyncOutbox, Outbox
 
 __all__ = [
     "DEFAULT_FIELDS",
     "DOCUMENT_CODEC",
+    "AsyncOutbox",
     "FieldNames",
     "MalformedEventError",
     "Outbox",

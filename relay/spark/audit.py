@@ -41,7 +41,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from relay.core.errors import EXIT_DATA, ConfigError, ServerUnreachableError, env_name
+from relay.core.errors import EXIT_DATA, ConfigError, ServerUnreachableError
+from relay.core.names import env_name
 from relay.core.redact import Properties, Uri, emit, hold_masked, scrub
 from relay.outbox import FieldNames
 from relay.spark.decode import decode_events, kafka_options, topic_pattern

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from relay.config import Settings, load_settings, parse_pairs, settings_parser
-from relay.core.errors import ConfigError, run_command
+from relay.core.errors import ConfigError
+from relay.ops.exits import run_command
 
 
 @dataclass(frozen=True)

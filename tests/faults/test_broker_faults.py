@@ -79,7 +79,7 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env,
     admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
     settings = env.settings.replace(kafka={"message.timeout.ms": "3000", "linger.ms": "0"})
-    publisher = IdempotentPublisher(settings.kafka_config())
+    publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
     message = lambda i: OutgoingMessage(f"e{i}", topic, b"k", f"v{i}".encode(), [])  # noqa: E731
     publisher.poll(5)  # connected
     first = Delivery([-1], [message(0)], None, 0.0)

@@ -2,7 +2,8 @@
 (at random moments, and aimed between a batch's MongoDB commit and its Kafka offset commit), the
 Kafka broker SIGKILLed and restarted, and a MongoDB primary step-down on a three-member replica
 set (checked to have elected another primary). Each checks the effects against the outbox: every
-event applied exactly once, per aggregate in commit order (tests/inbox_support.py).
+event applied exactly once, per aggregate in commit order (tests/inbox_support.py). Each runs with
+both forms of the inbox, `Inbox` and `AsyncInbox` (`form`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import pytest
 from pymongo.errors import ConnectionFailure, PyMongoError
 
 from tests.inbox_support import (
+    FORMS,
     InboxProcess,
-    InboxThread,
     applied_count,
     assert_effects_exactly_once_in_order,
-    effects_handler,
+    consumer,
     recorded_not_committed,
     wait_applied,
 )
@@ -40,7 +41,8 @@ def short_transaction_lifetime(env):
         admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)
 
 
-def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_order(env, tmp_path,
+@pytest.mark.parametrize("form", FORMS)
+def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_order(env, tmp_path, form,
                                                                                     short_transaction_lifetime):
     """Six kills: three at random moments, three aimed into the window between a batch's MongoDB
     commit and its Kafka offset commit, where the restarted consumer must skip the events it reads
@@ -52,7 +54,7 @@ def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_or
     rng = random.Random(27)
     group, topic = "shipping", env.topic()
     service = InboxProcess(tmp_path / "inbox.log", env.servers.mongodb_uri, env.settings.database, topic,
-                           group, env.servers.kafka_bootstrap)
+                           group, env.servers.kafka_bootstrap, form=form)
     left_in_window: list[int] = []
     with RelayThread(env.settings):
         writer = background_writes(env, written, 3000, writers=3, pause=0.004)
@@ -77,15 +79,16 @@ def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_or
     # At least one kill left recorded events uncommitted in Kafka: the next consumer read them
     # again and skipped them (the effects above are exact), which is the inbox's reason to be.
     assert any(left_in_window), left_in_window
-    print(f"\nkills: events recorded but not committed to Kafka at each kill: {left_in_window}")
+    print(f"\nkills ({form}): events recorded but not committed to Kafka at each kill: {left_in_window}")
 
 
-def test_broker_killed_and_restarted_mid_run_applies_every_event_once_in_order(env):
+@pytest.mark.parametrize("form", FORMS)
+def test_broker_killed_and_restarted_mid_run_applies_every_event_once_in_order(env, form):
     broker = needs_local_stack(env.servers).kafka
     written = Written()
     run = dict(topics=[env.topic()], group_id="shipping", bootstrap_servers=env.servers.kafka_bootstrap,
                batch_max_events=100)
-    with RelayThread(env.settings), InboxThread(env.db, effects_handler(env.db), **run) as inbox:
+    with RelayThread(env.settings), consumer(form, env, **run) as inbox:
         writer = background_writes(env, written, 2000, writers=3, pause=0.005)
         wait_applied(env.db, 500, alive=inbox.check_alive)
         broker.process.kill()  # offset commits fail or wait; the inbox records stay
@@ -124,11 +127,12 @@ def _step_down(rs) -> tuple[int, int | None]:
     return before, _primary(rs)
 
 
-def test_primary_step_down_mid_run_applies_every_event_once_in_order(env3, rs3):
+@pytest.mark.parametrize("form", FORMS)
+def test_primary_step_down_mid_run_applies_every_event_once_in_order(env3, rs3, form):
     written = Written()
     run = dict(topics=[env3.topic()], group_id="shipping", bootstrap_servers=env3.servers.kafka_bootstrap,
                batch_max_events=100)
-    with RelayThread(env3.settings), InboxThread(env3.db, effects_handler(env3.db), **run) as inbox:
+    with RelayThread(env3.settings), consumer(form, env3, **run) as inbox:
         writer = background_writes(env3, written, 2000, writers=3, pause=0.005)
         wait_applied(env3.db, 500, alive=inbox.check_alive)
         old, new = _step_down(rs3)
@@ -139,4 +143,5 @@ def test_primary_step_down_mid_run_applies_every_event_once_in_order(env3, rs3):
         wait_applied(env3.db, 2000, timeout=120, alive=inbox.check_alive)
     assert_effects_exactly_once_in_order(env3.db, written)
     retries = inbox.metric("relay_inbox_transaction_retries_total")
-    print(f"\nstep-down: primary {old} -> {new}, applied {at_election} at the election, {retries:.0f} retries")
+    print(f"\nstep-down ({form}): primary {old} -> {new}, applied {at_election} at the election, "
+          f"{retries:.0f} retries")

@@ -77,7 +77,7 @@ def test_non_resumable_getmore_error_that_repeats_stops_the_relay_with_the_code(
 ], ids=["write-concern-error", "close-connection"])
 def test_failing_checkpoint_write_advances_nothing_until_acknowledged(env, fault, write_applied):
     with RelayThread(env.settings) as relay:
-        observer = relay.relay.observer.partitions[0]  # the loop of the one partition
+        [observer] = relay.relay.observer.loops.values()  # the loop of the one outbox
         written = write_events(env.db, env.settings.outbox_collection, total=200, writers=2)
         _published(env, 200)
         wait_until(lambda: (lease_doc(env.db, env.settings) or {}).get("resumeToken"), 30, "a checkpoint")

@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from relay.core.errors import HistoryLostError, PoisonEventError, StreamInvalidatedError
 from relay.core.positions import token_cluster_time
-from relay.mongo.changes import oplog_start
+from relay.mongo.cursor import oplog_start
 from relay.mongo.lease import cluster_time
 from relay.outbox import Outbox, OutboxEvent
 from tests.support import (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from relay.commands.status import status
-from relay.core.partitions import Partition, lease_id, partition_of
+from relay.core.partitions import Partition, Scope, partition_of
 from tests.support import (
     LeaseHistory,
     RelayProcess,
@@ -35,7 +35,7 @@ def _counts(settings) -> dict[str, int]:
 
 
 def _doc(env, settings, k: int) -> dict[str, Any]:
-    return env.db[settings.lease_collection].find_one({"_id": lease_id(settings.namespace, Partition(k, settings.partitions))})
+    return env.db[settings.lease_collection].find_one({"_id": Scope(settings.namespace, Partition(k, settings.partitions)).lease_id})
 
 
 def _member(env, settings, instance: str) -> dict[str, Any] | None:
@@ -147,7 +147,7 @@ def test_chaos_four_partitions_three_replicas_kills_pauses_joins_and_leaves(env,
     verdict = assert_complete_and_ordered(records, written)
     assert len(written.ids) == total
     stores = history.assert_never_went_backwards()
-    resumed = {k: history.resumed_from(lease_id(settings.namespace, Partition(k, n))) for k in range(n)}
+    resumed = {k: history.resumed_from(Scope(settings.namespace, Partition(k, n)).lease_id) for k in range(n)}
     late = []
     for r in records:
         start = resumed[partition_of(r.key, n)].get(r.fencing)

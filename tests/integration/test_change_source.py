@@ -1,130 +1,152 @@
-"""`ChangeSource` on a real mongod: its own aggregate and getMore commands (no driver state).
+"""The shared change stream on a real mongod: its own aggregate and getMore commands (no driver
+state), and the scopes' subscriptions to it (relay.mongo.stream).
 
-A read asks the server for at most `max_events` changes and carries the server's post-batch
-token, which covers exactly what that read returned: a checkpoint stored after it resumes at the
-first change it did not return. (The mutation "ask for a bigger server batch and cut it to
-`max_events`, keeping the post-batch token" fails the resume check below, as did its ancestor,
-"always use the post-batch token" over a partly taken driver buffer.)
+A batch carries a token that covers exactly what it holds: a checkpoint stored after it resumes
+at the first change it did not hold. (The mutation "cut a queued read to the room left but keep
+the read's post-batch token" fails the resume check below.)
 """
 
 from __future__ import annotations
 
-from pymongo import MongoClient
-
+from relay.config import Settings
+from relay.core.partitions import Scope
 from relay.core.positions import StartPoint, newer
-from relay.mongo.changes import ChangeSource
+from relay.mongo.connection import mongo_client
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import wait_until
+from relay.wiring import change_source, shared_streams
+from tests.support import change_streams, wait_until
 
 
 def _ids(batch) -> list[str]:
     return [c.event_id for c in batch.changes]
 
 
-def _source(env) -> ChangeSource:
-    client: MongoClient = MongoClient(env.servers.mongodb_uri, tz_aware=True)  # the relay's kind of client
-    return ChangeSource(client[env.settings.database][env.settings.outbox_collection], 200)
+class Streams:
+    """The process's shared streams for `settings`, on a client of the relay's kind."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.parts = settings.parts()
+        self.client = mongo_client(self.parts.mongo)
+        self.streams = shared_streams(self.parts, self.client)
+
+    def source(self, namespace: str):
+        scope = Scope(namespace)
+        return change_source(self.parts, self.client, self.streams[scope.database], scope)()
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            stream.close()
+        self.client.close()
 
 
-def test_a_read_covers_only_the_changes_it_returned(env):
+def _streams(env, **changes) -> Streams:
+    return Streams(env.settings.replace(**changes))
+
+
+def test_a_batch_covers_only_the_changes_it_holds(env):
     outbox = env.db[env.settings.outbox_collection]
-    opened = _source(env)
-    opened.open(StartPoint())
-    written = [str(i) for i in Outbox(outbox).add_many(
-        OutboxEvent.new("order", f"a{i}", "Created", {"n": i}) for i in range(10))]
+    streams = _streams(env)
+    opened = streams.source(env.settings.namespace)
     try:
+        opened.open(StartPoint())
+        written = [str(i) for i in Outbox(outbox).add_many(
+            OutboxEvent.new("order", f"a{i}", "Created", {"n": i}) for i in range(10))]
         first = wait_until(lambda: (b := opened.next_batch(3)).changes and b, 30, "the first changes")
-        assert _ids(first) == written[:3], "a read returns at most what it asked for"
+        assert _ids(first) == written[:3], "a batch holds at most what was asked for"
         rest: list[str] = []
-        for _ in range(20):  # at most 200 ms each
+        for _ in range(20):
             rest += _ids(opened.next_batch(10))
             if len(rest) >= 7:
                 break
-        assert rest == written[3:], "the next reads return the rest, in order"
+        assert rest == written[3:], "the next batches hold the rest, in order"
     finally:
         opened.close()
+        streams.close()
 
-    # A relay that stored the first read's token and restarted: nothing after it is skipped.
-    resumed = _source(env)
-    resumed.open(StartPoint(resume_after=first.token))
+    # A relay that stored the first batch's token and restarted: nothing after it is skipped.
+    streams = _streams(env)
+    resumed = streams.source(env.settings.namespace)
     try:
+        resumed.open(StartPoint(resume_after=first.token))
         seen: list[str] = []
         for _ in range(20):
             seen += _ids(resumed.next_batch(10))
             if len(seen) >= 7:
                 break
-        assert seen == written[3:], "resuming after the first read's token delivers the other 7"
+        assert seen == written[3:], "resuming after the first batch's token delivers the other 7"
     finally:
         resumed.close()
+        streams.close()
 
 
-def test_an_idle_stream_still_advances_its_token_and_a_closed_one_releases_its_cursor(env):
-    source = _source(env)
+def test_an_idle_stream_still_advances_its_token_and_without_a_member_holds_no_cursor(env):
+    streams = _streams(env)
+    source = streams.source(env.settings.namespace)
     source.open(StartPoint())
     opening = source.token
     assert opening is not None, "the opening post-batch token is known at once"
     env.db.other.insert_one({"x": 1})  # oplog entries the outbox's stream filters out
-    namespace = f"{env.settings.database}.{env.settings.outbox_collection}"
 
     def open_cursors() -> int:
-        return len(list(env.client.admin.aggregate([
-            {"$currentOp": {"idleCursors": True, "allUsers": True}},
-            {"$match": {"type": "idleCursor", "ns": namespace}}])))
+        return len(change_streams(env.client, [env.settings.database]))
 
     try:
         later = wait_until(lambda: (b := source.next_batch(10)).token != opening and b, 30,
                            "an empty read to carry a newer post-batch token")
         assert later.changes == [] and newer(later.token, opening)
-        assert open_cursors() == 1
-    finally:
+        assert wait_until(lambda: open_cursors() == 1, 10, "the shared cursor")
         source.close()
-    assert open_cursors() == 0, "close() kills the server's cursor"
-    source.close()  # twice is safe
-
-
-def test_a_read_ahead_is_handed_out_whole_under_its_own_token(env):
-    """After a read with changes the next getMore is already in flight; when the loop then asks
-    for fewer changes than it returned, the source returns none (under the token of what it did
-    return) and keeps them whole for a later read: a read-ahead is never cut."""
-    outbox = env.db[env.settings.outbox_collection]
-    source = _source(env)
-    source.open(StartPoint())
-    written = [str(i) for i in Outbox(outbox).add_many(
-        OutboxEvent.new("order", f"a{i}", "Created", {"n": i}) for i in range(12))]
-    try:
-        first = wait_until(lambda: (b := source.next_batch(5)).changes and b, 30, "the first changes")
-        assert _ids(first) == written[:len(first.changes)]
-        taken = _ids(first)
-        smaller = source.next_batch(2)  # the read-ahead asked for 5
-        if smaller.changes:
-            assert len(smaller.changes) <= 2
-        else:
-            assert smaller.token == first.token, "nothing handed out: the token does not move"
-        taken += _ids(smaller)
-        for _ in range(20):
-            taken += _ids(source.next_batch(5))
-            if len(taken) >= 12:
-                break
-        assert taken == written, "every change once, in order"
+        wait_until(lambda: open_cursors() == 0, 10, "the stream to release its cursor with no member left")
+        source.close()  # twice is safe
     finally:
-        source.close()
+        streams.close()
 
 
-def test_ready_says_whether_the_next_read_would_wait_on_mongod(env):
-    """Exactly-once mode asks `ready` before a read while a transaction is open: an empty read
-    leaves no read-ahead (the next getMore may wait RELAY_MAX_AWAIT_MS: not ready); a read with
-    changes sends the next getMore at once, and `ready` waits for it up to its timeout."""
+def test_ready_says_whether_the_next_batch_is_queued(env):
+    """Exactly-once mode asks `ready` before a read while a transaction is open."""
     outbox = env.db[env.settings.outbox_collection]
-    source = _source(env)
-    source.open(StartPoint())
+    streams = _streams(env)
+    source = streams.source(env.settings.namespace)
     try:
+        source.open(StartPoint())
         assert not source.next_batch(5).changes
-        assert not source.ready(0.05), "no read-ahead in flight after an empty read"
+        assert not source.ready(0.05), "nothing queued"
         written = [str(i) for i in Outbox(outbox).add_many(
             OutboxEvent.new("order", f"r{i}", "Created", {"n": i}) for i in range(12))]
         first = wait_until(lambda: (b := source.next_batch(5)).changes and b, 30, "the first changes")
-        assert source.ready(5.0), "the read-ahead (the rest of the 12) comes back at once"
+        assert source.ready(5.0), "the rest of the 12 is queued"
         taken = _ids(first) + _ids(source.next_batch(5))
-        assert taken == written[:len(taken)] and len(taken) > len(first.changes), "served from the read-ahead, in order"
+        assert taken == written[:len(taken)] and len(taken) > len(first.changes), "in order"
     finally:
         source.close()
+        streams.close()
+
+
+def test_two_outboxes_of_one_database_share_one_cursor_each_getting_its_own_events(env):
+    other = f"{env.settings.database}.second"
+    env.db.create_collection("second")
+    streams = _streams(env, outboxes=f"{env.settings.namespace},{other}")
+    first, second = streams.source(env.settings.namespace), streams.source(other)
+
+    try:
+        first.open(StartPoint())
+        second.open(StartPoint())
+        a = [str(i) for i in Outbox(env.db[env.settings.outbox_collection]).add_many(
+            OutboxEvent.new("order", f"a{i}", "Created", {"n": i}) for i in range(6))]
+        b = [str(i) for i in Outbox(env.db.second).add_many(
+            OutboxEvent.new("order", f"b{i}", "Created", {"n": i}) for i in range(4))]
+        got_a: list[str] = []
+        got_b: list[str] = []
+        for _ in range(40):
+            got_a += _ids(first.next_batch(100))
+            got_b += _ids(second.next_batch(100))
+            if len(got_a) >= 6 and len(got_b) >= 4:
+                break
+        assert got_a == a and got_b == b
+        cursors = change_streams(env.client, [env.settings.database])
+        assert len(cursors) == 1, f"one cursor for the database's two outboxes: {cursors}"
+        assert cursors[0]["aggregate"] == 1, "the database's stream"
+    finally:
+        first.close()
+        second.close()
+        streams.close()

@@ -90,13 +90,14 @@ def test_unreachable_mongodb_message_gives_the_whole_cause_in_one_line(env):
 
 
 def test_a_mongodb_that_is_not_a_replica_set_is_a_configuration_error(env, tmp_path):
-    from relay.dev.stack import ManagedProcess, mongod_binary
+    from relay.dev.stack import ManagedProcess, default_mongod
 
     port = free_port()
     (tmp_path / "db").mkdir()
-    standalone = ManagedProcess("standalone", [str(mongod_binary()), "--port", str(port), "--dbpath",
+    mongod = default_mongod()
+    standalone = ManagedProcess("standalone", [str(mongod.path), "--port", str(port), "--dbpath",
                                                str(tmp_path / "db"), "--bind_ip", "127.0.0.1"],
-                                tmp_path / "mongod.log")
+                                tmp_path / "mongod.log", env=mongod.environ())
     standalone.start()
     try:
         import pymongo

@@ -13,6 +13,7 @@ from typing import Any
 import pymongo
 from confluent_kafka.admin import AdminClient
 
+from relay.dev.mongodb import DEFAULT_VERSION
 from relay.dev.stack import KAFKA_VERSION, cache_dir, pid_alive
 from tests.support import ROOT
 
@@ -43,8 +44,9 @@ def _works(state: dict[str, Any]) -> None:
 def test_dev_stack_comes_back_after_down_and_after_a_crash(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    # The Kafka jars `make setup` resolved, instead of resolving them again.
-    (cache / f"kafka-{KAFKA_VERSION}").symlink_to(cache_dir() / f"kafka-{KAFKA_VERSION}")
+    # The Kafka jars and the mongod `make setup` fetched, instead of fetching them again.
+    for name in (f"kafka-{KAFKA_VERSION}", f"mongodb-{DEFAULT_VERSION}"):
+        (cache / name).symlink_to(cache_dir() / name)
     started: list[int] = []
     try:
         first = _dev(cache, "up")

@@ -254,7 +254,7 @@ def test_a_stuck_loop_fails_livez_and_the_image_healthcheck_while_http_still_ans
     observer = relay.relay.observer
     observer.health.live_stall_s = observer.health.ready_stall_s = 3.0
     unblock, blocked = threading.Event(), threading.Event()
-    loop = observer.partitions[0]  # what the one partition's loop reports to
+    [loop] = observer.loops.values()  # what the one outbox's loop reports to
     published = loop.published
 
     def stuck_then_published(*args: Any) -> None:  # called on the loop thread

@@ -14,7 +14,7 @@ import urllib.request
 from bson import Timestamp
 
 from relay.commands.status import reset_checkpoint, status
-from relay.core.partitions import Partition, hashed_index_key, lease_id, partition_of
+from relay.core.partitions import Partition, Scope, hashed_index_key, partition_of
 from relay.core.positions import token_cluster_time
 from relay.dev.stack import free_port
 from relay.mongo.lease import cluster_time
@@ -92,7 +92,7 @@ def test_partition_formula_matches_the_server_and_each_insert_reaches_exactly_it
 
 def _leases(env, n: int) -> list[dict]:
     coll = env.db[env.settings.lease_collection]
-    return [coll.find_one({"_id": lease_id(env.settings.namespace, Partition(k, n))}) or {} for k in range(n)]
+    return [coll.find_one({"_id": Scope(env.settings.namespace, Partition(k, n)).lease_id}) or {} for k in range(n)]
 
 
 def test_a_group_publishes_every_event_in_order_through_one_lease_per_partition(env, logs):
@@ -167,7 +167,7 @@ def test_moving_from_one_to_three_to_two_partitions_under_load_loses_nothing(env
     written = Written()
     writer = background_writes(env, written, 9000, writers=3, pause=0.01)
     leases = env.db[env.settings.lease_collection]
-    stuck = lease_id(env.settings.namespace, Partition(0, 3))
+    stuck = Scope(env.settings.namespace, Partition(0, 3)).lease_id
     phases = []
     for count, share in ((1, 0.2), (3, 0.45), (2, 1.0)):
         settings = env.settings.replace(partitions=count, instance_id=f"n{count}")
@@ -175,7 +175,7 @@ def test_moving_from_one_to_three_to_two_partitions_under_load_loses_nothing(env
             wait_until(lambda: relay.relay.observer.ready(), 60, f"the group of {count} started")
             docs = list(leases.find())
             assert sorted(d["_id"] for d in docs) == sorted(
-                lease_id(env.settings.namespace, Partition(k, count)) for k in range(count)), "old documents removed"
+                Scope(env.settings.namespace, Partition(k, count)).lease_id for k in range(count)), "old documents removed"
             seeds = {d.get("startAtClusterTime") for d in docs}
             if count == 1:  # the unpartitioned document has the fields it had before partitions, no more
                 wait_until(lambda: (leases.find_one() or {}).get("resumeToken"), 60, "the first checkpoint")

@@ -19,7 +19,7 @@ def test_drain_sends_at_once_what_linger_holds_back(env):
     admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
     settings = env.settings.replace(kafka={"linger.ms": "60000", "message.timeout.ms": "300000"})
-    publisher = IdempotentPublisher(settings.kafka_config())
+    publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
     try:
         delivery = Delivery([-1], [OutgoingMessage("e1", topic, b"k", b"v1", [])], None, 0.0)
         publisher.send(delivery, lambda: None)

@@ -24,11 +24,11 @@ from relay.avro.folder import SchemaFolder
 from relay.cli import main
 from relay.config import Settings
 from relay.core.errors import PermissionDeniedError, ServerUnreachableError
-from relay.mongo.codecs import change_value
 from relay.mongo.errors import translate
-from relay.mongo.privileges import Privilege, required
+from relay.mongo.privileges import Privilege, required, required_for
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 from tests.inbox_support import InboxThread
 from tests.security_servers import AuthMongo, auth_mongo, make_certificates
 from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events
@@ -85,6 +85,40 @@ def test_every_mode_runs_as_a_user_holding_only_the_documented_role(mongo: AuthM
             assert relay.error is None, f"{mode}: {relay.error!r}"
             admin.drop_database(settings.database)
 
+
+
+def test_many_outboxes_run_as_a_user_holding_only_the_role_printed_for_the_set(
+    mongo: AuthMongo, servers: Servers
+) -> None:
+    """RELAY_OUTBOXES over two databases (two outboxes in one: its database's change stream; one in
+    the other: a collection's), with clean-up: the role `security role` prints for the set is enough."""
+    settings = _settings(servers, "", outbox_retention="1", outbox_check_interval_s=0.5)
+    other = f"{settings.database}_2"
+    names = [f"{settings.database}.a", f"{settings.database}.b", f"{other}.c"]
+    settings = settings.replace(outboxes=",".join(names),
+                                topic_template=settings.topic_template.replace("{aggregateType}", "{collection}"))
+    parts = settings.replace(mongodb_uri="mongodb://localhost/").parts()
+    needed = required_for(parts.mongo, parts.cleanup)
+    assert {(p.db, p.collection) for p in needed} >= {(settings.database, ""), (other, "c")}, needed
+    settings = settings.replace(mongodb_uri=mongo.user_with("relayoutboxes", f"pw-{uuid.uuid4().hex}", needed))
+    with mongo.admin() as admin:
+        written = {}
+        for name in names:
+            db, coll = name.split(".")
+            admin[db].create_collection(coll)
+            written[name] = write_events(admin[db], coll, 30, writers=1)
+        with RelayThread(settings) as relay:
+            for name in names:
+                topic = settings.topic_template.format(collection=name.split(".")[1])
+                wait_until(lambda topic=topic, name=name: {r.id for r in read_topic(servers.kafka_bootstrap, topic, timeout=5)}
+                           >= written[name].ids, 120, f"every event of {name}", interval=1, alive=relay.check_alive)
+            for name in names:
+                db, coll = name.split(".")
+                wait_until(lambda db=db, coll=coll: admin[db][coll].estimated_document_count() == 0, 60,
+                           f"clean-up of {name}", alive=relay.check_alive)
+        assert relay.error is None, repr(relay.error)
+        admin.drop_database(settings.database)
+        admin.drop_database(other)
 
 
 def test_changing_the_partition_count_runs_as_a_user_holding_only_the_documented_role(

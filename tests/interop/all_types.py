@@ -15,7 +15,7 @@ from bson.int64 import Int64
 
 from relay.avro.folder import SchemaFolder
 from relay.core.change import Change
-from relay.mongo.codecs import change_value
+from tests.changes import change_value
 from tests.interop.bson_cases import n_bytes, n_decimal, n_double, n_ts
 
 HERE = Path(__file__).resolve().parent

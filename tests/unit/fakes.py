@@ -33,13 +33,13 @@ from relay.core.change import Batch, Change
 from relay.core.errors import HistoryLostError, LeaseLostError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
-from relay.core.partitions import Partition
+from relay.core.partitions import Scope
 from relay.core.positions import Checkpoint, Grant, StartPoint
 from relay.core.window import Delivery
 from relay.kafka.producer import delivery_failure
-from relay.mongo.codecs import change_value
-from relay.ops.observe import PartitionObserver, ProcessObserver
+from relay.ops.observe import ProcessObserver, ScopeObserver
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 FOLDER = SchemaFolder.bundled()
 FINGERPRINT = "fake-pipeline"
@@ -189,7 +189,7 @@ class FakeSource:
 
     def rescan(self) -> None:
         """Open at "now", serve every outbox document as a batch without a token, then the
-        opening token (RELAY_ON_HISTORY_LOST=rescan; relay.mongo.changes.ChangeSource.rescan)."""
+        opening token (RELAY_ON_HISTORY_LOST=rescan; relay.mongo.stream.Subscription.rescan)."""
         w = self.world
         w.opens.append("rescan")
         self.position = len(w.outbox.changes)
@@ -455,7 +455,7 @@ class FakeRelay:
 
 
 def relay_on(world: World, settings: Settings, producers: Any, source: Callable[[], FakeSource],
-             lease: FakeLease, observer: PartitionObserver | None = None, assignment: FakeAssignment | None = None) -> Relay:
+             lease: FakeLease, observer: ScopeObserver | None = None, assignment: FakeAssignment | None = None) -> Relay:
     """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes."""
     world.max_events = settings.batch_max_events
     parts = settings.parts()
@@ -465,12 +465,12 @@ def relay_on(world: World, settings: Settings, producers: Any, source: Callable[
                  **({} if assignment is None else {"assignment": assignment}))
 
 
-def loop_observer(settings: Settings) -> PartitionObserver:
+def loop_observer(settings: Settings) -> ScopeObserver:
     """The observer of a relay loop on the whole outbox, as the wiring makes it (one partition)."""
-    return ProcessObserver(settings.parts().observer).partition(Partition(0, 1))
+    return ProcessObserver(settings.parts().observer).loop(Scope(settings.namespace))
 
 
-def fake_relay(world: World, settings: Settings, observer: PartitionObserver | None = None,
+def fake_relay(world: World, settings: Settings, observer: ScopeObserver | None = None,
                assignment: FakeAssignment | None = None) -> FakeRelay:
     """A real `Relay` (and the real MessageBuilder) on the world's fakes, at-least-once."""
     producers = FakeDeliveryMode(world)

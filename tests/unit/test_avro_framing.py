@@ -31,9 +31,9 @@ from relay.core.errors import (
 from relay.core.errors import (
     OperatorActionError as StopError,
 )
-from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 REGISTRY = SchemaFolder.bundled()
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}

@@ -15,9 +15,9 @@ from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.change import Change
-from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 from tests.interop.bson_cases import (
     Case,
     bson_documents,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from relay.config import Settings, markdown_table
+from relay.core.config import start_at_time
 from relay.core.errors import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -21,15 +22,15 @@ def test_defaults_are_the_documented_contract():
     assert s.topic_template == "outbox.event.{aggregateType}"
     assert s.start_at == "oplog-start"
     assert s.http_port == 8080
-    assert s.kafka_config()["enable.idempotence"] == "true" and s.kafka_config()["acks"] == "all"
+    assert s.parts().kafka.producer_config()["enable.idempotence"] == "true" and s.parts().kafka.producer_config()["acks"] == "all"
 
 
 def test_environment_sets_fields_and_passes_kafka_properties_through():
     s = Settings.load(env={"RELAY_DATABASE": "shop", "RELAY_BATCH_MAX_EVENTS": "50",
                            "RELAY_KAFKA_COMPRESSION_TYPE": "zstd", "RELAY_KAFKA_LINGER_MS": "20"})
     assert s.database == "shop" and s.batch_max_events == 50
-    assert s.kafka_config()["compression.type"] == "zstd"
-    assert s.kafka_config()["linger.ms"] == "20"
+    assert s.parts().kafka.producer_config()["compression.type"] == "zstd"
+    assert s.parts().kafka.producer_config()["linger.ms"] == "20"
 
 
 def test_flags_win_over_environment_which_wins_over_the_file(tmp_path):
@@ -38,7 +39,7 @@ def test_flags_win_over_environment_which_wins_over_the_file(tmp_path):
     s = Settings.load(env={"RELAY_CONFIG_FILE": str(path), "RELAY_DATABASE": "from_env"},
                       flags={"database": "from_flag"})
     assert s.database == "from_flag" and s.outbox_collection == "events"
-    assert s.kafka_config()["linger.ms"] == "7"
+    assert s.parts().kafka.producer_config()["linger.ms"] == "7"
 
 
 @pytest.mark.parametrize("env, setting", [
@@ -66,16 +67,17 @@ def test_other_kafka_clients_get_the_security_properties_but_not_the_producer_on
                                   "RELAY_KAFKA_SASL_MECHANISM": "PLAIN", "RELAY_KAFKA_LINGER_MS": "20"})
     assert settings.kafka_client_config() == {"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
                                               "sasl.mechanism": "PLAIN"}
-    assert settings.kafka_config()["linger.ms"] == "20"
+    assert settings.parts().kafka.producer_config()["linger.ms"] == "20"
 
 
 def test_acks_minus_one_is_accepted_as_all():
-    assert Settings.load(env={"RELAY_KAFKA_ACKS": "-1"}).kafka_config()["acks"] == "all"
+    assert Settings.load(env={"RELAY_KAFKA_ACKS": "-1"}).parts().kafka.producer_config()["acks"] == "all"
 
 
 def test_start_at_accepts_an_iso_time():
     s = Settings.load(env={"RELAY_START_AT": "2026-01-02T03:04:05Z"})
-    assert s.start_at_time().isoformat() == "2026-01-02T03:04:05+00:00"
+    at = start_at_time(s.parts().loop.start_at)
+    assert at is not None and at.isoformat() == "2026-01-02T03:04:05+00:00"
 
 
 def test_readme_configuration_table_matches_the_settings_object():
@@ -88,25 +90,21 @@ def test_readme_configuration_table_matches_the_settings_object():
 
 
 def test_each_setting_is_declared_once_and_reaches_its_parts_by_keyword():
-    """A setting's default lives in Settings alone: every field of a part's configuration that a
-    setting feeds has no default of its own, and the value set is the value the part gets."""
+    """A setting's default lives in Settings alone: no field of a part's configuration has a default
+    of its own that a setting could contradict, and the value set is the value each part gets."""
     import dataclasses
 
     parts = Settings().parts()
-    configs = {f.name: getattr(parts, f.name) for f in dataclasses.fields(parts)}
-    configs |= {"health": parts.observer.health}
-    fed: dict[str, set[str]] = {}
-    for f in dataclasses.fields(Settings):
-        for part, name in f.metadata["to"]:
-            fed.setdefault(part, set()).add(name or f.name)
-    for part, names in fed.items():
-        if part == "fields":  # the outbox document's field names: their defaults are the outbox contract
-            continue
-        for f in dataclasses.fields(type(configs[part])):
-            if f.name in names:
-                assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, (part, f.name)
+    configs = [getattr(parts, f.name) for f in dataclasses.fields(parts)]
+    configs += [parts.observer.health, parts.loop.timing]
+    own_defaults = {"batch", "pass_budget_s"}  # clean-up's internal pacing, not settings
+    for config in configs:
+        for f in dataclasses.fields(type(config)):
+            if f.name not in own_defaults:
+                assert f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING, (config, f.name)
     changed = Settings(standby_poll_s=1.5, connect_timeout_s=7.0, field_payload="body").parts()
-    assert changed.loop.standby_poll_s == changed.group.standby_poll_s == changed.observer.health.standby_poll_s == 1.5
+    assert changed.loop.timing is changed.group.timing is changed.observer.health.timing
+    assert changed.loop.timing.standby_poll_s == 1.5
     assert changed.mongo.connect_timeout_s == changed.kafka.connect_timeout_s == 7.0
     assert changed.encoding.fields.payload == "body"
 
@@ -114,7 +112,7 @@ def test_each_setting_is_declared_once_and_reaches_its_parts_by_keyword():
 def test_the_parts_are_built_once_per_settings_object():
     settings = Settings()
     assert settings.parts() is settings.parts()
-    assert settings.replace(batch_max_events=5).parts().loop.batch_max_events == 5
+    assert settings.replace(batch_max_events=5).parts().loop.max_in_flight_events == 5
 
 
 def test_documented_variables_that_are_not_settings_are_accepted(tmp_path):

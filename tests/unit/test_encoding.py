@@ -15,9 +15,9 @@ from relay.config import Settings
 from relay.core.change import Change
 from relay.core.errors import PoisonEventError
 from relay.core.message import HEADER_FENCING
-from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 REGISTRY = SchemaFolder.bundled()
 REGISTRY_DIR = Path(__file__).resolve().parents[2] / "schemas"

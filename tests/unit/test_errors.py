@@ -147,13 +147,26 @@ def test_kafka_errors_are_translated_by_one_table_naming_what_the_step_needs():
 def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
     """A refusal by produce() itself (here: a fatal error librdkafka raises from it) names the
     event's topic, not an empty resource."""
+    from relay.core.message import OutgoingMessage
+    from relay.core.window import Delivery
     from relay.kafka.producer import IdempotentPublisher
 
-    publisher = IdempotentPublisher({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
-    publisher._topic = "orders"
-    refused = publisher._refused(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), "e9")
-    assert refused.refused == [("WRITE, DESCRIBE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC orders")]  # type: ignore[attr-defined]
-    publisher.close()
+    class Refusing(IdempotentPublisher):
+        def _produce_all(self, delivery, while_waiting):
+            self._producer = RefusingProducer()
+            super()._produce_all(delivery, while_waiting)
+
+    class RefusingProducer:
+        def produce(self, *args, **kwargs):
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    publisher = Refusing({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
+    real = publisher._producer
+    message = OutgoingMessage("e9", "orders", b"k", b"v", [])
+    with pytest.raises(Exception) as refused:
+        publisher.send(Delivery([1], [message], None, 0.0), lambda: None)
+    assert refused.value.refused == [("WRITE, DESCRIBE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC orders")]  # type: ignore[attr-defined]
+    real.purge()
 
 
 def test_a_permission_refusal_stop_line_lists_each_refused_action_and_resource():

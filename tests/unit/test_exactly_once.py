@@ -190,7 +190,7 @@ def test_a_zombie_is_fenced_at_its_next_commit_and_goes_back_to_standby():
     txn_log(world).epoch += 1  # B's init_transactions
     fenced_from = len(txn_log(world).log)
     _write(world, 4)
-    held = lambda: a.relay.observer.registry.get_sample_value("relay_lease_held")  # noqa: E731
+    held = lambda: a.relay.observer.registry.get_sample_value("relay_lease_held", {"outbox": "app.outbox"})  # noqa: E731
     _turn(a, lambda: held() == 0, turns=50)
     t = txn_log(world)
     late = t.log[fenced_from:]
@@ -198,9 +198,9 @@ def test_a_zombie_is_fenced_at_its_next_commit_and_goes_back_to_standby():
     assert not any(m.txn in t.committed_txns for m in late), "none of A's later transactions committed"
     assert t.commits_by_stale_fencing == 0
     errors = a.relay.observer.registry.get_sample_value(
-        "relay_errors_total", {"kind": "ProducerFencedError", "action": "standby"})
+        "relay_errors_total", {"outbox": "app.outbox", "kind": "ProducerFencedError", "action": "standby"})
     mongo_fenced = a.relay.observer.registry.get_sample_value(
-        "relay_errors_total", {"kind": "LeaseLostError", "action": "standby"})
+        "relay_errors_total", {"outbox": "app.outbox", "kind": "LeaseLostError", "action": "standby"})
     assert (errors or 0) + (mongo_fenced or 0) == 1, "one fenced error, then standby"
     assert not world.violations
 

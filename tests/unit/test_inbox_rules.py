@@ -1,7 +1,9 @@
 """The inbox's rules with in-memory values, no server: what a batch runs, what it skips, which
-offsets it commits, where it stops at a poison message, what a rebalance drops; run's options;
-decoding in both framings and envelopes (the Confluent one through confluent-kafka's mock
-registry, `mock://`); the dead-letter record."""
+offsets it commits, where it stops at a poison message, what a rebalance drops, when a batch is
+complete; how a batch is retried (one policy, blocking or awaited) and how a stop ends a wait;
+run's options; decoding in both framings and envelopes (the Confluent one through
+confluent-kafka's mock registry, `mock://`); the dead-letter record. Both inboxes use every rule
+here."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from relay.core.errors import ConfigError
 from relay.inbox import InboxEvent
 from relay.inbox.batching import (
     BatchLimits,
+    Gathering,
     Poisoned,
     offsets_to_commit,
     plan,
@@ -27,9 +30,9 @@ from relay.inbox.batching import (
 from relay.inbox.config import RunOptions
 from relay.inbox.decoding import EventDecoder, UndecodableMessageError
 from relay.inbox.poison import HEADER_SOURCE, dead_letter
-from relay.mongo.codecs import change_value
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
+from tests.changes import change_value
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 
@@ -116,6 +119,106 @@ def test_a_batch_closes_at_its_event_count_or_its_time_after_the_first_message()
     assert limits.room(2) == 1 and limits.room(5) == 0
     with pytest.raises(ValueError, match="positive"):
         BatchLimits(max_events=0)
+
+
+def test_a_batch_being_gathered_waits_idle_first_then_until_it_closes_or_a_poll_returns_nothing():
+    gathering = Gathering(BatchLimits(max_events=3, max_seconds=0.2), idle_s=0.5)
+    assert gathering.wait(0, 100.0) == 0.5  # nothing yet: an idle poll, short enough to notice a stop
+    assert not gathering.polled(0, 0, 100.5)  # it returned nothing: an empty batch
+    assert gathering.polled(1, 1, 100.5)  # the first message: the batch's clock starts
+    assert gathering.wait(1, 100.6) == pytest.approx(0.1)  # what is left of max_seconds
+    assert gathering.polled(2, 1, 100.6)
+    assert not gathering.polled(2, 0, 100.65)  # caught up: close it now, do not wait the rest
+    assert gathering.wait(3, 100.6) is None  # full
+    assert Gathering(BatchLimits(3, 0.2), 0.5, first_at=100.0).wait(1, 100.2) is None  # time is up
+
+
+def test_a_revocation_that_empties_the_batch_being_gathered_ends_it():
+    gathering = Gathering(BatchLimits(max_events=10, max_seconds=0.2), idle_s=0.5, first_at=100.0)
+    assert not gathering.polled(0, 4, 100.1)  # 4 received, none kept: all of a revoked partition
+
+
+# ---- retries: one policy, both forms ---------------------------------------------------------------
+
+def _retry(stop=None, max_s=0.2):
+    from relay.inbox.retrying import Retry
+    from relay.inbox.stopping import StopSignal
+
+    told: list[tuple[str, float]] = []
+    stop = stop or StopSignal()
+    return Retry(max_s, stop, lambda exc, wait: told.append((type(exc).__name__, wait))), told, stop
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_a_retryable_failure_is_retried_with_growing_waits_and_anything_else_raised_at_once(form):
+    import asyncio
+
+    from pymongo.errors import AutoReconnect, DuplicateKeyError
+
+    retry, told, _ = _retry(max_s=0.3)
+    failures = [AutoReconnect("reset")] * 3
+
+    def attempt():
+        if failures:
+            raise failures.pop(0)
+        return "done"
+
+    async def attempt_async():
+        return attempt()
+
+    run = retry.call if form == "sync" else (lambda fn: asyncio.run(retry.call_async(fn)))
+    assert run(attempt if form == "sync" else attempt_async) == "done"
+    assert told == [("AutoReconnect", 0.1), ("AutoReconnect", 0.2), ("AutoReconnect", 0.3)]  # capped at max
+    failures.append(DuplicateKeyError("E11000"))
+    with pytest.raises(DuplicateKeyError):
+        run(attempt if form == "sync" else attempt_async)
+    assert len(told) == 3  # not retried
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_a_stop_asked_while_an_attempt_fails_raises_stop_requested_with_the_failure(form):
+    import asyncio
+
+    from pymongo.errors import AutoReconnect
+
+    from relay.inbox.stopping import StopRequested
+
+    retry, told, stop = _retry()
+
+    def attempt():
+        stop.set()  # e.g. SIGTERM while the transaction ran
+        raise AutoReconnect("no primary")
+
+    async def attempt_async():
+        attempt()
+
+    run = (lambda: retry.call(attempt)) if form == "sync" else (lambda: asyncio.run(retry.call_async(attempt_async)))
+    with pytest.raises(StopRequested) as stopped:
+        run()
+    assert isinstance(stopped.value.cause, AutoReconnect) and told == []
+
+
+def test_an_async_wait_ends_when_the_stop_is_asked_from_another_thread():
+    import asyncio
+    import threading
+    import time
+
+    from relay.inbox.stopping import StopSignal
+
+    stop = StopSignal()
+
+    async def main():
+        stop.attach(asyncio.get_running_loop())
+        threading.Timer(0.05, stop.set).start()
+        started = time.monotonic()
+        asked = await stop.wait_async(30)
+        return asked, time.monotonic() - started
+
+    asked, waited = asyncio.run(main())
+    assert asked and waited < 29  # woken by the stop, not by the end of the wait
+    stop.detach()
+    stop.set()  # no loop attached any more: only the flag
+    assert stop.is_set() and stop.wait(0)
 
 
 # ---- options ---------------------------------------------------------------------------------------

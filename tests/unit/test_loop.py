@@ -203,7 +203,7 @@ def test_lost_lease_stops_publishing_and_waits_as_a_standby():
     world = World()
     ids = _write(world, 30)
     fr = fake_relay(world, fake_settings(batch_max_events=5))
-    lease_held = lambda: fr.relay.observer.registry.get_sample_value("relay_lease_held")  # noqa: E731
+    lease_held = lambda: fr.relay.observer.registry.get_sample_value("relay_lease_held", {"outbox": "app.outbox"})  # noqa: E731
     _turn_until(fr, lambda: len(world.broker.acked) >= 10)
     world.take_over()
     fenced = world.lease.fencing

@@ -1,7 +1,7 @@
 """The compiled encoder (relay._native, native/src) against the Python path it stands in for.
 
 For any change (relay.core.change.Change, read from a raw change event by the compiled reader,
-relay.mongo.codecs.change_value), `MessageBuilder.build_many` either declines it (None: the Python path builds it,
+tests.changes.change_value), `MessageBuilder.build_many` either declines it (None: the Python path builds it,
 or raises the poison error) or returns exactly the message `MessageBuilder.build` builds: same
 topic, key, value bytes and headers. And it does not decline the common case: valid generic
 events whose payloads hold the types it writes. The whole suite runs with the compiled encoder
@@ -27,8 +27,9 @@ from relay.config import Settings
 from relay.core.change import Change
 from relay.core.errors import PoisonEventError
 from relay.core.positions import ClusterTime
-from relay.mongo.codecs import RAW_CHANGE_CODEC, change_value, insert_change, read_changes
+from relay.mongo.codecs import RAW_CHANGE_CODEC, read_changes
 from relay.wiring import message_builder
+from tests.changes import change_value, insert_change
 from tests.interop.bson_cases import bson_documents
 
 FOLDER = SchemaFolder.bundled()

@@ -11,7 +11,7 @@ from relay.core.errors import ConfigError
 from relay.mongo.config import parse_duration
 from relay.mongo.housekeeping import deletable
 from relay.ops.health import Health
-from relay.ops.outbox_checks import OutboxMetrics
+from relay.ops.outbox_checks import OutboxMetrics, OutboxSeries
 
 
 @pytest.mark.parametrize("text, seconds", [("", None), ("off", None), ("OFF", None), ("0", 0.0), ("3600", 3600.0),
@@ -43,13 +43,13 @@ def test_only_candidates_not_found_after_the_position_are_deletable():
 def test_ttl_headroom_below_the_threshold_warns_once_and_degrades_readiness_until_it_recovers(caplog):
     health = Health(Settings().parts().observer.health)
     registry = CollectorRegistry()
-    metrics = OutboxMetrics(registry, health)
+    metrics = OutboxMetrics(OutboxSeries(registry), health, "app.outbox")
     with caplog.at_level("WARNING", logger="relay.outbox"):
         metrics.ttl_headroom(300.0, 600.0)
         metrics.ttl_headroom(250.0, 600.0)
     assert health.degraded is not None and "TTL headroom" in health.degraded
     assert [r.levelname for r in caplog.records] == ["WARNING"], "one WARN per crossing"
-    assert registry.get_sample_value("relay_outbox_ttl_headroom_seconds") == 250.0
+    assert registry.get_sample_value("relay_outbox_ttl_headroom_seconds", {"outbox": "app.outbox"}) == 250.0
     metrics.ttl_headroom(900.0, 600.0)
     assert health.degraded is None, "recovered: ready again without the warning"
     metrics.ttl_headroom(None, 600.0)

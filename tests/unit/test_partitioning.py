@@ -21,14 +21,14 @@ from relay.config import Settings
 from relay.core.errors import ConfigError
 from relay.core.partitions import (
     Partition,
+    Scope,
     hashed_index_key,
-    lease_id,
     lease_id_pattern,
     parse_lease_id,
     partition_of,
 )
 from relay.group.balance import Balance, target_of, targets
-from relay.mongo.pipeline import PIPELINE, partition_predicate, pipeline, pipeline_fingerprint
+from relay.mongo.pipeline import PIPELINE, fingerprint, partition_predicate, pipeline, pipeline_fingerprint
 
 
 def test_hashed_index_key_matches_the_value_in_mongodbs_manual():
@@ -48,15 +48,16 @@ def test_partition_of_is_in_range_and_spreads_keys_evenly():
 def test_one_partition_keeps_todays_lease_id_pipeline_and_fingerprint():
     """RELAY_PARTITIONS=1: the lease document, the pipeline and the stored fingerprint are those
     of earlier releases, so a running deployment upgrades without a checkpoint reset."""
-    assert lease_id("app.outbox", None) == lease_id("app.outbox", Partition(0, 1)) == "app.outbox"
-    assert pipeline(None) is PIPELINE and pipeline(Partition(0, 1)) is PIPELINE
-    assert pipeline_fingerprint("app.outbox", pipeline(None)) == "d225fb2ff19aa6b2"  # 0.1's fingerprint
+    assert Scope("app.outbox").lease_id == Scope("app.outbox", Partition(0, 1)).lease_id == "app.outbox"
+    assert pipeline(Partition(0, 1)) is PIPELINE
+    assert pipeline_fingerprint("app.outbox", pipeline(Partition(0, 1))) == "d225fb2ff19aa6b2"  # 0.1's fingerprint
+    assert fingerprint(Scope("app.outbox"), "aggregateId") == "d225fb2ff19aa6b2"
     assert Settings().partitions == 1
 
 
 def test_partition_pipelines_have_fingerprints_of_their_own():
     prints = {pipeline_fingerprint("app.outbox", pipeline(Partition(k, n))) for n in (2, 3, 4) for k in range(n)}
-    prints.add(pipeline_fingerprint("app.outbox", pipeline(None)))
+    prints.add(pipeline_fingerprint("app.outbox", pipeline(Partition(0, 1))))
     assert len(prints) == 1 + 2 + 3 + 4, "a token of one partitioning is never resumed by another"
     assert pipeline_fingerprint("app.outbox", pipeline(Partition(1, 4), "aggId")) != \
         pipeline_fingerprint("app.outbox", pipeline(Partition(1, 4)))
@@ -69,7 +70,7 @@ def test_partition_predicate_matches_both_signs_of_mongodbs_mod():
 
 
 def test_lease_ids_of_partitions_round_trip_and_stay_within_their_outbox():
-    assert lease_id("app.outbox", Partition(2, 4)) == "app.outbox#2/4"
+    assert Scope("app.outbox", Partition(2, 4)).lease_id == "app.outbox#2/4"
     assert parse_lease_id("app.outbox", "app.outbox#2/4") == Partition(2, 4)
     assert parse_lease_id("app.outbox", "app.outbox") == Partition(0, 1)
     for other in ("app.outbox2", "app.outbox#4/4", "app.outbox#1", "xapp.outbox", "app.outbox#1/4x"):
@@ -103,11 +104,12 @@ def test_targets_add_up_to_the_partitions_and_differ_by_at_most_one(live, n, exp
 
 
 def test_a_replica_counts_itself_before_its_heartbeat_is_visible():
-    assert target_of("b", ["a"], 6) == 3
+    assert target_of("b", ["a"], 6, shared=True) == 3
+    assert target_of("b", ["a"], 6, shared=False) == 6, "without partitions every replica may lead every lease"
 
 
 def test_balance_counts_attempts_against_the_target_and_hands_over_one_above_it():
-    b = Balance(4)
+    b = Balance(4, shared=True)
     b.set_target(2)
     assert b.may_lead(0) and b.may_lead(1) and not b.may_lead(2), "two attempts at once at most"
     b.led(0, False)  # partition 0 was held elsewhere
@@ -157,7 +159,7 @@ class BalancingMachine(RuleBasedStateMachine):
                 self.dead[name] = dead_for - 1
         live = sorted([*self.replicas, *self.dead])  # the crashed count until their leases expire
         for name, balance in self.replicas.items():
-            balance.set_target(target_of(name, live, self.n))
+            balance.set_target(target_of(name, live, self.n, self.n > 1))
         turns = [(name, k) for name in self.replicas for k in range(self.n)]
         self.rng.shuffle(turns)
         for name, k in turns:
@@ -175,7 +177,7 @@ class BalancingMachine(RuleBasedStateMachine):
 
     @rule()
     def join(self) -> None:
-        self.replicas[self._name()] = Balance(self.n)
+        self.replicas[self._name()] = Balance(self.n, self.n > 1)
 
     @rule()
     def leave(self) -> None:

@@ -3,7 +3,7 @@
 An install without relay._native (a source install without Rust) reads change events with
 `read_in_python`; it must hand the loop exactly the values the compiled reader does, for any
 change event: inserts with any document, event id, token, cluster and wall time, and the stop at
-the first change that is not an insert. The compiled reader is the oracle (it is what the whole
+the first change that is not an insert, and each insert's route. The compiled reader is the oracle (it is what the whole
 suite runs with: tests/unit/test_native.py).
 """
 
@@ -55,14 +55,20 @@ def change_events(draw: st.DrawFn) -> RawBSONDocument:
             st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31)).map(
                 lambda d: d.replace(microsecond=d.microsecond // 1000 * 1000, tzinfo=dt.UTC)),
             st.just("not a date")))
+    if draw(st.booleans()):  # the route a shared stream's pipeline adds
+        change["r"] = draw(st.one_of(st.integers(-3, 2**31 - 1), st.builds(bson.Int64, st.integers(-(2**63), 2**63 - 1)),
+                                     st.booleans(), st.just("1")))
     change["fullDocument"] = document
     return RawBSONDocument(bson.encode(change), RAW_CHANGE_CODEC)
 
 
 @PROPERTIES
 @given(changes=st.lists(change_events(), max_size=3))
-def test_the_python_reader_gives_the_compiled_readers_values(changes):
-    assert read_in_python(changes) == COMPILED(changes)
+def test_the_python_reader_gives_the_compiled_readers_values_and_routes(changes):
+    python_routes: list[int] = []
+    compiled_routes: list[int] = []
+    assert read_in_python(changes, python_routes) == COMPILED(changes, compiled_routes)
+    assert python_routes == compiled_routes
 
 
 def test_the_python_reader_reads_memoryviews_and_names_a_change_that_is_not_bson():

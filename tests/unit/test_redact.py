@@ -10,9 +10,10 @@ import logging
 import pytest
 
 from relay.config import Settings
-from relay.core.errors import ConfigError, ServerUnreachableError, run_command
+from relay.core.errors import ConfigError, ServerUnreachableError
 from relay.core.redact import MASK, redact_mapping, redact_text, scrub, secret_name
 from relay.mongo.privileges import Privilege, missing
+from relay.ops.exits import run_command
 from tests.support import captured_logs
 
 CANARY = "Canary-Pw-7c1e"
@@ -227,8 +228,8 @@ def test_a_uri_pymongo_refuses_is_a_config_error_naming_the_setting_without_a_tr
         return 0
 
     with pytest.raises(ConfigError, match=reason):
-        MongoConfig(uri=uri, database="a", outbox_collection="o", lease_collection="l", connect_timeout_s=1,
-                    max_await_ms=1)
+        MongoConfig(uri=uri, database="a", outboxes=("a.o",), change_streams="per-database", lease_collection="l",
+                    connect_timeout_s=1, max_await_ms=1)
     assert run_command("outbox-relay", load) == 2
     err = capsys.readouterr().err
     assert err.startswith("outbox-relay: ConfigError: RELAY_MONGODB_URI: pymongo refuses the URI") and "Traceback" not in err

@@ -35,7 +35,7 @@ from relay.core.window import Delivery
 from relay.kafka.offsets_record import OffsetsRecord
 from relay.kafka.producer import delivery_failure
 from relay.kafka.transactions import aborted_failure
-from relay.ops.observe import PartitionObserver
+from relay.ops.observe import ScopeObserver
 from tests.unit.fakes import (
     FINGERPRINT,
     FakeLease,
@@ -325,7 +325,7 @@ class TxnRelay:
     publishers: list[Any]
 
 
-def txn_relay(world: World, settings: Settings, observer: PartitionObserver | None = None) -> TxnRelay:
+def txn_relay(world: World, settings: Settings, observer: ScopeObserver | None = None) -> TxnRelay:
     """A real `Relay` with the real MessageBuilder on the fakes, in the mode `settings.delivery`
     names (FakeTxnDeliveryMode)."""
     producers = FakeTxnDeliveryMode(world, settings)

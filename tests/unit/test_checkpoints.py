@@ -1,0 +1,102 @@
+"""The checkpoint writer's rules (relay.core.checkpoints), fast: a fake clock and a lease store that
+records its writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from relay.core.checkpoints import CheckpointWriter
+from relay.core.errors import LeaseLostError
+from relay.core.positions import Checkpoint, Grant
+from tests.unit.fakes import Clock
+
+GRANT = Grant("me", 3, None, Checkpoint(None, None, None, None, None))
+
+
+class Lease:
+    """A lease store that records each write: ("store", token) or ("renew",)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[Any, ...]] = []
+        self.lost = False
+
+    def store_checkpoint(self, grant: Grant, token: Any, fingerprint: str) -> None:
+        self._fenced(grant)
+        self.writes.append(("store", token["_data"], fingerprint))
+
+    def renew(self, grant: Grant) -> None:
+        self._fenced(grant)
+        self.writes.append(("renew",))
+
+    def _fenced(self, grant: Grant) -> None:
+        assert grant is GRANT
+        if self.lost:
+            raise LeaseLostError("lost")
+
+
+def _writer(interval: float = 5.0) -> tuple[CheckpointWriter, Lease, Clock, list[Any]]:
+    lease, clock, stored = Lease(), Clock(), []
+    writer = CheckpointWriter(lease, "fp", clock, interval, stored.append)  # type: ignore[arg-type]
+    writer.begin(GRANT)
+    return writer, lease, clock, stored
+
+
+def test_a_stored_token_is_written_fenced_with_the_fingerprint_and_reported():
+    writer, lease, _, stored = _writer()
+    writer.store({"_data": "01"})
+    assert lease.writes == [("store", "01", "fp")] and stored == [{"_data": "01"}]
+
+
+def test_beat_renews_only_once_a_heartbeat_interval_passed_since_the_last_write():
+    writer, lease, clock, _ = _writer(interval=5.0)
+    clock.advance(4.9)
+    writer.beat()
+    assert lease.writes == [], "taking the lease was a write 4.9 s ago"
+    clock.advance(0.2)
+    writer.beat()
+    assert lease.writes == [("renew",)]
+    clock.advance(3.0)
+    writer.store({"_data": "02"})
+    clock.advance(3.0)
+    writer.beat()
+    assert lease.writes[-1][0] == "store", "a store is a write too: no renewal 3 s after it"
+
+
+def test_a_replica_that_lost_its_lease_learns_it_at_its_next_write():
+    writer, lease, clock, _ = _writer()
+    lease.lost = True
+    clock.advance(6)
+    with pytest.raises(LeaseLostError):
+        writer.beat()
+
+
+def test_an_idle_token_is_stored_at_most_every_interval_and_at_the_latest_when_the_session_ends():
+    writer, lease, clock, _ = _writer(interval=5.0)
+    writer.idle({"_data": "10"})
+    assert lease.writes == [], "within the interval: kept for later"
+    clock.advance(5)
+    writer.idle({"_data": "11"})
+    assert lease.writes == [("store", "11", "fp")]
+    writer.idle({"_data": "12"})
+    writer.flush()
+    assert lease.writes[-1] == ("store", "12", "fp"), "the session's end stores the newer idle token"
+
+
+def test_an_idle_pass_with_nothing_newer_renews_instead():
+    writer, lease, clock, _ = _writer(interval=5.0)
+    writer.store({"_data": "20"})
+    clock.advance(5)
+    writer.idle({"_data": "20"})
+    assert lease.writes == [("store", "20", "fp"), ("renew",)]
+
+
+def test_a_read_with_events_drops_the_unstored_idle_token():
+    """The read's own token covers more; storing the older idle token at the end would be harmless
+    but stale, and storing it after newer events were stored would move the checkpoint back."""
+    writer, lease, _, _ = _writer()
+    writer.idle({"_data": "30"})
+    writer.read()
+    writer.flush()
+    assert lease.writes == []

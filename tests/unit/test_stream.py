@@ -1,0 +1,292 @@
+"""The shared change stream's rules (relay.mongo.stream), fast: the real SharedStream and its
+reader thread over a fake cursor on an in-memory oplog. (tests/integration/test_outboxes.py runs the
+same against mongod.)
+
+The oplog holds events at cluster times (t, inc); an event's token is the KeyString prefix of its
+time plus a suffix, and a read's post-batch token the prefix of the next time: tokens compare as
+strings in stream order, as the server's do."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, ClassVar
+
+import pytest
+from bson import Timestamp
+
+from relay.core.change import Batch
+from relay.core.errors import HistoryLostError, StreamInvalidatedError
+from relay.core.partitions import Partition, Scope
+from relay.core.positions import ClusterTime, StartPoint, position_key
+from relay.mongo.codecs import RAW_CHANGE_CODEC
+from relay.mongo.cursor import Read
+from relay.mongo.pipeline import StreamPlan
+from relay.mongo.stream import SharedStream, Subscription
+from tests.changes import insert_change
+
+A, B = "app.a", "app.b"
+PLAN = StreamPlan((A, B), 1, "app")  # a database's stream over two outboxes: routes 0 (a) and 1 (b)
+
+
+def _token(i: int) -> dict[str, str]:
+    return {"_data": position_key(ClusterTime(1000, 2 * i + 1)) + "2B02"}
+
+
+class Oplog:
+    """The events the fake cursors read: (raw change, time)."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[Any, Timestamp]] = []
+        self.oldest = Timestamp(1000, 0)
+        self.lock = threading.Lock()
+
+    def insert(self, outbox: str, n: int = 1) -> list[str]:
+        ids = []
+        with self.lock:
+            for _ in range(n):
+                i = len(self.entries)
+                event_id = f"{outbox[-1]}{i}"
+                change = insert_change({"_id": event_id}, _token(i), r=PLAN.outboxes.index(outbox))
+                self.entries.append((change, Timestamp(1000, 2 * i + 1)))
+                ids.append(event_id)
+        return ids
+
+    def drop(self, outbox: str) -> None:
+        import bson
+        from bson.raw_bson import RawBSONDocument
+
+        with self.lock:
+            i = len(self.entries)
+            db, coll = outbox.split(".")
+            doc = {"_id": _token(i), "operationType": "drop", "ns": {"db": db, "coll": coll}}
+            self.entries.append((RawBSONDocument(bson.encode(doc), RAW_CHANGE_CODEC), Timestamp(1000, 2 * i + 1)))
+
+
+class FakeCursor:
+    """A change stream cursor over the Oplog: opens at a time, reads from there."""
+
+    opened: ClassVar[list[Timestamp | None]] = []  # every open, across cursors (class-wide, reset per test)
+
+    def __init__(self, oplog: Oplog, fail: list[BaseException]) -> None:
+        self.oplog, self.fail, self.at, self.alive = oplog, fail, 0, True
+
+    def open(self, at: Timestamp | None) -> dict[str, str]:
+        FakeCursor.opened.append(at)
+        with self.oplog.lock:
+            n = len(self.oplog.entries)
+            self.at = n if at is None else next((i for i, (_, ts) in enumerate(self.oplog.entries) if ts >= at), n)
+            return {"_data": position_key(ClusterTime(1000, 2 * self.at))}
+
+    def read(self, max_events: int, await_ms: int | None = None) -> Read:
+        if self.fail:
+            raise self.fail.pop(0)
+        with self.oplog.lock:
+            if self.oplog.entries and self.at < len(self.oplog.entries) and self.oplog.entries[self.at][1] < self.oplog.oldest:
+                from pymongo.errors import OperationFailure
+
+                raise OperationFailure("history lost", 286)
+            chunk = self.oplog.entries[self.at : self.at + max_events]
+            self.at += len(chunk)
+            token = {"_data": position_key(ClusterTime(1000, 2 * self.at))}
+        if not chunk:
+            time.sleep(0.005)
+        return Read([c for c, _ in chunk], token)
+
+    def close(self) -> None:
+        self.alive = False
+
+
+@pytest.fixture
+def world():
+    oplog, fail = Oplog(), []
+    FakeCursor.opened = []
+    stream = SharedStream(PLAN, lambda: FakeCursor(oplog, fail), 10, 0.05, lambda: oplog.oldest)
+    yield oplog, fail, stream
+    stream.close()
+
+
+def _subscription(stream: SharedStream, outbox: str) -> Subscription:
+    return Subscription(stream, Scope(outbox), lambda: iter(()))
+
+
+def _until_raises(sub: Subscription) -> None:
+    for _ in range(50):
+        sub.next_batch(100)
+
+
+def _drain(sub: Subscription, want: int, max_events: int = 100, rounds: int = 200) -> tuple[list[str], list[Batch]]:
+    ids: list[str] = []
+    batches: list[Batch] = []
+    for _ in range(rounds):
+        batch = sub.next_batch(max_events)
+        batches.append(batch)
+        ids += [c.event_id for c in batch.changes]
+        if len(ids) >= want:
+            break
+    return ids, batches
+
+
+def _covers(batches: list[Batch]) -> None:
+    """Every batch's token covers its changes (is at or after the last one's own token)."""
+    for b in batches:
+        if b.changes:
+            assert b.token is not None and b.token["_data"] >= b.changes[-1].position["_data"], b
+
+
+def test_each_member_gets_its_own_events_in_order_under_tokens_that_cover_them(world):
+    oplog, _, stream = world
+    a, b = _subscription(stream, A), _subscription(stream, B)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    b.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    wrote_a, wrote_b = [], []
+    for _ in range(5):
+        wrote_a += oplog.insert(A, 3)
+        wrote_b += oplog.insert(B, 2)
+    got_a, batches_a = _drain(a, len(wrote_a))
+    got_b, batches_b = _drain(b, len(wrote_b))
+    assert got_a == wrote_a and got_b == wrote_b
+    _covers(batches_a)
+    _covers(batches_b)
+    idle = a.next_batch(100)
+    assert not idle.changes and idle.token is not None
+    assert idle.token["_data"] > batches_a[-1].changes[-1].position["_data"] if batches_a[-1].changes else True
+    assert len(FakeCursor.opened) == 1, "one cursor served both outboxes"
+
+
+def test_a_batch_cut_to_the_room_left_carries_its_last_events_own_token(world):
+    oplog, _, stream = world
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    wrote = oplog.insert(A, 8)
+    first = None
+    for _ in range(100):
+        first = a.next_batch(3)
+        if first.changes:
+            break
+    assert first is not None and [c.event_id for c in first.changes] == wrote[:3]
+    assert first.token == first.changes[-1].position, "it covers the three it holds, nothing after"
+    rest, _ = _drain(a, 5)
+    assert rest == wrote[3:]
+
+
+def test_a_member_joining_behind_the_cursor_rewinds_it_and_the_others_see_nothing_twice(world):
+    oplog, _, stream = world
+    wrote_b = oplog.insert(B, 4)
+    wrote_a = oplog.insert(A, 4)
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    got_a, _ = _drain(a, 4)
+    assert got_a == wrote_a
+    b = _subscription(stream, B)  # its checkpoint: after its first event
+    b.open(StartPoint(resume_after=_token(0)))
+    more_a = oplog.insert(A, 2)
+    got_b, _ = _drain(b, 3)
+    again_a, _ = _drain(a, 2)
+    assert got_b == wrote_b[1:], "b resumes after its checkpoint"
+    assert again_a == more_a, "a is not handed what it had before the rewind"
+    assert len(FakeCursor.opened) == 2
+
+
+def test_a_member_joining_now_gets_only_later_events_and_its_opening_token_covers_nothing_it_gets(world):
+    oplog, _, stream = world
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    oplog.insert(B, 3)
+    deadline = time.monotonic() + 10
+    while stream._position is None or stream._position["_data"] <= _token(2)["_data"]:  # read past them
+        assert time.monotonic() < deadline
+        a.next_batch(100)
+    b = _subscription(stream, B)
+    b.open(StartPoint())
+    opening = b.token
+    later = oplog.insert(B, 2)
+    got, batches = _drain(b, 2)
+    assert got == later, "now is where the shared cursor is"
+    assert opening is not None
+    assert all(c.position["_data"] > opening["_data"] for bt in batches for c in bt.changes)
+
+
+def test_the_reader_stops_while_a_member_holds_a_full_queue(world):
+    oplog, _, stream = world
+    a, b = _subscription(stream, A), _subscription(stream, B)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    b.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    oplog.insert(A, 100)
+    time.sleep(0.3)  # a takes nothing: the reader reads at most one read beyond its bound
+    member = a._member
+    assert member is not None and member.queued <= 2 * 10, member.queued
+    got, _ = _drain(a, 100)
+    assert len(got) == 100
+
+
+def test_a_drop_ends_only_its_outbox_after_the_inserts_before_it(world):
+    oplog, _, stream = world
+    a, b = _subscription(stream, A), _subscription(stream, B)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    b.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    before = oplog.insert(A, 2)
+    oplog.drop(A)
+    oplog.insert(A, 1)
+    after_b = oplog.insert(B, 2)
+    got, _ = _drain(a, 2)
+    assert got == before
+    with pytest.raises(StreamInvalidatedError, match="app.a saw 'drop'"):
+        _until_raises(a)
+    got_b, _ = _drain(b, 2)
+    assert got_b == after_b, "b's stream goes on"
+
+
+def test_a_resumable_error_reopens_where_it_was_and_says_so_without_repeating(world):
+    from pymongo.errors import AutoReconnect
+
+    oplog, fail, stream = world
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    first = oplog.insert(A, 3)
+    got, _ = _drain(a, 3)
+    fail.append(AutoReconnect("lost"))
+    second = oplog.insert(A, 3)
+    got2, batches = _drain(a, 3)
+    assert got == first and got2 == second
+    assert any(bt.resumed for bt in batches) or len(FakeCursor.opened) == 2
+
+
+def test_another_error_is_handed_to_every_member(world):
+    from pymongo.errors import OperationFailure
+
+    oplog, fail, stream = world
+    a, b = _subscription(stream, A), _subscription(stream, B)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    b.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    fail.append(OperationFailure("boom", 2))
+    for sub in (a, b):
+        with pytest.raises(OperationFailure):
+            _until_raises(sub)
+
+
+def test_a_start_older_than_the_oplog_is_history_lost_for_that_member_only(world):
+    oplog, _, stream = world
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    oplog.insert(B, 30)
+    deadline = time.monotonic() + 10
+    while stream._position is None or stream._position["_data"] <= _token(29)["_data"]:
+        assert time.monotonic() < deadline
+        a.next_batch(100)
+    oplog.oldest = Timestamp(1000, 50)  # b's checkpoint (its first event, 1000.1) rolled off
+    b = _subscription(stream, B)
+    with pytest.raises(HistoryLostError):
+        b.open(StartPoint(resume_after=_token(0)))
+    wrote = oplog.insert(A, 2)
+    got, _ = _drain(a, 2)
+    assert got == wrote
+
+
+def test_routes_of_a_partitioned_plan_are_outbox_times_partitions_plus_partition():
+    plan = StreamPlan((A, B), 4, "app")
+    assert [plan.route(Scope(B, Partition(k, 4))) for k in range(4)] == [4, 5, 6, 7]
+    assert plan.routed and plan.collection is None
+    single = StreamPlan((A,), 1, "app")
+    assert not single.routed and single.collection == "a"
+    assert single.stages("aggregateId")[0] == {"$match": {"operationType": {"$in": ["insert", "drop", "rename", "dropDatabase", "invalidate"]}}}
