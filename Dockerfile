@@ -4,9 +4,10 @@
 #   requirements the dependency lists alone, read from pyproject.toml (plus constraints.txt): the
 #                stages below that install dependencies copy only these files, so an edit to the
 #                relay's sources, its README or its tool settings rebuilds none of them
-#   native       the relay's wheel, with its compiled hot path (native/, Rust): the only stage
-#                with a compiler (the Rust image's cargo and gcc); Debian 12's Python 3.11
-#                builds a cp311 wheel the python:3.11 stages install
+#   native       the relay's wheel, with its compiled hot path (native/, Rust), built by
+#                tools/build_wheel.py as `make dist` builds it (one build path): the cp311-abi3
+#                manylinux2014 wheel services install. The only stage with a compiler (the Rust
+#                image's cargo, and zig from the build tools' ziglang wheel)
 #   deps         a virtual environment in /opt/venv with the relay's dependencies, and a .pth
 #                file that puts /opt/relay (the relay itself, installed last) on its path
 #   build        the relay from its wheel in /opt/relay: the only layer a source change rebuilds
@@ -27,13 +28,12 @@ ARG RUST_IMAGE=rust:1.95-slim-bookworm
 FROM ${PYTHON_IMAGE} AS requirements
 WORKDIR /deps
 COPY pyproject.toml constraints.txt ./
-# requirements.txt: [project] dependencies; spark.txt: the `spark` extra; build.txt: the build
-# system's. Their times are fixed, so they are the same files whenever the lists are.
+# requirements.txt: [project] dependencies; spark.txt: the `spark` extra. Their times are fixed,
+# so they are the same files whenever the lists are.
 RUN python -c "import pathlib, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
 w = lambda name, reqs: pathlib.Path(name).write_text(''.join(r + '\n' for r in reqs)); \
 w('requirements.txt', p['project']['dependencies']); \
-w('spark.txt', p['project']['optional-dependencies']['spark']); \
-w('build.txt', p['build-system']['requires'])" \
+w('spark.txt', p['project']['optional-dependencies']['spark'])" \
     && rm pyproject.toml \
     && touch -d @0 ./*.txt
 
@@ -44,26 +44,24 @@ ENV CARGO_HOME=/usr/local/cargo
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/* \
-    && python3 -m venv /opt/wheel-build
-COPY --from=requirements /deps/build.txt /deps/
-RUN --mount=type=cache,target=/root/.cache/pip \
-    /opt/wheel-build/bin/pip install --upgrade pip \
-    && /opt/wheel-build/bin/pip install -r /deps/build.txt
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml MANIFEST.in build-constraints.txt ./
+COPY tools/build_wheel.py ./tools/
 COPY native ./native
 COPY schemas ./schemas
 COPY relay ./relay
-# cargo's build folder and its registry are cache mounts: when only relay/ changes, cargo finds
-# the crate built and downloads nothing. The build folder's id is this build's own: a build with
-# other settings (another Dockerfile, another interpreter path) in the same folder would make
-# cargo compile the crate and PyO3 again. The package's readme is a stand-in: README.md is not in
-# the build context, so editing it rebuilds nothing.
+# The wheel as `make dist` builds it. Cache mounts: cargo's build folder and registry (when only
+# relay/ changes, cargo finds the crate built and downloads nothing; the build folder's id is this
+# build's own), pip's downloads, and the build tools' virtual environment (made on the first
+# build). The package's readme is a stand-in: README.md is not in the build
+# context, so editing it rebuilds nothing.
 RUN --mount=type=cache,id=outbox-relay-native-target,target=/src/native/target \
     --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/root/.cache/pip \
+    --mount=type=cache,id=outbox-relay-build-tools,target=/root/.cache/outbox-relay \
     echo "outbox-relay: see README.md in the project's repository." > README.md \
-    && /opt/wheel-build/bin/pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels .
+    && python3 tools/build_wheel.py --out /wheels --no-sdist
 
 
 FROM ${PYTHON_IMAGE} AS deps

@@ -17,13 +17,17 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
-.PHONY: setup containers demo test test-fast lint bench dev-up dev-down docs clean
+.PHONY: setup containers demo test test-fast lint bench dev-up dev-down docs dist clean
 
+# relay/_native*.so goes first: a module of an older build under another name (before the stable
+# ABI, _native.cpython-311-*.so) would be imported before the new _native.abi3.so.
 $(STAMP): pyproject.toml constraints.txt native/Cargo.toml native/Cargo.lock $(wildcard native/src/*.rs)
 	@command -v cargo >/dev/null || { echo "make: cargo (Rust) is needed to build relay._native from native/; install it with rustup: https://rustup.rs" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	rm -f relay/_native*.so
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,spark]'
+	@$(PY) -c "import relay._native" || { echo "make: relay._native was not built (it is optional for pip: pip install -v -e . shows cargo's error)" >&2; exit 1; }
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -68,5 +72,12 @@ dev-down: setup
 docs: $(STAMP)
 	$(PY) tools/readme_table.py
 
+# What services install (README, "Installing in a service"): the sdist and one wheel for CPython
+# 3.11+ on x86_64 Linux with relay._native inside, tagged manylinux2014 (glibc 2.17), in dist/.
+# Needs cargo and Python 3.11+ only: tools/build_wheel.py installs its own tools (build-constraints.txt:
+# cargo-zigbuild, zig, auditwheel) into the cache folder, once. The Dockerfile runs the same script.
+dist:
+	$(PYTHON) tools/build_wheel.py --out dist
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info

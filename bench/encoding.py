@@ -11,7 +11,8 @@ Confluent framing (Python path only) uses confluent-kafka's mock registry client
 event the serializer's subject and id are cached, as with a real registry). Each figure is the
 best of R runs over the same N pre-built changes (the cases interleaved round by round), in CPU
 microseconds of the encoding thread per event (median beside). Then the change source's one pass
-over each raw change event that makes those values (relay.mongo.codecs.read_changes), and the
+over each raw change event that makes those values (relay.mongo.codecs.read_changes; beside it
+read_in_python, what an install without relay._native uses), and the
 parts of the Python path, measured alone: Extended JSON rendering of the payload (generic) and
 BSON -> Avro conversion (typed).
 """
@@ -40,7 +41,7 @@ from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.change import Change
-from relay.mongo.codecs import insert_change, read_changes
+from relay.mongo.codecs import insert_change, read_changes, read_in_python
 from relay.outbox import OutboxEvent, decode
 from relay.wiring import message_builder
 
@@ -174,11 +175,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:<56} {min(fast):>10.1f} {statistics.median(fast):>7.1f} {min(slow):>12.1f} "
               f"{statistics.median(slow):>7.1f} {size:>12}")
 
-    print("\nthe change source's pass over each raw change event (relay.mongo.codecs.read_changes):")
+    print("\nthe change source's pass over each raw change event (relay.mongo.codecs.read_changes), compiled "
+          "and in Python (read_in_python: an install without relay._native):")
     for label, payload in (("demo payload (3 fields)", _demo_payload), ("order payload (25 values, nested)", _order_payload)):
         raw = _raw_changes("OrderPaid", payload, n)
         best, median = _best(lambda raw=raw: read_changes(raw), n, repeat)
-        print(f"{'read, ' + label:<56} {best:>9.2f} {median:>8.2f}")
+        slow, slow_median = _best(lambda raw=raw: read_in_python(raw), n, repeat)
+        print(f"{'read, ' + label:<56} {best:>9.2f} {median:>8.2f} {slow:>12.2f} {slow_median:>7.2f}")
 
     # The parts that differ between generic and typed, alone.
     docs = [decode(c.document)["payload"] for c in _changes("x", _order_payload, n)]

@@ -9,6 +9,7 @@ lost, invalidated stream, changed pipeline), `schemas check` found a breaking sc
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
-from relay.core.errors import EXIT_FATAL
+from relay.core.errors import EXIT_CONFIG, EXIT_FATAL
 from relay.core.redact import emit
 from relay.ops.exits import run_command
 
@@ -141,6 +142,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     and logging configured from them."""
     from relay.ops.logs import setup_logging
 
+    missing = _missing_extra(args)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return EXIT_CONFIG
     if args.command == "dev":
         return _dev(args.action, args.schema_registry)
     if args.command == "pipeline":
@@ -273,6 +278,25 @@ if __name__ == "__main__":
 
 
 __all__ = ["main"]
+
+
+# The commands that need an extra of the package (pyproject.toml), and a module it brings; the
+# others need only the base install (README, "Installing in a service").
+_EXTRAS = {
+    "dev": ("dev", "psutil"),
+    "demo": ("dev", "psutil"),
+    "schemas": ("schemas", "avro"),
+    "pipeline": ("spark", "pyspark"),
+}
+
+
+def _missing_extra(args: argparse.Namespace) -> str | None:
+    """The one line that stops a command whose extra is not installed, or None."""
+    extra, module = _EXTRAS.get(args.command, (None, ""))
+    if extra is None or importlib.util.find_spec(module) is not None:
+        return None
+    command = f"{args.command} {getattr(args, 'action', None) or getattr(args, 'job', '')}".strip()
+    return f"outbox-relay {command}: needs the '{extra}' extra: pip install 'outbox-relay[{extra}]'"
 
 
 # The commands that read the settings, by name (`_dispatch` loads the settings first).

@@ -165,7 +165,9 @@ _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            # Modules whose module-scoped servers (a SASL/TLS broker, a three-member replica set)
            # were started once per worker that ran one of their tests: 15-22 s each time.
            ("tests/integration/test_security_kafka.py", "tests/integration/test_security_kafka.py"),
-           ("tests/faults/test_elections_and_chaos.py", "tests/faults/test_elections_and_chaos.py"))
+           ("tests/faults/test_elections_and_chaos.py", "tests/faults/test_elections_and_chaos.py"),
+           # One wheel build and one virtual environment per install kind for the packaging tests.
+           ("tests/integration/test_packaging.py", "tests/integration/test_packaging.py"))
 # Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
 # groups, then the other server tests, the unit tests last.
 _ORDER = ("slow", "containers", "spark", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",

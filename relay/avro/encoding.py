@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import logging
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -52,6 +53,18 @@ from relay.outbox import MalformedEventError, OutboxEvent, decode, parse
 
 # Bytes Kafka adds around key, value and headers in a record batch; kept generous.
 RECORD_OVERHEAD = 512
+
+log = logging.getLogger("relay")
+
+# Said once per process when the compiled module is missing. The price: CPU per event of reading
+# a change and building its message (generic envelope, 3-field payload), Python against compiled,
+# measured by bench/encoding.py (docs/native.md, "Without it").
+PYTHON_PATH_WARNING = (
+    "relay._native is not installed (a source install without Rust): change events are read and "
+    "messages built in Python, about %dx the CPU per event of the compiled module (measured %d us "
+    "against %d us); install the outbox-relay wheel, or build from source with cargo on PATH"
+)
+PYTHON_PATH_PRICE = (8, 106, 13)
 
 
 _JSON_DEFAULT = functools.partial(json_util.default, json_options=RELAXED_JSON_OPTIONS)
@@ -122,6 +135,8 @@ class MessageBuilder:
         self._native = (
             _native_encoder(config, registry) if native and isinstance(self._framing, SingleObjectFraming) else None
         )
+        if native and self._native is None and _compiled() is None:
+            _warn_python_path()
 
     @property
     def native(self) -> bool:
@@ -227,11 +242,29 @@ class MessageBuilder:
         return headers
 
 
+@functools.cache
+def _compiled() -> Any:
+    """The compiled module (relay._native), or None in an install without it."""
+    try:
+        from relay import _native
+    except ImportError:
+        return None
+    return _native
+
+
+@functools.cache
+def _warn_python_path() -> None:
+    """The one WARNING of a process whose messages are all built in Python."""
+    log.warning(PYTHON_PATH_WARNING, *PYTHON_PATH_PRICE)
+
+
 def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
     """The compiled encoder for this configuration, or None where it cannot match `build` exactly (a
-    topic template with format specs, conversions or attribute lookups)."""
-    from relay import _native
-
+    topic template with format specs, conversions or attribute lookups) or where this install has
+    no compiled module."""
+    _native = _compiled()
+    if _native is None:
+        return None
     template: list[tuple[str, str | None]] = []
     for literal, field, spec, conversion in string.Formatter().parse(config.event_topic_template):
         if spec or conversion or field not in (None, "aggregateType", "eventType"):

