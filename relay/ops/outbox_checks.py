@@ -8,6 +8,7 @@ its expiry minus that age), `relay_outbox_deleted_total` and `relay_outbox_clean
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Protocol
 
@@ -47,13 +48,16 @@ class OutboxSeries:
 
 
 class OutboxMetrics:
-    """relay.mongo.housekeeping.OutboxReport of one outbox, on its series and the health object."""
+    """relay.mongo.housekeeping.OutboxReport of one outbox, on its series and the health object.
+
+    The headroom sample exists only while the outbox has a TTL index (a child created at 0 would
+    read as "no headroom left" to an alert on it)."""
 
     def __init__(self, series: OutboxSeries, health: _Degrade, outbox: str) -> None:
         self._health, self._outbox = health, outbox
         self.documents = series.documents.labels(outbox)
         self.oldest_age = series.oldest_age.labels(outbox)
-        self.headroom = series.headroom.labels(outbox)
+        self._headroom = series.headroom
         self.deleted_total = series.deleted.labels(outbox)
         self.errors = series.errors.labels(outbox)
         self._warned = False
@@ -67,8 +71,10 @@ class OutboxMetrics:
     def ttl_headroom(self, headroom_s: float | None, warn_below_s: float) -> None:
         if headroom_s is None:
             self._health.degrade(None, self._outbox)
+            with contextlib.suppress(KeyError):  # no TTL index (any more): no sample
+                self._headroom.remove(self._outbox)
             return
-        self.headroom.set(headroom_s)
+        self._headroom.labels(self._outbox).set(headroom_s)
         if headroom_s < warn_below_s:
             reason = (
                 f"{self._outbox}: TTL headroom {headroom_s:.0f}s is below RELAY_TTL_HEADROOM_WARN_S={warn_below_s:.0f}s: the outbox's "

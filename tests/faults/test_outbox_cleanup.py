@@ -223,7 +223,7 @@ def test_ttl_headroom_warns_and_degrades_readyz_when_a_stopped_leader_lets_it_sh
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             metrics = answer.read().decode()
         headroom = float(next(line.split()[-1] for line in metrics.splitlines()
-                              if line.startswith("relay_outbox_ttl_headroom_seconds ")))
+                              if line.startswith("relay_outbox_ttl_headroom_seconds{")))
         assert 0 < headroom < 600, headroom
         assert "WARNING" in standby.log() or '"level": "WARNING"' in standby.log()
         assert "TTL headroom" in standby.log()

@@ -44,13 +44,19 @@ def test_ttl_headroom_below_the_threshold_warns_once_and_degrades_readiness_unti
     health = Health(Settings().parts().observer.health)
     registry = CollectorRegistry()
     metrics = OutboxMetrics(OutboxSeries(registry), health, "app.outbox")
+
+    def headroom() -> float | None:
+        return registry.get_sample_value("relay_outbox_ttl_headroom_seconds", {"outbox": "app.outbox"})
+
+    assert headroom() is None, "no sample before the first check finds a TTL index"
     with caplog.at_level("WARNING", logger="relay.outbox"):
         metrics.ttl_headroom(300.0, 600.0)
         metrics.ttl_headroom(250.0, 600.0)
     assert health.degraded is not None and "TTL headroom" in health.degraded
     assert [r.levelname for r in caplog.records] == ["WARNING"], "one WARN per crossing"
-    assert registry.get_sample_value("relay_outbox_ttl_headroom_seconds", {"outbox": "app.outbox"}) == 250.0
+    assert headroom() == 250.0
     metrics.ttl_headroom(900.0, 600.0)
     assert health.degraded is None, "recovered: ready again without the warning"
     metrics.ttl_headroom(None, 600.0)
     assert health.degraded is None, "no TTL index: nothing to warn about"
+    assert headroom() is None, "no TTL index (dropped): no sample, which an alert would read as none left"
