@@ -2,8 +2,9 @@
 
 `status` lists, for each outbox (`--outbox`: one of them), every partition (holder, fencing token,
 expiry, checkpoint and its lag; one, the whole outbox's, without RELAY_PARTITIONS, also shown at
-the top as it always was) and every replica of the group with the leases it leads. With several
-outboxes and no `--outbox` they are listed under `outboxes`. `checkpoint reset` resets one
+the top as it always was) and every replica of the group with what it leads: partition indexes
+when one outbox is shown, lease ids when several are. With several outboxes and no `--outbox` they
+are listed under `outboxes`. `checkpoint reset` resets one
 outbox's leases (every partition's), named with `--outbox` when there are several.
 """
 
@@ -40,12 +41,12 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
             mongo.leases(client), group.name, group.instance_id, group.partitions, group.timing.lease_ttl_s
         )
         members = membership.replicas()
-    holders: dict[str, list[str]] = {}
+    holders: dict[str, list[dict[str, Any]]] = {}
     outboxes = {n: _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
     common = {
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
-        "replicas": [_replica(r, holders, group.timing.lease_ttl_s) for r in members],
+        "replicas": [_replica(r, holders, group.timing.lease_ttl_s, len(outboxes) == 1) for r in members],
     }
     if len(outboxes) == 1:
         [(namespace, one)] = outboxes.items()
@@ -59,14 +60,17 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
 
 
 def _outbox_status(
-    namespace: str, docs: list[tuple[LeaseDocument, dict[str, Any] | None]], count: int, holders: dict[str, list[str]]
+    namespace: str,
+    docs: list[tuple[LeaseDocument, dict[str, Any] | None]],
+    count: int,
+    holders: dict[str, list[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """One outbox's leases; adds each held lease's id to `holders` under its owner."""
+    """One outbox's leases; adds each held lease's row to `holders` under its owner."""
     rows = [_partition_row(p, store.lease_id, doc) for p, (store, doc) in zip(partitions(count), docs, strict=True)]
     for row in rows:
         lease = row["lease"]
         if lease is not None and not lease["expired"] and lease["owner"] is not None:
-            holders.setdefault(str(lease["owner"]), []).append(row["leaseId"])
+            holders.setdefault(str(lease["owner"]), []).append(row)
     out: dict[str, Any] = {}
     if not Scope(namespace, Partition(0, count)).partitioned:
         out |= {"lease": rows[0]["lease"], "checkpoint": rows[0]["checkpoint"]}
@@ -86,11 +90,12 @@ def _partition_row(p: Partition, lid: str, doc: dict[str, Any] | None) -> dict[s
     return row
 
 
-def _replica(r: dict[str, Any], holders: dict[str, list[str]], ttl_s: float) -> dict[str, Any]:
+def _replica(r: dict[str, Any], holders: dict[str, list[dict[str, Any]]], ttl_s: float, one: bool) -> dict[str, Any]:
     """One replica as `status` shows it: `stopped` after a graceful stop, `leader` while it holds
-    an unexpired lease, `gone` once unseen for RELAY_LEASE_TTL_S, else `standby`."""
+    an unexpired lease, `gone` once unseen for RELAY_LEASE_TTL_S, else `standby`. `leading` lists
+    the partitions it leads with one outbox shown (`one`), the lease ids with several."""
     age = (r["serverTime"] - r["seenAt"]).total_seconds()
-    leading = holders.get(str(r["instance"]), [])
+    leading = [row["partition"] if one else row["leaseId"] for row in holders.get(str(r["instance"]), [])]
     if r.get("role") == "stopped":
         role = "stopped"
     elif leading:

@@ -42,7 +42,7 @@ _STRING = struct.pack("<i", 15)  # BSON canonical type of strings (and symbols)
 _NULL = struct.pack("<i", 5)  # BSON canonical type of null (and missing)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Partition:
     """Partition `index` of `count` (0 <= index < count)."""
 

@@ -294,8 +294,7 @@ class SharedStream:
             cursor.close()
             error = translate(exc) if isinstance(exc, PyMongoError) else exc
             for j in placed:
-                lost = isinstance(error, HistoryLostError) and j.at == at
-                j.fail(_history_lost(j.member.scope) if lost else TransientError(f"opening the change stream: {error}"))
+                j.fail(_open_failure(error, j, at))
             return []
         self._cursor, self._position = cursor, opening
         with self._cond:  # the probe's events go to the members, the joining ones too
@@ -427,6 +426,17 @@ def _cluster_time(ts: Timestamp) -> ClusterTime:
 def _cluster_time_of(token: Token | None) -> Timestamp | None:
     at = token_cluster_time(token)
     return None if at is None else _time(at)
+
+
+def _open_failure(error: BaseException, join: _Join, at: Timestamp | None) -> BaseException:
+    """What a join learns when the cursor failed to open: history lost only for the join at the
+    point that left the oplog (the others retry), a transient error as one, and any other error
+    (a reopenable or fatal one) as itself, so its action holds."""
+    if isinstance(error, HistoryLostError):
+        return _history_lost(join.member.scope) if join.at == at else TransientError(f"opening the change stream: {error}")
+    if isinstance(error, TransientError):
+        return TransientError(f"opening the change stream: {error}")
+    return error
 
 
 def _history_lost(scope: Scope) -> HistoryLostError:

@@ -29,7 +29,7 @@ from relay.config import Settings
 from relay.core.errors import ConfigError
 from relay.dev.stack import free_port
 from relay.ops.logs import JsonFormatter, resolve_log_format
-from relay.ops.metrics import BatchHistogram
+from relay.ops.metrics import BatchHistograms
 from relay.ops.observe import ProcessObserver
 from tests.static.support import DOCKERFILE
 from tests.support import (
@@ -83,7 +83,11 @@ def _scrape(port: int) -> tuple[Samples, str]:
 
 
 def _value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+    """The sum of `name`'s series whose labels include `labels` (None when there is none): a
+    series also carries the `outbox` label, which these tests of one outbox leave out."""
+    wanted = set(labels.items())
+    found = [v for (n, series), v in samples.items() if n == name and wanted <= set(series)]
+    return sum(found) if found else None
 
 
 def _series(samples: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
@@ -155,7 +159,9 @@ def test_metrics_scraped_over_http_match_what_kafka_holds(env, tmp_path):
         assert "_created" not in text
         assert _health(port, "/livez") == (200, {"ok": True, "role": "leader",
                                                   "lastTurnSecondsAgo": pytest.approx(0, abs=5)})
-        assert _health(port, "/readyz") == (200, {"ok": True, "role": "leader", "reason": "leader"})
+        outbox = env.settings.outbox_namespaces[0]
+        assert _health(port, "/readyz") == (200, {"ok": True, "role": "leader", "reason": "leader",
+                                                  "outboxes": {outbox: {"ok": True, "role": "leader"}}})
         assert _get(port, "/nothing-here")[0] == 404
     finally:
         relay.stop()
@@ -170,7 +176,9 @@ def test_a_standby_replica_is_ready_and_reports_no_lease(env, tmp_path):
         standby, port = _serving(env.settings.replace(instance_id=env.settings.instance_id + "-b"), tmp_path, "b")
         try:
             wait_until(lambda: _health(port, "/readyz")[0] == 200, 60, "B to be a ready standby")
-            assert _health(port, "/readyz")[1] == {"ok": True, "role": "standby", "reason": "standby"}
+            outbox = env.settings.outbox_namespaces[0]
+            assert _health(port, "/readyz")[1] == {"ok": True, "role": "standby", "reason": "standby",
+                                                   "outboxes": {outbox: {"ok": True, "role": "standby"}}}
             samples, _ = _scrape(port)
             assert _value(samples, "relay_lease_held") == 0 and _value(samples, "relay_fencing_token") == 0
             assert _value(samples, "relay_checkpoint_lag_seconds") is None, "only the leader reports the lag"
@@ -390,7 +398,7 @@ def test_batch_histogram_exposes_what_prometheus_histogram_would():
     values = [random.Random(5).expovariate(2.0) for _ in range(2000)] + [0.005, 0.01, 1.0, 700.0]
     buckets = (0.005, 0.01, 0.1, 1.0, 10.0, 600.0)
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    histogram = BatchHistogram("h_seconds", "h", buckets, ours)
+    histogram = BatchHistograms("h_seconds", "h", [], buckets, ours).labels()
     histogram.observe_many(values[:1000])
     histogram.observe_many(values[1000:])
     reference = Histogram("h_seconds", "h", buckets=buckets, registry=theirs)

@@ -116,8 +116,12 @@ def test_a_group_publishes_every_event_in_order_through_one_lease_per_partition(
     lines = captured.lines()
     opened = sorted(x["partition"] for x in lines if x["message"].startswith("change stream opened"))
     assert opened == [0, 1, 2], "each partition's loop logs with its partition"
-    assert ready == {"ok": True, "role": "leader", "reason": "leader"}
-    assert all(f'relay_lease_held{{partition="{k}"}} 1.0' in exposed for k in range(3)), exposed
+    outbox = settings.outbox_namespaces[0]
+    assert ready == {"ok": True, "role": "leader", "reason": "leader",
+                     "outboxes": {outbox: {"ok": True, "role": "leader"}}}
+    held_lines = [line for line in exposed.splitlines() if line.startswith("relay_lease_held{")]
+    assert sorted(held_lines) == sorted(f'relay_lease_held{{outbox="{outbox}",partition="{k}"}} 1.0'
+                                        for k in range(3)), exposed
     verdict = assert_complete_and_ordered(records, written)
     assert held == [1, 1, 1] and led == 3, "one replica alone leads every partition"
     assert env.db[settings.lease_collection].find_one({"_id": settings.namespace}) is None, \
