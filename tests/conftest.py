@@ -72,6 +72,26 @@ def servers() -> Iterator[Servers]:
         shutil.rmtree(stack.base_dir, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def _spark_sessions() -> Iterator[None]:
+    """Stops the process's Spark session (tests/spark/sessions.py) at the end."""
+    yield
+    from tests.spark.sessions import stop
+
+    stop()
+
+
+@pytest.fixture
+def spark(_spark_sessions: None) -> Any:
+    """The SparkSession (local[2]) the Spark tests of this process share (tests/spark,
+    tests/interop/test_spark_from_avro.py): started once, in one JVM, with the connector jars from
+    the Maven cache (`relay.spark.jars`), two shuffle partitions, no UI, scratch space in a fresh
+    temporary folder (tests/spark/sessions.py)."""
+    from tests.spark.sessions import local_session
+
+    return local_session()
+
+
 @dataclass
 class Registry:
     """The session's Schema Registry: its Confluent API URL, and the server when the tests
@@ -166,6 +186,10 @@ _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            # were started once per worker that ran one of their tests: 15-22 s each time.
            ("tests/integration/test_security_kafka.py", "tests/integration/test_security_kafka.py"),
            ("tests/faults/test_elections_and_chaos.py", "tests/faults/test_elections_and_chaos.py"))
+# Tests of those modules that share nothing with their group (each starts its own Schema Registry
+# or dev stack): wherever a worker is free, not at the end of the Spark worker's queue.
+_ALONE = ("tests/integration/test_schema_registry.py::test_registry_killed_mid_run_and_restarted_the_relay_loses_nothing",
+          "tests/integration/test_schema_registry.py::test_dev_up_with_schema_registry_prints_its_url_and_down_stops_it")
 # Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
 # groups, then the other server tests, the unit tests last.
 _ORDER = ("slow", "containers", "spark", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
@@ -181,6 +205,8 @@ def _rank(item: pytest.Item) -> int:
 
 
 def _group_of(nodeid: str) -> str | None:
+    if nodeid.startswith(_ALONE):
+        return None
     return next((g for prefix, g in _GROUPS if nodeid.startswith(prefix)), None)
 
 
