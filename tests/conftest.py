@@ -26,7 +26,7 @@ import pymongo
 import pytest
 
 from relay.config import Settings
-from tests.support import CapturedLogs, Servers, captured_logs
+from tests.support import CapturedLogs, Servers, captured_logs, close_admin_clients, release_kafka_clients
 
 # Loggers whose levels relay.ops.logs.setup_logging sets (the commands' and jobs' main() call it).
 _LOGGERS = ("", "py4j", "kafka.admin", "kafka.producer")
@@ -50,6 +50,13 @@ def _logging_restored() -> Iterator[None]:
         threading.excepthook = hook
 
 
+@pytest.fixture(autouse=True)
+def _kafka_clients_closed() -> Iterator[None]:
+    """The Kafka clients the polling helpers keep for a test are closed when it ends."""
+    yield
+    close_admin_clients()
+
+
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
     uri, bootstrap = os.environ.get("RELAY_TEST_MONGODB_URI"), os.environ.get("RELAY_TEST_KAFKA_BOOTSTRAP")
@@ -68,6 +75,7 @@ def servers() -> Iterator[Servers]:
     try:
         yield Servers(stack.mongo.uri, stack.kafka.bootstrap_servers, stack)
     finally:
+        release_kafka_clients()
         stack.stop()
         shutil.rmtree(stack.base_dir, ignore_errors=True)
 
