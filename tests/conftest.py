@@ -181,9 +181,10 @@ def env(servers: Servers) -> Iterator[Env]:
 # that kill or pause a server disturb only their own worker's.
 # One SparkSession (a JVM) for every Spark test: three of them beside the servers of three
 # workers overload two cores (measured: 973 s against 877 s with one).
-# The standalone cluster's tests (tests/spark/test_cluster.py: their jobs are Spark applications of
-# their own) are a second group: queued behind the local session's tests they made the longest
-# chain of the suite (about 800 s of 1,078 on one worker).
+# The standalone cluster's tests (tests/spark/test_cluster.py: a master, a worker, an application
+# of the module's and the commands' own) are a second group: queued behind the local session's
+# tests they made the longest chain of the suite (about 800 s of 1,078 on one worker). A worker
+# given both switches SparkContexts in its one JVM (tests/spark/sessions.py).
 _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            ("tests/spark/", "spark"), ("tests/interop/test_spark_from_avro.py", "spark"),
            # The Schema Registry server (a JVM) is used by these and by one Spark test: one start.
@@ -207,8 +208,7 @@ _ORDER = ("slow", "containers", "spark", "tests/faults/", "tests/integration/", 
 def _rank(item: pytest.Item) -> int:
     if item.get_closest_marker("slow"):
         return 0
-    group = item.get_closest_marker("xdist_group")
-    name = group.args[0] if group else item.nodeid
+    name = _group_of(item.nodeid) or item.nodeid
     return next((i for i, key in enumerate(_ORDER) if name == key or name.startswith(key)), len(_ORDER))
 
 
@@ -219,10 +219,8 @@ def _group_of(nodeid: str) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _group_of(item.nodeid)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """Longest first (`_ORDER`). The groups need no `xdist_group` marker: the scheduler below asks
+    `_group_of` (and without pytest-xdist, `-p no:xdist`, the marker would be unknown)."""
     items.sort(key=_rank)
 
 

@@ -9,11 +9,11 @@ install, tests/spark/cluster.py), both ways the README runs it, and the failures
   (both jobs), and an output folder the executors write on a disk the driver does not see
   (`--once`; the check precedes the mode): one line each, before anything is read.
 
-One small data set per test. The commands of the first two are driver processes of their own
-(Spark applications, as a user runs them); the failures run the same command line
-(`relay.cli.main`) in this process, in one application on the cluster that the module keeps
-(`cluster_spark`: its executor is a real one on the worker, told the interpreter the test names),
-which also reads what the commands wrote.
+One small data set per test. `materialize` on the command line and `spark-submit` are driver
+processes of their own (Spark applications, as a user runs them); `audit` and the failures run
+the same command line (`relay.cli.main`) in this process, in one application on the cluster that
+the module keeps (`cluster_spark`: its executor is a real one on the worker, told the interpreter
+the test names), which also reads what the commands wrote.
 """
 
 from __future__ import annotations
@@ -122,7 +122,11 @@ def _assert_views_equal_the_outbox(env, spark, output: Path, written: Written,
     assert_view_equals_outbox(mongo_view(env.db, collection), expected, position_of)
 
 
-def test_command_line_materialize_and_audit_on_a_standalone_cluster(env, cluster_spark, cluster, tmp_path):
+def test_command_line_materialize_and_audit_on_a_standalone_cluster(env, cluster_spark, cluster, tmp_path,
+                                                                     monkeypatch, capsys):
+    """`materialize` as a user runs it, a driver process of its own; then `audit` through the same
+    command line in this process, on the module's application (the driver launch it would repeat
+    is the same code, relay.spark.session, checked here with materialize's)."""
     written = _publish(env)
     missing = OutboxEvent.new("order", "planted-missing", "Created", {"n": 1})
     Outbox(env.outbox).add(missing)  # committed while no relay runs: never published
@@ -143,14 +147,14 @@ def test_command_line_materialize_and_audit_on_a_standalone_cluster(env, cluster
     assert commands and not any("java.io.tmpdir" in c for c in commands), commands
 
     report_path = tmp_path / "report.json"
-    audit = _cli(env, cluster, tmp_path, "audit", "audit", "--json", str(report_path), *CLI_FLAGS[:4])
+    audit = _in_process(env, monkeypatch, capsys, "audit", "--master", cluster.master_url, "--json", str(report_path),
+                        *CLI_FLAGS[:4])
     assert audit.returncode == EXIT_DATA, f"{audit.output[-4000:]}\n{cluster.logs()}"
     report = json.loads(report_path.read_text())
     assert report["failures"] == ["missing"], report["failures"]
     assert [m["id"] for m in report["missing"]["sample"]] == [missing.id_str]
     assert report["outbox"]["events"] == len(written.ids) + 1
     assert report["kafka"]["eventsInRange"] == len(written.ids)
-    assert list((tmp_path / "audit-cwd").iterdir()) == []
 
 
 def readme_spark_submit() -> str:
