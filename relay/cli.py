@@ -59,10 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_outbox_choice(checkpoint, "the outbox whose checkpoint to reset (needed with several)")
     pipeline = sub.add_parser(
-        "pipeline", help="Spark jobs over the topics: materialize, audit (spark extra)", add_help=False
+        "pipeline",
+        help="Spark jobs over the topics: materialize, audit (spark extra)",
+        description="materialize: the event table and the per-aggregate state view (Parquet, MongoDB); "
+        "audit: did every outbox event of a time range reach Kafka, in order (docs/spark.md)",
     )
     pipeline.add_argument("job", choices=["materialize", "audit"])
-    pipeline.add_argument("job_args", nargs=argparse.REMAINDER, help="the job's options (see --help after the job)")
+    pipeline.add_argument(
+        "job_args", nargs=argparse.REMAINDER, metavar="...", help="the job's options (`pipeline JOB --help`)"
+    )
     _add_schemas(sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility"))
     _add_tail(sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines"))
     _add_security(

@@ -26,7 +26,7 @@ import pymongo
 import pytest
 
 from relay.config import Settings
-from tests.support import CapturedLogs, Servers, captured_logs
+from tests.support import CapturedLogs, Servers, captured_logs, close_admin_clients, release_kafka_clients
 
 # Loggers whose levels relay.ops.logs.setup_logging sets (the commands' and jobs' main() call it).
 _LOGGERS = ("", "py4j", "kafka.admin", "kafka.producer")
@@ -50,6 +50,13 @@ def _logging_restored() -> Iterator[None]:
         threading.excepthook = hook
 
 
+@pytest.fixture(autouse=True)
+def _kafka_clients_closed() -> Iterator[None]:
+    """The Kafka clients the polling helpers keep for a test are closed when it ends."""
+    yield
+    close_admin_clients()
+
+
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
     uri, bootstrap = os.environ.get("RELAY_TEST_MONGODB_URI"), os.environ.get("RELAY_TEST_KAFKA_BOOTSTRAP")
@@ -68,8 +75,29 @@ def servers() -> Iterator[Servers]:
     try:
         yield Servers(stack.mongo.uri, stack.kafka.bootstrap_servers, stack)
     finally:
+        release_kafka_clients()
         stack.stop()
         shutil.rmtree(stack.base_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def _spark_sessions() -> Iterator[None]:
+    """Stops the process's Spark session (tests/spark/sessions.py) at the end."""
+    yield
+    from tests.spark.sessions import stop
+
+    stop()
+
+
+@pytest.fixture
+def spark(_spark_sessions: None) -> Any:
+    """The SparkSession (local[2]) the Spark tests of this process share (tests/spark,
+    tests/interop/test_spark_from_avro.py): started once, in one JVM, with the connector jars from
+    the Maven cache (`relay.spark.jars`), two shuffle partitions, no UI, scratch space in a fresh
+    temporary folder (tests/spark/sessions.py)."""
+    from tests.spark.sessions import local_session
+
+    return local_session()
 
 
 @dataclass
@@ -153,9 +181,10 @@ def env(servers: Servers) -> Iterator[Env]:
 # that kill or pause a server disturb only their own worker's.
 # One SparkSession (a JVM) for every Spark test: three of them beside the servers of three
 # workers overload two cores (measured: 973 s against 877 s with one).
-# The standalone cluster's tests (tests/spark/test_cluster.py: their jobs are Spark applications of
-# their own) are a second group: queued behind the local session's tests they made the longest
-# chain of the suite (about 800 s of 1,078 on one worker).
+# The standalone cluster's tests (tests/spark/test_cluster.py: a master, a worker, an application
+# of the module's and the commands' own) are a second group: queued behind the local session's
+# tests they made the longest chain of the suite (about 800 s of 1,078 on one worker). A worker
+# given both switches SparkContexts in its one JVM (tests/spark/sessions.py).
 _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            ("tests/spark/", "spark"), ("tests/interop/test_spark_from_avro.py", "spark"),
            # The Schema Registry server (a JVM) is used by these and by one Spark test: one start.
@@ -168,6 +197,10 @@ _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            ("tests/faults/test_elections_and_chaos.py", "tests/faults/test_elections_and_chaos.py"),
            # One wheel build and one virtual environment per install kind for the packaging tests.
            ("tests/integration/test_packaging.py", "tests/integration/test_packaging.py"))
+# Tests of those modules that share nothing with their group (each starts its own Schema Registry
+# or dev stack): wherever a worker is free, not at the end of the Spark worker's queue.
+_ALONE = ("tests/integration/test_schema_registry.py::test_registry_killed_mid_run_and_restarted_the_relay_loses_nothing",
+          "tests/integration/test_schema_registry.py::test_dev_up_with_schema_registry_prints_its_url_and_down_stops_it")
 # Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
 # groups, then the other server tests, the unit tests last.
 _ORDER = ("slow", "containers", "spark", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
@@ -177,20 +210,19 @@ _ORDER = ("slow", "containers", "spark", "tests/faults/", "tests/integration/", 
 def _rank(item: pytest.Item) -> int:
     if item.get_closest_marker("slow"):
         return 0
-    group = item.get_closest_marker("xdist_group")
-    name = group.args[0] if group else item.nodeid
+    name = _group_of(item.nodeid) or item.nodeid
     return next((i for i, key in enumerate(_ORDER) if name == key or name.startswith(key)), len(_ORDER))
 
 
 def _group_of(nodeid: str) -> str | None:
+    if nodeid.startswith(_ALONE):
+        return None
     return next((g for prefix, g in _GROUPS if nodeid.startswith(prefix)), None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _group_of(item.nodeid)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    """Longest first (`_ORDER`). The groups need no `xdist_group` marker: the scheduler below asks
+    `_group_of` (and without pytest-xdist, `-p no:xdist`, the marker would be unknown)."""
     items.sort(key=_rank)
 
 

@@ -18,7 +18,7 @@ from testcontainers.core.container import DockerContainer
 
 from relay.dev import stack as devstack
 from relay.dev.processes import free_port
-from tests.support import Servers, wait_until
+from tests.support import Servers, release_kafka_clients, wait_until
 
 MONGO_IMAGE = "mongo:7.0"
 KAFKA_IMAGE = f"apache/kafka:{devstack.KAFKA_VERSION}"
@@ -64,7 +64,8 @@ def _serves(bootstrap: str) -> bool:
     from confluent_kafka.admin import AdminClient
 
     try:
-        return bool(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=2).brokers)
+        with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+            return bool(admin.list_topics(timeout=2).brokers)
     except Exception:  # noqa: BLE001 - not up yet
         return False
 
@@ -76,4 +77,7 @@ def docker_servers() -> Iterator[Servers]:
         uri = _initiate(mongo_port)
         bootstrap = f"127.0.0.1:{kafka_port}"
         wait_until(lambda: _serves(bootstrap), 120, "the Kafka broker in its container to serve metadata")
-        yield Servers(uri, bootstrap, None)
+        try:
+            yield Servers(uri, bootstrap, None)
+        finally:
+            release_kafka_clients()

@@ -23,6 +23,7 @@ import pymongo
 
 from relay.dev.stack import MongoReplicaSet
 from relay.mongo.privileges import Privilege, role_document
+from tests.support import release_kafka_clients
 
 ADMIN_USER = "admin"
 
@@ -200,6 +201,7 @@ class SaslKafka:
         return self.client(ADMIN_USER, self.admin_password)
 
     def admin(self) -> Any:
+        """An administrator's AdminClient: use it in a `with` block, which closes it."""
         from confluent_kafka.admin import AdminClient
 
         return AdminClient({"bootstrap.servers": self.broker.bootstrap_servers, **self.admin_client})
@@ -210,9 +212,9 @@ class SaslKafka:
 
         upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096),
                                               password.encode())
-        admin = self.admin()  # kept alive until the futures resolve
-        for future in admin.alter_user_scram_credentials([upsert]).values():
-            future.result(timeout=30)
+        with self.admin() as admin:  # open until the futures resolve
+            for future in admin.alter_user_scram_credentials([upsert]).values():
+                future.result(timeout=30)
         return self.client(user, password)
 
     def grant(self, user: str, acls: Sequence[Any]) -> None:
@@ -221,16 +223,16 @@ class SaslKafka:
 
         bindings = [AclBinding(ResourceType[a.resource], a.name, ResourcePatternType[a.pattern], f"User:{user}", "*",
                                AclOperation[a.operation], AclPermissionType.ALLOW) for a in acls]
-        admin = self.admin()
-        for future in admin.create_acls(bindings).values():
-            future.result(timeout=30)
+        with self.admin() as admin:
+            for future in admin.create_acls(bindings).values():
+                future.result(timeout=30)
 
     def create_topics(self, *topics: str, partitions: int = 3) -> None:
         from confluent_kafka.admin import NewTopic
 
-        admin = self.admin()
-        for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
-            future.result(timeout=30)
+        with self.admin() as admin:
+            for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+                future.result(timeout=30)
 
 
 @contextlib.contextmanager
@@ -251,5 +253,6 @@ def sasl_kafka() -> Iterator[SaslKafka]:
         broker.start()
         yield server
     finally:
+        release_kafka_clients()
         broker.stop()
         shutil.rmtree(base, ignore_errors=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
+import gc
 import io
 import json
 import logging
@@ -399,13 +399,35 @@ def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
             time.sleep(0.5)
 
 
-@functools.lru_cache(maxsize=4)
+_admin_clients = contextlib.ExitStack()
+_admins: dict[str, Any] = {}
+
+
 def _admin(bootstrap: str) -> Any:
     """One admin client per cluster for polling helpers (a new client per poll costs threads and
-    connections)."""
+    connections), until the test ends (`close_admin_clients`)."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap})
+    if bootstrap not in _admins:
+        _admins[bootstrap] = _admin_clients.enter_context(AdminClient({"bootstrap.servers": bootstrap}))
+    return _admins[bootstrap]
+
+
+def close_admin_clients() -> None:
+    """Close the polling helpers' admin clients (tests/conftest.py, after every test): one left
+    open after its broker stopped logs librdkafka's "Connect to ... failed" lines until the
+    process exits, over pytest's report."""
+    _admins.clear()
+    _admin_clients.close()
+
+
+def release_kafka_clients() -> None:
+    """Before a broker the tests started stops: close the helpers' clients, and collect garbage so
+    that a client kept only by a reference cycle is destroyed while its broker still answers (a
+    stopped relay's error holds the frames that hold its producer; so does the ExceptionInfo of
+    a `pytest.raises` around it; librdkafka closes a client when Python frees it)."""
+    close_admin_clients()
+    gc.collect()
 
 
 def uncommitted_messages(bootstrap: str, topic: str) -> int:
@@ -641,10 +663,13 @@ def change_streams(client: Any, databases: Iterable[str]) -> list[dict[str, Any]
 
 
 def needs_local_stack(servers: Servers) -> Any:
+    """The servers' processes, for a test that kills or pauses them (earlier tests' Kafka clients
+    freed first: release_kafka_clients)."""
     import pytest
 
     if servers.stack is None:
         pytest.skip("kills or pauses servers: needs the servers started by the tests themselves")
+    release_kafka_clients()
     return servers.stack
 
 

@@ -47,6 +47,7 @@ from relay.core.redact import Properties, Uri, emit, hold_masked, scrub
 from relay.outbox import FieldNames
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
 from relay.spark.options import job_parser, load, run_job, spark_options
+from relay.spark.preflight import check_executor_python
 from relay.spark.schemas import RegistryAccess, writer_schemas
 
 if TYPE_CHECKING:
@@ -228,7 +229,10 @@ def _extra_messages(duplicated: DataFrame) -> int:
 
 
 def audit(spark: SparkSession, cfg: AuditConfig) -> dict[str, Any]:
-    """Compare the outbox with Kafka for the range; the report as a JSON-ready dict."""
+    """Compare the outbox with Kafka for the range; the report as a JSON-ready dict. First,
+    PipelineError (one line) when the executors cannot start a Python worker, which Spark needs
+    for the outbox rows (relay.spark.preflight)."""
+    check_executor_python(spark, package=False)
     outbox = outbox_events(spark, cfg).cache()
     messages = kafka_messages(spark, cfg).cache()
     in_range = _in_range(messages, cfg)

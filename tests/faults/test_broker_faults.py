@@ -76,8 +76,8 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env,
 
     broker = needs_local_stack(env.servers).kafka
     topic = env.topic()
-    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    with AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
     settings = env.settings.replace(kafka={"message.timeout.ms": "3000", "linger.ms": "0"})
     publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
     message = lambda i: OutgoingMessage(f"e{i}", topic, b"k", f"v{i}".encode(), [])  # noqa: E731

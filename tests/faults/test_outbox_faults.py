@@ -36,9 +36,9 @@ def _incompressible(n: int) -> str:
 
 
 def _limit_topic(env, max_bytes: int) -> None:
-    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
-    futures = admin.create_topics([NewTopic(env.topic(), 3, 1, config={"max.message.bytes": str(max_bytes)})])
-    futures[env.topic()].result(timeout=30)
+    with AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap}) as admin:
+        futures = admin.create_topics([NewTopic(env.topic(), 3, 1, config={"max.message.bytes": str(max_bytes)})])
+        futures[env.topic()].result(timeout=30)
 
 
 # ---- rows 8 and 9: poison events -------------------------------------------------------------

@@ -37,8 +37,8 @@ def _works(state: dict[str, Any]) -> None:
     with pymongo.MongoClient(state["mongodb"]["uri"], serverSelectionTimeoutMS=30000) as client:
         client.dev_check.things.insert_one({"ok": True})
         assert client.dev_check.things.count_documents({}) >= 1
-    metadata = AdminClient({"bootstrap.servers": state["kafka"]["bootstrap_servers"]}).list_topics(timeout=30)
-    assert metadata.brokers
+    with AdminClient({"bootstrap.servers": state["kafka"]["bootstrap_servers"]}) as admin:
+        assert admin.list_topics(timeout=30).brokers
 
 
 def test_dev_stack_comes_back_after_down_and_after_a_crash(tmp_path):

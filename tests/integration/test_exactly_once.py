@@ -60,10 +60,10 @@ def test_every_event_is_published_once_and_its_token_committed_to_the_compacted_
     uncommitted = read_topic(env.servers.kafka_bootstrap, env.topic(), isolation="read_uncommitted")
     assert len(uncommitted) == len(records), "no transaction was aborted: read_uncommitted sees the same"
 
-    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
     resource = ConfigResource(ConfigResource.Type.TOPIC, settings.offsets_topic)
-    config = admin.describe_configs([resource])[resource].result(timeout=30)
-    cluster = admin.list_topics(timeout=10)
+    with AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap}) as admin:
+        config = admin.describe_configs([resource])[resource].result(timeout=30)
+        cluster = admin.list_topics(timeout=10)
     replicas = min(3, len(cluster.brokers))  # the test broker: one node, so 1 and min.insync.replicas 1
     assert config["cleanup.policy"].value == "compact"
     assert config["min.insync.replicas"].value == str(max(1, replicas - 1))
@@ -80,9 +80,9 @@ def test_every_event_is_published_once_and_its_token_committed_to_the_compacted_
 
 def test_an_offsets_topic_that_is_not_compacted_is_refused_naming_the_setting(env):
     settings = eos(env)
-    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
-    admin.create_topics([NewTopic(settings.offsets_topic, 1, 1, config={"cleanup.policy": "delete"})])[
-        settings.offsets_topic].result(timeout=30)
+    with AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap}) as admin:
+        admin.create_topics([NewTopic(settings.offsets_topic, 1, 1, config={"cleanup.policy": "delete"})])[
+            settings.offsets_topic].result(timeout=30)
     run = subprocess.run([sys.executable, "-m", "relay", "run"], env=settings_env(settings), cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stderr
@@ -180,15 +180,15 @@ def test_dead_letters_are_published_inside_the_transaction_of_their_batch(env):
 
 def test_tail_shows_committed_transactions_only_unless_asked_for_read_uncommitted(env):
     topic = env.topic()
-    producer = Producer({"bootstrap.servers": env.servers.kafka_bootstrap,
-                         "transactional.id": transactional_id(f"tail-test.{topic}")})
-    producer.init_transactions(30)
-    for commit, n in ((True, 3), (False, 2), (True, 1)):
-        producer.begin_transaction()
-        for i in range(n):
-            producer.produce(topic, b"not avro", f"{commit}-{i}".encode(), partition=0)
-        producer.flush(30)
-        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    with Producer({"bootstrap.servers": env.servers.kafka_bootstrap,
+                   "transactional.id": transactional_id(f"tail-test.{topic}")}) as producer:
+        producer.init_transactions(30)
+        for commit, n in ((True, 3), (False, 2), (True, 1)):
+            producer.begin_transaction()
+            for i in range(n):
+                producer.produce(topic, b"not avro", f"{commit}-{i}".encode(), partition=0)
+            producer.flush(30)
+            (producer.commit_transaction if commit else producer.abort_transaction)(30)
     counts = {}
     for isolation in ("read_committed", "read_uncommitted"):
         out = io.StringIO()

@@ -164,9 +164,9 @@ def test_poison_handler_error_stops_naming_the_event_and_commits_nothing_after_i
 
 @pytest.mark.parametrize("form", FORMS)
 def test_poison_dead_letter_sends_handler_failures_and_undecodable_messages_and_goes_on(env, form):
-    producer = Producer({"bootstrap.servers": env.servers.kafka_bootstrap})
-    producer.produce(env.topic(), value=b"not avro", key=b"junk", headers=[("ce_id", b"junk-1")])
-    producer.flush(10)
+    with Producer({"bootstrap.servers": env.servers.kafka_bootstrap}) as producer:
+        producer.produce(env.topic(), value=b"not avro", key=b"junk", headers=[("ce_id", b"junk-1")])
+        assert producer.flush(10) == 0
     written = write_events(env.db, env.settings.outbox_collection, 300, writers=3)
     with RelayThread(env.settings):
         wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 301, 60, "every event published")

@@ -16,8 +16,8 @@ def test_drain_sends_at_once_what_linger_holds_back(env):
     to fill that nothing more will join. With a one-minute linger, polling leaves the message
     unsent; draining delivers it."""
     topic = env.topic()
-    admin = AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    with AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
     settings = env.settings.replace(kafka={"linger.ms": "60000", "message.timeout.ms": "300000"})
     publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
     try:

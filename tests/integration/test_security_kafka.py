@@ -155,13 +155,13 @@ def _offsets_topic(kafka: SaslKafka, topic: str, record: bool) -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import NewTopic
 
-    admin = kafka.admin()
-    [future] = admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})]).values()
-    future.result(timeout=30)
+    with kafka.admin() as admin:
+        [future] = admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})]).values()
+        future.result(timeout=30)
     if record:
-        producer = Producer({"bootstrap.servers": kafka.broker.bootstrap_servers, **kafka.admin_client})
-        producer.produce(topic, b"not-a-record", b"some.other#lease")
-        assert producer.flush(30) == 0
+        with Producer({"bootstrap.servers": kafka.broker.bootstrap_servers, **kafka.admin_client}) as producer:
+            producer.produce(topic, b"not-a-record", b"some.other#lease")
+            assert producer.flush(30) == 0
 
 
 @pytest.mark.parametrize(
@@ -214,10 +214,10 @@ def test_tail_reads_with_exactly_the_documented_reader_acls_and_names_a_missing_
     settings = _settings(servers, kafka, connect_timeout_s=10.0)
     topic = settings.topic_template.format(aggregateType="order")
     kafka.create_topics(topic, partitions=1)
-    producer = Producer({"bootstrap.servers": kafka.broker.bootstrap_servers, **kafka.admin_client})
-    for n in range(3):
-        producer.produce(topic, f"not avro {n}".encode(), b"k")
-    assert producer.flush(30) == 0
+    with Producer({"bootstrap.servers": kafka.broker.bootstrap_servers, **kafka.admin_client}) as producer:
+        for n in range(3):
+            producer.produce(topic, f"not avro {n}".encode(), b"k")
+        assert producer.flush(30) == 0
     acls = required_to_read(settings.topic_template, TAIL_GROUP_PREFIX)
     out = io.StringIO()
     assert tail(_reader(kafka, settings, acls), topic, from_beginning=True, max_messages=3, out=out) == 0

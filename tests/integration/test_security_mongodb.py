@@ -239,13 +239,13 @@ def test_a_wrong_ca_or_host_name_stops_the_relay_with_a_clear_line(
 def _publish_events(bootstrap: str, topic: str, total: int) -> None:
     """`total` events as the relay writes them (its own message builder), straight to `topic`."""
     builder = message_builder(Settings(), SchemaFolder.bundled())
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": "true"})
     token = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
-    for i in range(total):
-        doc = OutboxEvent.new("order", f"o-{i % 7}", "Changed", {"seq": i}, trace_context=False).to_document()
-        msg = builder.build(change_value(doc, token), 1)
-        producer.produce(topic, msg.value, msg.key, headers=msg.headers)
-    assert producer.flush(30) == 0
+    with Producer({"bootstrap.servers": bootstrap, "enable.idempotence": "true"}) as producer:
+        for i in range(total):
+            doc = OutboxEvent.new("order", f"o-{i % 7}", "Changed", {"seq": i}, trace_context=False).to_document()
+            msg = builder.build(change_value(doc, token), 1)
+            producer.produce(topic, msg.value, msg.key, headers=msg.headers)
+        assert producer.flush(30) == 0
 
 
 def test_the_inbox_runs_as_a_user_holding_only_its_documented_privileges(mongo: AuthMongo, servers: Servers) -> None:

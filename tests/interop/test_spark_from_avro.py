@@ -2,7 +2,8 @@
 schema the relay writes, and the common envelope columns select the same way for all of them.
 
 Skipped unless `pyspark` is importable (the `spark` extra; issue 6 adds PySpark to the test
-set-up). The connector jars come from `relay.spark.jars` (Maven, cached). Values are Avro
+set-up). It runs in the Spark tests' session (the `spark` fixture, tests/conftest.py: the
+connector jars from `relay.spark.jars`, Maven, cached). Values are Avro
 single-object encoded: the Avro body starts at byte 11 (1-based), after `C3 01` and the
 8-byte fingerprint that selects the schema.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -32,22 +32,6 @@ from tests.interop.all_types import (
 )
 
 COMMON = ("id", "aggregateType", "aggregateId", "eventType")
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    try:
-        from relay.spark.jars import spark_jars
-    except ImportError as exc:
-        pytest.skip(f"relay.spark.jars is not available: {exc}")
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[1]").appName("outbox-relay-avro-interop")
-               .config("spark.jars", ",".join(str(p) for p in spark_jars()))
-               .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.shuffle.partitions", "1").getOrCreate())
-    yield session
-    session.stop()
 
 
 def test_spark_from_avro_decodes_every_writer_schema_and_selects_the_common_columns(spark):

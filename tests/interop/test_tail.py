@@ -62,9 +62,9 @@ def test_tail_prints_each_message_decoded_with_its_headers_as_a_json_line(env):
 
 def test_tail_reports_values_it_cannot_decode_and_goes_on(env):
     publish_two_events(env)
-    producer = Producer({"bootstrap.servers": env.servers.kafka_bootstrap})
-    producer.produce(env.topic(), key=b"o-1", value=b"not avro")
-    producer.flush(10)
+    with Producer({"bootstrap.servers": env.servers.kafka_bootstrap}) as producer:
+        producer.produce(env.topic(), key=b"o-1", value=b"not avro")
+        assert producer.flush(10) == 0
     lines = [json.loads(line) for line in run_tail(env, env.topic(), "--from-beginning").stdout.splitlines()]
     assert len(lines) == 3 and "neither Avro single-object" in lines[2]["error"]
     assert lines[2]["valueBase64"] == "bm90IGF2cm8="

@@ -31,8 +31,11 @@ from typing import Any
 from relay.dev.stack import ManagedProcess, free_port
 from tests.support import wait_until
 
-WORKER_CORES = 2
-WORKER_MEMORY = "1g"  # spark.executor.memory defaults to 1g: one executor fits
+# Room for two applications at once: the tests' own (tests/spark/sessions.py: one core, 512 MB)
+# and a command's (the rest of the cores, spark.executor.memory's default 1g). What the worker
+# offers is bookkeeping: an executor's heap grows as it needs, up to its -Xmx.
+WORKER_CORES = 3
+WORKER_MEMORY = "1536m"
 DAEMON_HEAP = "-Xmx256m"
 # Every JVM of the tests' Spark (daemons, executors, drivers) compiles with C1 only and collects
 # with one thread: these JVMs live for seconds on tiny data, where C2's compile threads and

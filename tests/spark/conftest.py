@@ -1,31 +1,22 @@
-"""Spark fixtures: one SparkSession (local[2]) for the whole test session.
-
-The session runs in this process with the connector jars from the Maven cache
-(`relay.spark.jars`), two shuffle partitions, no UI, and its scratch space in a fresh
-temporary folder. The servers are the session's real MongoDB and Kafka (tests/conftest.py).
+"""Spark tests: the SparkSession is the session-wide `spark` fixture (tests/conftest.py), shared
+with tests/interop/test_spark_from_avro.py; the servers are the session's real MongoDB and Kafka.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from tests.spark.cluster import JAVA_TOOL_OPTIONS
 
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from relay.spark.session import spark_session
-
-    # The session's JVM compiles with C1 only, as the cluster's do (tests/spark/cluster.py says
-    # why; measured here: 10 Spark tests 75 -> 64 s); it inherits the variable when it starts.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("JAVA_TOOL_OPTIONS", JAVA_TOOL_OPTIONS)
-        session = spark_session("outbox-relay tests", master="local[2]", shuffle_partitions=2,
-                                conf={"spark.ui.enabled": "false"})
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """A job's `main()` run in the test's process (materialize) sets SIGTERM and SIGINT handlers that
+    only set its stop flag: left behind, Ctrl-C would no longer interrupt the run."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield session
+        yield
     finally:
-        session.stop()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

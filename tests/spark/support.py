@@ -200,13 +200,13 @@ def relay_headers(event: OutboxEvent, fencing_token: int) -> list[tuple[str, byt
 
 def produce(bootstrap: str, messages: list[dict[str, Any]]) -> None:
     """Produce each message (topic, partition, key, value, headers) in order; wait for all."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
     errors: list[Any] = []
-    for m in messages:
-        producer.produce(m["topic"], value=m["value"], key=m["key"], headers=m["headers"],
-                         partition=m["partition"], on_delivery=lambda err, _msg: errors.append(err) if err else None)
-        producer.poll(0)
-    assert producer.flush(30) == 0 and not errors, errors
+    with Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"}) as producer:
+        for m in messages:
+            producer.produce(m["topic"], value=m["value"], key=m["key"], headers=m["headers"],
+                             partition=m["partition"], on_delivery=lambda err, _msg: errors.append(err) if err else None)
+            producer.poll(0)
+        assert producer.flush(30) == 0 and not errors, errors
 
 
 def copies_of(records: list[Record], bootstrap: str) -> None:

@@ -11,14 +11,14 @@ from relay.spark.decode import kafka_options
 
 def _transactions(bootstrap: str, topic: str) -> None:
     """Three committed messages, two aborted, one committed: the log also holds three markers."""
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"spark-isolation-{topic}"})
-    producer.init_transactions(30)
-    for commit, n in ((True, 3), (False, 2), (True, 1)):
-        producer.begin_transaction()
-        for i in range(n):
-            producer.produce(topic, f"{commit}-{i}".encode(), partition=0)
-        producer.flush(30)
-        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    with Producer({"bootstrap.servers": bootstrap, "transactional.id": f"spark-isolation-{topic}"}) as producer:
+        producer.init_transactions(30)
+        for commit, n in ((True, 3), (False, 2), (True, 1)):
+            producer.begin_transaction()
+            for i in range(n):
+                producer.produce(topic, f"{commit}-{i}".encode(), partition=0)
+            producer.flush(30)
+            (producer.commit_transaction if commit else producer.abort_transaction)(30)
 
 
 def test_the_kafka_source_skips_aborted_transactions_unless_told_otherwise(spark, env):

@@ -57,3 +57,21 @@ def test_the_jobs_credentials_are_masked_in_their_configuration_and_lines(monkey
     assert scrub(f"{canary}v and {canary}j") == "*** and ***"
     assert cfg.view is not None and cfg.view.uri.reveal().startswith(f"mongodb://v:{canary}v@")
     assert "jaas" in JOB_CONF["spark.sql.redaction.options.regex"] and "jaas" in JOB_CONF["spark.redaction.regex"]
+
+
+def test_pipeline_help_lists_the_jobs_and_each_jobs_help_its_options(capsys):
+    """`outbox-relay pipeline --help` is help (exit 0), not a missing-argument error; after a job
+    name `--help` still reaches that job's own parser."""
+    from relay.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["pipeline", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "{materialize,audit}" in out and "`pipeline JOB --help`" in out, out
+    with pytest.raises(SystemExit) as done:
+        main(["pipeline", "materialize", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: outbox-relay pipeline materialize") and "--output" in out
+    with pytest.raises(SystemExit) as done:
+        main(["pipeline"])
+    assert done.value.code == 2 and "required: job" in capsys.readouterr().err
