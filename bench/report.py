@@ -96,7 +96,8 @@ def format_report(report: Report) -> str:
         f"(consumers in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)"
         if only_inbox else
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
-        f"(relay in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)",
+        f"(catch-up: relay in this process; latency: relay as its own process; 1 mongod, 1 Kafka broker, "
+        f"{PARTITIONS} partitions)",
         f"relay code: {p['relay_source']}",
         f"command: {p['command']}",
     ]

@@ -244,9 +244,9 @@ def parser() -> argparse.ArgumentParser:
       help="backlog of the default variant (default 100000; 2 KB: half, 20 KB: a tenth)")
     a("--payload-bytes", type=int, default=200,
       help="BSON size of each event's payload document in the default variant (default 200)")
-    a("--rates", default="500,1000x10,10000x100",
+    a("--rates", default="500,1000x10,5000x50",
       help="steady-state steps, RATE[xBATCH] comma-separated: events/s and events per transaction "
-           "(default 500,1000x10,10000x100; no xBATCH: one transaction per event)")
+           "(default 500,1000x10,5000x50; no xBATCH: one transaction per event)")
     a("--seconds", type=float, default=20.0, help="writes per steady-state round (default 20)")
     a("--latency-rounds", type=int, default=3, help="rounds of each steady-state step (default 3)")
     a("--long-events", type=int, default=1_000_000, help="backlog of the memory run (default 1000000; 0 skips it)")
