@@ -41,9 +41,10 @@ from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.change import Change
-from relay.mongo.codecs import insert_change, read_changes, read_in_python
+from relay.mongo.codecs import read_changes, read_in_python
 from relay.outbox import OutboxEvent, decode
 from relay.wiring import message_builder
+from tests.changes import insert_change
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 UTC = dt.UTC
@@ -130,18 +131,10 @@ def _best(fn: Callable[[], Any], n: int, repeat: int) -> tuple[float, float]:
     return min(runs), statistics.median(runs)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=5_000)
-    parser.add_argument("--repeat", type=int, default=9)
-    args = parser.parse_args(argv)
-    n, repeat = args.events, args.repeat
-    registry = _registry()
+def _cases(registry: SchemaFolder) -> list[tuple[str, MessageBuilder, str, Callable[[int], dict[str, Any]]]]:
     single = message_builder(Settings(), registry)
-    python = message_builder(Settings(), registry, native=False)
     confluent = message_builder(Settings.load(env={"RELAY_SCHEMA_REGISTRY_URL": "mock://bench"}), registry)
-
-    cases = [
+    return [
         ("generic envelope, demo payload (3 fields)", single, "OrderPaid", _demo_payload),
         ("typed OrderCreated, same payload", single, "OrderCreated", _demo_payload),
         ("generic envelope, order payload (25 values, nested)", single, "OrderFlagged", _order_payload),
@@ -149,14 +142,15 @@ def main(argv: list[str] | None = None) -> None:
         ("generic envelope, Confluent framing (mock registry)", confluent, "OrderFlagged", _order_payload),
         ("typed OrderPlaced, Confluent framing (mock registry)", confluent, "OrderPlaced", _order_payload),
     ]
-    print(f"encoding cost per event: CPU us per event, best (median) of {repeat} interleaved rounds x {n} events; "
-          "as the loop does (compiled encoder, Python for what it declines) and the Python path alone")
-    print(f"Python {platform.python_version()}, fastavro {fastavro.__version__}, {platform.machine()}\n")
-    print(f"{'case':<56} {'loop us/ev':>10} {'median':>7} {'Python us/ev':>12} {'median':>7} {'value bytes':>12}")
+
+
+def _builders(registry: SchemaFolder, n: int, repeat: int) -> None:
+    """Each case as the loop builds it and by the Python path alone, rounds interleaved."""
+    python = message_builder(Settings(), registry, native=False)
     prepared = []
-    for label, builder, event_type, payload in cases:
+    for label, builder, event_type, payload in _cases(registry):
         changes = _changes(event_type, payload, n)
-        alone = python if builder is single else builder
+        alone = python if builder.native else builder
         assert as_the_loop_does(builder, changes[:1]) == [alone.build(changes[0], 1)], label  # the same message
         prepared.append((label, builder, alone, changes, len(alone.build(changes[0], 1).value)))
     runs: dict[tuple[str, str], list[float]] = {}
@@ -170,11 +164,15 @@ def main(argv: list[str] | None = None) -> None:
                     alone.build(change, 1)
             runs.setdefault((label, "loop"), []).append(_best(loop, n, 1)[0])
             runs.setdefault((label, "python"), []).append(_best(python_path, n, 1)[0])
+    print(f"{'case':<56} {'loop us/ev':>10} {'median':>7} {'Python us/ev':>12} {'median':>7} {'value bytes':>12}")
     for label, _builder, _alone, _batch, size in prepared:
         fast, slow = runs[(label, "loop")], runs[(label, "python")]
         print(f"{label:<56} {min(fast):>10.1f} {statistics.median(fast):>7.1f} {min(slow):>12.1f} "
               f"{statistics.median(slow):>7.1f} {size:>12}")
 
+
+def _parts(registry: SchemaFolder, n: int, repeat: int) -> None:
+    """The change source's read pass, and the parts that differ between generic and typed, alone."""
     print("\nthe change source's pass over each raw change event (relay.mongo.codecs.read_changes), compiled "
           "and in Python (read_in_python: an install without relay._native):")
     for label, payload in (("demo payload (3 fields)", _demo_payload), ("order payload (25 values, nested)", _order_payload)):
@@ -182,32 +180,37 @@ def main(argv: list[str] | None = None) -> None:
         best, median = _best(lambda raw=raw: read_changes(raw), n, repeat)
         slow, slow_median = _best(lambda raw=raw: read_in_python(raw), n, repeat)
         print(f"{'read, ' + label:<56} {best:>9.2f} {median:>8.2f} {slow:>12.2f} {slow_median:>7.2f}")
-
-    # The parts that differ between generic and typed, alone.
     docs = [decode(c.document)["payload"] for c in _changes("x", _order_payload, n)]
     mapper = registry.writer_for("OrderPlaced").mapper
     assert mapper is not None
     converted = [mapper.convert(d) for d in docs]
     parsed = registry.schema("io.outboxrelay.bench.OrderPlaced")
     payload_schema = next(f for f in parsed["fields"] if f["name"] == "payload")["type"]
-    def to_json() -> None:
-        for d in docs:
-            json_util.dumps(d, json_options=RELAXED_JSON_OPTIONS)
-
-    def convert() -> None:
-        for d in docs:
-            mapper.convert(d)
-
-    def write_typed() -> None:
-        for c in converted:
-            fastavro.schemaless_writer(io.BytesIO(), payload_schema, c)
-
+    parts: list[tuple[str, Callable[[], Any]]] = [
+        ("generic: payload -> relaxed Extended JSON (json_util)",
+         lambda: [json_util.dumps(d, json_options=RELAXED_JSON_OPTIONS) for d in docs]),
+        ("typed: payload BSON -> Avro datum (PayloadMapper)", lambda: [mapper.convert(d) for d in docs]),
+        ("typed: Avro datum -> bytes (fastavro, payload only)",
+         lambda: [fastavro.schemaless_writer(io.BytesIO(), payload_schema, c) for c in converted]),
+    ]
     print("\nparts, order payload:")
-    for label, fn in [("generic: payload -> relaxed Extended JSON (json_util)", to_json),
-                      ("typed: payload BSON -> Avro datum (PayloadMapper)", convert),
-                      ("typed: Avro datum -> bytes (fastavro, payload only)", write_typed)]:
+    for label, fn in parts:
         best, median = _best(fn, n, repeat)
         print(f"{label:<56} {best:>9.1f} {median:>8.1f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=5_000)
+    parser.add_argument("--repeat", type=int, default=9)
+    args = parser.parse_args(argv)
+    registry = _registry()
+    print(f"encoding cost per event: CPU us per event, best (median) of {args.repeat} interleaved rounds x "
+          f"{args.events} events; as the loop does (compiled encoder, Python for what it declines) and the Python "
+          "path alone")
+    print(f"Python {platform.python_version()}, fastavro {fastavro.__version__}, {platform.machine()}\n")
+    _builders(registry, args.events, args.repeat)
+    _parts(registry, args.events, args.repeat)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Profile the relay's catch-up: where its CPU goes, beside the bare relay on the same backlog.
 
 Run: `.venv/bin/python -m bench.profile [--events N] [--variant default|2kb|20kb|typed]
-[--top 30] [--no-profile] [--repeat R] [--config NAME:KEY=VALUE,KEY=VALUE ...]`.
+[--top 30] [--no-profile] [--where] [--repeat R] [--config NAME:KEY=VALUE,KEY=VALUE ...]`.
 
 Each `--config` is one relay configuration to measure, by name, as RELAY_* variables
 (`depth2:RELAY_PIPELINE_DEPTH=2`, `nolinger:RELAY_KAFKA_LINGER_MS=0`, `eos:RELAY_DELIVERY=exactly-once`,
@@ -9,13 +9,15 @@ which runs bench.scenarios.catch_up's exactly-once mode); `python:` (no variable
 is the Python path without the compiled encoder. The default is just the relay's defaults.
 Configurations alternate within each repeat, so the machine's load drifts over all of them.
 
-On a fresh local stack: write a backlog, then (R times) drain it with the relay and with the
-bare relay (bench/scenarios/bare_relay.py), printing events/s and the CPU microseconds per event
+On a fresh local stack: write a backlog, then (R times) drain it with the relay, the bare relay
+(bench/scenarios/bare_relay.py) and the bare change stream, printing events/s and the CPU microseconds per event
 of this process (the relay, its librdkafka threads included) and of mongod and Kafka. With the
 profile on, the relay's loop thread runs under cProfile (which slows it: read the rates of a run
 without it) and the top functions by own time and by cumulative time are printed. CPU per event
 is the figure to compare between changes: unlike events/s it hardly moves with the machine's
-other load.
+other load. `--where` also says where each catch-up's time went (bench.timeline: the loop's waits
+for reads, encoding, sending, acknowledgements, checkpoints, and how much of the time mongod was
+reading for the relay).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pstats
 import shutil
 import threading
 import uuid
+from contextlib import ExitStack
 from typing import Any
 
 from pymongo import MongoClient
@@ -37,6 +40,8 @@ from bench.relay_under_test import relay_settings
 from bench.scenarios.backlog import write_backlog
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
+from bench.scenarios.change_stream import bare_change_stream
+from bench.timeline import Timeline
 from relay.dev.stack import LocalStack
 
 
@@ -100,10 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--no-profile", dest="profile", action="store_false")
+    p.add_argument("--where", action="store_true", help="time the loop's parts and the reads (bench.timeline)")
     p.add_argument("--config", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                    help="a relay configuration to measure (repeatable; default: the defaults)")
     args = p.parse_args(argv)
     configs = [_config(text) for text in args.config] or [("defaults", {}, True)]
+    timeline = Timeline() if args.where else None  # before any client is built: it monitors their commands
     variant = next(v for v in variants(args.events, 200, True, True) if v.key == args.variant)
     stack = LocalStack.in_temp_dir()
     stack.start()
@@ -118,17 +125,21 @@ def main(argv: list[str] | None = None) -> int:
                 env = {**env, "RELAY_LEASE_COLLECTION": f"leases_{tag}"}  # a fresh start each run
                 delivery = env.pop("RELAY_DELIVERY", "at-least-once")  # with its own offsets topic per run
                 progress(f"run {attempt + 1}, {name}")
-                if args.profile:
-                    with _ProfiledThreads() as profiled:
-                        row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery)
-                    print(profiled.report(args.top))
-                else:
+                with ExitStack() as around:
+                    profiled = around.enter_context(_ProfiledThreads()) if args.profile else None
+                    if timeline is not None:
+                        around.enter_context(timeline.hooked())
+                        around.enter_context(timeline.recording())
                     row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery)
+                if profiled is not None:
+                    print(profiled.report(args.top))
+                if timeline is not None:
+                    print("\n".join(timeline.format()))
                 row.scenario = f"relay [{name}]"
                 _print(row)
             settings = relay_settings(stack, backlog.database, "unused", "now")
-            bare = bare_relay(stack, client, backlog, settings, f"profile.{run_id}{attempt}.bare")
-            _print(bare)
+            _print(bare_relay(stack, client, backlog, settings, f"profile.{run_id}{attempt}.bare"))
+            _print(bare_change_stream(stack, client, backlog))
         client.close()
     finally:
         stack.stop()

@@ -1,9 +1,9 @@
-"""The relay the benchmark measures: its settings, and the one place where it is constructed.
+"""The relay the catch-up scenarios measure: its settings, and where it is built in this process.
 
-The relay runs in this process, in a thread (`tests.support.RelayThread`), with its default
-settings except addresses, database, topic, start point and `http_port=0`. `make_relay` is the
-only function in `bench/` that builds a relay (through `relay.wiring.build`, as
-`outbox-relay run` does).
+It runs in a thread (`tests.support.RelayThread`) with its default settings except addresses,
+database, topic, start point and `http_port=0`; `make_relay` builds it through
+`relay.wiring.build`, as `outbox-relay run` does. The latency steps and the memory run start
+`outbox-relay run` processes instead (bench.relay_process, bench.scenarios.partitions).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import PARTITIONS, RESULTS_DIR, Row
+from bench.goals import format_goals, goals
 from bench.scenarios.latency import Latency
+from bench.scenarios.steady import Step, Summary, format_reach, format_rounds, format_steady, summarize
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARK_START, MARK_END = "<!-- bench-latest -->", "<!-- /bench-latest -->"
@@ -36,7 +38,8 @@ COMPARED = [  # the ratio table's rows, in order: (row label prefix, short name)
 class Report:
     params: dict[str, Any]
     rows: list[Row] = field(default_factory=list)
-    latency: list[Latency] = field(default_factory=list)
+    latency: list[tuple[Step, Latency]] = field(default_factory=list)  # bench.scenarios.steady: every round
+    writer_reach: list[tuple[Step, float, float]] = field(default_factory=list)  # the writer alone at each step
     long_run: list[Row] = field(default_factory=list)
     variants: dict[str, str] = field(default_factory=dict)   # key -> label, in run order
     partition_rows: list[Row] = field(default_factory=list)  # --partitions: backlog, group catch-ups, streams
@@ -46,7 +49,9 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "variants": self.variants, "rows": [asdict(r) for r in self.rows],
-                "latency": [asdict(x) for x in self.latency], "long_run": [asdict(r) for r in self.long_run],
+                "latency": [{"step": asdict(s), **asdict(x)} for s, x in self.latency],
+                "writer_alone": [{"step": asdict(s), "events_per_s": got, "commit_p99_ms": p99}
+                                 for s, got, p99 in self.writer_reach], "long_run": [asdict(r) for r in self.long_run],
                 "partitions": [asdict(r) for r in self.partition_rows], "goals": goals(self),
                 "equal_terms": [{"name": c.name, "median_events_per_s": c.median, "rows": [asdict(r) for r in c.rows]}
                                 for c in self.fair],
@@ -60,6 +65,10 @@ class Report:
 
     def relay(self, variant: str = "default") -> Row | None:
         return self.row(RELAY, variant)
+
+    def summaries(self) -> list[Summary]:
+        """The steady-state steps per contender: medians of the rounds whose writer kept the rate."""
+        return summarize(self.latency)
 
 
 def ratio(relay: Row | None, other: Row | None) -> float:
@@ -87,7 +96,8 @@ def format_report(report: Report) -> str:
         f"(consumers in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)"
         if only_inbox else
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
-        f"(relay in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)",
+        f"(catch-up: relay in this process; latency: relay as its own process; 1 mongod, 1 Kafka broker, "
+        f"{PARTITIONS} partitions)",
         f"relay code: {p['relay_source']}",
         f"command: {p['command']}",
     ]
@@ -125,8 +135,8 @@ def _ratio_table(report: Report) -> list[str]:
     relay = report.relay()
     if relay is None:
         return []
-    lat = {round(x.target_rate): x for x in report.latency if x.contender == "relay" and not x.error}
-    steps = ", ".join(f"p50/p99 at {r:,}/s {_f(x.p50_ms, '.1f')} / {_f(x.p99_ms, '.1f')} ms" for r, x in lat.items())
+    steps = ", ".join(f"p50/p99 at {s.step.rate:,.0f}/s x{s.step.batch} {_f(s.median('p50_ms'), '.1f')} / "
+                      f"{_f(s.median('p99_ms'), '.1f')} ms" for s in report.summaries() if s.contender == "relay")
     lines = [
         f"relay vs the rest, same backlog ({relay.events:,} events, {report.variants.get('default', '')}), same run: "
         f"relay {relay.events_per_s:,.0f} events/s, {relay.cpu_us_per_event:.0f} µs CPU/event (relay process), "
@@ -210,30 +220,9 @@ def _peer_table(report: Report) -> list[str]:
 def _latency_table(report: Report) -> list[str]:
     if not report.latency:
         return []
-    lines = ["steady state: latency from the commit's oplog wall time to the broker's append (LogAppendTime); "
-             "the writer commits one transaction per write (business documents + outbox events)",
-             f"{'contender':<30} {'target/s':>8} {'reached':>7} {'batch':>5} {'events':>6} {'p50 ms':>7} "
-             f"{'p99 ms':>7} {'max ms':>7} {'own p50/p99':>13} {'| returned p50/p99':>19} {'commit p99':>10} "
-             f"{'behind p99/max':>15} {'CPU µs/ev':>9} {'mongod':>6} {'read_committed p50/p99':>23}"]
-    for x in report.latency:
-        if x.error:
-            lines.append(f"{x.contender:<30} {x.target_rate:>8,.0f} FAILED: {x.error.splitlines()[0][:300]}")
-            continue
-        own = f"{_f(x.own_p50_ms, '.1f')}/{_f(x.own_p99_ms, '.1f')}" if not math.isnan(x.own_p50_ms) else "-"
-        lines.append(f"{x.contender:<30} {x.target_rate:>8,.0f} {x.achieved_rate:>7,.0f} {x.batch:>5} {x.received:>6} "
-                     f"{_f(x.p50_ms, '.1f', 7)} {_f(x.p99_ms, '.1f', 7)} {_f(x.max_ms, '.1f', 7)} {own:>13} "
-                     f"{_f(x.returned_p50_ms, '.1f', 9)} / {_f(x.returned_p99_ms, '.1f', 7)} "
-                     f"{_f(x.insert_p99_ms, '.1f', 10)} {_f(x.writer_p99_behind_ms, '.0f', 6)} / "
-                     f"{x.writer_max_behind_ms:>5.0f} ms {_f(x.cpu_us_per_event, '.0f', 9)} "
-                     f"{_f(x.mongod_cpu_us_per_event, '.0f', 6)} "
-                     f"{_f(x.visible_p50_ms, '.1f', 11)} / {_f(x.visible_p99_ms, '.1f', 9)}"
-                     + (f"  MISSING {x.missing}" if x.missing else "") + (f"  dup {x.duplicates}" if x.duplicates else ""))
-    lines.append("  own = the relay's own share (relay_read_to_ack_seconds: from reading the change to Kafka's ack), "
-                 "interpolated in its buckets; returned = from the writer's commit returning; behind = how late the "
-                 "writer started its writes (p99 / max): reached < target means the writer could not keep up; "
-                 "read_committed = when a live read_committed consumer first received the event (relay contenders; "
-                 "in exactly-once mode the transaction's commit makes it visible), from the oplog wall time")
-    return lines
+    reach = format_reach(report.writer_reach)
+    return [*reach, *([""] if reach else []), *format_steady(report.summaries(), report.params.get("latency_rounds", 1)),
+            "", *format_rounds(report.latency)]
 
 
 def _long_table(report: Report) -> list[str]:
@@ -295,65 +284,8 @@ def _partition_table(report: Report) -> list[str]:
     return lines
 
 
-# ---- goals (issue 15), reported, never asserted -----------------------------------------------
-
-def goals(report: Report) -> list[dict[str, Any]]:
-    relay = report.relay()
-    out: list[dict[str, Any]] = []
-
-    def goal(what: str, value: float, target: float, higher_is_better: bool, unit: str = "") -> None:
-        met = None if math.isnan(value) else (value >= target if higher_is_better else value <= target)
-        out.append({"goal": what, "value": value, "target": target, "unit": unit, "met": met,
-                    "higher_is_better": higher_is_better})
-
-    if report.fair:  # medians on equal terms (bench.scenarios.fair), against the better-configured peers
-        from bench.scenarios.fair import fair_goals
-
-        out += fair_goals(report.fair)
-    else:
-        goal("catch-up / MongoDB Kafka source connector", ratio(relay, report.row(COMPARED[0][0])), 2.0, True, "x")
-        goal("catch-up / Debezium", ratio(relay, report.row(COMPARED[1][0])), 3.0, True, "x")
-        goal("catch-up / bare relay", ratio(relay, report.row("baseline: bare relay")), 0.8, True, "x")
-    for key in [k for k in report.variants if k != "default"]:
-        target = 0.9 if key == "2kb" else 0.8
-        pair = report.variant_fair.get(key)
-        if pair:  # medians of the rounds on equal terms
-            relay_median, bare_median = (c.median for c in pair[:2])
-            goal(f"{report.variants[key]} / its bare relay (medians of {len(pair[0].rows)} rounds)",
-                 relay_median / bare_median if bare_median > 0 else math.nan, target, True, "x")
-        else:
-            bare = report.row("baseline: bare relay", key)
-            goal(f"{report.variants[key]} / its bare relay", ratio(report.relay(key), bare), target, True, "x")
-    for x in report.latency:
-        if x.contender != "relay" or x.error or x.target_rate != 1000:
-            continue
-        peers = [p for p in report.latency if not p.contender.startswith("relay") and p.target_rate == x.target_rate
-                 and not p.error and not math.isnan(p.p99_ms)]
-        best = min(peers, key=lambda p: p.p99_ms) if peers else None
-        goal(f"p99 at 1,000 events/s / best peer's p99 ({best.contender if best else 'no peer'}: "
-             f"{_f(best.p99_ms if best else math.nan, '.0f')} ms; relay {_f(x.p99_ms, '.0f')} ms)",
-             x.p99_ms / best.p99_ms if best else math.nan, 0.5, False, "x")
-        goal("relay's own share p99 at 1,000 events/s", x.own_p99_ms, 10.0, False, "ms")
-    long_relay = next((r for r in report.long_run if r.kind == "relay"), None)
-    if long_relay is not None:
-        goal(f"peak RSS through a {long_relay.events:,}-event backlog", long_relay.peak_rss_mb, 100.0, False, "MB")
-    return out
-
-
 def _goal_table(report: Report) -> list[str]:
-    rows = goals(report) if report.rows else []
-    if not rows:
-        return []
-    lines = ["goals (issue 20; reported, never asserted)"]
-    for g in rows:
-        verdict = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
-        if g["target"] == 0 and not math.isnan(g["value"]):
-            lines.append(f"  {g['goal']:<58} {_f(g['value'], '.2f', 8)} {g['unit']:<2} (reported, no goal)")
-            continue
-        op = ">=" if g.get("higher_is_better", g["unit"] == "x") else "<="
-        lines.append(f"  {g['goal']:<58} {_f(g['value'], '.2f', 8)} {g['unit']:<2} (goal {op} {g['target']:g}) "
-                     f"{verdict}")
-    return lines
+    return format_goals(goals(report)) if report.rows or report.fair or report.latency else []
 
 
 # ---- files ------------------------------------------------------------------------------------

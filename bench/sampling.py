@@ -13,6 +13,7 @@ reported beside it by `self_peak_rss_mb`.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import resource
@@ -27,6 +28,9 @@ import psutil
 Roles = Callable[[], Mapping[str, int | None]]
 
 MB = 1024 * 1024
+IDLE_CORES = 0.15       # mongod and the broker together, below which they count as idle
+IDLE_TIMEOUT_S = 90.0
+log = logging.getLogger("bench")
 
 
 def self_peak_rss_mb() -> float:
@@ -181,3 +185,20 @@ def stack_roles(stack: Any, extra: Roles | None = None) -> Roles:
         return {"bench": os.getpid(), "mongod": mongo[0] if mongo else None,
                 "kafka": kafka.pid if kafka is not None else None, **(extra() if extra else {})}
     return roles
+
+
+def wait_idle(stack: Any) -> float:
+    """Wait until mongod and the broker of a `LocalStack` use less than IDLE_CORES together
+    (measured over 1 s; not a fixed sleep); return their last CPU, in cores."""
+    pids = [p.pid for p in stack.mongo.processes] + [stack.kafka.process.pid if stack.kafka.process else None]
+    procs = [psutil.Process(pid) for pid in pids if pid is not None]
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    cores = math.nan
+    while time.monotonic() < deadline:
+        before = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        time.sleep(1.0)
+        cores = sum(p.cpu_times().user + p.cpu_times().system for p in procs) - before
+        if cores < IDLE_CORES:
+            return cores
+    log.warning("servers not idle after %.0f s (%.2f cores): running anyway", IDLE_TIMEOUT_S, cores)
+    return cores

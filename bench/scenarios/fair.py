@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 from pymongo import MongoClient
 
-from bench.common import Row, log, progress
+from bench.common import Row, progress
 from bench.events import Variant
 from bench.relay_under_test import relay_settings
+from bench.sampling import wait_idle
 from bench.scenarios.backlog import Backlog, write_backlog
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
@@ -38,8 +37,6 @@ from bench.scenarios.exactly_once import exactly_once_catch_up
 from bench.scenarios.peers import connect_peer, connect_specs, peer_catch_up
 from relay.dev.stack import LocalStack
 
-IDLE_CORES = 0.15
-IDLE_TIMEOUT_S = 90.0
 UNEQUAL_MONGOD = 1.5
 
 RELAY = "relay"
@@ -63,22 +60,6 @@ class Contestant:
     def median_of(self, attr: str) -> float:
         values = [getattr(r, attr) for r in self.rows if not r.error and not math.isnan(getattr(r, attr))]
         return statistics.median(values) if values else math.nan
-
-
-def wait_idle(stack: LocalStack) -> float:
-    """Wait until mongod and the broker use less than IDLE_CORES; return their last CPU (cores)."""
-    pids = [p.pid for p in stack.mongo.processes] + [stack.kafka.process.pid if stack.kafka.process else None]
-    procs = [psutil.Process(pid) for pid in pids if pid is not None]
-    deadline = time.monotonic() + IDLE_TIMEOUT_S
-    cores = math.nan
-    while time.monotonic() < deadline:
-        before = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
-        time.sleep(1.0)
-        cores = sum(p.cpu_times().user + p.cpu_times().system for p in procs) - before
-        if cores < IDLE_CORES:
-            return cores
-    log.warning("servers not idle after %.0f s (%.2f cores): running anyway", IDLE_TIMEOUT_S, cores)
-    return cores
 
 
 def contestants(stack: LocalStack, client: MongoClient[Any], jars: Any, jars_error: str | None,
@@ -147,12 +128,6 @@ def fair_catch_up(stack: LocalStack, client: MongoClient[Any], variant: Variant,
     return entrants
 
 
-def better_of(entrants: list[Contestant], name: str) -> Contestant | None:
-    """The better (higher median) of a peer at its defaults and tuned."""
-    pair = [c for c in entrants if c.name in (name, f"{name} (tuned)") and c.rates]
-    return max(pair, key=lambda c: c.median) if pair else None
-
-
 def format_fair(entrants: list[Contestant], rounds: int, events: int) -> list[str]:
     relay = next((c for c in entrants if c.name == RELAY), None)
     if relay is None or not relay.rates:
@@ -176,30 +151,3 @@ def format_fair(entrants: list[Contestant], rounds: int, events: int) -> list[st
     lines.append("  relay/it = median / median. A peer's CPU counts from its connector's start (its JVM start-up "
                  "excluded), over the interval its rate covers.")
     return lines
-
-
-def fair_goals(entrants: list[Contestant]) -> list[dict[str, Any]]:
-    relay = next((c for c in entrants if c.name == RELAY), None)
-    out: list[dict[str, Any]] = []
-    if relay is None or not relay.rates:
-        return out
-
-    def goal(what: str, value: float, target: float) -> None:
-        out.append({"goal": what, "value": value, "target": target, "unit": "x",
-                    "met": None if math.isnan(value) else value >= target})
-
-    for name, target in (("peer: MongoDB connector", 2.0), ("peer: Debezium", 3.0)):
-        best = better_of(entrants, name)
-        goal(f"catch-up / better-configured {name[6:]} ({best.name[6:] if best else '-'})",
-             relay.median / best.median if best else math.nan, target)
-    eos = next((c for c in entrants if c.name == "relay, exactly-once"), None)
-    if eos is not None and eos.rates:
-        goal("exactly-once / at-least-once", eos.median / relay.median, 0.85)
-    cleaning = next((c for c in entrants if c.name.startswith("relay + clean-up")), None)
-    if cleaning is not None and cleaning.rates:
-        out.append({"goal": "catch-up with clean-up on / off (cost, no target)", "value": cleaning.median / relay.median,
-                    "target": 0.0, "unit": "x", "met": None})
-    bare = next((c for c in entrants if c.name == "baseline: bare relay"), None)
-    if bare is not None and bare.rates:
-        goal("catch-up / bare relay", relay.median / bare.median, 0.9)
-    return out

@@ -89,9 +89,13 @@ def group_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
             for r in relays:
                 r.stop()
         final = in_kafka(c, topic)
-    seconds = ended - started
+    return _group_row(label, backlog, ended - started, ended - first[0] if first else math.nan, usage, final,
+                      partitions, processes, topic)
+
+
+def _group_row(label: str, backlog: Backlog, seconds: float, drain: float, usage: Any, final: int, partitions: int,
+               processes: int, topic: str) -> Row:
     per_process = [usage.cpu_us_per_event(f"relay-{i}", backlog.events) for i in range(processes)]
-    drain = ended - first[0] if first else math.nan
     note = f"drain {drain:.1f} s ({rate(backlog.events, drain):,.0f}/s); incl. start-up"
     if final != backlog.events:
         note += f"; {final - backlog.events} duplicates"

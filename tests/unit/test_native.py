@@ -106,6 +106,17 @@ def test_payloads_of_the_written_types_take_the_compiled_path(payload):
     assert _assert_same_or_declined(_change(_outbox(payload))) is not None, "declined a payload it writes"
 
 
+@pytest.mark.parametrize("at", [0, 1, 255, 256, 257, 511, 512, 20_479])
+@pytest.mark.parametrize("char", ['"', "\\", "\n", "\x1f", "\x7f", "é", "\U0001F600"])
+def test_long_strings_are_escaped_wherever_the_character_that_needs_it_stands(at, char):
+    """The compiled check that a string needs no escape reads blocks of 256 bytes: a character
+    that needs one is found at the start, the end and either side of a block boundary."""
+    plain = "".join("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[i * 7 % 64] for i in range(20_480))
+    text = plain[:at] + char + plain[at + 1:]
+    assert _assert_same_or_declined(_change(_outbox({"data": text}))) is not None
+    assert _assert_same_or_declined(_change(_outbox({"data": plain}))) is not None
+
+
 @PROPERTIES
 @given(value=st.floats(allow_nan=False, allow_infinity=False))
 def test_doubles_are_written_as_python_repr(value):

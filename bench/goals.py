@@ -1,0 +1,127 @@
+"""The performance goals (issue 37) as `bench.run` reports them: measured values, met or missed,
+never asserted. Ratios come from medians on equal terms where the run has them (the rotated
+rounds of scenarios/fair.py and scenarios/steady.py), else from the single samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+TITLE = "goals (issue 37; reported, never asserted)"
+Goal = Callable[..., None]
+
+
+def goals(report: Any) -> list[dict[str, Any]]:
+    """Every goal the run measured (`report`: bench.report.Report), in the order of issue 37."""
+    out: list[dict[str, Any]] = []
+
+    def goal(what: str, value: float, target: float, higher_is_better: bool = True, unit: str = "x") -> None:
+        met = None if math.isnan(value) else (value >= target if higher_is_better else value <= target)
+        out.append({"goal": what, "value": value, "target": target, "unit": unit, "met": met,
+                    "higher_is_better": higher_is_better})
+
+    if report.fair:
+        _equal_terms(report.fair, goal, out)
+    else:
+        _single_samples(report, goal)
+    _variants(report, goal)
+    _latency(report.summaries(), goal)
+    long_relay = next((r for r in report.long_run if r.kind == "relay"), None)
+    if long_relay is not None:
+        goal(f"peak RSS through a {long_relay.events:,}-event backlog", long_relay.peak_rss_mb, 100.0, False, "MB")
+    if report.inbox:
+        goal("inbox / bare batched consumer (the 10x over one transaction per event is retired)",
+             report.inbox.get("inbox_vs_batched", math.nan), 0.9)
+    return out
+
+
+def _median_of(entrants: list[Any], name: str) -> Any:
+    return next((c for c in entrants if c.name == name and c.rates), None)
+
+
+def _equal_terms(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> None:
+    """Catch-up medians on equal terms (bench.scenarios.fair.Contestant), against the
+    better-configured peers and the baselines."""
+    relay = _median_of(entrants, "relay")
+    if relay is None:
+        return
+    for name, target in (("peer: MongoDB connector", 2.0), ("peer: Debezium", 3.0)):
+        pair = [c for c in entrants if c.name in (name, f"{name} (tuned)") and c.rates]
+        best = max(pair, key=lambda c: c.median) if pair else None
+        goal(f"catch-up / better-configured {name[6:]} ({best.name[6:] if best else '-'})",
+             relay.median / best.median if best else math.nan, target)
+    stream = _median_of(entrants, "baseline: bare change stream")
+    goal("catch-up / bare change stream (the read limit)", relay.median / stream.median if stream else math.nan, 0.95)
+    eos = _median_of(entrants, "relay, exactly-once")
+    if eos is not None:
+        goal("exactly-once / at-least-once", eos.median / relay.median, 0.95)
+    cleaning = next((c for c in entrants if c.name.startswith("relay + clean-up") and c.rates), None)
+    if cleaning is not None:
+        out.append({"goal": "catch-up with clean-up on / off (cost, no target)", "value": cleaning.median / relay.median,
+                    "target": 0.0, "unit": "x", "met": None})
+    bare = _median_of(entrants, "baseline: bare relay")
+    goal("catch-up / bare relay (200 B)", relay.median / bare.median if bare else math.nan, 0.8)
+
+
+def _single_samples(report: Any, goal: Goal) -> None:
+    from bench.report import COMPARED, ratio
+
+    relay = report.relay()
+    goal("catch-up / MongoDB Kafka source connector", ratio(relay, report.row(COMPARED[0][0])), 2.0)
+    goal("catch-up / Debezium", ratio(relay, report.row(COMPARED[1][0])), 3.0)
+    goal("catch-up / bare change stream", ratio(relay, report.row("baseline: bare change stream")), 0.95)
+    goal("catch-up / bare relay", ratio(relay, report.row("baseline: bare relay")), 0.8)
+
+
+def _variants(report: Any, goal: Goal) -> None:
+    """Every payload at least 0.8 of its bare relay, 2 KB 0.9."""
+    from bench.report import ratio
+
+    for key in [k for k in report.variants if k != "default"]:
+        target = 0.9 if key == "2kb" else 0.8
+        pair = report.variant_fair.get(key)
+        if pair:  # medians of the rounds on equal terms
+            relay_median, bare_median = (c.median for c in pair[:2])
+            goal(f"{report.variants[key]} / its bare relay (medians of {len(pair[0].rows)} rounds)",
+                 relay_median / bare_median if bare_median > 0 else math.nan, target)
+        else:
+            bare = report.row("baseline: bare relay", key)
+            goal(f"{report.variants[key]} / its bare relay", ratio(report.relay(key), bare), target)
+
+
+def _latency(summaries: list[Any], goal: Goal) -> None:
+    """At every steady-state step: the relay's p99 against the best peer's (medians of the rounds
+    whose writer kept the rate); at 1,000 events/s, its own share's p99."""
+    for relay in (s for s in summaries if s.contender == "relay"):
+        step = relay.step
+        peers = [s for s in summaries if s.step == step and not s.contender.startswith("relay")
+                 and not math.isnan(s.median("p99_ms"))]
+        best = min(peers, key=lambda s: s.median("p99_ms")) if peers else None
+        missed = "" if relay.counted else "; the writer missed its target in every round"
+        if peers or not relay.counted:
+            goal(f"p99 at {step.label} / best peer's ({best.contender if best else 'no peer'}: "
+                 f"{_ms(best.median('p99_ms') if best else math.nan)}; relay {_ms(relay.median('p99_ms'))}{missed})",
+                 relay.median("p99_ms") / best.median("p99_ms") if best else math.nan, 0.5, False)
+        if step.rate == 1000:
+            goal(f"relay's own share p99 at {step.label}{missed}", relay.median("own_p99_ms"), 10.0, False, "ms")
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f} ms"
+
+
+def format_goals(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = [TITLE]
+    for g in rows:
+        value = "-" if math.isnan(g["value"]) else f"{g['value']:.2f}"
+        if g["target"] == 0 and g["met"] is None:
+            lines.append(f"  {g['goal']:<62} {value:>8} {g['unit']:<2} (reported, no goal)")
+            continue
+        verdict = {True: "met", False: "MISSED", None: "not measured"}[g["met"]]
+        op = ">=" if g["higher_is_better"] else "<="
+        lines.append(f"  {g['goal']:<62} {value:>8} {g['unit']:<2} (goal {op} {g['target']:g}) {verdict}")
+    return lines
