@@ -27,7 +27,9 @@ producer, whose queue leaves this process larger); then Conduit (unless `--no-co
 one steady-state step per rate, for the relay and each Kafka Connect peer tuned
 (bench/scenarios/latency.py); with `--partitions`, last, the partitioned outbox
 (bench/scenarios/partitions.py): a backlog of `--partition-events`, drained by one relay process
-at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it; last (unless
+at N=1 and by 1, 2 and 4 processes at N=4, then 1, 2, 4 and 8 change streams on it; then (unless
+`--no-outboxes`) many outboxes through one stream (bench/scenarios/outboxes.py: N sidecar relays
+beside one shared relay, `--outboxes 1,5,20`, and one process leading 1, 2, 4 partitions); last (unless
 `--no-inbox`) the inbox, sync and async, beside two bare consumers (bench/scenarios/inbox.py:
 `--inbox-events` on one topic, `--inbox-rounds` rounds in a rotated order), then the async
 writer's overhead (bench/scenarios/outbox_writer.py).
@@ -57,6 +59,7 @@ from bench.common import PARTITIONS, first_message, log, progress, warm_up_kafka
 from bench.events import Variant, variants
 from bench.relay_under_test import relay_settings
 from bench.report import Report, format_report, update_benchmarks_md, write_json
+from bench.scenarios import outboxes
 from bench.scenarios.backlog import Backlog, write_backlog
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
@@ -216,6 +219,8 @@ def run(args: argparse.Namespace) -> Report:
                                               batch, run_id, steady_peers, step, args.exactly_once)
             if args.partitions:
                 partition_scenarios(stack, client, args.partition_events, run_id, report)
+            if args.outboxes_options:  # bench/scenarios/outboxes.py: sidecars beside one shared relay
+                report.outboxes = outboxes.outboxes_scenario(stack, client, args.outboxes_options, run_id)
             if args.inbox:
                 report.inbox = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.inbox_events,
                                               rounds=args.inbox_rounds)
@@ -296,9 +301,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="events on the inbox scenario's topic (default 20000; the per-event consumer reads 3000)")
     p.add_argument("--inbox-rounds", type=int, default=3,
                    help="rounds of the inbox scenario, in a rotated order (default 3)")
+    outboxes.add_arguments(p)  # --outboxes 1,5,20, --no-outboxes, --outboxes-events ...
     p.add_argument("--update-benchmarks", action="store_true",
                    help="also write this run into BENCHMARKS.md (the section between the bench-latest markers)")
     args = p.parse_args(argv)
+    args.outboxes_options = outboxes.options_from(p, args)
     args.variant_keys = [k.strip() for k in args.variant_keys.split(",") if k.strip()]
     args.skip_contestants = [k.strip() for k in args.skip_contestants.split(",") if k.strip()]
     try:
