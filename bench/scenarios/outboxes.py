@@ -19,13 +19,17 @@ run, 3 partitions):
   the database's lease collection as N services' sidecars would: N change streams.
 - `shared`: one process with RELAY_OUTBOXES listing the N outboxes: one change stream (the
   database's, filtered by `ns.coll $in`; at N = 1 the collection's, as a sidecar's).
+- `bare stream`: that shared stream's pipeline (relay.mongo.pipeline.StreamPlan) read raw in this
+  process, nothing done with the changes: what the stream alone costs mongod, without the relay's
+  own writes (checkpoints, lease renewals, heartbeats).
 
-`--outboxes-rounds` rounds (default 3): each round rotates the order of the counts, and the two
-contestants of a count alternate which goes first. Figures, medians of the rounds: events/s from
-launch (start-up included) and `drain` (first message in Kafka to the last); mongod's CPU per
-event; the relays' CPU per event (summed over the processes) and its part after start-up (each
-process's CPU from the moment it holds the lease of every outbox it publishes, read from the
-lease documents); the sum of the processes' peak RSS (sampled every 100 ms).
+`--outboxes-rounds` rounds (default 3): each round rotates the order of the counts, and the order
+of the three contestants of a count. Figures, medians of the rounds: events/s from launch
+(start-up included) and `drain` (first message in Kafka to the last); mongod's CPU per event and
+the operations it served (serverStatus `opcounters`, per 1,000 events); the relays' CPU per event
+(summed over the processes) and its part after start-up (each process's CPU from the moment it
+holds the lease of every outbox it publishes, read from the lease documents); the sum of the
+processes' peak RSS (sampled every 100 ms).
 
 **Latency.** For each N, each contestant is started at the current time on a fresh database and
 warmed up (WARM_UP_EVENTS in Kafka); then a writer process (bench.writer) commits
@@ -37,11 +41,14 @@ reported; a step whose writer fell more than MISSED_BY short of the target is ma
 of the ratios.
 
 **Partitions with one reader per process.** One outbox, a fresh backlog of the same size each
-time: one relay process with RELAY_PARTITIONS = P (`--outboxes-partitions`, default 1,2,4)
-leading every partition (bench.scenarios.partitions.group_catch_up), and K bare change streams
-with the K partitions' pipelines (bench.scenarios.partitions.stream_cost, K the same values): what
-one process leading K partitions opened before issue 36. The relay no longer has that mode (one
-process always reads through one stream per database), so the bare streams stand in for it.
+time, for each P of `--outboxes-partitions` (default 1,2,4): one relay process with
+RELAY_PARTITIONS = P leading every partition (bench.scenarios.partitions.group_catch_up); the
+stream that process opens (StreamPlan with P partitions: each insert's route computed by mongod)
+read raw; and, for P > 1, P bare change streams with the P partitions' pipelines
+(bench.scenarios.partitions.stream_cost): what one process leading P partitions opened before
+issue 36. The relay no longer has that mode (one process always reads through one stream per
+database), so the bare streams stand in for it. mongod's CPU per event and its operations
+(opcounters) for each.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ from typing import Any
 
 import psutil
 from bson import Timestamp
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 from confluent_kafka import KafkaException
 from pymongo import MongoClient
 from pymongo.collection import Collection
@@ -91,11 +100,12 @@ from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import last_oplog_write, write_backlog
 from bench.scenarios.fair import wait_idle
 from bench.scenarios.latency import latencies
-from bench.scenarios.outboxes_report import MISSED_BY, format_outboxes, goals, label
+from bench.scenarios.outboxes_report import MISSED_BY, SHARED, SIDECARS, STREAM, format_outboxes, goals, label
 from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.writer import OutboxesInTurn, receive, writer_child
 from relay.config import Settings
 from relay.dev.stack import LocalStack
+from relay.mongo.pipeline import StreamPlan
 from tests.support import RelayProcess
 
 COUNTS = (1, 5, 20)
@@ -104,6 +114,8 @@ CHUNK = 100                # backlog events per add_many; the outboxes take turn
 WARM_UP_EVENTS = 100       # latency steps: published and awaited before the measured writes
 SAMPLE_S = 0.1             # RSS sampling interval (20 processes at 25 ms would cost the machine a few %)
 ERRORS = (TimeoutError, RuntimeError, OSError, KafkaException, PyMongoError)
+RAW = CodecOptions(document_class=RawBSONDocument)
+OPCOUNTERS = ("getmore", "query", "update", "insert", "command")
 
 
 @dataclass(frozen=True)
@@ -287,8 +299,8 @@ def launched(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, sh
 
 def catch_up(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, shared: bool, run_id: str) -> Row:
     """The contestant drains the backlog (see the module docstring); a Row of its figures."""
-    n = len(outboxes.collections)
-    tag = f"{'shared' if shared else 'sidecars'}{n}-{uuid.uuid4().hex[:4]}"
+    n, who = len(outboxes.collections), SHARED if shared else SIDECARS
+    tag = f"{who}{n}-{uuid.uuid4().hex[:4]}"
     topic_template = f"bench.{run_id}.outboxes-{tag}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     create_topic(stack.kafka.bootstrap_servers, topic)
@@ -296,6 +308,7 @@ def catch_up(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, sh
     with launched(stack, client, outboxes, shared, topic_template, outboxes.start_at, tag) as launch, \
             consumer(stack.kafka.bootstrap_servers) as c, \
             Sampler(stack_roles(stack, launch.roles), interval_s=SAMPLE_S) as sampler:
+        ops = opcounters(client)
         started = time.time()
         launch.start()
 
@@ -306,9 +319,10 @@ def catch_up(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, sh
                 first.append(time.time())
             return count >= outboxes.events
 
-        wait_for(f"catch-up of {label(n, shared)}", done, max(300.0, outboxes.events / 100), launch.check_alive)
+        wait_for(f"catch-up of {label(n, who)}", done, max(300.0, outboxes.events / 100), launch.check_alive)
         ended = time.time()
         usage = sampler.stop()
+        ops = opcounters(client, since=ops)
         launch.poll_start_up()
     final = _count(stack, topic)
     cpu = [usage.cpu_s.get(f"relay-{i}", math.nan) for i in range(len(launch.relays))]
@@ -318,12 +332,12 @@ def catch_up(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, sh
     note = f"drain {drain:.1f} s; start-up {max(launch.up_at.values(), default=math.nan) - started:.1f} s"
     if final != outboxes.events:
         note += f"; {final - outboxes.events:+d} messages against the backlog"
-    return Row(label(n, shared), outboxes.events, ended - started, rate(outboxes.events, ended - started),
+    return Row(label(n, who), outboxes.events, ended - started, rate(outboxes.events, ended - started),
                kind="outboxes", cpu_us_per_event=sum(cpu) * per_event,
                mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", outboxes.events),
                peak_rss_mb=sum(usage.peak_rss_mb.get(f"relay-{i}", math.nan) for i in range(len(cpu))),
                other_cores=usage.other_cores, iowait_cores=usage.iowait_cores, note=note,
-               extra={"n": n, "shared": shared, "processes": len(cpu), "drain_s": drain,
+               extra={"n": n, "contestant": who, "processes": len(cpu), "drain_s": drain, "mongod_ops": ops,
                       "drain_events_per_s": rate(outboxes.events, drain),
                       "start_up_s": max(launch.up_at.values(), default=math.nan) - started,
                       "start_up_cpu_s": sum(launch.up_cpu_s.values()) if launch.up_cpu_s else math.nan,
@@ -338,6 +352,42 @@ def _count(stack: LocalStack, topic: str) -> int:
     time.sleep(0.5)  # anything still in flight (a duplicate) lands first
     with consumer(stack.kafka.bootstrap_servers) as c:
         return in_kafka(c, topic)
+
+
+def bare_stream(stack: LocalStack, client: MongoClient[Any], plan: StreamPlan, before: Timestamp, events: int,
+                name: str) -> Row:
+    """The change stream a relay process opens for `plan` (StreamPlan's pipeline), read raw from
+    `before` in this process, batches of 1000, until `events` inserts came: its cost to mongod
+    alone, without the relay's own writes."""
+    assert plan.database is not None
+    db = client[plan.database]
+    source = (db[plan.collection] if plan.collection else db).with_options(codec_options=RAW)
+    count, deadline = 0, time.monotonic() + max(300.0, events / 100)
+    with Sampler(stack_roles(stack)) as sampler:
+        ops = opcounters(client)
+        started = time.perf_counter()
+        with source.watch(plan.stages("aggregateId"), start_at_operation_time=before, batch_size=1000,
+                          max_await_time_ms=500) as stream:
+            while count < events:
+                change = stream.try_next()
+                if change is not None and change["operationType"] == "insert":
+                    count += 1
+                elif time.monotonic() > deadline:
+                    raise TimeoutError(f"{name}: {count} of {events} events")
+        seconds = time.perf_counter() - started
+        usage = sampler.stop()
+        ops = opcounters(client, since=ops)
+    return Row(name, count, seconds, rate(count, seconds), kind="outboxes",
+               cpu_us_per_event=usage.cpu_us_per_event("bench", count),
+               mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", count), other_cores=usage.other_cores,
+               iowait_cores=usage.iowait_cores, note="the relay's pipeline, read raw in this process",
+               extra={"mongod_ops": ops, "stages": plan.stages("aggregateId")})
+
+
+def opcounters(client: MongoClient[Any], since: dict[str, int] | None = None) -> dict[str, int]:
+    """mongod's serverStatus `opcounters` (OPCOUNTERS), or their growth since `since`."""
+    counters = client.admin.command("serverStatus")["opcounters"]
+    return {k: int(counters[k]) - (since or {}).get(k, 0) for k in OPCOUNTERS}
 
 
 # ---- latency -----------------------------------------------------------------------------------------
@@ -375,7 +425,8 @@ class Step:
 def latency_step(stack: LocalStack, client: MongoClient[Any], n: int, shared: bool, options: Options,
                  run_id: str) -> Step:
     """The contestant on N fresh outboxes, warmed up, under the writer (see the module docstring)."""
-    tag = f"lat-{'shared' if shared else 'sidecars'}{n}-{uuid.uuid4().hex[:4]}"
+    who = SHARED if shared else SIDECARS
+    tag = f"lat-{who}{n}-{uuid.uuid4().hex[:4]}"
     outboxes, writer = create_outboxes(client, f"outboxes_{run_id}_{tag.replace('-', '_')}", n)
     topic_template = f"bench.{run_id}.outboxes-{tag}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
@@ -391,20 +442,20 @@ def latency_step(stack: LocalStack, client: MongoClient[Any], n: int, shared: bo
             launched_at = time.time()
             launch.start()
             # With start_at=now and no checkpoint each scope stores its opening token at once.
-            wait_for(f"{label(n, shared)}: every stream open", lambda: launch.leases.count_documents(
+            wait_for(f"{label(n, who)}: every stream open", lambda: launch.leases.count_documents(
                 {"_id": {"$in": outboxes.namespaces}, "resumeToken": {"$ne": None}}) == n, 180, launch.check_alive)
             start_up = (time.time() - launched_at, boot.stop())
         per_outbox = max(1, WARM_UP_EVENTS // n)
         warm_up = {str(i) for k in range(n) for i in writer.add_many(factory.event(-1 - k * per_outbox - j)
                                                                      for j in range(per_outbox))}
-        wait_for(f"{label(n, shared)}: warm-up events in Kafka", lambda: in_kafka(c, topic) >= len(warm_up), 240,
+        wait_for(f"{label(n, who)}: warm-up events in Kafka", lambda: in_kafka(c, topic) >= len(warm_up), 240,
                  launch.check_alive)
         receive(conn, 60, "ready")
         with Sampler(stack_roles(stack, launch.roles), interval_s=SAMPLE_S) as sampler:
             conn.send("go")
             result = receive(conn, options.seconds * 3 + 120, "result")
             expected = len(warm_up) + len(result["committed"])
-            wait_for(f"{label(n, shared)}: the writes in Kafka", lambda: in_kafka(c, topic) >= expected, 180,
+            wait_for(f"{label(n, who)}: the writes in Kafka", lambda: in_kafka(c, topic) >= expected, 180,
                      launch.check_alive)
         usage = sampler.stop()
         time.sleep(0.5)  # anything still in flight (a duplicate) lands before the topic is read
@@ -443,29 +494,37 @@ def oplog_walls(client: MongoClient[Any], namespaces: list[str], since: Timestam
 
 # ---- the scenario ------------------------------------------------------------------------------------
 
-def catch_up_order(counts: list[int], r: int) -> list[tuple[int, bool]]:
-    """Round `r`'s (N, shared) order: the counts rotated by r; the pair of each count alternating."""
+def catch_up_order(counts: list[int], r: int) -> list[tuple[int, str]]:
+    """Round `r`'s (N, contestant) order: the counts rotated by r, and each count's three
+    contestants rotated by r plus the count's place, so each comes first in turn."""
     k = r % len(counts)
-    out: list[tuple[int, bool]] = []
+    out: list[tuple[int, str]] = []
     for n in counts[k:] + counts[:k]:
-        pair = [(n, False), (n, True)]
-        out += pair if (r + counts.index(n)) % 2 == 0 else pair[::-1]
+        j = (r + counts.index(n)) % 3
+        who = [SIDECARS, SHARED, STREAM]
+        out += [(n, w) for w in who[j:] + who[:j]]
     return out
 
 
-def _catch_up_round(stack: LocalStack, client: MongoClient[Any], options: Options, n: int, shared: bool,
+def _catch_up_round(stack: LocalStack, client: MongoClient[Any], options: Options, n: int, who: str,
                     run_id: str, r: int) -> Row:
     database = f"outboxes_{run_id}_{uuid.uuid4().hex[:6]}"
-    progress(f"[outboxes, round {r + 1}/{options.rounds}] {label(n, shared)}: writing a backlog of "
+    progress(f"[outboxes, round {r + 1}/{options.rounds}] {label(n, who)}: writing a backlog of "
              f"{options.events:,} over {n} outbox(es)")
     outboxes = write_spread_backlog(client, database, n, options.events, EventFactory(options.payload_bytes))
     idle = wait_idle(stack)
     try:
-        row = catch_up(stack, client, outboxes, shared, run_id)
+        if who == STREAM:
+            plan = StreamPlan(tuple(outboxes.namespaces), 1, outboxes.database)
+            assert outboxes.before is not None
+            row = bare_stream(stack, client, plan, outboxes.before, outboxes.events, label(n, who))
+            row.extra.update(n=n, contestant=who, backlog_write_s=outboxes.seconds)
+        else:
+            row = catch_up(stack, client, outboxes, who == SHARED, run_id)
     except ERRORS as exc:
-        log.error("outboxes: %s failed: %s", label(n, shared), exc)
-        row = Row(label(n, shared), options.events, math.nan, math.nan, kind="outboxes",
-                  error=f"{type(exc).__name__}: {exc}", extra={"n": n, "shared": shared})
+        log.error("outboxes: %s failed: %s", label(n, who), exc)
+        row = Row(label(n, who), options.events, math.nan, math.nan, kind="outboxes",
+                  error=f"{type(exc).__name__}: {exc}", extra={"n": n, "contestant": who})
     row.extra.update(round=r, idle_cores_before=idle)
     client.drop_database(database)
     progress(f"  {row.scenario}: {row.events_per_s:,.0f} events/s, mongod {row.mongod_cpu_us_per_event:.0f} µs/event"
@@ -473,27 +532,38 @@ def _catch_up_round(stack: LocalStack, client: MongoClient[Any], options: Option
     return row
 
 
+PARTITION_KINDS = {"relay": "one relay process, RELAY_PARTITIONS={k}",
+                   "stream": "the relay's stream for {k} partition(s), read raw",
+                   "streams": "{k} bare partition streams (before issue 36)"}
+
+
 def _partitions_round(stack: LocalStack, client: MongoClient[Any], options: Options, run_id: str, r: int) -> list[Row]:
-    """One relay process at each RELAY_PARTITIONS, and K bare partition streams, each on a fresh backlog."""
-    entries = [("relay", k) for k in options.partitions] + [("streams", k) for k in options.partitions]
+    """For each P: one relay process leading P partitions, its stream read raw, and (P > 1) P bare
+    partition streams; each on a fresh backlog, the order rotated by the round."""
+    entries = [(kind, k) for kind in PARTITION_KINDS for k in options.partitions if kind != "streams" or k > 1]
     entries = entries[r % len(entries):] + entries[:r % len(entries)]
     variant = Variant("outboxes-partitions", f"{options.payload_bytes} B generic", options.payload_bytes, False,
                       options.events)
     rows = []
     for kind, k in entries:
         database = f"outboxes_{run_id}_p{uuid.uuid4().hex[:6]}"
-        progress(f"[outboxes, partitions, round {r + 1}/{options.rounds}] "
-                 + (f"one relay process, RELAY_PARTITIONS={k}" if kind == "relay" else f"{k} bare partition stream(s)"))
+        progress(f"[outboxes, partitions, round {r + 1}/{options.rounds}] {PARTITION_KINDS[kind].format(k=k)}")
         backlog = write_backlog(client, database, variant)
         idle = wait_idle(stack)
         try:
+            ops = opcounters(client)
             if kind == "relay":
                 row = group_catch_up(stack, client, backlog, run_id, k, 1, tag=f"outboxes-p{k}-{uuid.uuid4().hex[:4]}")
+            elif kind == "stream":
+                plan = StreamPlan((f"{database}.{backlog.collection}",), k, database)
+                row = bare_stream(stack, client, plan, backlog.before, backlog.events, PARTITION_KINDS[kind].format(k=k))
             else:
                 row = stream_cost(stack, client, backlog, k)
+            row.extra["mongod_ops"] = opcounters(client, since=ops)
         except ERRORS as exc:
-            log.error("outboxes: partitions %s %d failed: %s", kind, k, exc)
-            row = Row(f"{kind} {k}", backlog.events, math.nan, math.nan, error=f"{type(exc).__name__}: {exc}")
+            log.error("outboxes: %s failed: %s", PARTITION_KINDS[kind].format(k=k), exc)
+            row = Row(PARTITION_KINDS[kind].format(k=k), backlog.events, math.nan, math.nan,
+                      error=f"{type(exc).__name__}: {exc}")
         row.kind = kind
         row.extra.update(round=r, idle_cores_before=idle, k=k)
         rows.append(row)
@@ -507,15 +577,16 @@ def outboxes_scenario(stack: LocalStack, client: MongoClient[Any], options: Opti
                               "catch_up": [], "latency": [], "partitions": []}
     started = time.monotonic()
     for r in range(options.rounds):
-        for n, shared in catch_up_order(list(options.counts), r):
-            result["catch_up"].append(asdict(_catch_up_round(stack, client, options, n, shared, run_id, r)))
+        for n, who in catch_up_order(list(options.counts), r):
+            result["catch_up"].append(asdict(_catch_up_round(stack, client, options, n, who, run_id, r)))
     for i, n in enumerate(options.counts if options.rate else ()):
         for shared in (False, True) if i % 2 == 0 else (True, False):
-            progress(f"[outboxes] latency: {label(n, shared)} at {options.rate:g} events/s for {options.seconds:g} s")
+            who = SHARED if shared else SIDECARS
+            progress(f"[outboxes] latency: {label(n, who)} at {options.rate:g} events/s for {options.seconds:g} s")
             try:
                 step = latency_step(stack, client, n, shared, options, run_id)
             except ERRORS as exc:
-                log.error("outboxes: latency of %s failed: %s", label(n, shared), exc)
+                log.error("outboxes: latency of %s failed: %s", label(n, who), exc)
                 step = Step(n, shared, options.rate, error=f"{type(exc).__name__}: {exc}")
             result["latency"].append(asdict(step))
     for r in range(options.rounds if options.partitions else 0):

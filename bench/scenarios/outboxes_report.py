@@ -11,10 +11,13 @@ from typing import Any
 MISSED_BY = 0.05  # a latency step whose writer reached less than (1 - this) x its target is left out of the ratios
 
 
-def label(n: int, shared: bool) -> str:
-    if shared:
-        return f"shared relay ({n} outbox{'es' if n > 1 else ''})"
-    return f"{n} sidecar{'s' if n > 1 else ''}"
+SIDECARS, SHARED, STREAM = "sidecars", "shared", "stream"  # the catch-up's contestants of each count N
+
+
+def label(n: int, who: str) -> str:
+    outboxes = f"{n} outbox{'es' if n > 1 else ''}"
+    return {SIDECARS: f"{n} sidecar{'s' if n > 1 else ''}", SHARED: f"shared relay ({outboxes})",
+            STREAM: f"bare stream ({outboxes})"}[who]
 
 
 FLAT = 1.25  # "flat from 1 to 4 partitions": the most mongod CPU per event may grow, read as a ratio
@@ -29,9 +32,14 @@ def _ok(row: dict[str, Any]) -> bool:
     return not row.get("error")
 
 
-def runs(result: dict[str, Any], n: int, shared: bool) -> list[dict[str, Any]]:
+def rows_of(result: dict[str, Any], n: int, who: str) -> list[dict[str, Any]]:
+    """The catch-up rows of one contestant, failed ones included."""
+    return [r for r in result["catch_up"] if r["extra"]["n"] == n and r["extra"]["contestant"] == who]
+
+
+def runs(result: dict[str, Any], n: int, who: str) -> list[dict[str, Any]]:
     """The catch-up rows of one contestant that did not fail."""
-    return [r for r in result["catch_up"] if r["extra"]["n"] == n and r["extra"]["shared"] == shared and _ok(r)]
+    return [r for r in rows_of(result, n, who) if _ok(r)]
 
 
 def median(rows: list[dict[str, Any]], key: str) -> float:
@@ -59,10 +67,10 @@ def goals(result: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"goal": what, "value": value, "target": target, "unit": "x", "met": met,
                     "higher_is_better": higher_is_better})
 
-    shared, sidecars = runs(result, hi, True), runs(result, hi, False)
+    shared, sidecars = runs(result, hi, SHARED), runs(result, hi, SIDECARS)
     if lo != hi:
         goal(f"shared relay, mongod CPU/event at N = {hi} / at N = {lo}",
-             _ratio(median(shared, "mongod_cpu_us_per_event"), median(runs(result, lo, True), "mongod_cpu_us_per_event")),
+             _ratio(median(shared, "mongod_cpu_us_per_event"), median(runs(result, lo, SHARED), "mongod_cpu_us_per_event")),
              1.5, False)
     if hi > 1:
         for what, key, target, higher in (("mongod CPU/event", "mongod_cpu_us_per_event", 0.1, False),
@@ -89,11 +97,12 @@ def _f(value: float, spec: str = ",.0f", width: int = 0) -> str:
 
 
 def format_outboxes(result: dict[str, Any]) -> list[str]:
-    """The scenario's tables: catch-up, ratios, latency, partitions, goals."""
+    """The scenario's tables: catch-up, ratios, mongod's operations, latency, partitions, goals."""
     if not result:
         return []
-    return [*_catch_up_table(result), "", *_latency_table(result), "", *_partition_table(result), "",
-            *_goal_lines(result)]
+    blocks = [_catch_up_table(result), _ratio_table(result), _ops_table(result), _latency_table(result),
+              _partition_table(result), _goal_lines(result)]
+    return [line for i, block in enumerate(b for b in blocks if b) for line in ([""] if i else []) + block]
 
 
 def _catch_up_table(result: dict[str, Any]) -> list[str]:
@@ -101,41 +110,70 @@ def _catch_up_table(result: dict[str, Any]) -> list[str]:
     lines = [f"many outboxes, one change stream (issue 36): catch-up of {o['events']:,} events spread over N outboxes "
              f"of one database, each contestant on a fresh backlog, servers idle first, {o['rounds']} rounds "
              "(order rotated); medians (range)",
-             f"{'N':>3}  {'contestant':<22} {'events/s':>8} {'range':>15} {'drain/s':>8} {'mongod µs/ev':>12} "
-             f"{'relays µs/ev':>12} {'after start':>11} {'start-up s':>10} {'RSS MB':>7} {'other cores':>11}"]
+             f"{'N':>3}  {'contestant':<26} {'events/s':>8} {'range':>15} {'drain/s':>8} {'mongod µs/ev':>12} "
+             f"{'range':>9} {'relays µs/ev':>12} {'after start':>11} {'start-up s':>10} {'RSS MB':>7} "
+             f"{'other cores':>11}"]
     for n in o["counts"]:
-        for shared in (False, True):
-            rows = runs(result, n, shared)
-            failed = [r for r in result["catch_up"] if r["extra"]["n"] == n and r["extra"]["shared"] == shared
-                      and not _ok(r)]
-            if not rows:
-                lines.append(f"{n:>3}  {label(n, shared):<22} FAILED: {'; '.join(r['error'] for r in failed)[:300]}")
+        for who in (SIDECARS, SHARED, STREAM):
+            rows, every = runs(result, n, who), rows_of(result, n, who)
+            failed = [r["error"] for r in every if not _ok(r)]
+            if not every:
                 continue
-            lines.append(f"{n:>3}  {label(n, shared):<22} {_f(median(rows, 'events_per_s'), ',.0f', 8)} "
+            if not rows:
+                lines.append(f"{n:>3}  {label(n, who):<26} FAILED: {'; '.join(failed)[:300]}")
+                continue
+            lines.append(f"{n:>3}  {label(n, who):<26} {_f(median(rows, 'events_per_s'), ',.0f', 8)} "
                          f"{spread(rows, 'events_per_s'):>15} {_f(median(rows, 'drain_events_per_s'), ',.0f', 8)} "
                          f"{_f(median(rows, 'mongod_cpu_us_per_event'), '.1f', 12)} "
-                         f"{_f(median(rows, 'cpu_us_per_event'), '.0f', 12)} "
+                         f"{spread(rows, 'mongod_cpu_us_per_event'):>9} "
+                         f"{_f(median(rows, 'cpu_us_per_event') if who != STREAM else math.nan, '.0f', 12)} "
                          f"{_f(median(rows, 'after_start_up_cpu_us_per_event'), '.0f', 11)} "
                          f"{_f(median(rows, 'start_up_s'), '.1f', 10)} {_f(median(rows, 'peak_rss_mb'), '.0f', 7)} "
                          f"{_f(median(rows, 'other_cores'), '.2f', 11)}"
                          + (f"  ({len(failed)} failed)" if failed else ""))
-    lines += ["  events/s from the processes' launch (start-up included); drain/s from the first message in Kafka to "
-              "the last; relays µs/ev = the CPU of every relay process summed, per event; after start = the same "
-              "from each process's holding all its leases; start-up s = launch to the last process holding its "
-              "leases; RSS = the sum of the processes' sampled peaks; other cores = CPU other work took meanwhile",
-              "", "shared relay / sidecars, ratios of the medians (mongod µs/ev: also the shared relay at N / at "
-              f"N = {min(o['counts'])})",
-              f"{'N':>3}  {'catch-up':>8} {'drain':>6} {'mongod/ev':>9} {'relays/ev':>9} {'after start':>11} "
-              f"{'RSS':>6} {'mongod vs N=' + str(min(o['counts'])):>14}"]
-    lo = runs(result, min(o["counts"]), True)
-    for n in o["counts"]:
-        a, b = runs(result, n, True), runs(result, n, False)
+    lines.append("  events/s from the processes' launch (start-up included; the bare stream: from its first command); "
+                 "drain/s from the first message in Kafka to the last; relays µs/ev = the CPU of every relay process "
+                 "summed, per event; after start = the same from each process's holding all its leases; start-up s = "
+                 "launch to the last process holding its leases; RSS = the sum of the processes' sampled peaks; "
+                 "other cores = CPU other work took meanwhile")
+    return lines
+
+
+def _ratio_table(result: dict[str, Any]) -> list[str]:
+    counts = result["options"]["counts"]
+    lo = runs(result, min(counts), SHARED)
+    lines = [f"shared relay / sidecars, ratios of the medians; the shared relay's mongod µs/ev also / its own at "
+             f"N = {min(counts)}, and / its bare stream's",
+             f"{'N':>3}  {'catch-up':>8} {'drain':>6} {'mongod/ev':>9} {'relays/ev':>9} {'after start':>11} "
+             f"{'RSS':>6} {'mongod vs N=' + str(min(counts)):>14} {'vs bare stream':>14}"]
+    for n in counts:
+        a, b = runs(result, n, SHARED), runs(result, n, SIDECARS)
         cells = [_ratio(median(a, k), median(b, k)) for k in ("events_per_s", "drain_events_per_s",
                                                              "mongod_cpu_us_per_event", "cpu_us_per_event",
                                                              "after_start_up_cpu_us_per_event", "peak_rss_mb")]
-        grow = _ratio(median(a, "mongod_cpu_us_per_event"), median(lo, "mongod_cpu_us_per_event"))
+        mongod = median(a, "mongod_cpu_us_per_event")
+        grow = _ratio(mongod, median(lo, "mongod_cpu_us_per_event"))
+        bare = _ratio(mongod, median(runs(result, n, STREAM), "mongod_cpu_us_per_event"))
         lines.append(f"{n:>3}  {_f(cells[0], '.2f', 8)} {_f(cells[1], '.2f', 6)} {_f(cells[2], '.3f', 9)} "
-                     f"{_f(cells[3], '.2f', 9)} {_f(cells[4], '.2f', 11)} {_f(cells[5], '.3f', 6)} {_f(grow, '.2f', 14)}")
+                     f"{_f(cells[3], '.2f', 9)} {_f(cells[4], '.2f', 11)} {_f(cells[5], '.3f', 6)} "
+                     f"{_f(grow, '.2f', 14)} {_f(bare, '.2f', 14)}")
+    return lines
+
+
+def _ops_table(result: dict[str, Any]) -> list[str]:
+    """mongod's operations per 1,000 backlog events (serverStatus opcounters), medians."""
+    keys = ("getmore", "query", "update", "insert", "command")
+    lines = ["mongod's operations per 1,000 events during the catch-up (serverStatus opcounters; medians)",
+             f"{'N':>3}  {'contestant':<26} " + " ".join(f"{k:>8}" for k in keys)]
+    for n in result["options"]["counts"]:
+        for who in (SIDECARS, SHARED, STREAM):
+            rows = [r for r in runs(result, n, who) if r["extra"].get("mongod_ops")]
+            if rows:
+                per = [statistics.median(r["extra"]["mongod_ops"][k] * 1000 / r["events"] for r in rows) for k in keys]
+                lines.append(f"{n:>3}  {label(n, who):<26} " + " ".join(_f(v, ',.1f', 8) for v in per))
+    lines.append("  update: the relays' fenced checkpoints, lease renewals and group heartbeats (update_one); "
+                 "command includes findAndModify (taking a lease); query includes the benchmark's own polls of the "
+                 "lease documents until every process holds its leases")
     return lines
 
 
@@ -146,18 +184,18 @@ def _latency_table(result: dict[str, Any]) -> list[str]:
     o = result["options"]
     lines = [f"latency at {o['rate']:,.0f} events/s in all for {o['seconds']:g} s, the writes to the N outboxes in "
              "turn (one transaction each): commit's oplog wall time -> broker append (LogAppendTime)",
-             f"{'N':>3}  {'contestant':<22} {'reached/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+             f"{'N':>3}  {'contestant':<26} {'reached/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
              f"{'relays µs/ev':>12} {'mongod µs/ev':>12} {'RSS MB':>7} {'other cores':>11} "
              f"{'start-up: s, relays / mongod CPU s':>34}  note"]
     for s in steps:
-        name = label(s["n"], s["shared"])
+        name = label(s["n"], SHARED if s["shared"] else SIDECARS)
         if s["error"]:
-            lines.append(f"{s['n']:>3}  {name:<22} FAILED: {s['error'].splitlines()[0][:300]}")
+            lines.append(f"{s['n']:>3}  {name:<26} FAILED: {s['error'].splitlines()[0][:300]}")
             continue
         note = "" if s["kept"] else f"WRITER MISSED the target by > {MISSED_BY:.0%}: left out of the ratios"
         note += f" MISSING {s['missing']}" if s["missing"] else ""
         note += f" duplicates {s['duplicates']}" if s["duplicates"] else ""
-        lines.append(f"{s['n']:>3}  {name:<22} {_f(s['reached_rate'], ',.0f', 9)} {_f(s['p50_ms'], '.1f', 7)} "
+        lines.append(f"{s['n']:>3}  {name:<26} {_f(s['reached_rate'], ',.0f', 9)} {_f(s['p50_ms'], '.1f', 7)} "
                      f"{_f(s['p99_ms'], '.1f', 7)} {_f(s['max_ms'], '.1f', 7)} {_f(s['cpu_us_per_event'], '.0f', 12)} "
                      f"{_f(s['mongod_cpu_us_per_event'], '.0f', 12)} {_f(s['peak_rss_mb'], '.0f', 7)} "
                      f"{_f(s['other_cores'], '.2f', 11)} {_f(s['start_up_s'], '.1f', 17)}, "
@@ -179,30 +217,33 @@ def _partition_table(result: dict[str, Any]) -> list[str]:
     o = result["options"]
     lines = [f"partitions, one reader per process: one outbox, a fresh {o['events']:,}-event backlog each, "
              f"{o['rounds']} rounds (order rotated); medians (range)",
-             f"{'contestant':<34} {'events/s':>8} {'range':>15} {'mongod µs/ev':>12} {'range':>11} {'vs first':>8} "
-             f"{'process µs/ev':>13} {'other cores':>11}"]
+             f"{'contestant':<48} {'events/s':>8} {'range':>15} {'mongod µs/ev':>12} {'range':>9} {'vs first':>8} "
+             f"{'process µs/ev':>13} {'getmore/1k':>10} {'update/1k':>10} {'other cores':>11}"]
     first = math.nan
-    for kind in ("relay", "streams"):
+    for kind in ("relay", "stream", "streams"):
         for k in o["partitions"]:
-            group = [r for r in rows if r["kind"] == kind and r["extra"]["k"] == k and _ok(r)]
-            name = next((r["scenario"] for r in rows if r["kind"] == kind and r["extra"]["k"] == k), f"{kind} {k}")
-            if kind == "streams":
-                name += " (bare)"
+            every = [r for r in rows if r["kind"] == kind and r["extra"]["k"] == k]
+            group = [r for r in every if _ok(r)]
+            if not every:
+                continue
             if not group:
-                errors = "; ".join(r["error"] or "" for r in rows if r["kind"] == kind and r["extra"]["k"] == k)
-                lines.append(f"{name:<34} FAILED: {errors[:300]}")
+                lines.append(f"{every[0]['scenario']:<48} FAILED: {'; '.join(r['error'] for r in every)[:300]}")
                 continue
             mongod = median(group, "mongod_cpu_us_per_event")
-            first = mongod if math.isnan(first) and kind == "relay" else first
-            lines.append(f"{name:<34} {_f(median(group, 'events_per_s'), ',.0f', 8)} {spread(group, 'events_per_s'):>15} "
-                         f"{_f(mongod, '.1f', 12)} {spread(group, 'mongod_cpu_us_per_event'):>11} "
-                         f"{_f(_ratio(mongod, first), '.2f', 8)} {_f(median(group, 'cpu_us_per_event'), '.0f', 13)} "
-                         f"{_f(median(group, 'other_cores'), '.2f', 11)}")
-    lines.append("  relay rows: `outbox-relay run` with RELAY_PARTITIONS = P leading all P, events/s from its launch; "
-                 "bare rows: K change streams with the K partitions' pipelines read in this process at once, what one "
-                 "process leading K partitions opened before issue 36 (the relay has no such mode now); vs first = "
-                 "mongod µs/ev / the first relay row's; process µs/ev = the relay's process, or this one for the bare "
-                 "streams")
+            first = mongod if math.isnan(first) else first
+            ops = [statistics.median(r["extra"]["mongod_ops"][key] * 1000 / r["events"] for r in group)
+                   if all(r["extra"].get("mongod_ops") for r in group) else math.nan for key in ("getmore", "update")]
+            lines.append(f"{group[0]['scenario']:<48} {_f(median(group, 'events_per_s'), ',.0f', 8)} "
+                         f"{spread(group, 'events_per_s'):>15} {_f(mongod, '.1f', 12)} "
+                         f"{spread(group, 'mongod_cpu_us_per_event'):>9} {_f(_ratio(mongod, first), '.2f', 8)} "
+                         f"{_f(median(group, 'cpu_us_per_event'), '.0f', 13)} {_f(ops[0], '.1f', 10)} "
+                         f"{_f(ops[1], '.1f', 10)} {_f(median(group, 'other_cores'), '.2f', 11)}")
+    lines.append("  relay rows: `outbox-relay run` leading all P partitions, events/s from its launch; \"read raw\": the "
+                 "stream that process opens (mongod computes each insert's partition) read in this process; \"before "
+                 "issue 36\": P change streams with the P partitions' pipelines read at once, what one process leading "
+                 "P partitions opened before (the relay has no such mode now); vs first = mongod µs/ev / the first "
+                 "row's; process µs/ev = the relay's process, or this one for the bare streams; getmore/1k, "
+                 "update/1k = mongod's operations per 1,000 events (opcounters; each checkpoint is an update)")
     return lines
 
 

@@ -15,7 +15,7 @@ from bench.common import Row
 from bench.relay_under_test import relay_settings
 from bench.run import parse_args
 from bench.scenarios.outboxes import Options, Outboxes, Step, catch_up_order, relay_configs
-from bench.scenarios.outboxes_report import format_outboxes, goals
+from bench.scenarios.outboxes_report import SHARED, SIDECARS, STREAM, format_outboxes, goals
 from bench.writer import OutboxesInTurn
 from relay.config import Settings
 from relay.outbox import OutboxEvent
@@ -48,12 +48,12 @@ def test_sidecars_are_one_process_per_outbox_and_the_shared_relay_one_process_li
 def test_every_round_runs_each_contestant_once_rotating_the_counts_and_who_goes_first() -> None:
     counts = [1, 5, 20]
     rounds = [catch_up_order(counts, r) for r in range(3)]
-    everyone = sorted((n, shared) for n in counts for shared in (False, True))
+    everyone = sorted((n, who) for n in counts for who in (SIDECARS, SHARED, STREAM))
     assert all(sorted(order) == everyone for order in rounds)
     assert [order[0][0] for order in rounds] == [1, 5, 20]
-    for n in counts:
-        firsts = [next(shared for m, shared in order if m == n) for order in rounds[:2]]
-        assert firsts[0] != firsts[1], (n, rounds)
+    for n in counts:  # in three rounds each of a count's three contestants goes first once
+        firsts = {next(who for m, who in order if m == n) for order in rounds}
+        assert firsts == {SIDECARS, SHARED, STREAM}, (n, rounds)
 
 
 class _Collection:
@@ -75,7 +75,7 @@ def test_the_writer_takes_the_outboxes_in_turn_one_write_each() -> None:
 
 def _row(n: int, shared: bool, events_per_s: float, mongod: float, rss: float, error: str | None = None) -> dict[str, Any]:
     return asdict(Row("x", 1000, 1.0, events_per_s, kind="outboxes", mongod_cpu_us_per_event=mongod, peak_rss_mb=rss,
-                      error=error, extra={"n": n, "shared": shared}))
+                      error=error, extra={"n": n, "contestant": SHARED if shared else SIDECARS}))
 
 
 def _result(catch_up: list[dict[str, Any]], latency: list[Step] = (), partitions: list[dict[str, Any]] = ()) -> dict[str, Any]:
@@ -129,3 +129,18 @@ def test_bench_run_runs_the_scenario_by_default_and_skips_it_with_its_flag() -> 
     for bad in (["--outboxes", "0,5"], ["--outboxes", "a"], ["--outboxes", "20", "--outboxes-events", "10"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_the_report_sets_the_shared_relay_beside_its_bare_stream_and_counts_mongod_operations() -> None:
+    shared = _row(20, True, 10_000, 30, 150)
+    shared["extra"]["mongod_ops"] = {"getmore": 60, "query": 5, "update": 0, "insert": 0, "command": 1200}
+    stream = _row(20, True, 40_000, 20, math.nan)
+    stream["extra"]["contestant"] = STREAM
+    text = "\n".join(format_outboxes(_result([_row(1, True, 10_000, 20, 70), shared, stream])))
+    lines = text.splitlines()
+    ratios = lines[next(i for i, line in enumerate(lines) if line.endswith("vs bare stream")) + 1:]
+    n20 = next(line for line in ratios if line.startswith(" 20"))
+    assert n20.split()[-1] == "1.50"  # 30 / 20 µs per event
+    assert "bare stream (20 outboxes)" in text
+    ops = next(line for line in lines if line.startswith(" 20  shared relay (20 outboxes)") and "1,200.0" in line)
+    assert ops.split()[-5:] == ["60.0", "5.0", "0.0", "0.0", "1,200.0"]  # per 1,000 events, in opcounters' order
