@@ -46,6 +46,7 @@ class Report:
     fair: list[Any] = field(default_factory=list)  # bench.scenarios.fair.Contestant: catch-up on equal terms
     variant_fair: dict[str, list[Any]] = field(default_factory=dict)  # variant key -> relay and bare relay, same way
     inbox: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.inbox.inbox_scenario's results
+    outboxes: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.outboxes.outboxes_scenario's results
 
     def to_json(self) -> dict[str, Any]:
         return {"params": self.params, "variants": self.variants, "rows": [asdict(r) for r in self.rows],
@@ -58,7 +59,7 @@ class Report:
                 "variants_equal_terms": {k: [{"name": c.name, "median_events_per_s": c.median,
                                               "rows": [asdict(r) for r in c.rows]} for c in v]
                                          for k, v in self.variant_fair.items()},
-                "inbox": self.inbox}
+                "inbox": self.inbox, "outboxes": self.outboxes}
 
     def row(self, prefix: str, variant: str = "default") -> Row | None:
         return next((r for r in self.rows if r.scenario.startswith(prefix) and r.variant == variant), None)
@@ -106,11 +107,17 @@ def format_report(report: Report) -> str:
                      + (", at end " + "/".join(f"{x:.2f}" for x in p["load_average_at_end"])
                         if "load_average_at_end" in p else ""))
     for block in (_fair_table, _ratio_table, _variant_table, _rows_table, _peer_table, _latency_table, _long_table,
-                  _partition_table, _inbox_table, _goal_table):
+                  _partition_table, _outboxes_table, _inbox_table, _goal_table):
         text = block(report)
         if text:
             lines += ["", *text]
     return "\n".join(lines)
+
+
+def _outboxes_table(report: Report) -> list[str]:
+    from bench.scenarios.outboxes_report import format_outboxes
+
+    return format_outboxes(report.outboxes)
 
 
 def _inbox_table(report: Report) -> list[str]:

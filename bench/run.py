@@ -4,8 +4,9 @@ One fresh local stack (a mongod replica-set member and a Kafka broker in a tempo
 of 3 partitions), then, in order: the catch-up on equal terms (scenarios/fair.py) and, the same way,
 each payload variant's relay and bare relay; single samples of every variant on one shared backlog
 with the 1,000,000-event memory run (`variant_scenarios`); Conduit when it builds; latency on equal
-terms (scenarios/steady.py); optionally the partitioned outbox; the inbox; then the tables and the
-goals (report.py). `--help` lists the options; BENCHMARKS.md says what each figure means.
+terms (scenarios/steady.py); optionally the partitioned outbox; many outboxes through one stream
+(scenarios/outboxes.py, unless `--no-outboxes`); the inbox; then the tables and the goals
+(report.py). `--help` lists the options; BENCHMARKS.md says what each figure means.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from bench.common import PARTITIONS, first_message, log, progress, warm_up_kafka
 from bench.events import Variant, variants
 from bench.relay_under_test import relay_settings
 from bench.report import Report, format_report, update_benchmarks_md, write_json
+from bench.scenarios import outboxes
 from bench.scenarios.backlog import Backlog, write_backlog
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
@@ -163,6 +165,8 @@ def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namesp
                                         args.seconds, args.latency_rounds, entrants, run_id)
         if args.partitions:
             partition_scenarios(stack, client, args.partition_events, run_id, report)
+        if args.outboxes_options:  # scenarios/outboxes.py: sidecars beside one shared relay
+            report.outboxes = outboxes.outboxes_scenario(stack, client, args.outboxes_options, run_id)
     if args.inbox:
         report.inbox = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.inbox_events,
                                       rounds=args.inbox_rounds)
@@ -275,12 +279,14 @@ def parser() -> argparse.ArgumentParser:
     a("--inbox-rounds", type=int, default=3, help="rounds of the inbox scenario, in a rotated order (default 3)")
     a("--update-benchmarks", action="store_true",
       help="also write this run into BENCHMARKS.md (the section between the bench-latest markers)")
+    outboxes.add_arguments(p)  # --outboxes 1,5,20, --no-outboxes, --outboxes-events ...
     return p
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
+    args.outboxes_options = outboxes.options_from(p, args)
     args.variant_keys = [k.strip() for k in args.variant_keys.split(",") if k.strip()]
     args.skip_contestants = [k.strip() for k in args.skip_contestants.split(",") if k.strip()]
     try:

@@ -7,10 +7,11 @@ relay, `time.time()` after `insert_one` was seen up to ~12 ms late (negative lat
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,6 +26,22 @@ from relay.outbox import Outbox, OutboxEvent
 # busy cores: with 4 threads the writer fell behind at 1,000/s (415/s reached), so 16 for insert_one.
 WRITER_THREADS = 16
 BATCH_WRITER_THREADS = 4   # insert_many every 10 ms: a few threads keep 10,000/s
+
+
+class OutboxesInTurn(Outbox):
+    """Several outboxes written in turn: each `add_many` goes to the next one, as the services of
+    several outboxes would write at once (bench.scenarios.outboxes)."""
+
+    def __init__(self, collections: Sequence[Collection[Any]]) -> None:
+        super().__init__(collections[0])
+        self._outboxes = [Outbox(c) for c in collections]
+        self._turn = itertools.count()
+
+    def add_many(self, events: Iterable[OutboxEvent], session: ClientSession | None = None) -> list[Any]:
+        return self._outboxes[next(self._turn) % len(self._outboxes)].add_many(events, session=session)
+
+    def init(self, ttl_seconds: int | None = None) -> list[str]:
+        return [name for outbox in self._outboxes for name in outbox.init(ttl_seconds)]
 
 
 class RateWriter:
@@ -112,13 +129,16 @@ class RateWriter:
 
 
 def writer_process(uri: str, database: str, rate_per_s: float, seconds: float, payload_bytes: int,
-                   batch: int, conn: Any) -> None:
-    """Child-process entry: connect, say "ready", wait for "go", write, send the results."""
+                   batch: int, conn: Any, collections: tuple[str, ...] = ("outbox",)) -> None:
+    """Child-process entry: connect, say "ready", wait for "go", write, send the results. With
+    several `collections`, the writes go to those outboxes in turn (OutboxesInTurn)."""
     try:
         with MongoClient(uri) as client:
+            db = client[database]
             client.admin.command("ping")
-            writer = RateWriter(Outbox(client[database]["outbox"]), EventFactory(payload_bytes),
-                                rate_per_s, seconds, batch=batch, business=client[database]["orders"])
+            outbox = Outbox(db[collections[0]]) if len(collections) == 1 else OutboxesInTurn([db[c] for c in collections])
+            writer = RateWriter(outbox, EventFactory(payload_bytes), rate_per_s, seconds, batch=batch,
+                                business=db["orders"])
             conn.send("ready")
             if conn.recv() != "go":
                 return
@@ -135,12 +155,13 @@ def writer_process(uri: str, database: str, rate_per_s: float, seconds: float, p
 
 @contextmanager
 def writer_child(uri: str, database: str, rate_per_s: float, seconds: float, payload_bytes: int,
-                 batch: int) -> Iterator[Any]:
+                 batch: int, collections: tuple[str, ...] = ("outbox",)) -> Iterator[Any]:
     """Start `writer_process` (spawned, so no forked threads) and yield its end of the pipe."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=writer_process, name="bench-writer",
-                       args=(uri, database, rate_per_s, seconds, payload_bytes, batch, child), daemon=True)
+                       args=(uri, database, rate_per_s, seconds, payload_bytes, batch, child, collections),
+                       daemon=True)
     proc.start()
     child.close()
     try:

@@ -3,7 +3,7 @@
 One server batch at a time: `aggregate` with `$changeStream` (then `getMore`), decoded as
 RawBSONDocument; each insert's `fullDocument` bytes produced unchanged, keyed by its
 `aggregateId`, through an idempotent producer with the relay's producer configuration
-(`Settings.kafka_config()`); `flush()` waits for every delivery report of the batch before the
+(`Settings.parts().kafka.producer_config()`); `flush()` waits for every delivery report of the batch before the
 next `getMore`, like the relay's one-batch-at-a-time default. No envelope, no headers, no
 checkpoint, no lease. The gap between it and the relay is what the relay's own code costs;
 the gap between it and the bare change stream is what Kafka costs on this machine.
@@ -45,7 +45,7 @@ def bare_relay(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, se
     count = 0
     with Sampler(stack_roles(stack)) as sampler, client.start_session() as session:
         started = time.perf_counter()
-        producer = Producer(settings.kafka_config())
+        producer = Producer(settings.parts().kafka.producer_config())
         produce = producer.produce
         reply = db.command("aggregate", backlog.collection, pipeline=pipeline, cursor={"batchSize": batch_size},
                            session=session, codec_options=RAW)

@@ -17,12 +17,12 @@ from relay.dev.stack import LocalStack
 def bare_producer(stack: LocalStack, settings: Settings, sample: Message, events: int, topic: str,
                   variant: str = "") -> Row:
     """N copies of one relay message (same value, headers; keys over the same AGGREGATES ids)
-    to a fresh topic with the same partition count, through `Settings.kafka_config()`
+    to a fresh topic with the same partition count, through `Settings.parts().kafka.producer_config()`
     (idempotence, acks=all, linger.ms=5, lz4), then flush. Counts only successful deliveries."""
     create_topic(stack.kafka.bootstrap_servers, topic)
     value, headers = sample.value(), sample.headers() or []
     keys = [aggregate_id(i).encode() for i in range(AGGREGATES)]
-    producer = Producer(settings.kafka_config())
+    producer = Producer(settings.parts().kafka.producer_config())
     outcome = {"ok": 0, "failed": 0}
 
     def on_delivery(err: Any, _msg: Any) -> None:
