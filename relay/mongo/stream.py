@@ -433,7 +433,9 @@ def _open_failure(error: BaseException, join: _Join, at: Timestamp | None) -> Ba
     point that left the oplog (the others retry), a transient error as one, and any other error
     (a reopenable or fatal one) as itself, so its action holds."""
     if isinstance(error, HistoryLostError):
-        return _history_lost(join.member.scope) if join.at == at else TransientError(f"opening the change stream: {error}")
+        return (
+            _history_lost(join.member.scope) if join.at == at else TransientError(f"opening the change stream: {error}")
+        )
     if isinstance(error, TransientError):
         return TransientError(f"opening the change stream: {error}")
     return error
