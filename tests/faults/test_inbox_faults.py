@@ -52,7 +52,11 @@ def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_or
     some are."""
     written = Written()
     rng = random.Random(27)
-    group, topic = "shipping", env.topic()
+    # A group of this test's own: a SIGKILLed consumer stays a member of its group until its session
+    # times out (45 s), and a group whose stale members subscribed to another topic (this test's
+    # other form, on the same broker) was seen assigning the new consumer that topic's partitions.
+    topic = env.topic()
+    group = f"shipping-{topic}"
     service = InboxProcess(tmp_path / "inbox.log", env.servers.mongodb_uri, env.settings.database, topic,
                            group, env.servers.kafka_bootstrap, form=form)
     left_in_window: list[int] = []
