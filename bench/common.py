@@ -1,7 +1,8 @@
 """What every benchmark scenario shares: constants, the result row, Kafka topic helpers, waits.
 
-Waiting, reading topics and counting messages come from `tests.support` (the test oracle's
-helpers), so the benchmark and the tests agree on what "all N messages are in Kafka" means.
+Waiting, reading topics and counting messages come from `tests.support.waiting` and
+`tests.support.topics` (the test oracle's helpers), so the benchmark and the tests agree on what
+"all N messages are in Kafka" means.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support import read_messages, wait_until, watermark_sum
+from tests.support.topics import read_messages, watermark_sum
+from tests.support.waiting import wait_until
 
 log = logging.getLogger("bench")
 
@@ -77,7 +79,7 @@ def progress(text: str) -> None:
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
              alive: Callable[[], None] | None = None) -> Any:
-    """`tests.support.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
+    """`tests.support.waiting.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
     return wait_until(check, timeout_s, what, interval=POLL_S, alive=alive)
 
 

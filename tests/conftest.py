@@ -26,7 +26,9 @@ import pymongo
 import pytest
 
 from relay.config import Settings
-from tests.support import CapturedLogs, Servers, captured_logs, close_admin_clients, release_kafka_clients
+from tests.support.logs import CapturedLogs, captured_logs
+from tests.support.servers import Servers
+from tests.support.topics import close_admin_clients, release_kafka_clients
 
 # Loggers whose levels relay.ops.logs.setup_logging sets (the commands' and jobs' main() call it).
 _LOGGERS = ("", "py4j", "kafka.admin", "kafka.producer")

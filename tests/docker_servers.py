@@ -18,7 +18,9 @@ from testcontainers.core.container import DockerContainer
 
 from relay.dev import stack as devstack
 from relay.dev.processes import free_port
-from tests.support import Servers, release_kafka_clients, wait_until
+from tests.support.servers import Servers
+from tests.support.topics import release_kafka_clients
+from tests.support.waiting import wait_until
 
 MONGO_IMAGE = "mongo:7.0"
 KAFKA_IMAGE = f"apache/kafka:{devstack.KAFKA_VERSION}"

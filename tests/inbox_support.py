@@ -1,9 +1,9 @@
 """Helpers for the inbox's server tests: a downstream service's handler, the inbox on a thread or
 in a child process, and the oracle: effects compared with the outbox.
 
-The handler of every scenario appends the event's per-aggregate sequence number (`seq`, written by
-tests.support.write_events in commit order, starting at 1) to the aggregate's effect document, in
-the inbox's transaction. Exactly-once effects in the relay's order then mean: for every aggregate,
+The handler of every scenario appends the event's per-aggregate sequence number (`seq`, written
+by tests.support.writes.write_events in commit order, starting at 1) to the aggregate's effect
+document, in the inbox's transaction. Exactly-once effects in the relay's order then mean: for every aggregate,
 the effect document's `seqs` is exactly 1, 2, ..., n, n being how many events the outbox holds for
 it. One comparison catches a lost event, an event applied twice and a reordering.
 
@@ -28,7 +28,10 @@ from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.client_session import ClientSession
 
 from relay.inbox import AsyncInbox, Inbox, InboxEvent
-from tests.support import ROOT, ChildProcess, Written, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import ChildProcess
+from tests.support.waiting import wait_until
+from tests.support.writes import Written
 
 EFFECTS = "effects"
 INBOX = "inbox"

@@ -23,7 +23,7 @@ import pymongo
 
 from relay.dev.stack import MongoReplicaSet
 from relay.mongo.privileges import Privilege, role_document
-from tests.support import release_kafka_clients
+from tests.support.topics import release_kafka_clients
 
 ADMIN_USER = "admin"
 

@@ -106,7 +106,7 @@ from bench.writer import OutboxesInTurn, receive, writer_child
 from relay.config import Settings
 from relay.dev.stack import LocalStack
 from relay.mongo.pipeline import StreamPlan
-from tests.support import RelayProcess
+from tests.support.relays import RelayProcess
 
 COUNTS = (1, 5, 20)
 PARTITION_COUNTS = (1, 2, 4)

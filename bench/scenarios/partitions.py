@@ -40,7 +40,7 @@ from bench.scenarios.backlog import Backlog
 from relay.core.partitions import Partition, partition_of
 from relay.dev.stack import LocalStack
 from relay.mongo.pipeline import pipeline
-from tests.support import RelayProcess
+from tests.support.relays import RelayProcess
 
 RAW = CodecOptions(document_class=RawBSONDocument)
 

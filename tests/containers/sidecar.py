@@ -11,7 +11,8 @@ from testcontainers.core.container import DockerContainer
 
 from relay.config import Settings
 from relay.dev.processes import free_port
-from tests.support import settings_env, wait_until
+from tests.support.relays import settings_env
+from tests.support.waiting import wait_until
 
 
 def container_env(settings: Settings) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.containers import servers
 from tests.containers.compose import COMPOSE_RELAY_IMAGE, ComposeStack
-from tests.support import wait_until
+from tests.support.waiting import wait_until
 
 # `make containers` builds the images; run alone after an edit, the first test to need one
 # builds it (cold: several minutes on a busy machine).

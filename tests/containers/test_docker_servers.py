@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from tests.containers import servers
-from tests.support import ROOT
+from tests.support.paths import ROOT
 
 MODULES = ("tests/integration/test_change_source.py", "tests/integration/test_relay_end_to_end.py")
 # The 10,000-event run of the second module adds 20 s and nothing the servers' containers change.

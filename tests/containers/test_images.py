@@ -12,7 +12,10 @@ import pytest
 from tests.containers.sidecar import container_env
 from tests.spark.cluster import JAVA_TOOL_OPTIONS
 from tests.spark.support import VIEW_COLLECTION, assert_view_equals_outbox, mongo_view, outbox_state, positions
-from tests.support import RelayThread, read_topic, topic_size, wait_until, write_events
+from tests.support.relays import RelayThread
+from tests.support.topics import read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 # `make containers` builds the images; run alone after an edit, the first test to need one
 # builds it (cold: several minutes on a busy machine).

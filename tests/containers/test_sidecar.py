@@ -12,7 +12,11 @@ import pytest
 
 from tests.containers.images import healthcheck
 from tests.containers.sidecar import Sidecar
-from tests.support import assert_complete_and_ordered, lease_doc, read_topic, topic_size, wait_until, write_events
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.topics import read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 # `make containers` builds the images; run alone after an edit, the first test to need one
 # builds it (cold: several minutes on a busy machine).

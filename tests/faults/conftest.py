@@ -9,7 +9,7 @@ import pymongo
 import pytest
 
 from tests.conftest import Env
-from tests.support import replica_set
+from tests.support.servers import replica_set
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,13 @@ import time
 
 import pytest
 
-from tests.support import (
-    CheckpointWatcher,
-    RelayThread,
-    Written,
-    all_published,
-    assert_complete_and_ordered,
-    background_writes,
-    lease_doc,
-    needs_local_stack,
-    read_messages,
-    wait_until,
-)
+from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.oracle import all_published, assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.servers import needs_local_stack
+from tests.support.topics import read_messages
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes
 
 
 def test_broker_killed_and_restarted_loses_and_reorders_nothing(env):

@@ -10,18 +10,12 @@ import pymongo
 import pytest
 from pymongo.errors import PyMongoError
 
-from tests.support import (
-    CheckpointWatcher,
-    RelayProcess,
-    RelayThread,
-    Written,
-    all_published,
-    assert_complete_and_ordered,
-    background_writes,
-    lease_doc,
-    needs_local_stack,
-    wait_until,
-)
+from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.oracle import all_published, assert_complete_and_ordered
+from tests.support.relays import RelayProcess, RelayThread
+from tests.support.servers import needs_local_stack
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes
 
 # The chaos run's events: four writers keep writing through all seven faults (about 30 s of them).
 EVENTS = 25_000

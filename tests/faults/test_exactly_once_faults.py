@@ -18,20 +18,13 @@ import time
 
 import pytest
 
-from tests.support import (
-    RelayProcess,
-    Written,
-    assert_complete_and_ordered,
-    background_writes,
-    lease_doc,
-    needs_local_stack,
-    read_topic,
-    topic_size,
-    uncommitted_messages,
-    wait_until,
-    write_events,
-    written_after_first_of,
-)
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered, written_after_first_of
+from tests.support.relays import RelayProcess
+from tests.support.servers import needs_local_stack
+from tests.support.topics import read_topic, topic_size, uncommitted_messages
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes, write_events
 
 SLOW_COMMIT = "tests.faults.slow_commit"
 MARKER = "slow_commit: transaction open"

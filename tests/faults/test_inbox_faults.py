@@ -24,7 +24,10 @@ from tests.inbox_support import (
     recorded_not_committed,
     wait_applied,
 )
-from tests.support import RelayThread, Written, background_writes, needs_local_stack, wait_until
+from tests.support.relays import RelayThread
+from tests.support.servers import needs_local_stack
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes
 
 
 @pytest.fixture

@@ -5,17 +5,14 @@ from __future__ import annotations
 import pytest
 
 from relay.core.errors import RepeatedStreamError
-from tests.support import (
-    CheckpointWatcher,
-    RelayThread,
-    assert_complete_and_ordered,
-    failpoint,
-    lease_doc,
-    needs_local_stack,
-    read_topic,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.mongodb import failpoint
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.servers import needs_local_stack
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 
 def _restarts(relay) -> float:

@@ -24,19 +24,13 @@ import pytest
 from relay.core.partitions import Scope, partition_of, partitions
 from relay.dev.stack import free_port
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import (
-    ROOT,
-    RelayProcess,
-    RelayThread,
-    Written,
-    all_published,
-    assert_complete_and_ordered,
-    lease_doc,
-    read_topic,
-    settings_env,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import lease_doc
+from tests.support.oracle import all_published, assert_complete_and_ordered
+from tests.support.paths import ROOT
+from tests.support.relays import RelayProcess, RelayThread, settings_env
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 # Retention 0: every covered document goes, so clean-up runs right behind the relay's position,
 # during the backlog (with a longer retention, nothing uncovered is ever old enough to be at risk).

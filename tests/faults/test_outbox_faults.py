@@ -16,19 +16,13 @@ from relay.core.positions import token_cluster_time
 from relay.mongo.cursor import oplog_start
 from relay.mongo.lease import cluster_time
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import (
-    RelayProcess,
-    RelayThread,
-    Written,
-    assert_complete_and_ordered,
-    lease_doc,
-    read_messages,
-    read_topic,
-    replica_set,
-    topic_size,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayProcess, RelayThread
+from tests.support.servers import replica_set
+from tests.support.topics import read_messages, read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 
 def _incompressible(n: int) -> str:

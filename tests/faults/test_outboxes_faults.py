@@ -15,7 +15,11 @@ import time
 import pytest
 
 from tests.integration.test_outboxes import Outboxes, outboxes  # noqa: F401 - the fixture
-from tests.support import RelayProcess, Written, assert_complete_and_ordered, read_topic, wait_until, write_events
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayProcess
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 pytestmark = pytest.mark.slow
 

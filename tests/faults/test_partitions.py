@@ -14,15 +14,11 @@ import pytest
 
 from relay.commands.status import status
 from relay.core.partitions import Partition, Scope, partition_of
-from tests.support import (
-    LeaseHistory,
-    RelayProcess,
-    Written,
-    all_published,
-    assert_complete_and_ordered,
-    background_writes,
-    wait_until,
-)
+from tests.support.leases import LeaseHistory
+from tests.support.oracle import all_published, assert_complete_and_ordered
+from tests.support.relays import RelayProcess
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes
 
 
 def _leading(settings) -> dict[str, list[int]]:

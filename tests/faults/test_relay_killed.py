@@ -6,15 +6,12 @@ import random
 import threading
 import time
 
-from tests.support import (
-    RelayProcess,
-    Written,
-    assert_complete_and_ordered,
-    lease_doc,
-    read_topic,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayProcess
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 
 def test_relay_killed_five_times_during_a_20000_event_run_loses_nothing_and_only_replays_after_checkpoint(

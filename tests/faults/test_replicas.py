@@ -9,20 +9,13 @@ import sys
 import time
 
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import (
-    ROOT,
-    CheckpointWatcher,
-    RelayProcess,
-    Written,
-    all_published,
-    assert_complete_and_ordered,
-    background_writes,
-    lease_doc,
-    settings_env,
-    topic_size,
-    wait_until,
-    written_after_first_of,
-)
+from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.oracle import all_published, assert_complete_and_ordered, written_after_first_of
+from tests.support.paths import ROOT
+from tests.support.relays import RelayProcess, settings_env
+from tests.support.topics import topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes
 
 
 def _owner(env) -> str | None:

@@ -16,7 +16,9 @@ from pymongo import AsyncMongoClient
 
 from relay import AsyncOutbox, Outbox, OutboxEvent
 from relay.inbox import AsyncInbox, Inbox
-from tests.support import RelayThread, read_topic, wait_until
+from tests.support.relays import RelayThread
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
 
 
 class Aborted(Exception):

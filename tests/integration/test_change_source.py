@@ -14,7 +14,8 @@ from relay.core.positions import StartPoint, newer
 from relay.mongo.connection import mongo_client
 from relay.outbox import Outbox, OutboxEvent
 from relay.wiring import change_source, shared_streams
-from tests.support import change_streams, wait_until
+from tests.support.mongodb import change_streams
+from tests.support.waiting import wait_until
 
 
 def _ids(batch) -> list[str]:

@@ -11,7 +11,11 @@ import pytest
 
 from relay.dev.stack import free_port
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import ROOT, RelayThread, lease_doc, settings_env, topic_size, wait_until
+from tests.support.leases import lease_doc
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import topic_size
+from tests.support.waiting import wait_until
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -153,7 +157,9 @@ def test_an_upgraded_relay_resumes_from_the_lease_and_checkpoint_an_earlier_vers
     from bson import Timestamp
 
     from relay.mongo.pipeline import pipeline_fingerprint
-    from tests.support import assert_complete_and_ordered, read_topic, write_events
+    from tests.support.oracle import assert_complete_and_ordered
+    from tests.support.topics import read_topic
+    from tests.support.writes import write_events
 
     before = write_events(env.db, env.settings.outbox_collection, total=100, writers=1)
     with env.outbox.watch(start_at_operation_time=Timestamp(1, 1)) as stream:

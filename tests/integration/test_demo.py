@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 
 from relay.dev.stack import pid_alive
-from tests.support import ROOT, settings_env, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import settings_env
+from tests.support.waiting import wait_until
 
 EVENT_LINE = re.compile(r"^\S+\[\d+\]@\d+ (\S+) +(\S+) +id=(\S+) fencing=(\d+) payload=(\{.*\})$")
 

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 
 from relay.dev.mongodb import DEFAULT_VERSION
 from relay.dev.stack import KAFKA_VERSION, cache_dir, pid_alive
-from tests.support import ROOT
+from tests.support.paths import ROOT
 
 
 def _dev(cache: Path, action: str) -> dict[str, Any]:

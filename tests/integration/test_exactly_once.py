@@ -20,21 +20,13 @@ from relay.kafka.offsets_record import transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
 from relay.outbox import Outbox, OutboxEvent
 from tests.faults.test_outbox_faults import _incompressible, _limit_topic
-from tests.support import (
-    ROOT,
-    CheckpointWatcher,
-    RelayThread,
-    Written,
-    all_published,
-    assert_complete_and_ordered,
-    background_writes,
-    lease_doc,
-    read_messages,
-    read_topic,
-    settings_env,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.oracle import all_published, assert_complete_and_ordered
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import read_messages, read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes, write_events
 
 
 def eos(env, **changes):

@@ -32,16 +32,11 @@ from tests.inbox_support import (
     effects_handler,
     wait_applied,
 )
-from tests.support import (
-    RelayThread,
-    Written,
-    all_published,
-    background_writes,
-    read_messages,
-    topic_size,
-    wait_until,
-    write_events,
-)
+from tests.support.oracle import all_published
+from tests.support.relays import RelayThread
+from tests.support.topics import read_messages, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes, write_events
 
 
 def _run(env, group: str = "shipping", **options):

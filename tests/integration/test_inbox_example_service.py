@@ -19,7 +19,10 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from relay.commands.status import reset_checkpoint
-from tests.support import ROOT, ChildProcess, RelayThread, topic_size, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import ChildProcess, RelayThread
+from tests.support.topics import topic_size
+from tests.support.waiting import wait_until
 
 SERVICE = ROOT / "deploy" / "example-service"
 

@@ -11,16 +11,13 @@ import pymongo
 import pytest
 
 from relay.dev import mongodb
-from tests.support import (
-    RelayThread,
-    assert_complete_and_ordered,
-    lease_doc,
-    needs_local_stack,
-    read_topic,
-    replica_set,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.servers import needs_local_stack, replica_set
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 
 def _version(uri: str) -> str:

@@ -27,7 +27,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from relay.dev.stack import free_port
 from tests.prometheus_server import Prometheus, PrometheusServer, installed
-from tests.support import ROOT, RelayThread, topic_size, wait_until, write_events
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread
+from tests.support.topics import topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 MONITORING = ROOT / "deploy" / "monitoring"
 RULES = MONITORING / "prometheus-rules.yml"

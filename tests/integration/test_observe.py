@@ -32,19 +32,14 @@ from relay.ops.logs import JsonFormatter, resolve_log_format
 from relay.ops.metrics import BatchHistograms
 from relay.ops.observe import ProcessObserver
 from tests.static.support import DOCKERFILE
-from tests.support import (
-    ROOT,
-    RelayProcess,
-    RelayThread,
-    assert_complete_and_ordered,
-    lease_doc,
-    needs_local_stack,
-    read_messages,
-    read_topic,
-    topic_size,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.paths import ROOT
+from tests.support.relays import RelayProcess, RelayThread
+from tests.support.servers import needs_local_stack
+from tests.support.topics import read_messages, read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

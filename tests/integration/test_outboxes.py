@@ -17,15 +17,12 @@ import pytest
 from relay.config import Settings
 from relay.core.errors import PoisonEventError
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import (
-    RelayThread,
-    Written,
-    assert_complete_and_ordered,
-    change_streams,
-    read_topic,
-    wait_until,
-    write_events,
-)
+from tests.support.mongodb import change_streams
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 
 @dataclass

@@ -26,7 +26,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import ROOT, settings_env, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import settings_env
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(1800)
 

@@ -19,17 +19,12 @@ from relay.core.positions import token_cluster_time
 from relay.dev.stack import free_port
 from relay.mongo.lease import cluster_time
 from relay.mongo.pipeline import partition_expression, pipeline
-from tests.support import (
-    ROOT,
-    RelayThread,
-    Written,
-    all_published,
-    assert_complete_and_ordered,
-    background_writes,
-    settings_env,
-    topic_size,
-    wait_until,
-)
+from tests.support.oracle import all_published, assert_complete_and_ordered
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes
 
 
 def _aggregate_ids(rng: random.Random) -> list[str]:

@@ -7,7 +7,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from relay.core.message import OutgoingMessage
 from relay.core.window import Delivery
 from relay.kafka.producer import IdempotentPublisher
-from tests.support import read_messages
+from tests.support.topics import read_messages
 
 
 def test_drain_sends_at_once_what_linger_holds_back(env):

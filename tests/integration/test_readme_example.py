@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
-from tests.support import ROOT, RelayThread, read_topic, topic_size, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread
+from tests.support.topics import read_topic, topic_size
+from tests.support.waiting import wait_until
 
 
 def _readme_example() -> str:

@@ -11,15 +11,12 @@ from bson import json_util
 
 from relay.core.positions import token_cluster_time
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import (
-    RelayThread,
-    assert_complete_and_ordered,
-    lease_doc,
-    read_topic,
-    topic_size,
-    wait_until,
-    write_events,
-)
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.topics import read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 
 def test_ten_thousand_events_from_four_writers_arrive_in_commit_order_and_decode_to_the_outbox(env):

@@ -31,19 +31,12 @@ from relay.avro.folder import SchemaFolder
 from relay.core.errors import EXIT_DATA
 from relay.dev.stack import free_port
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import (
-    ROOT,
-    Record,
-    RelayProcess,
-    RelayThread,
-    Written,
-    assert_complete_and_ordered,
-    read_messages,
-    settings_env,
-    topic_size,
-    wait_until,
-    write_events,
-)
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.paths import ROOT
+from tests.support.relays import RelayProcess, RelayThread, settings_env
+from tests.support.topics import Record, read_messages, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 TYPED = "io.outboxrelay.v1.events.OrderCreated"
 GENERIC = "io.outboxrelay.v1.OutboxEvent"

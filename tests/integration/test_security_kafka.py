@@ -19,7 +19,12 @@ from relay.config import Settings
 from relay.core.errors import PermissionDeniedError, ServerUnreachableError
 from relay.kafka.acls import Acl, required
 from tests.security_servers import SaslKafka, make_certificates, sasl_kafka
-from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.servers import Servers
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 
 @pytest.fixture(scope="module")

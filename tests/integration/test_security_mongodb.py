@@ -31,7 +31,12 @@ from relay.wiring import message_builder
 from tests.changes import change_value
 from tests.inbox_support import InboxThread
 from tests.security_servers import AuthMongo, auth_mongo, make_certificates
-from tests.support import RelayThread, Servers, assert_complete_and_ordered, read_topic, wait_until, write_events
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.servers import Servers
+from tests.support.topics import read_topic
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,10 @@ import pytest
 from relay.dev.processes import free_port
 from relay.mongo.privileges import required
 from tests.security_servers import AuthMongo, auth_mongo
-from tests.support import ROOT, Servers, wait_until, write_events
+from tests.support.paths import ROOT
+from tests.support.servers import Servers
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 CANARY = "CanaryQz"  # each credential gets its own numbered canary: the search names which leaked
 CANARIES = {n: f"{CANARY}{n}x7" for n in range(1, 12)}

@@ -48,7 +48,9 @@ from tests.interop.bson_cases import (
     same_bson,
     typed_cases,
 )
-from tests.support import RelayThread, topic_size, wait_until
+from tests.support.relays import RelayThread
+from tests.support.topics import topic_size
+from tests.support.waiting import wait_until
 
 HERE = Path(__file__).resolve().parent
 SCHEMAS = HERE.parent.parent / "schemas"

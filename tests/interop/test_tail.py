@@ -19,7 +19,10 @@ from confluent_kafka import Producer
 from relay.avro.framing import registry_client
 from relay.commands.tail import tail
 from relay.outbox import Outbox, OutboxEvent
-from tests.support import ROOT, RelayThread, settings_env, topic_size, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import topic_size
+from tests.support.waiting import wait_until
 
 TYPED = "io.outboxrelay.v1.events.OrderCreated"
 GENERIC = "io.outboxrelay.v1.OutboxEvent"

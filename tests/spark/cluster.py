@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.dev.stack import ManagedProcess, free_port
-from tests.support import wait_until
+from tests.support.waiting import wait_until
 
 # Room for two applications at once: the tests' own (tests/spark/sessions.py: one core, 512 MB)
 # and a command's (the rest of the cores, spark.executor.memory's default 1g). What the worker

@@ -27,7 +27,11 @@ from relay.outbox import OutboxEvent
 from relay.spark.materialize import MaterializeConfig, MongoView
 from relay.spark.state import read_state
 from tests.spark.cluster import JAVA_TOOL_OPTIONS
-from tests.support import ROOT, Record, Written, settings_env, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import settings_env
+from tests.support.topics import Record
+from tests.support.waiting import wait_until
+from tests.support.writes import Written
 
 VIEW_COLLECTION = "aggregate_state"
 REGISTRY = SchemaFolder.bundled()
@@ -163,7 +167,7 @@ class PipelineProcess:
         return self.log_path.read_text(errors="replace")
 
     def wait_until(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-        """tests.support.wait_until, failing with the end of this process's log (and early if
+        """tests.support.waiting.wait_until, failing with the end of this process's log (and early if
         the process exited)."""
         def check() -> Any:
             assert self.proc is not None

@@ -12,7 +12,10 @@ from relay.spark import audit as audit_job
 from relay.spark.audit import AuditConfig, audit
 from relay.spark.decode import topic_pattern
 from tests.spark.support import SPARK_FLAGS, produce, relay_headers, relay_value
-from tests.support import RelayThread, read_topic, settings_env, topic_size, wait_until, write_events
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
 
 
 def _publish(env, total: int):

@@ -44,7 +44,11 @@ from tests.spark.support import (
     pipeline_command,
     positions,
 )
-from tests.support import ROOT, RelayThread, Written, read_topic, settings_env, topic_size, wait_until, write_events
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 EVENTS = 300
 JOB_TIMEOUT_S = 420  # a generous bound for one job on a busy machine; a hung job fails the test

@@ -32,16 +32,10 @@ from tests.spark.support import (
 )
 from tests.spark.test_decoding import KAFKA_ROW, SOURCE
 from tests.spark.test_decoding import TYPED as ORDER_PLACED
-from tests.support import (
-    Record,
-    RelayThread,
-    Written,
-    read_messages,
-    settings_env,
-    topic_size,
-    wait_until,
-    write_events,
-)
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import Record, read_messages, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 FOLDER = SchemaFolder.bundled()
 WHEN = dt.datetime(2025, 3, 4, 5, 6, 7, 891000, tzinfo=dt.UTC)

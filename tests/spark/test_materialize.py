@@ -27,7 +27,10 @@ from tests.spark.support import (
     parquet_view,
     positions,
 )
-from tests.support import RelayThread, Written, read_topic, topic_size, wait_until, write_events
+from tests.support.relays import RelayThread
+from tests.support.topics import read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, write_events
 
 
 def _read_all(env, types=("order", "customer")):

@@ -16,7 +16,7 @@ from relay.mongo.privileges import required
 from relay.spark import audit as audit_job
 from tests.integration.test_security_secrets import CANARIES, JAAS, SECRET_ENV, URI_OPTIONS, assert_clean
 from tests.security_servers import AuthMongo, auth_mongo
-from tests.support import write_events
+from tests.support.writes import write_events
 
 
 @pytest.fixture(scope="module")

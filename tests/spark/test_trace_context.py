@@ -17,7 +17,10 @@ from opentelemetry.trace import format_span_id, format_trace_id
 from relay.outbox import Outbox, OutboxEvent
 from relay.spark.materialize import materialize
 from tests.spark.support import materialize_config
-from tests.support import ROOT, RelayThread, read_messages, settings_env, topic_size, wait_until
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import read_messages, topic_size
+from tests.support.waiting import wait_until
 
 
 def test_a_services_span_reaches_the_kafka_headers_tail_and_the_spark_event_table(env, spark, tmp_path):

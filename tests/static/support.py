@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from relay.config import Settings
-from tests.support import ROOT
+from tests.support.paths import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"

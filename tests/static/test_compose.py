@@ -29,7 +29,7 @@ import pytest
 
 from relay.dev import stack as devstack
 from tests.static.support import COMPOSE, DOCKERFILE, load_yaml, relay_settings
-from tests.support import ROOT
+from tests.support.paths import ROOT
 
 
 def _schema() -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dockerfile_parse import DockerfileParser
 
 from relay.config import Settings
 from tests.static.support import DOCKERFILE, dockerignored, tool
-from tests.support import ROOT
+from tests.support.paths import ROOT
 
 COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|build-essential|make|cmake|python3?-dev|libc6-dev)\b")
 

@@ -9,7 +9,7 @@ from collections import defaultdict
 from relay.kafka.acls import SPARK_GROUP_PREFIX, TAIL_GROUP_PREFIX, required_to_consume, required_to_read
 from relay.kafka.acls import required as required_acls
 from relay.mongo.privileges import required as required_privileges
-from tests.support import ROOT
+from tests.support.paths import ROOT
 
 DOC = (ROOT / "docs" / "security.md").read_text()
 

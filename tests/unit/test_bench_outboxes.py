@@ -19,7 +19,7 @@ from bench.scenarios.outboxes_report import SHARED, SIDECARS, STREAM, format_out
 from bench.writer import OutboxesInTurn
 from relay.config import Settings
 from relay.outbox import OutboxEvent
-from tests.support import settings_env
+from tests.support.relays import settings_env
 
 STACK: Any = SimpleNamespace(mongo=SimpleNamespace(uri="mongodb://127.0.0.1:1/?replicaSet=rs0"),
                              kafka=SimpleNamespace(bootstrap_servers="127.0.0.1:2"))

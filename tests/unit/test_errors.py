@@ -172,7 +172,7 @@ def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
 def test_a_permission_refusal_stop_line_lists_each_refused_action_and_resource():
     from relay.core.errors import PermissionDeniedError
     from relay.ops.observe import write_stop_line
-    from tests.support import captured_logs
+    from tests.support.logs import captured_logs
 
     refused = [("changeStream", "shop.outbox"), ("CREATE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC relay.offsets")]
     with captured_logs("json") as capture:

@@ -420,7 +420,7 @@ def test_the_demos_shipping_service_decodes_with_the_relays_schema_registry():
 def test_the_options_table_and_the_readme_list_every_run_option_with_its_default():
     from dataclasses import MISSING, fields
 
-    from tests.support import ROOT
+    from tests.support.paths import ROOT
 
     def shown(value) -> str:
         if isinstance(value, str):

@@ -36,7 +36,7 @@ from relay.core.errors import (
     RepeatedStreamError,
     StreamInvalidatedError,
 )
-from tests.support import captured_logs
+from tests.support.logs import captured_logs
 from tests.unit.fakes import (
     FakeAssignment,
     FakeRelay,

@@ -14,7 +14,7 @@ from relay.core.errors import ConfigError, ServerUnreachableError
 from relay.core.redact import MASK, redact_mapping, redact_text, scrub, secret_name
 from relay.mongo.privileges import Privilege, missing
 from relay.ops.exits import run_command
-from tests.support import captured_logs
+from tests.support.logs import captured_logs
 
 CANARY = "Canary-Pw-7c1e"
 

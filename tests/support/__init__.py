@@ -1,0 +1,1 @@
+"""Test helpers by concern: paths, waiting, logs, servers, relays, writes, topics, oracle, leases, mongodb."""
