@@ -51,13 +51,11 @@ COPY tools/build_wheel.py ./tools/
 COPY native ./native
 COPY schemas ./schemas
 COPY relay ./relay
-# The wheel as `make dist` builds it. Cache mounts: cargo's build folder and registry (when only
-# relay/ changes, cargo finds the crate built and downloads nothing; the build folder's id is this
-# build's own), pip's downloads, and the build tools' virtual environment (made on the first
-# build). The package's readme is a stand-in: README.md is not in the build
+# The wheel as `make dist` builds it. Cache mounts: cargo's registry, pip's downloads, and the
+# cache folder holding the build tools' virtual environment (made on the first build) and cargo's
+# build folder (the compiled dependencies are reused; cargo downloads nothing). The package's readme is a stand-in: README.md is not in the build
 # context, so editing it rebuilds nothing.
-RUN --mount=type=cache,id=outbox-relay-native-target,target=/src/native/target \
-    --mount=type=cache,target=/usr/local/cargo/registry \
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/root/.cache/pip \
     --mount=type=cache,id=outbox-relay-build-tools,target=/root/.cache/outbox-relay \
     echo "outbox-relay: see README.md in the project's repository." > README.md \

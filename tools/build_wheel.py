@@ -14,8 +14,9 @@ exists.
    known to be complete. setuptools-rust runs cargo through cargo-zigbuild for the target
    TARGET: zig links relay._native against glibc 2.17's symbols, whatever glibc this machine has.
    The stable ABI (PyO3's abi3-py311, pyproject.toml) makes one wheel for CPython 3.11 and later.
-   cargo's build folder is native/target (CARGO_TARGET_DIR), so a rebuild after a Python-only
-   change compiles nothing.
+   cargo's build folder (CARGO_TARGET_DIR) is `cargo-target` in the cache folder, shared by every
+   clone on the machine: the dependencies (PyO3, bson, ...) are compiled once, and each build
+   compiles relay._native's own crate (cargo's lock keeps two builds at once apart).
 3. `auditwheel repair` gives the wheel the oldest manylinux tag its symbols allow; the build fails
    unless that is POLICY or older, or the wheel lacks the compiled module.
 """
@@ -45,7 +46,7 @@ _TAG = re.compile(r"manylinux_(\d+)_(\d+)_")
 
 
 def _cache() -> Path:
-    return Path(os.environ.get("RELAY_CACHE_DIR") or Path.home() / ".cache" / "outbox-relay") / "build-tools"
+    return Path(os.environ.get("RELAY_CACHE_DIR") or Path.home() / ".cache" / "outbox-relay")
 
 
 def _run(argv: list[str | Path], env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
@@ -60,7 +61,7 @@ def _run(argv: list[str | Path], env: dict[str, str] | None = None, cwd: Path | 
 def tools_venv() -> Path:
     """The build tools' virtual environment, at the versions of build-constraints.txt."""
     digest = hashlib.sha256(CONSTRAINTS.read_bytes()).hexdigest()[:12]
-    home = _cache() / f"venv-{digest}"
+    home = _cache() / "build-tools" / f"venv-{digest}"
     if not (home / ".complete").exists():
         shutil.rmtree(home, ignore_errors=True)
         venv.create(home, with_pip=True)
@@ -95,7 +96,7 @@ def build(out: Path, sdist: bool = True) -> list[Path]:
         "PATH": os.pathsep.join([str(tools / "bin"), str(Path(cargo).parent), os.environ.get("PATH", "")]),
         "CARGO": str(tools / "bin" / "cargo-zigbuild"),
         "CARGO_BUILD_TARGET": TARGET,
-        "CARGO_TARGET_DIR": str(ROOT / "native" / "target"),
+        "CARGO_TARGET_DIR": str(_cache() / "cargo-target"),
     }
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="relay-dist-") as tmp:

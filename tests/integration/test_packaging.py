@@ -10,7 +10,8 @@ without cargo, has none, and its relay says so once, with the price, and deliver
 The base install is the light client: a command whose extra is missing names it in one line.
 
 Cost: the first build on a machine installs the build tools and compiles the crate for its
-glibc 2.17 target (minutes; kept in RELAY_CACHE_DIR and native/target, then reused); each
+glibc 2.17 target (minutes; kept in RELAY_CACHE_DIR, build tools and cargo's build folder, then
+reused by every clone); each
 environment is a pip install from pip's cache (tens of seconds on a quiet machine).
 """
 
