@@ -70,9 +70,9 @@ def servers() -> Iterator[Servers]:
 
         yield from docker_servers()
         return
-    from relay.dev.stack import LocalStack
+    from relay.dev.stack import QUICK_START_JVM, LocalStack
 
-    stack = LocalStack.in_temp_dir()
+    stack = LocalStack.in_temp_dir(kafka_jvm_options=QUICK_START_JVM)
     stack.start()
     try:
         yield Servers(stack.mongo.uri, stack.kafka.bootstrap_servers, stack)

@@ -238,14 +238,14 @@ class SaslKafka:
 @contextlib.contextmanager
 def sasl_kafka() -> Iterator[SaslKafka]:
     """A SASL/SCRAM broker with ACLs, its administrator's SCRAM credential made at `storage format`."""
-    from relay.dev.stack import KafkaBroker
+    from relay.dev.stack import QUICK_START_JVM, KafkaBroker
 
     base = Path(tempfile.mkdtemp(prefix="relay-sasl-"))
     password = secrets.token_urlsafe(16)
     certs = make_certificates(base / "tls")
     properties = _SASL_PROPERTIES.format(mechanism=SCRAM, user=ADMIN_USER, password=password, ca=certs.ca,
                                          keystore=certs.combined)
-    broker = KafkaBroker(base / "kafka", heap="512m", extra_properties=properties,
+    broker = KafkaBroker(base / "kafka", heap="512m", extra_properties=properties, jvm_options=QUICK_START_JVM,
                          format_args=["--add-scram", f"{SCRAM}=[name={ADMIN_USER},password={password}]"])
     server = SaslKafka(broker, password, certs)
     broker.client_config = server.admin_client

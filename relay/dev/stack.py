@@ -228,6 +228,11 @@ def _cluster_id() -> str:
             return cluster_id
 
 
+# A broker that starts on less CPU and serves a test's small loads: the first JIT tier only (no C2
+# compilations) and the serial collector (no GC threads). Not for measuring throughput.
+QUICK_START_JVM = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
+
+
 @dataclass
 class KafkaBroker:
     """One Kafka broker in KRaft mode (combined broker and controller), from the cached jars."""
@@ -244,6 +249,9 @@ class KafkaBroker:
     extra_properties: str = ""
     format_args: list[str] = field(default_factory=list)
     client_config: dict[str, str] = field(default_factory=dict)
+    # The JVM's collector and compiler options: G1 and the full JIT by default (the benchmarks' and
+    # the dev stack's broker); the tests pass QUICK_START_JVM.
+    jvm_options: tuple[str, ...] = ("-XX:+UseG1GC",)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -279,7 +287,7 @@ class KafkaBroker:
             java,
             f"-Xmx{self.heap}",
             "-Xms256m",
-            "-XX:+UseG1GC",
+            *self.jvm_options,
             "-Djava.awt.headless=true",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
             "-cp",
@@ -326,12 +334,15 @@ class LocalStack:
     base_dir: Path
     mongo_members: int = 1
     partitions: int = 3
+    kafka_jvm_options: tuple[str, ...] = KafkaBroker.jvm_options
     mongo: MongoReplicaSet = field(init=False)
     kafka: KafkaBroker = field(init=False)
 
     def __post_init__(self) -> None:
         self.mongo = MongoReplicaSet(self.base_dir / "mongo", members=self.mongo_members)
-        self.kafka = KafkaBroker(self.base_dir / "kafka", partitions=self.partitions)
+        self.kafka = KafkaBroker(
+            self.base_dir / "kafka", partitions=self.partitions, jvm_options=self.kafka_jvm_options
+        )
 
     @classmethod
     def in_temp_dir(cls, **kwargs: Any) -> LocalStack:
