@@ -142,7 +142,12 @@ class SharedStream:
     def take(self, member: _Member, max_events: int) -> Batch:
         """The member's next batch of at most `max_events` events, waiting up to RELAY_MAX_AWAIT_MS
         for one; an empty batch under its idle token when there is none. Raises what ended its
-        stream (the error the reader met, or StreamInvalidatedError)."""
+        stream (the error the reader met, or StreamInvalidatedError).
+
+        Everything queued that fits is taken at once: the reads queued while the loop delivered
+        are joined into one batch under the last one's token (a steady stream of small reads,
+        one per getMore, would otherwise cost the loop a delivery and a checkpoint each, and a
+        loop that falls behind never catches up)."""
         with self._cond:
             deadline = time.monotonic() + self._await_s
             while not member.queue and (left := deadline - time.monotonic()) > 0:
@@ -156,7 +161,7 @@ class SharedStream:
                 raise head
             if len(head.changes) <= max_events:
                 member.queue.popleft()
-                batch = head
+                batch = _join(head, member.queue, max_events)
             else:  # the part that fits, under its last event's own token
                 batch = Batch(head.changes[:max_events], head.changes[max_events - 1].position)
                 head.changes = head.changes[max_events:]
@@ -426,6 +431,19 @@ def _cluster_time(ts: Timestamp) -> ClusterTime:
 def _cluster_time_of(token: Token | None) -> Timestamp | None:
     at = token_cluster_time(token)
     return None if at is None else _time(at)
+
+
+def _join(batch: Batch, queue: collections.deque[Batch | BaseException], max_events: int) -> Batch:
+    """`batch` and the whole batches queued after it that fit in `max_events`, as one batch under
+    the last one's token (it covers them all); stops at an error or a batch that does not fit."""
+    changes, token, resumed = list(batch.changes), batch.token, batch.resumed
+    while queue and isinstance(nxt := queue[0], Batch) and len(changes) + len(nxt.changes) <= max_events:
+        queue.popleft()
+        changes += nxt.changes
+        token, resumed = nxt.token, resumed or nxt.resumed
+    if len(changes) == len(batch.changes):
+        return batch
+    return Batch(changes, token, resumed=resumed)
 
 
 def _open_failure(error: BaseException, join: _Join, at: Timestamp | None) -> BaseException:

@@ -170,6 +170,33 @@ def test_a_batch_cut_to_the_room_left_carries_its_last_events_own_token(world):
     assert rest == wrote[3:]
 
 
+def _read_past(stream: SharedStream, n: int) -> None:
+    """Wait until the reader has read the oplog's first `n` entries."""
+    want = position_key(ClusterTime(1000, 2 * n))
+    deadline = time.monotonic() + 10
+    while stream._position is None or stream._position["_data"] < want:
+        assert time.monotonic() < deadline, "the reader did not read on"
+        time.sleep(0.005)
+
+
+def test_reads_queued_while_the_loop_delivered_are_taken_as_one_batch(world):
+    """A steady stream of small reads must not cost the loop a delivery each: what queued meanwhile
+    is one batch (as much as fits), under the last read's token."""
+    oplog, _, stream = world
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    wrote: list[str] = []
+    for _ in range(3):  # three reads of three events each
+        wrote += oplog.insert(A, 3)
+        _read_past(stream, len(oplog.entries))
+    first = a.next_batch(5)
+    assert [c.event_id for c in first.changes] == wrote[:3], "the next read does not fit in 5: not joined"
+    rest = a.next_batch(100)
+    assert [c.event_id for c in rest.changes] == wrote[3:], "the two reads left, in one batch"
+    assert rest.token == stream._position, "under the last read's token"
+    _covers([first, rest])
+
+
 def test_a_member_joining_behind_the_cursor_rewinds_it_and_the_others_see_nothing_twice(world):
     oplog, _, stream = world
     wrote_b = oplog.insert(B, 4)
