@@ -110,7 +110,7 @@ class SharedStream:
         self._cond = threading.Condition()
         self._members: dict[int, _Member] = {}
         self._joins: list[_Join] = []
-        self._cursor: Cursor | None = None
+        self._server_cursor: Cursor | None = None
         self._position: Token | None = None  # the last post-batch token read
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -225,11 +225,11 @@ class SharedStream:
         if self._closed or self._joins:
             return True
         if not self._members:
-            return self._cursor is not None  # to release it
+            return self._server_cursor is not None  # to release it
         return all(m.queued < self._read_events for m in self._members.values())
 
     def _release_cursor(self) -> None:
-        cursor, self._cursor, self._position = self._cursor, None, None
+        cursor, self._server_cursor, self._position = self._server_cursor, None, None
         if cursor is not None:
             cursor.close()
 
@@ -239,7 +239,7 @@ class SharedStream:
         placed = [j for j in joins if self._place(j)]
         if not placed:
             return
-        if self._cursor is None or any(j.at is not None and self._behind(j) for j in placed):
+        if self._server_cursor is None or any(j.at is not None and self._behind(j) for j in placed):
             placed = self._open(placed)
         with self._cond:
             for j in placed:
@@ -301,7 +301,7 @@ class SharedStream:
             for j in placed:
                 j.fail(_open_failure(error, j, at))
             return []
-        self._cursor, self._position = cursor, opening
+        self._server_cursor, self._position = cursor, opening
         with self._cond:  # the probe's events go to the members, the joining ones too
             for j in placed:
                 member = j.member
@@ -313,7 +313,7 @@ class SharedStream:
         return placed
 
     def _read_once(self) -> None:
-        cursor = self._cursor
+        cursor = self._server_cursor
         if cursor is None:
             with self._cond:
                 skips = [m.skip for m in self._members.values() if m.skip]
@@ -342,7 +342,7 @@ class SharedStream:
         cursor = self._new_cursor()
         try:
             self._position = cursor.open(at)
-            self._cursor = cursor
+            self._server_cursor = cursor
         except (PyMongoError, HistoryLostError, TransientError, StreamInvalidatedError) as exc:
             cursor.close()
             self._fail_members(translate(exc) if isinstance(exc, PyMongoError) else exc)
