@@ -600,7 +600,7 @@ def outboxes_scenario(stack: LocalStack, client: MongoClient[Any], options: Opti
 # ---- alone -------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scenarios.outboxes", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.scenarios.outboxes", description=__doc__.split("\n\n")[0].replace("\n", " "))
     add_arguments(p, skip_flag=False)
     options = options_from(p, p.parse_args(argv))
     assert options is not None
