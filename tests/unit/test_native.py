@@ -223,11 +223,14 @@ def test_the_reader_gives_the_event_id_as_event_id_of_does(event_id):
 @PROPERTIES
 @given(document=bson_documents(), event_id=st.one_of(st.just(_ABSENT), st.text(max_size=4), st.builds(ObjectId),
                                                      st.integers(-5, 5), bson_documents()))
+@example(document={"": None, "_id": None}, event_id=_ABSENT)
 def test_the_reader_takes_any_document_as_it_is(document, event_id):
     from relay.core.message import event_id_of
     from relay.outbox import decode
 
-    if event_id is not _ABSENT:
+    if event_id is _ABSENT:
+        event_id = document.get("_id", _ABSENT)
+    if event_id is not _ABSENT:  # a server stores `_id` first
         document = {"_id": event_id, **{k: v for k, v in document.items() if k != "_id"}}
     change = _change(document)
     assert change.document == bson.encode(document)
