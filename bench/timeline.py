@@ -22,11 +22,11 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from pymongo import monitoring
-from relay.mongo.changes import ChangeSource
 
 from relay.avro.encoding import MessageBuilder
 from relay.kafka.producer import IdempotentPublisher
 from relay.mongo.lease import LeaseStore
+from relay.mongo.stream import Subscription
 
 LOOP_PARTS = {  # what each timed call is, in the report
     "next_batch": "waiting for a read (the read-ahead not back yet) and reading its changes",
@@ -36,7 +36,7 @@ LOOP_PARTS = {  # what each timed call is, in the report
     "store_checkpoint": "storing the checkpoint (fenced majority write)",
 }
 
-HOOKS = [(ChangeSource, "next_batch", "next_batch"), (MessageBuilder, "build_many", "build_many"),
+HOOKS = [(Subscription, "next_batch", "next_batch"), (MessageBuilder, "build_many", "build_many"),
          (IdempotentPublisher, "send", "send"), (IdempotentPublisher, "drain", "wait"),
          (IdempotentPublisher, "poll", "wait"), (LeaseStore, "store_checkpoint", "store_checkpoint")]
 

@@ -238,3 +238,14 @@ def test_the_inbox_scenario_runs_from_bench_run_and_reports_both_ratios():
                                         "inbox_events": 500}, inbox=result))
     assert "inbox only" in text and "rounds: 90, 100, 110" in text
     assert "inbox / bare batched   = 1.00" in text and "inbox / bare per event = 10.0x" in text
+
+
+@pytest.mark.parametrize("module", sorted(
+    ".".join(p.relative_to(Path(__file__).resolve().parents[2]).with_suffix("").parts)
+    for p in (Path(__file__).resolve().parents[2] / "bench").rglob("*.py") if p.name != "__main__.py"))
+def test_every_bench_module_imports(module: str) -> None:
+    """A module that only a rarely run command imports (bench.timeline, for `bench.profile --where`)
+    still follows the relay's renames."""
+    import importlib
+
+    importlib.import_module(module)
