@@ -247,7 +247,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
     a = p.add_argument
     a("--events", type=int, default=100_000,
-      help="backlog of the default variant (default 100000; 2 KB: half, 20 KB: a tenth)")
+      help="backlog of the default variant (default 100000; 2 KB: half, 20 KB: a fifth)")
     a("--payload-bytes", type=int, default=200,
       help="BSON size of each event's payload document in the default variant (default 200)")
     a("--rates", default="500,1000x10,5000x50",

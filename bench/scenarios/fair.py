@@ -111,8 +111,9 @@ def relay_and_bare(stack: LocalStack, client: MongoClient[Any]) -> list[Contesta
 
 def fair_catch_up(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str, rounds: int,
                   entrants: list[Contestant]) -> list[Contestant]:
-    """Run every contestant `rounds` times on equal terms (see the module docstring)."""
-    for r in range(rounds):
+    """Run every contestant `rounds` times on equal terms (see the module docstring); none when
+    `--skip-contestants` left none."""
+    for r in range(rounds if entrants else 0):
         order = entrants[r % len(entrants):] + entrants[:r % len(entrants)]
         for c in order:
             database = f"fair_{run_id}_{uuid.uuid4().hex[:6]}"
