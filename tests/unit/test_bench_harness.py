@@ -18,6 +18,7 @@ from bench.events import EventFactory, variants
 from bench.report import MARK_END, MARK_START, Report, format_report, goals, update_benchmarks_md
 from bench.sampling import Sampler
 from bench.writer import RateWriter
+from tests.support.paths import ROOT
 
 # A parent that starts a child which holds 64 MB and burns about 0.6 s of CPU; the parent itself
 # only waits. Both print nothing; the parent exits when the child does.
@@ -240,9 +241,8 @@ def test_the_inbox_scenario_runs_from_bench_run_and_reports_both_ratios():
     assert "inbox / bare batched   = 1.00" in text and "inbox / bare per event = 10.0x" in text
 
 
-@pytest.mark.parametrize("module", sorted(
-    ".".join(p.relative_to(Path(__file__).resolve().parents[2]).with_suffix("").parts)
-    for p in (Path(__file__).resolve().parents[2] / "bench").rglob("*.py") if p.name != "__main__.py"))
+@pytest.mark.parametrize("module", sorted(".".join(p.relative_to(ROOT).with_suffix("").parts)
+                                          for p in (ROOT / "bench").rglob("*.py") if p.name != "__main__.py"))
 def test_every_bench_module_imports(module: str) -> None:
     """A module that only a rarely run command imports (bench.timeline, for `bench.profile --where`)
     still follows the relay's renames."""
