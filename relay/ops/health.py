@@ -193,7 +193,7 @@ class Health(_Degradable):
             if health.role == "leader" or answer["role"] == "standby":
                 answer["role"] = health.role
             if answer["ok"] and not ok:
-                answer.update(ok=False, reason=why if scope.partition.count == 1 else f"{scope}: {why}")
+                answer.update(ok=False, reason=f"{scope}: {why}" if scope.partitioned else why)
         return answers
 
     def ready(self) -> bool:
