@@ -77,7 +77,11 @@ class ManagedProcess:
         self._wait(10)
 
     def pause(self) -> None:
-        self.signal(signal.SIGSTOP)
+        """SIGSTOP, returning once the kernel shows the process stopped (a fault aimed at "while
+        paused" then lands there). Raises DevStackError if it is not running."""
+        if self.pid is None or not self.alive:
+            raise DevStackError(f"cannot pause {self.name}: it is not running")
+        pause_pid(self.pid)
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
@@ -109,6 +113,18 @@ class ManagedProcess:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+
+def pause_pid(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and wait until its state is stopped: kill() returns once the signal is
+    queued, and the process may run on for a moment (more so on a loaded machine)."""
+    os.kill(pid, signal.SIGSTOP)
+    process = psutil.Process(pid)
+    deadline = time.monotonic() + timeout
+    while process.status() != psutil.STATUS_STOPPED:
+        if time.monotonic() > deadline:
+            raise DevStackError(f"process {pid} was sent SIGSTOP but is still {process.status()} after {timeout:.0f} s")
+        time.sleep(0.01)
 
 
 def pid_alive(pid: int) -> bool:

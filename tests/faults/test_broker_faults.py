@@ -89,6 +89,7 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env,
         broker.process.resume()
     wait_until(lambda: getattr(publisher, wait)(0.05) or later.done, 30, "the later messages' reports")
     publisher.close()
-    assert first.failure is not None and later.failure is not None
+    assert first.failure is not None, "the first message was acknowledged while the broker was paused"
+    assert later.failure is not None, f"the later messages were acknowledged after the first failed: {first.failure}"
     values = {m.value() for m in read_messages(env.servers.kafka_bootstrap, topic, timeout=10)}
     assert b"v0" in values or not values, f"a gap: {sorted(values)} were written, v0 was not"

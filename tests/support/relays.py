@@ -110,8 +110,11 @@ class ChildProcess:
         self.proc.wait(timeout=30)
 
     def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
+        """SIGSTOP; returns once the process is stopped."""
+        from relay.dev.processes import pause_pid
+
+        assert self.proc is not None and self.alive, f"{self.log_path.stem} is not running"
+        pause_pid(self.proc.pid)
 
     def resume(self) -> None:
         assert self.proc is not None
