@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from tenacity import wait_fixed
 
 from relay.core.errors import Action, RelayError
+from relay.core.retry import retrying
 
 
 class DevStackError(RelayError):
@@ -120,11 +122,12 @@ def pause_pid(pid: int, timeout: float = 10.0) -> None:
     queued, and the process may run on for a moment (more so on a loaded machine)."""
     os.kill(pid, signal.SIGSTOP)
     process = psutil.Process(pid)
-    deadline = time.monotonic() + timeout
-    while process.status() != psutil.STATUS_STOPPED:
-        if time.monotonic() > deadline:
-            raise DevStackError(f"process {pid} was sent SIGSTOP but is still {process.status()} after {timeout:.0f} s")
-        time.sleep(0.01)
+
+    def stopped() -> None:
+        if (status := process.status()) != psutil.STATUS_STOPPED:
+            raise DevStackError(f"process {pid} was sent SIGSTOP but is still {status} after {timeout:.0f} s")
+
+    retrying(lambda exc: isinstance(exc, DevStackError), give_up_after_s=timeout, wait=wait_fixed(0.01))(stopped)
 
 
 def pid_alive(pid: int) -> bool:
