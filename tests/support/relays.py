@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from relay.config import Settings, env_name, kafka_env_name
+from relay.dev.processes import pause_pid
 from relay.wiring import build
 from tests.support.paths import ROOT
 
@@ -111,8 +112,6 @@ class ChildProcess:
 
     def pause(self) -> None:
         """SIGSTOP; returns once the process is stopped."""
-        from relay.dev.processes import pause_pid
-
         assert self.proc is not None and self.alive, f"{self.log_path.stem} is not running"
         pause_pid(self.proc.pid)
 

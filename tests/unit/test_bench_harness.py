@@ -3,6 +3,7 @@ the goals it reports and the BENCHMARKS.md section it rewrites. Timings are neve
 
 from __future__ import annotations
 
+import importlib
 import math
 import subprocess
 import sys
@@ -246,6 +247,4 @@ def test_the_inbox_scenario_runs_from_bench_run_and_reports_both_ratios():
 def test_every_bench_module_imports(module: str) -> None:
     """A module that only a rarely run command imports (bench.timeline, for `bench.profile --where`)
     still follows the relay's renames."""
-    import importlib
-
     importlib.import_module(module)
