@@ -10,6 +10,7 @@ import pymongo
 import pytest
 from pymongo.errors import PyMongoError
 
+from relay.core.errors import EXIT_UNREACHABLE
 from tests.support.leases import CheckpointWatcher, lease_doc
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.relays import RelayProcess, RelayThread
@@ -69,6 +70,18 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
         relays[slot] = proc
         started.append(proc)
 
+    def supervise() -> None:
+        """What the relay's container gets from `restart: unless-stopped` (docker-compose.yml): a
+        replica still starting when the broker went down gives up after RELAY_CONNECT_TIMEOUT_S
+        (exit 3, Kafka unreachable at start) and is started again. Any other exit fails the run."""
+        for slot, proc in list(relays.items()):
+            if proc.alive:
+                continue
+            assert proc.returncode == EXIT_UNREACHABLE, \
+                f"{proc.log_path.stem} exited {proc.returncode}:\n{proc.log()[-4000:]}"
+            faults.append(f"restart:{slot}")
+            launch(slot)
+
     launch("r1")
     launch("r2")
     faults: list[str] = []
@@ -79,6 +92,7 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
             rng.shuffle(actions)
             for action in actions:
                 time.sleep(rng.uniform(2.0, 5.0))
+                supervise()
                 owner = str((lease_doc(env3.db, env3.settings) or {}).get("owner") or "")
                 leader = owner.split("-", maxsplit=1)[0] if owner.startswith(("r1-", "r2-")) else "r1"
                 # Mostly hit the replica that holds the lease: that is where faults hurt.
@@ -98,6 +112,7 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
                     _step_down(rs3)
                 faults.append(f"{action}:{slot}" if action in ("kill", "pause") else action)
             writer.join()
+            supervise()
             records = all_published(env3, written, timeout=300)
     finally:
         for proc in started:

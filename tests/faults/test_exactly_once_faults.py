@@ -170,7 +170,7 @@ def test_zombie_leader_is_fenced_by_the_broker_and_nothing_it_sends_after_the_ta
         writer.join()
         records = _all_visible(env, written)
         appended = topic_size(env.servers.kafka_bootstrap, env.topic())
-        assert a.alive, f"A goes back to standby, it does not crash (exit {a.proc.poll()}):\n{a.log()[-4000:]}"
+        assert a.alive, f"A goes back to standby, it does not crash (exit {a.returncode}):\n{a.log()[-4000:]}"
     finally:
         a.stop()
         b.stop()

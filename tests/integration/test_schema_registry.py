@@ -106,7 +106,7 @@ def run_until_exit(settings: Any, tmp_path: Path, name: str) -> tuple[int, str]:
 
 def restarts(relay: RelayProcess, port: int, kind: str) -> float:
     """`relay_restarts_total{kind}` from the relay's /metrics; fails if the relay exited."""
-    assert relay.alive, f"the relay exited ({relay.proc and relay.proc.returncode}):\n{relay.log()[-3000:]}"
+    assert relay.alive, f"the relay exited ({relay.returncode}):\n{relay.log()[-3000:]}"
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             text = response.read().decode()

@@ -112,7 +112,8 @@ class ChildProcess:
 
     def pause(self) -> None:
         """SIGSTOP; returns once the process is stopped."""
-        assert self.proc is not None and self.alive, f"{self.log_path.stem} is not running"
+        assert self.proc is not None and self.alive, \
+            f"{self.log_path.stem} is not running (exit {self.returncode}):\n{self.log()[-3000:]}"
         pause_pid(self.proc.pid)
 
     def resume(self) -> None:
@@ -122,6 +123,11 @@ class ChildProcess:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the process ended; None while it runs (or before it started)."""
+        return None if self.proc is None else self.proc.poll()
 
     def terminate(self, timeout: float = 60) -> int:
         assert self.proc is not None
