@@ -70,8 +70,19 @@ class Delivery:
 
     def on_delivery(self, err: Any, msg: Any) -> None:
         self.pending -= 1
-        if err is not None and self.failure is None:
-            self.failure = (msg.value() or b"", err)  # failed reports carry no headers
+        if err is not None:
+            self._fail((msg.value() or b"", err))  # failed reports carry no headers
+
+    def refuse(self, count: int, failure: tuple[bytes, Any]) -> None:
+        """The last `count` messages were never handed over (the producer had stopped): no
+        report comes for them; they failed with `failure`."""
+        self.pending -= count
+        self._fail(failure)
+
+    def _fail(self, failure: tuple[bytes, Any]) -> None:
+        """Keep the first failure and announce it where the publisher looks (`failures`)."""
+        if self.failure is None:
+            self.failure = failure
             if self.failures is not None:
                 self.failures.append(self)
 

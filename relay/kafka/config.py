@@ -18,8 +18,10 @@ from relay.core.names import env_name, kafka_env_name
 from relay.core.redact import Properties, Uri, hold_masked
 
 # Producer properties the relay's guarantees depend on: forced, and refused if contradicted.
-FORCED: dict[str, str] = {"enable.idempotence": "true", "acks": "all"}
-_EQUIVALENT = {"acks": {"all", "-1"}, "enable.idempotence": {"true"}}
+# Gapless: a record batch the broker refuses for good stops the producer instead of letting
+# librdkafka bump the epoch and send what was queued behind it (docs/faults.md, "Delivery errors").
+FORCED: dict[str, str] = {"enable.idempotence": "true", "acks": "all", "enable.gapless.guarantee": "true"}
+_EQUIVALENT = {"acks": {"all", "-1"}, "enable.idempotence": {"true"}, "enable.gapless.guarantee": {"true"}}
 # Defaults for the producer that users may override.
 DEFAULTS: dict[str, str] = {
     "linger.ms": "5",

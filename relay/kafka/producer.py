@@ -1,10 +1,11 @@
 """The Kafka side: an idempotent producer, batches in flight, and their delivery reports.
 
-Idempotence and acks=all are forced (relay.kafka.config.FORCED): librdkafka then keeps order per
-partition with up to 5 requests in flight and never duplicates on its own retries. A failed
-delivery can still leave a gap while later messages succeed, and a fatal error makes the
-instance unusable, so after any failure the relay drops this producer, builds a new one and
-replays from the checkpoint (docs/faults.md, "Delivery errors").
+Idempotence, acks=all and the gapless guarantee are forced (relay.kafka.config.FORCED): librdkafka
+then keeps order per partition with up to 5 requests in flight, never duplicates on its own
+retries, and stops at a record batch the broker refuses for good. A timed-out delivery can
+still leave a gap while later messages succeed, and a fatal error makes the instance unusable,
+so after any failure the relay drops this producer, builds a new one and replays from the
+checkpoint (docs/faults.md, "Delivery errors").
 
 `LibrdkafkaProducer` holds what every producer of the relay shares: building the librdkafka instance,
 logging its client errors, and `_produce_all`, the one produce loop (each message with the
@@ -22,23 +23,40 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.core.config import WAIT_SLICE_S
+from relay.core.errors import BatchRefusedError, DeliveryError, ProducerFatalError
 from relay.core.window import Delivery
-from relay.kafka.errors import config_error, kafka_error, producing, translate
+from relay.kafka.config import FORCED
+from relay.kafka.errors import config_error, has_code, kafka_error, producing, translate
 
 log = logging.getLogger(__name__)
+librdkafka_log = logging.getLogger("kafka.producer")
+
+
+class ForcedPropertyNotice(logging.Filter):
+    """Drops librdkafka's notice, at every producer build, that a property the relay forces is
+    experimental (`enable.gapless.guarantee`, relay.kafka.config.FORCED): nothing to act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("CONFWARN" in text and any(f"{key} is experimental" in text for key in FORCED))
+
+
+librdkafka_log.addFilter(ForcedPropertyNotice())
 
 DRAIN_SLICE_S = 0.01  # longest a drain flushes before it checks for a failed report
 
 
 class ProduceRefused(Exception):
-    """Raised when librdkafka refused a message in produce(): its error (`cause`) and the event and
-    topic it was handed (what a refusal names)."""
+    """Raised when librdkafka refused a message in produce(): its error (`cause`), the event and
+    topic it was handed (what a refusal names), and how many messages of the delivery it had
+    taken before (`handed`)."""
 
-    def __init__(self, cause: KafkaException, event_id: str, topic: str) -> None:
+    def __init__(self, cause: KafkaException, event_id: str, topic: str, handed: int) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.event_id = event_id
         self.topic = topic
+        self.handed = handed
 
 
 def delivery_failure(delivery: Delivery) -> Exception:
@@ -63,9 +81,7 @@ class LibrdkafkaProducer:
 
     def __init__(self, config: dict[str, Any]) -> None:
         try:
-            self._producer = Producer(
-                {**config, "error_cb": self._on_error, "logger": logging.getLogger("kafka.producer")}
-            )
+            self._producer = Producer({**config, "error_cb": self._on_error, "logger": librdkafka_log})
         except KafkaException as exc:
             raise config_error(exc) from exc
 
@@ -80,7 +96,7 @@ class LibrdkafkaProducer:
         blocking only while the local queue is full (then serving reports and `while_waiting`).
         Raises ProduceRefused naming the message produce() refused, or poll()'s KafkaException."""
         produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._poll
-        for m in delivery.messages:
+        for handed, m in enumerate(delivery.messages):
             while True:
                 try:
                     produce(m.topic, m.value, m.key, headers=m.headers, on_delivery=on_delivery)
@@ -89,7 +105,7 @@ class LibrdkafkaProducer:
                     poll(WAIT_SLICE_S)
                     while_waiting()
                 except KafkaException as exc:
-                    raise ProduceRefused(exc, m.event_id, m.topic) from exc
+                    raise ProduceRefused(exc, m.event_id, m.topic, handed) from exc
 
     def _poll(self, timeout: float) -> int:
         return int(self._producer.poll(timeout))
@@ -116,20 +132,50 @@ class IdempotentPublisher(LibrdkafkaProducer):
     due. Reports arrive in send order per partition. After the first failed report everything
     still queued or in flight is purged (its reports fail next), so no later message of a
     partition is written before the replay of the failed one.
+
+    A record batch the broker refuses for good stops the producer at once (the forced
+    `enable.gapless.guarantee`: librdkafka raises _GAPLESS_GUARANTEE from poll or flush and sends
+    nothing more). The publisher keeps that error (`_gap`) instead of raising it: the refused
+    batch's own report still comes, later deliveries fail with the gap without being handed
+    over, and a delivery that failed only as a consequence (its messages purged or refused out of
+    sequence) is replayed one message per request (BatchRefusedError), which finds the cause.
     """
 
     def __init__(self, producer_config: dict[str, Any]) -> None:
         super().__init__(producer_config)
         self._failed: list[Delivery] = []  # deliveries whose first failed report was served
+        self._gap: KafkaError | None = None  # why librdkafka stopped the producer at a refused batch
 
     def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
-        """Hand every message to the producer (blocking only while its queue is full)."""
+        """Hand every message to the producer (blocking only while its queue is full); once the
+        producer stopped at a gap, none: the delivery fails with the gap."""
         delivery.failures = self._failed
+        handed = 0
         try:
-            self._produce_all(delivery, while_waiting)
+            if self._gap is None:
+                self._produce_all(delivery, while_waiting)
+                handed = len(delivery.messages)
             self._poll(0)
-        except (KafkaException, ProduceRefused) as exc:
+        except ProduceRefused as exc:
+            self._poll(0)  # a refusal because the producer stopped at a gap: learn that here
+            if self._gap is None:
+                raise self._refused(exc) from exc
+            handed = exc.handed
+        except KafkaException as exc:
             raise self._refused(exc) from exc
+        if self._gap is not None and handed < len(delivery.messages):
+            delivery.refuse(len(delivery.messages) - handed, (b"", self._gap))
+
+    def failure(self, delivery: Delivery) -> Exception:
+        """The error for `delivery`'s first failed report (`delivery_failure`); after a gap, a report
+        that failed only as its consequence asks for the delivery to be replayed one by one."""
+        error = delivery_failure(delivery)
+        if self._gap is not None and not delivery.one_by_one and isinstance(error, DeliveryError | ProducerFatalError):
+            return BatchRefusedError(
+                f"the broker refused a record batch ({self._gap.str()}); replaying it one message at a time",
+                len(delivery.messages),
+            )
+        return error
 
     def poll(self, timeout: float) -> None:
         """Run delivery callbacks that are due (waiting up to `timeout` for one); after a failed
@@ -153,18 +199,36 @@ class IdempotentPublisher(LibrdkafkaProducer):
         to send what was queued behind the failed message (docs/faults.md, row 11)."""
         deadline = time.monotonic() + timeout
         try:
-            while self._producer.flush(DRAIN_SLICE_S) and not self._failed and time.monotonic() < deadline:
+            while self._flush(DRAIN_SLICE_S) and not self._failed and time.monotonic() < deadline:
                 pass
             self._poll(0)
         except KafkaException as exc:
             raise self._refused(exc) from exc
 
+    def _flush(self, timeout: float) -> int:
+        try:
+            return int(self._producer.flush(timeout))
+        except KafkaException as exc:
+            self._stopped_at_gap(exc)
+            return len(self._producer)
+
     def _poll(self, timeout: float) -> int:
-        served = super()._poll(timeout)
+        try:
+            served = super()._poll(timeout)
+        except KafkaException as exc:
+            self._stopped_at_gap(exc)
+            served = 0
         if self._failed:
             self._failed.clear()
             self._producer.purge(in_queue=True, in_flight=True)
         return served
+
+    def _stopped_at_gap(self, exc: KafkaException) -> None:
+        """Keep librdkafka's gapless stop (drop what it still holds); re-raise any other error."""
+        if not has_code(exc, KafkaError._GAPLESS_GUARANTEE):
+            raise exc
+        self._gap = kafka_error(exc)
+        self._producer.purge(in_queue=True, in_flight=True)
 
     def close(self) -> None:
         """Drop whatever is still queued or in flight; nothing here was checkpointed."""

@@ -93,3 +93,41 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env,
     assert later.failure is not None, f"the later messages were acknowledged after the first failed: {first.failure}"
     values = {m.value() for m in read_messages(env.servers.kafka_bootstrap, topic, timeout=10)}
     assert b"v0" in values or not values, f"a gap: {sorted(values)} were written, v0 was not"
+
+
+def test_a_refused_record_batch_lets_no_later_message_of_its_partition_through(env):
+    """A batch the broker refuses for good (larger than the topic accepts) is a gap in the
+    partition's sequence. Left to itself librdkafka would drain, bump the epoch and send the
+    messages behind the gap before the loop serves the failed report; the forced
+    `enable.gapless.guarantee` makes the refusal stop the producer instead (docs/faults.md,
+    "Delivery errors"). The loop here is slow on purpose: it serves no report for two seconds."""
+    import os
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from relay.core.errors import BatchRefusedError
+    from relay.core.message import OutgoingMessage
+    from relay.core.window import Delivery
+    from relay.kafka.producer import IdempotentPublisher
+
+    topic = env.topic()
+    with AdminClient({"bootstrap.servers": env.servers.kafka_bootstrap}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "20000"})])[topic].result(timeout=30)
+    # One message per request, so the messages behind the refused one are requests of their own.
+    settings = env.settings.replace(kafka={"linger.ms": "0", "batch.num.messages": "1"})
+    publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
+    values = [b"v0", os.urandom(50_000), *(f"v{i}".encode() for i in range(2, 10))]
+    messages = [OutgoingMessage(f"e{i}", topic, b"k", v, []) for i, v in enumerate(values)]
+    delivery = Delivery([-1] * len(values), messages, None, 0.0)
+    publisher.poll(5)  # connected
+    publisher.send(delivery, lambda: None)
+    time.sleep(2)  # a busy loop: no report served, no purge
+    wait_until(lambda: publisher.poll(0.05) or delivery.done, 30, "every report")
+    later = Delivery([-1], [OutgoingMessage("e10", topic, b"k", b"v10", [])], None, 0.0)
+    publisher.send(later, lambda: None)  # a producer stopped at a gap takes nothing more
+    publisher.close()
+    assert delivery.failure is not None, "the broker took a message larger than the topic accepts"
+    assert isinstance(publisher.failure(delivery), BatchRefusedError), publisher.failure(delivery)
+    assert later.done and isinstance(publisher.failure(later), BatchRefusedError), publisher.failure(later)
+    written = [m.value() for m in read_messages(env.servers.kafka_bootstrap, topic, timeout=10)]
+    assert written in ([], [b"v0"]), f"written behind the refused message: {written}"

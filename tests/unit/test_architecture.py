@@ -17,7 +17,7 @@ RELAY = Path(__file__).resolve().parents[2] / "relay"
 ALLOWED_PRIVATE = {
     # librdkafka's error codes of its own (negative codes) are public constants of KafkaError.
     ("KafkaError", "_PARTITION_EOF"), ("KafkaError", "_FENCED"), ("KafkaError", "_ALL_BROKERS_DOWN"),
-    ("KafkaError", "_MSG_TIMED_OUT"), ("KafkaError", "_PURGE_QUEUE"),
+    ("KafkaError", "_MSG_TIMED_OUT"), ("KafkaError", "_PURGE_QUEUE"), ("KafkaError", "_GAPLESS_GUARANTEE"),
     ("super()", "_poll"),  # our own base class
     # PySpark has no public API to the driver JVM: the Parquet snapshots list and delete folders
     # through Hadoop's FileSystem, and the executor check silences log4j, through py4j.

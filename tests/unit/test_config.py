@@ -51,6 +51,7 @@ def test_flags_win_over_environment_which_wins_over_the_file(tmp_path):
     ({"RELAY_MONGODB_URI": "localhost:27017"}, "RELAY_MONGODB_URI"),
     ({"RELAY_KAFKA_ACKS": "1"}, "RELAY_KAFKA_ACKS"),
     ({"RELAY_KAFKA_ENABLE_IDEMPOTENCE": "false"}, "RELAY_KAFKA_ENABLE_IDEMPOTENCE"),
+    ({"RELAY_KAFKA_ENABLE_GAPLESS_GUARANTEE": "false"}, "RELAY_KAFKA_ENABLE_GAPLESS_GUARANTEE"),
     ({"RELAY_LEASE_TTL_S": "4", "RELAY_HEARTBEAT_INTERVAL_S": "3"}, "RELAY_HEARTBEAT_INTERVAL_S"),
     ({"RELAY_DATABSE": "typo"}, "RELAY_DATABSE"),
     ({"RELAY_LOG_LEVEL": "loud"}, "RELAY_LOG_LEVEL"),

@@ -160,6 +160,9 @@ def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
         def produce(self, *args, **kwargs):
             raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
 
+        def poll(self, timeout):
+            return 0
+
     publisher = Refusing({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
     real = publisher._producer
     message = OutgoingMessage("e9", "orders", b"k", b"v", [])
