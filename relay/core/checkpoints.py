@@ -9,7 +9,9 @@ Rules (each enforced here, tested in tests/unit/test_checkpoints.py):
   the lease (LeaseLostError).
 - An idle read's newer token (guarantee 7: the post-batch token of an idle outbox) is stored at
   most every heartbeat interval (`idle`); one not stored yet is stored when the session ends
-  (`flush`). A newer read with events makes it moot (`read`).
+  (`flush`). A newer read with events makes it moot (`read`). Newer means after the last token
+  stored, which a session starts from its grant's checkpoint: an idle store never moves the
+  checkpoint back.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 from collections.abc import Callable
 
 from relay.core.boundaries import Clock, LeaseStore
-from relay.core.positions import Grant, Token, short_token
+from relay.core.positions import Grant, Token, newer, short_token
 
 log = logging.getLogger("relay")
 
@@ -45,8 +47,8 @@ class CheckpointWriter:
         self._unstored: Token | None = None  # an idle read's newer token, not stored yet
 
     def begin(self, grant: Grant) -> None:
-        """A session of `grant` starts: taking the lease was a write."""
-        self._grant, self._unstored = grant, None
+        """A session of `grant` starts: taking the lease was a write; its checkpoint is the last token stored."""
+        self._grant, self._unstored, self._last_token = grant, None, grant.checkpoint.token
         self._last_write = self._clock.monotonic()
 
     @property
@@ -81,7 +83,8 @@ class CheckpointWriter:
         """Nothing new was read and everything in flight is stored: store the read's post-batch
         `token` (or renew) once a heartbeat interval has passed since the last write, else keep a
         newer token for later."""
-        fresh = token if token is not None and token != self._last_token else None
+        last = self._last_token
+        fresh = token if token is not None and (last is None or newer(token, last)) else None
         if self._clock.monotonic() - self._last_write >= self._interval:
             if fresh is not None:
                 self.store(fresh)  # idle: the post-batch token still advances

@@ -12,7 +12,9 @@ Rules (fast tests: tests/unit/test_stream.py; real servers: tests/integration/te
   token never has to be found by the server (an event token whose event a new filter drops would be).
 - A member's events come as batches under the read's post-batch token, which covers them and
   every event before it: once they are delivered, storing it skips nothing (guarantee 1). A read
-  with none of its events still advances its idle token (guarantee 7).
+  with none of its events still advances its idle token (guarantee 7), and only ever forward: after
+  a rewind, or for a member that joined ahead of the cursor, the older reads leave it where it is
+  (else an idle store would move that member's checkpoint back).
 - Memory is bounded: the reader reads on only while every member holds less than one read's worth
   of events not taken yet (one slow member slows the others: they share the read).
 - A resumable error opens the cursor again where it was (members skip what they had, their next
@@ -41,7 +43,7 @@ from pymongo.errors import PyMongoError
 from relay.core.change import Batch, Change
 from relay.core.errors import HistoryLostError, StreamInvalidatedError, TransientError
 from relay.core.partitions import Scope
-from relay.core.positions import ClusterTime, StartPoint, Token, position_key, token_cluster_time
+from relay.core.positions import ClusterTime, StartPoint, Token, newer, position_key, token_cluster_time
 from relay.mongo.codecs import read_changes
 from relay.mongo.cursor import Cursor, Read
 from relay.mongo.errors import resumable, translate
@@ -372,7 +374,8 @@ class SharedStream:
                 if mine:
                     member.queue.append(Batch(mine, read.token))
                     member.queued += len(mine)
-                member.tail = read.token
+                if member.tail is None or newer(read.token, member.tail):
+                    member.tail = read.token
                 member.skip = max(member.skip, key)
             self._position = read.token
             self._cond.notify_all()

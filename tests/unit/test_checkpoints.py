@@ -18,7 +18,8 @@ GRANT = Grant("me", 3, None, Checkpoint(None, None, None, None, None))
 class Lease:
     """A lease store that records each write: ("store", token) or ("renew",)."""
 
-    def __init__(self) -> None:
+    def __init__(self, grant: Grant) -> None:
+        self.grant = grant
         self.writes: list[tuple[Any, ...]] = []
         self.lost = False
 
@@ -31,15 +32,15 @@ class Lease:
         self.writes.append(("renew",))
 
     def _fenced(self, grant: Grant) -> None:
-        assert grant is GRANT
+        assert grant is self.grant
         if self.lost:
             raise LeaseLostError("lost")
 
 
-def _writer(interval: float = 5.0) -> tuple[CheckpointWriter, Lease, Clock, list[Any]]:
-    lease, clock, stored = Lease(), Clock(), []
+def _writer(interval: float = 5.0, grant: Grant = GRANT) -> tuple[CheckpointWriter, Lease, Clock, list[Any]]:
+    lease, clock, stored = Lease(grant), Clock(), []
     writer = CheckpointWriter(lease, "fp", clock, interval, stored.append)  # type: ignore[arg-type]
-    writer.begin(GRANT)
+    writer.begin(grant)
     return writer, lease, clock, stored
 
 
@@ -100,3 +101,22 @@ def test_a_read_with_events_drops_the_unstored_idle_token():
     writer.read()
     writer.flush()
     assert lease.writes == []
+
+
+def test_an_idle_token_never_moves_the_checkpoint_back():
+    """The shared stream's idle token of a member can be older than the checkpoint its session
+    started from (a member that joined ahead of the cursor; before the stream's own fix, a rewind
+    for another member): storing it would move the checkpoint back, so only newer ones are."""
+    grant = Grant("me", 3, None, Checkpoint({"_data": "05"}, None, None, None, None))
+    writer, lease, clock, _ = _writer(interval=5.0, grant=grant)
+    writer.idle({"_data": "03"})
+    writer.flush()
+    assert lease.writes == [], "older than the grant's checkpoint: kept neither for now nor for later"
+    clock.advance(5)
+    writer.idle({"_data": "04"})
+    assert lease.writes == [("renew",)], "an interval passed: the lease is renewed, the token not stored"
+    clock.advance(5)
+    writer.idle({"_data": "07"})
+    clock.advance(5)
+    writer.idle({"_data": "06"})
+    assert lease.writes == [("renew",), ("store", "07", "fp"), ("renew",)]

@@ -215,6 +215,52 @@ def test_a_member_joining_behind_the_cursor_rewinds_it_and_the_others_see_nothin
     assert len(FakeCursor.opened) == 2
 
 
+@pytest.fixture
+def small_reads():
+    """A stream reading two events at a time: a member holding two not taken stops the reader."""
+    oplog = Oplog()
+    FakeCursor.opened = []
+    stream = SharedStream(PLAN, lambda: FakeCursor(oplog, []), 2, 0.05, lambda: oplog.oldest)
+    yield oplog, stream
+    stream.close()
+
+
+def test_a_rewind_for_a_member_joining_behind_never_moves_another_members_idle_token_back(small_reads):
+    """After a rewind the older reads hold none of `a`'s events (it skips them), and its idle
+    token stays where it was: an idle store of an older one would move its checkpoint back."""
+    oplog, stream = small_reads
+    oplog.insert(B, 4)
+    oplog.insert(A, 16)
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    _drain(a, 16, max_events=2)
+    _read_past(stream, len(oplog.entries))
+    high = a.next_batch(100).token
+    assert high is not None
+    b = _subscription(stream, B)  # behind: the cursor opens again at b's checkpoint
+    b.open(StartPoint(resume_after=_token(0)))
+    for _ in range(20):  # b's queue is not taken: the reader stops among the older reads
+        idle = a.next_batch(100)
+        assert not idle.changes and idle.token is not None
+        assert idle.token["_data"] >= high["_data"], f"idle token moved back: {idle.token} < {high}"
+    assert len(FakeCursor.opened) == 2, "the rewind happened"
+
+
+def test_a_member_joining_ahead_of_the_cursor_keeps_an_idle_token_at_or_after_its_checkpoint(small_reads):
+    oplog, stream = small_reads
+    oplog.insert(A, 10)
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))  # the cursor starts at the beginning
+    _read_past(stream, 2)  # and stops there: a holds two events it has not taken
+    b = _subscription(stream, B)
+    b.open(StartPoint(resume_after=_token(8)))  # b's checkpoint is ahead of the cursor
+    for _ in range(10):
+        a.next_batch(2)
+        idle = b.next_batch(100)
+        assert not idle.changes and idle.token is not None
+        assert idle.token["_data"] >= _token(8)["_data"], f"idle token before b's checkpoint: {idle.token}"
+
+
 def test_a_member_joining_now_gets_only_later_events_and_its_opening_token_covers_nothing_it_gets(world):
     oplog, _, stream = world
     a = _subscription(stream, A)
