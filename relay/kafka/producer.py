@@ -15,6 +15,7 @@ at-least-once producer; relay.kafka.transactions builds the exactly-once one on 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -157,8 +158,7 @@ class IdempotentPublisher(LibrdkafkaProducer):
                 handed = len(delivery.messages)
             self._poll(0)
         except ProduceRefused as exc:
-            self._poll(0)  # a refusal because the producer stopped at a gap: learn that here
-            if self._gap is None:
+            if not self._learned_gap():
                 raise self._refused(exc) from exc
             handed = exc.handed
         except KafkaException as exc:
@@ -222,6 +222,13 @@ class IdempotentPublisher(LibrdkafkaProducer):
             self._failed.clear()
             self._producer.purge(in_queue=True, in_flight=True)
         return served
+
+    def _learned_gap(self) -> bool:
+        """Whether the producer stopped at a gap, serving what is due to learn it (produce() refuses
+        with _FATAL before poll has raised the gap); another error is left to the caller's."""
+        with contextlib.suppress(KafkaException):
+            self._poll(0)
+        return self._gap is not None
 
     def _stopped_at_gap(self, exc: KafkaException) -> None:
         """Keep librdkafka's gapless stop (drop what it still holds); re-raise any other error."""

@@ -172,6 +172,52 @@ def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
     real.purge()
 
 
+def test_a_produce_refused_because_the_producer_stopped_at_a_gap_fails_the_delivery_for_a_replay_one_by_one():
+    """librdkafka stopped the producer at a refused record batch (the forced gapless guarantee)
+    and produce() refuses with _FATAL before poll() raised the gap: the publisher learns the gap,
+    the messages not handed over fail with it, and the delivery is replayed one message per
+    request (not restarted as a fatal error, which would meet the same batch again)."""
+    from relay.core.errors import BatchRefusedError
+    from relay.core.message import OutgoingMessage
+    from relay.core.window import Delivery
+    from relay.kafka.producer import IdempotentPublisher
+
+    gap = KafkaError(KafkaError._GAPLESS_GUARANTEE, "refused batch: unable to satisfy gap-less guarantee", fatal=True)
+
+    class StoppedProducer:
+        handed = 0
+        raised = False
+
+        def produce(self, *args, on_delivery, **kwargs):
+            if self.handed:
+                raise KafkaException(KafkaError(KafkaError._FATAL))
+            self.handed += 1
+
+        def poll(self, timeout):
+            if not self.raised:
+                self.raised = True
+                raise KafkaException(gap)
+            return 0
+
+        def purge(self, **kwargs):
+            pass
+
+    class Stopped(IdempotentPublisher):
+        def _produce_all(self, delivery, while_waiting):
+            self._producer = StoppedProducer()
+            super()._produce_all(delivery, while_waiting)
+
+    publisher = Stopped({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
+    real = publisher._producer
+    messages = [OutgoingMessage(f"e{i}", "orders", b"k", f"v{i}".encode(), []) for i in range(3)]
+    delivery = Delivery([1, 2, 3], messages, None, 0.0)
+    publisher.send(delivery, lambda: None)
+    assert delivery.pending == 1 and delivery.failure == (b"", gap), "two never handed over, one awaits its report"
+    refused = publisher.failure(delivery)
+    assert isinstance(refused, BatchRefusedError) and refused.events == 3, refused
+    real.purge()
+
+
 def test_a_permission_refusal_stop_line_lists_each_refused_action_and_resource():
     from relay.core.errors import PermissionDeniedError
     from relay.ops.observe import write_stop_line
