@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
-.PHONY: setup containers demo test test-fast lint bench dev-up dev-down docs dist clean
+.PHONY: setup containers demo test soak test-fast lint bench dev-up dev-down docs dist clean
 
 # relay/_native*.so goes first: a module of an older build under another name (before the stable
 # ABI, _native.cpython-311-*.so) would be imported before the new _native.abi3.so.
@@ -56,6 +56,12 @@ containers: $(STAMP)
 
 test: setup lint containers
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
+
+# The second tier (docs/testing.md): only the soak-sized scenarios (marker `soak`), at full size
+# (RELAY_SOAK=1: tests/support/soak.py). Run it before calling work on the loop, the reader,
+# positions, leases, the inbox or exactly-once done.
+soak: setup
+	RELAY_SOAK=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m soak --durations=20 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

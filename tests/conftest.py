@@ -205,12 +205,12 @@ _ALONE = ("tests/integration/test_schema_registry.py::test_registry_killed_mid_r
           "tests/integration/test_schema_registry.py::test_dev_up_with_schema_registry_prints_its_url_and_down_stops_it")
 # Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
 # groups, then the other server tests, the unit tests last.
-_ORDER = ("slow", "containers", "spark", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
+_ORDER = ("soak", "containers", "spark", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
           "tests/unit/")
 
 
 def _rank(item: pytest.Item) -> int:
-    if item.get_closest_marker("slow"):
+    if item.get_closest_marker("soak"):
         return 0
     name = _group_of(item.nodeid) or item.nodeid
     return next((i for i, key in enumerate(_ORDER) if name == key or name.startswith(key)), len(_ORDER))
@@ -220,6 +220,15 @@ def _group_of(nodeid: str) -> str | None:
     if nodeid.startswith(_ALONE):
         return None
     return next((g for prefix, g in _GROUPS if nodeid.startswith(prefix)), None)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker ends when its controller does, however the controller dies (SIGKILL,
+    Ctrl-C): its reaper then kills the servers and relays it started (relay.dev.reaper)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from relay.dev.reaper import die_with_parent
+
+        die_with_parent()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -15,11 +15,14 @@ from tests.support.leases import CheckpointWatcher, lease_doc
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.relays import RelayProcess, RelayThread
 from tests.support.servers import needs_local_stack
+from tests.support.soak import size
 from tests.support.waiting import wait_until
 from tests.support.writes import Written, background_writes
 
-# The chaos run's events: four writers keep writing through all seven faults (about 30 s of them).
-EVENTS = 25_000
+# The chaos run's events: four writers keep writing through all seven faults (about 30 s of them);
+# `make test` writes a quarter of them, paced to last as long, through the same faults.
+EVENTS = size(6_000, 25_000)
+PAUSE = size(0.05, 0.004)  # seconds between a writer's transactions
 
 
 def _step_down(rs) -> None:
@@ -39,13 +42,18 @@ def _kill_primary_and_restart(rs) -> None:
 
 
 
+@pytest.mark.soak
 def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3):
+    """A step-down a quarter into the writes, the primary SIGKILLed past half of them: every event
+    published once at least, in order per aggregate, no checkpoint moved back. At the suite's size
+    (1,500 events at a slower pace) both faults still land while the writers are busy."""
+    total = size(1_500, 4_000)
     written = Written()
     with RelayThread(env3.settings) as relay, CheckpointWatcher(env3.db, env3.settings) as watcher:
-        writer = background_writes(env3, written, 4000, writers=4, pause=0.01, max_per_txn=5)
-        wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
+        writer = background_writes(env3, written, total, writers=4, pause=size(0.027, 0.01), max_per_txn=5)
+        wait_until(lambda: len(written.ids) > total // 4, 60, "writes under way")
         _step_down(rs3)
-        wait_until(lambda: len(written.ids) > 2500, 90, "writes after the step-down")
+        wait_until(lambda: len(written.ids) > total * 5 // 8, 90, "writes after the step-down")
         _kill_primary_and_restart(rs3)
         writer.join()
         records = all_published(env3, written)
@@ -55,9 +63,14 @@ def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3):
     print(f"\nstep-down + primary SIGKILL: {len(written.ids)} events, {len(verdict.duplicates)} duplicates")
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(1200)  # its waits add up to more than the suite's 600 s on a slow machine
 def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3, tmp_path):
+    """Two relay processes on a three-member replica set; while four writers commit, seven faults
+    in random order: three kills of a replica (a new one replaces it), two pauses past the lease,
+    the broker killed and restarted, a primary step-down. Then nothing lost, per-aggregate order
+    kept, no checkpoint moved back. The suite writes 6,000 events (the soak 25,000), paced to last about
+    as long: the faults take 25-45 s and still land while the writers are busy."""
     broker = needs_local_stack(env3.servers).kafka
     rng = random.Random(50_000)
     written = Written()
@@ -87,7 +100,7 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
     faults: list[str] = []
     try:
         with CheckpointWatcher(env3.db, env3.settings) as watcher:
-            writer = background_writes(env3, written, EVENTS, writers=4, pause=0.004, max_per_txn=5)
+            writer = background_writes(env3, written, EVENTS, writers=4, pause=PAUSE, max_per_txn=5)
             actions = ["kill", "kill", "kill", "pause", "pause", "broker", "step-down"]
             rng.shuffle(actions)
             for action in actions:

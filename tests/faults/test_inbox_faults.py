@@ -26,8 +26,14 @@ from tests.inbox_support import (
 )
 from tests.support.relays import RelayThread
 from tests.support.servers import needs_local_stack
+from tests.support.soak import size
 from tests.support.waiting import wait_until
 from tests.support.writes import Written, background_writes
+
+# Events per run: the suite's size still lets every kill, the broker's restart and the election land
+# while the consumer has a backlog to apply (each waits for progress first, then asserts it is not done).
+KILL_RUN = size(1_500, 3_000)
+FAULT_RUN = size(1_000, 2_000)
 
 
 @pytest.fixture
@@ -44,6 +50,7 @@ def short_transaction_lifetime(env):
         admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("form", FORMS)
 def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_order(env, tmp_path, form,
                                                                                     short_transaction_lifetime):
@@ -64,11 +71,12 @@ def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_or
                            group, env.servers.kafka_bootstrap, form=form)
     left_in_window: list[int] = []
     with RelayThread(env.settings):
-        writer = background_writes(env, written, 3000, writers=3, pause=0.004)
+        writer = background_writes(env, written, KILL_RUN, writers=3, pause=0.004)
         service.start()
         try:
             for kill in range(6):
-                target = applied_count(env.db) + rng.randint(100, 300)
+                step = KILL_RUN // 30  # 6 kills, each after 1-3 steps of progress
+                target = applied_count(env.db) + rng.randint(step, 3 * step)
                 wait_until(lambda: applied_count(env.db) >= target, 90, "the consumer at work", interval=0.05)
                 if kill % 2:  # aimed: once a transaction committed whose offsets are not committed yet
                     wait_until(lambda: recorded_not_committed(env.db, env.servers.kafka_bootstrap, topic, group),
@@ -78,17 +86,18 @@ def test_consumer_sigkilled_mid_run_and_restarted_applies_every_event_once_in_or
                 service.commit_delay_s = 0.3 if kill % 2 == 0 else 0.0  # the next kill is aimed
                 service.start()
             writer.join()
-            wait_applied(env.db, 3000, timeout=120)
+            wait_applied(env.db, KILL_RUN, timeout=120)
         finally:
             service.stop()
     assert_effects_exactly_once_in_order(env.db, written)
-    assert applied_count(env.db) == 3000, service.log_path.read_text()[-2000:]
+    assert applied_count(env.db) == KILL_RUN, service.log_path.read_text()[-2000:]
     # At least one kill left recorded events uncommitted in Kafka: the next consumer read them
     # again and skipped them (the effects above are exact), which is the inbox's reason to be.
     assert any(left_in_window), left_in_window
     print(f"\nkills ({form}): events recorded but not committed to Kafka at each kill: {left_in_window}")
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("form", FORMS)
 def test_broker_killed_and_restarted_mid_run_applies_every_event_once_in_order(env, form):
     broker = needs_local_stack(env.servers).kafka
@@ -96,13 +105,13 @@ def test_broker_killed_and_restarted_mid_run_applies_every_event_once_in_order(e
     run = dict(topics=[env.topic()], group_id="shipping", bootstrap_servers=env.servers.kafka_bootstrap,
                batch_max_events=100)
     with RelayThread(env.settings), consumer(form, env, **run) as inbox:
-        writer = background_writes(env, written, 2000, writers=3, pause=0.005)
-        wait_applied(env.db, 500, alive=inbox.check_alive)
+        writer = background_writes(env, written, FAULT_RUN, writers=3, pause=0.005)
+        wait_applied(env.db, FAULT_RUN // 4, alive=inbox.check_alive)
         broker.process.kill()  # offset commits fail or wait; the inbox records stay
         time.sleep(2)
         broker.start()
         writer.join()
-        wait_applied(env.db, 2000, timeout=120, alive=inbox.check_alive)
+        wait_applied(env.db, FAULT_RUN, timeout=120, alive=inbox.check_alive)
     assert_effects_exactly_once_in_order(env.db, written)
 
 
@@ -134,20 +143,21 @@ def _step_down(rs) -> tuple[int, int | None]:
     return before, _primary(rs)
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("form", FORMS)
 def test_primary_step_down_mid_run_applies_every_event_once_in_order(env3, rs3, form):
     written = Written()
     run = dict(topics=[env3.topic()], group_id="shipping", bootstrap_servers=env3.servers.kafka_bootstrap,
                batch_max_events=100)
     with RelayThread(env3.settings), consumer(form, env3, **run) as inbox:
-        writer = background_writes(env3, written, 2000, writers=3, pause=0.005)
-        wait_applied(env3.db, 500, alive=inbox.check_alive)
+        writer = background_writes(env3, written, FAULT_RUN, writers=3, pause=0.005)
+        wait_applied(env3.db, FAULT_RUN // 4, alive=inbox.check_alive)
         old, new = _step_down(rs3)
         at_election = applied_count(env3.db)
-        assert at_election < 2000, "the step-down came after the inbox had applied everything"
+        assert at_election < FAULT_RUN, "the step-down came after the inbox had applied everything"
         writer.join()
         # The inbox keeps going on the new primary (after retrying, if a transaction was cut).
-        wait_applied(env3.db, 2000, timeout=120, alive=inbox.check_alive)
+        wait_applied(env3.db, FAULT_RUN, timeout=120, alive=inbox.check_alive)
     assert_effects_exactly_once_in_order(env3.db, written)
     retries = inbox.metric("relay_inbox_transaction_retries_total")
     print(f"\nstep-down ({form}): primary {old} -> {new}, applied {at_election} at the election, "

@@ -17,11 +17,12 @@ import pytest
 from tests.integration.test_outboxes import Outboxes, outboxes  # noqa: F401 - the fixture
 from tests.support.oracle import assert_complete_and_ordered
 from tests.support.relays import RelayProcess
+from tests.support.soak import size
 from tests.support.topics import read_topic
 from tests.support.waiting import wait_until
 from tests.support.writes import Written, write_events
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.soak
 
 
 def _leader(env, procs: dict[str, RelayProcess], names: list[str]) -> str | None:
@@ -49,8 +50,8 @@ def test_three_outboxes_two_replicas_leader_killed_during_a_backlog_lose_nothing
 
     def writer(name: str) -> None:
         db, coll = name.split(".")
-        write_events(env.client[db], coll, 1500, writers=2, max_per_txn=5, written=written[name],
-                     seed=hash(name) % 100, pause=lambda: time.sleep(0.01))
+        write_events(env.client[db], coll, size(600, 1_500), writers=2, max_per_txn=5, written=written[name],
+                     seed=hash(name) % 100, pause=lambda: time.sleep(size(0.03, 0.01)))
 
     writers = [threading.Thread(target=writer, args=(n,), daemon=True) for n in box.names]
     for w in writers:

@@ -17,6 +17,7 @@ from relay.core.partitions import Partition, Scope, partition_of
 from tests.support.leases import LeaseHistory
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.relays import RelayProcess
+from tests.support.soak import size
 from tests.support.waiting import wait_until
 from tests.support.writes import Written, background_writes
 
@@ -79,15 +80,16 @@ def test_three_replicas_share_six_partitions_and_the_two_left_take_over_a_stoppe
           f"after C left; {len(written.ids)} events, {len(verdict.duplicates)} duplicates")
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.timeout(900)
 def test_chaos_four_partitions_three_replicas_kills_pauses_joins_and_leaves(env, tmp_path):
-    """4 partitions, 3 relay processes, 25,000 events from 4 writers in transactions of up to 5;
+    """4 partitions, 3 relay processes, 25,000 events (the suite: 6,000, paced to last as long, so
+    every fault lands while they are written) from 4 writers in transactions of up to 5;
     meanwhile kills (SIGKILL, a new replica replaces it), pauses past the lease (SIGSTOP, SIGCONT),
     a replica joining and one leaving gracefully (SIGTERM). Then: nothing lost, per-aggregate
     order kept, every message published after the checkpoint its partition's lease resumed from
     (so every duplicate is), no checkpoint moved back, and every partition led at the end."""
-    n, total = 4, 25_000
+    n, total = 4, size(6_000, 25_000)
     settings = env.settings.replace(partitions=n)
     rng = random.Random(11)
     written = Written()
@@ -111,7 +113,7 @@ def test_chaos_four_partitions_three_replicas_kills_pauses_joins_and_leaves(env,
             for _ in range(3):
                 launch()
             wait_until(lambda: sum(_counts(settings).values()) == n, 90, "every partition led")
-            writer = background_writes(env, written, total, writers=4, pause=0.004, max_per_txn=5)
+            writer = background_writes(env, written, total, writers=4, pause=size(0.06, 0.004), max_per_txn=5)
             actions = ["kill", "kill", "pause", "pause", "join", "leave"]
             rng.shuffle(actions)
             for action in actions:
