@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from relay.dev.processes import free_port
+from relay.dev.processes import free_port, spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 OWN_SHARE = "relay_read_to_ack_seconds"
@@ -45,7 +45,7 @@ class RelayChild:
 
     def start(self) -> RelayChild:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], cwd=self.code, env=self.env,
+            self.proc = spawn([sys.executable, "-m", "relay", "run"], cwd=self.code, env=self.env,
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self
 

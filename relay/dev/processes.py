@@ -1,5 +1,6 @@
 """Server processes the dev stack and the tests start: started in their own session, signalled
-by process id only (never by name), waited for on loopback ports."""
+by process id only (never by name), waited for on loopback ports, and killed with the process
+that started them however it dies (relay.dev.reaper)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tenacity import wait_fixed
 
 from relay.core.errors import Action, RelayError
 from relay.core.retry import retrying
+from relay.dev import reaper
 
 
 class DevStackError(RelayError):
@@ -39,6 +41,14 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def spawn(argv: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """`subprocess.Popen(argv, **popen)`, the child watched by this process's reaper: it is
+    SIGKILLed (with its process group when it leads one) if this process dies before stopping it."""
+    process: subprocess.Popen[bytes] = subprocess.Popen(argv, **popen)
+    reaper.watch(process.pid)
+    return process
+
+
 @dataclass
 class ManagedProcess:
     """A server process we started; all signals go to its process id."""
@@ -53,7 +63,7 @@ class ManagedProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.popen = subprocess.Popen(
+            self.popen = spawn(
                 self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -62,6 +72,11 @@ class ManagedProcess:
                 env=self.env,
             )
         self.pid = self.popen.pid
+
+    def detach(self) -> None:
+        """Let the process outlive this one (`dev up`): its reaper forgets it."""
+        if self.pid is not None:
+            reaper.release(self.pid)
 
     @property
     def alive(self) -> bool:

@@ -402,6 +402,9 @@ def dev_up(schema_registry: bool = False) -> dict[str, Any]:
         dev_down()
         stack = LocalStack(_dev_dir())
         stack.start()
+        for process in [*stack.mongo.processes, stack.kafka.process]:
+            if process is not None:
+                process.detach()  # the detached stack outlives this command (relay.dev.reaper)
         state = stack.state()
         _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
     if schema_registry:
@@ -409,6 +412,8 @@ def dev_up(schema_registry: bool = False) -> dict[str, Any]:
 
         registry = SchemaRegistryServer(_dev_dir() / "schema-registry")
         registry.start()
+        if registry.process is not None:
+            registry.process.detach()
         state["schema_registry"] = registry.state()
     _state_file().write_text(json.dumps(state, indent=2))
     return {"running": True, **state}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from relay.dev.processes import spawn
 from relay.dev.stack import pid_alive
 from tests.support.paths import ROOT
 from tests.support.relays import settings_env
@@ -29,7 +30,7 @@ _MAIN_WITH_CTRL_C = ("import runpy, signal, sys; signal.signal(signal.SIGINT, si
 
 def _demo(env_vars: dict[str, str], *args: str, stdout: Path, stderr: Path) -> subprocess.Popen[bytes]:
     with stdout.open("wb") as out, stderr.open("wb") as err:
-        return subprocess.Popen([sys.executable, "-c", _MAIN_WITH_CTRL_C, "demo", *args], env=env_vars, cwd=ROOT,
+        return spawn([sys.executable, "-c", _MAIN_WITH_CTRL_C, "demo", *args], env=env_vars, cwd=ROOT,
                                 stdout=out, stderr=err)
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from relay.dev.processes import spawn
 from tests.support.paths import ROOT
 from tests.support.relays import settings_env
 from tests.support.waiting import wait_until
@@ -121,7 +122,7 @@ def _serve(installed: Installed, env: Any, tmp_path: Path) -> str:
                            ("inbox", [str(installed.bin / "python"), service, "consume", uri, database,
                                       env.topic(), "shipping", bootstrap])):
             with logs[name].open("wb") as log:
-                procs.append(subprocess.Popen(argv, cwd=installed.cwd, env=relay_env, stdout=log,
+                procs.append(spawn(argv, cwd=installed.cwd, env=relay_env, stdout=log,
                                               stderr=subprocess.STDOUT))
         done = lambda: env.db.shipments.count_documents({"steps": {"$size": STEPS}}) == AGGREGATES  # noqa: E731
         wait_until(done, 240, f"{AGGREGATES} orders' {STEPS} steps in effect")

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from relay.dev.processes import free_port
+from relay.dev.processes import free_port, spawn
 from relay.mongo.privileges import required
 from tests.security_servers import AuthMongo, auth_mongo
 from tests.support.paths import ROOT
@@ -147,7 +147,7 @@ def _running(env: dict[str, str], log: Path, until: Any, what: str, endpoints: t
     SIGTERM; what it printed (and the endpoints' answers)."""
     port = free_port()
     with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "relay", "run"], stdout=sink, stderr=subprocess.STDOUT,
+        proc = spawn([sys.executable, "-m", "relay", "run"], stdout=sink, stderr=subprocess.STDOUT,
                                 cwd=ROOT, env=_base_env() | SECRET_ENV | env
                                 | {"RELAY_HTTP_PORT": str(port), "RELAY_HTTP_HOST": "127.0.0.1"})
     try:

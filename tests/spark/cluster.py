@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relay.dev.processes import spawn
 from relay.dev.stack import ManagedProcess, free_port
 from tests.support.waiting import wait_until
 
@@ -113,7 +114,7 @@ class StandaloneCluster:
         process = ManagedProcess(name, argv, self.base_dir / f"{name}.log")
         self.base_dir.mkdir(parents=True, exist_ok=True)
         with open(process.log_path, "ab") as log:
-            process.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            process.popen = spawn(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              env=self._env(), cwd=self.base_dir, start_new_session=True)
         process.pid = process.popen.pid
         return process
@@ -193,7 +194,7 @@ def run_to_end(argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, 
     """Run `argv` in its own process group (the Python driver, its JVM, its Python workers) until it
     exits; past `timeout`, SIGKILL the group by its id and fail with the end of the log."""
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+        proc = spawn(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             proc.wait(timeout=timeout)

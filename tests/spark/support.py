@@ -23,6 +23,7 @@ from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.message import HEADER_FENCING
+from relay.dev.processes import spawn
 from relay.outbox import OutboxEvent
 from relay.spark.materialize import MaterializeConfig, MongoView
 from relay.spark.state import read_state
@@ -134,7 +135,7 @@ class PipelineProcess:
         scratch.mkdir(exist_ok=True)
         with open(self.log_path, "ab") as log:
             env = settings_env(self.settings) | {"TMPDIR": str(scratch), "JAVA_TOOL_OPTIONS": JAVA_TOOL_OPTIONS}
-            self.proc = subprocess.Popen(pipeline_command(*self.argv), env=env, cwd=ROOT,
+            self.proc = spawn(pipeline_command(*self.argv), env=env, cwd=ROOT,
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 

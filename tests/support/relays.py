@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from relay.config import Settings, env_name, kafka_env_name
-from relay.dev.processes import pause_pid
+from relay.dev.processes import pause_pid, spawn
 from relay.wiring import build
 from tests.support.paths import ROOT
 
@@ -101,7 +101,7 @@ class ChildProcess:
 
     def start(self) -> Self:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), env=self.environ(), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = spawn(self.argv(), env=self.environ(), stdout=log, stderr=subprocess.STDOUT,
                                          cwd=ROOT)
         return self
 
