@@ -41,6 +41,7 @@ from relay.mongo.config import CLUSTER
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.cursor import Cursor, oplog_start
 from relay.mongo.housekeeping import Housekeeper, Watched, cleaner_for, shares_of
+from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.outboxes import added
 from relay.mongo.pipeline import StreamPlan, fingerprint, scan_filter
@@ -93,6 +94,18 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     membership = Membership(mongo.leases(client), group.name, group.instance_id, group.partitions,
                             group.timing.lease_ttl_s)  # fmt: skip
     return Group(group, relays, balance, membership, observer, start, close)
+
+
+def lease_store(parts: PartConfigs, client: MongoClient[Any], scope: Scope) -> LeaseStore:
+    """The lease document of `scope` for this replica: the one way the running relay and the
+    group's start-up build it."""
+    return LeaseStore(
+        parts.mongo.leases(client),
+        scope,
+        parts.group.instance_id,
+        parts.group.timing.lease_ttl_s,
+        delivery=parts.kafka.delivery,
+    )
 
 
 def message_builder(
@@ -159,7 +172,7 @@ def _relay(
         dataclasses.replace(parts.loop, namespace=str(scope)),
         source=change_source(parts, client, stream, scope),
         mode=delivery_mode(parts, scope.lease_id, selection),
-        lease=parts.lease_store(client, scope),
+        lease=lease_store(parts, client, scope),
         encoder=message_builder(parts, folder, native=native, encoding=parts.encoding_for(scope.namespace)),
         observer=observer,
         fingerprint=selection,
@@ -215,7 +228,7 @@ def _preflight(parts: PartConfigs, client: MongoClient[Any]) -> None:
         prepare(leases, namespace, count)
     new = added(leases, mongo.outboxes)
     for scope in scopes:  # so a later change of count finds all of them
-        parts.lease_store(client, scope).ensure(rescan=scope.namespace in new)
+        lease_store(parts, client, scope).ensure(rescan=scope.namespace in new)
     check_kafka(kafka)
     if kafka.exactly_once:
         OffsetsTopic(kafka).ensure()

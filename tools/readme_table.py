@@ -1,4 +1,4 @@
-"""Rewrite README.md's configuration table from relay/config.py (`make docs`)."""
+"""Rewrite README.md's configuration table from relay/config/ (the settings table) (`make docs`)."""
 
 from __future__ import annotations
 

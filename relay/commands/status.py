@@ -24,8 +24,8 @@ from relay.mongo.membership import Membership
 
 def _stores(settings: Settings, client: Any, namespace: str) -> list[LeaseDocument]:
     """Every partition's lease document of the outbox `namespace` (the whole outbox's without partitions)."""
-    parts = settings.parts()
-    return [parts.lease_document(client, Scope(namespace, p)) for p in partitions(settings.partitions)]
+    leases = settings.parts().mongo.leases(client)
+    return [LeaseDocument(leases, Scope(namespace, p).lease_id) for p in partitions(settings.partitions)]
 
 
 def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:

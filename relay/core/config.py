@@ -36,9 +36,10 @@ def start_at_time(start_at: str) -> dt.datetime | None:
     return None if start_at in START_KEYWORDS else parse_start_time(start_at)
 
 
-def _positive(value: float, setting: str) -> None:
+def positive(value: float, setting: str) -> None:
+    """The one rule for a count, a size or a period: ConfigError naming `setting` unless `value` > 0."""
     if value <= 0:
-        raise ConfigError(env_name(setting), f"must be greater than 0, got {value}")
+        raise ConfigError(setting, f"must be greater than 0, got {value}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +58,7 @@ class LeaseTiming:
 
     def __post_init__(self) -> None:
         for name in ("lease_ttl_s", "heartbeat_interval_s", "standby_poll_s"):
-            _positive(getattr(self, name), name)
+            positive(getattr(self, name), env_name(name))
         if self.heartbeat_interval_s * 2 > self.lease_ttl_s:
             raise ConfigError(
                 env_name("heartbeat_interval_s"),
@@ -91,11 +92,11 @@ class LoopConfig:
     transaction_max_events: int | None
 
     def __post_init__(self) -> None:
-        _positive(self.max_in_flight_events, "batch_max_events")
+        positive(self.max_in_flight_events, env_name("batch_max_events"))
         for name in ("batch_max_bytes", "pipeline_depth", "restart_backoff_max_s"):
-            _positive(getattr(self, name), name)
+            positive(getattr(self, name), env_name(name))
         if self.transaction_max_events is not None:
-            _positive(self.transaction_max_events, "transaction_max_events")
+            positive(self.transaction_max_events, env_name("transaction_max_events"))
         for name, allowed in (
             ("on_poison", POISON_POLICIES),
             ("on_history_lost", HISTORY_LOST_POLICIES),

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from relay.core.config import POISON_POLICIES
+from relay.core.config import POISON_POLICIES, positive
 from relay.core.errors import ConfigError
 from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
 
@@ -58,8 +58,8 @@ class RunOptions:
                 raise ConfigError(name, "must be set")
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
-                raise ConfigError(f.name, f"must be greater than 0, got {value}")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                positive(value, f.name)
         if self.on_poison not in POISON_POLICIES:
             raise ConfigError("on_poison", f"must be one of {', '.join(POISON_POLICIES)}; got {self.on_poison!r}")
         if self.schema_registry_basic_auth and ":" not in self.schema_registry_basic_auth:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relay.core.config import DELIVERY_MODES, EXACTLY_ONCE
+from relay.core.config import DELIVERY_MODES, EXACTLY_ONCE, positive
 from relay.core.errors import ConfigError
 from relay.core.message import valid_topic
 from relay.core.names import env_name, kafka_env_name
@@ -79,8 +79,7 @@ class KafkaConfig:
     def __post_init__(self) -> None:
         hold_masked(self, uris=["bootstrap_servers"], properties=["properties"])
         for name in ("transaction_max_events", "transaction_max_bytes", "transaction_max_ms"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(env_name(name), f"must be greater than 0, got {getattr(self, name)}")
+            positive(getattr(self, name), env_name(name))
         if not self.bootstrap_servers.reveal().strip():
             raise ConfigError(env_name("kafka_bootstrap_servers"), "must not be empty")
         for key, forced in FORCED.items():

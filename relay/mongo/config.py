@@ -13,6 +13,7 @@ from pymongo.collection import Collection
 from pymongo.errors import ConfigurationError, InvalidURI
 from pymongo.uri_parser import parse_uri, parse_userinfo, split_options
 
+from relay.core.config import positive
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
 from relay.core.redact import MASK, Uri, hold_masked, secret_name, uri_secrets
@@ -109,8 +110,7 @@ class MongoConfig:
                 env_name("change_streams"), f"must be one of {', '.join(CHANGE_STREAMS)}; got {self.change_streams!r}"
             )
         for name in ("connect_timeout_s", "max_await_ms"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(env_name(name), f"must be greater than 0, got {getattr(self, name)}")
+            positive(getattr(self, name), env_name(name))
 
     def leases(self, client: MongoClient[Any]) -> Collection[Any]:
         """The collection of the lease documents (in the state database)."""
@@ -153,9 +153,7 @@ class OutboxCleanupConfig:
 
     def __post_init__(self) -> None:
         self.retention_s  # noqa: B018 - parses, and names the setting on error
-        for name in ("check_interval_s",):
-            if getattr(self, name) <= 0:
-                raise ConfigError(env_name(f"outbox_{name}"), f"must be greater than 0, got {getattr(self, name)}")
+        positive(self.check_interval_s, env_name("outbox_check_interval_s"))
         if self.ttl_headroom_warn_s < 0:
             raise ConfigError(env_name("ttl_headroom_warn_s"), f"must be 0 or more, got {self.ttl_headroom_warn_s}")
 

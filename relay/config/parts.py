@@ -1,0 +1,155 @@
+"""Each part's own configuration, made from the settings by keyword (mypy checks every name and
+type); each part checks its own values in its constructor, ConfigError naming the setting.
+`relay.wiring` hands each part its own; nothing here builds a client or a lease object."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from relay.avro.config import EncodingConfig, RegistryConfig
+from relay.core.config import LeaseTiming, LoopConfig
+from relay.core.partitions import Scope, scopes
+from relay.core.redact import Properties, Secret, Uri
+from relay.group.config import GroupConfig
+from relay.kafka.config import KafkaConfig
+from relay.mongo.config import MongoConfig, OutboxCleanupConfig
+from relay.ops.config import HealthConfig, ObserverConfig
+from relay.outbox import FieldNames
+
+if TYPE_CHECKING:
+    from relay.config.table import Settings
+
+
+@dataclass(frozen=True)
+class PartConfigs:
+    """The configuration of each part, made from the settings (`Settings.parts`)."""
+
+    loop: LoopConfig
+    mongo: MongoConfig
+    kafka: KafkaConfig
+    encoding: EncodingConfig
+    registry: RegistryConfig
+    observer: ObserverConfig
+    group: GroupConfig
+    cleanup: OutboxCleanupConfig
+
+    def scopes(self) -> list[Scope]:
+        """What this deployment's relay loops publish: every outbox in every partition."""
+        return scopes(self.mongo.outboxes, self.group.partitions)
+
+    def encoding_for(self, namespace: str) -> EncodingConfig:
+        """How the events of the outbox `namespace` become messages (its database and collection
+        in the CloudEvents source and the topic template)."""
+        database, _, collection = namespace.partition(".")
+        return dataclasses.replace(self.encoding, database=database, collection=collection)
+
+
+def part_configs(s: Settings) -> PartConfigs:
+    """Each part's configuration from the settings `s`."""
+    timing = LeaseTiming(
+        lease_ttl_s=s.lease_ttl_s,
+        heartbeat_interval_s=s.heartbeat_interval_s,
+        standby_poll_s=s.standby_poll_s,
+    )
+    kafka = _kafka(s)
+    return PartConfigs(
+        loop=_loop(s, timing, kafka),
+        mongo=MongoConfig(
+            uri=Uri(s.mongodb_uri),
+            database=s.database,
+            outboxes=s.outbox_namespaces,
+            change_streams=s.change_streams,
+            lease_collection=s.lease_collection,
+            connect_timeout_s=s.connect_timeout_s,
+            max_await_ms=s.max_await_ms,
+        ),
+        kafka=kafka,
+        encoding=_encoding(s, kafka),
+        registry=RegistryConfig(
+            url=Uri(s.schema_registry_url),
+            subject_strategy=s.schema_registry_subject_strategy,
+            auto_register=s.schema_registry_auto_register,
+            basic_auth=Secret(s.schema_registry_basic_auth),
+        ),
+        observer=_observer(s, timing),
+        group=GroupConfig(
+            instance_id=s.instance_id, outboxes=s.outbox_namespaces, partitions=s.partitions, timing=timing
+        ),
+        cleanup=OutboxCleanupConfig(
+            retention=s.outbox_retention,
+            check_interval_s=s.outbox_check_interval_s,
+            ttl_headroom_warn_s=s.ttl_headroom_warn_s,
+        ),
+    )
+
+
+def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
+    return LoopConfig(
+        namespace=",".join(s.outbox_namespaces),
+        timing=timing,
+        max_in_flight_events=s.batch_max_events,
+        batch_max_bytes=s.batch_max_bytes,
+        pipeline_depth=s.pipeline_depth,
+        restart_backoff_max_s=s.restart_backoff_max_s,
+        on_poison=s.on_poison,
+        on_history_lost=s.on_history_lost,
+        on_lease_lost=s.on_lease_lost,
+        start_at=s.start_at,
+        # The window holds an exactly-once transaction's reads until its commit (relay.core.window).
+        transaction_max_events=kafka.transaction_max_events if kafka.exactly_once else None,
+    )
+
+
+def _kafka(s: Settings) -> KafkaConfig:
+    return KafkaConfig(
+        bootstrap_servers=Uri(s.kafka_bootstrap_servers),
+        properties=Properties(s.kafka),
+        connect_timeout_s=s.connect_timeout_s,
+        delivery=s.delivery,
+        offsets_topic=s.offsets_topic,
+        transaction_max_events=s.transaction_max_events,
+        transaction_max_bytes=s.transaction_max_bytes,
+        transaction_max_ms=s.transaction_max_ms,
+    )
+
+
+def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
+    fields = FieldNames(
+        aggregate_type=s.field_aggregate_type,
+        aggregate_id=s.field_aggregate_id,
+        event_type=s.field_event_type,
+        payload=s.field_payload,
+        occurred_at=s.field_occurred_at,
+        headers=s.field_headers,
+        topic=s.field_topic,
+    )
+    database, _, collection = s.outbox_namespaces[0].partition(".")
+    return EncodingConfig(
+        database=database,
+        collection=collection,
+        fields=fields,
+        topic_template=s.topic_template,
+        ce_source=s.ce_source,
+        max_message_bytes=kafka.max_message_bytes,
+        dead_letter_topic=s.dead_letter_topic,
+    )
+
+
+def _observer(s: Settings, timing: LeaseTiming) -> ObserverConfig:
+    health = HealthConfig(
+        connect_timeout_s=s.connect_timeout_s,
+        restart_backoff_max_s=s.restart_backoff_max_s,
+        timing=timing,
+        max_await_ms=s.max_await_ms,
+    )
+    return ObserverConfig(
+        instance_id=s.instance_id,
+        outboxes=s.outbox_namespaces,
+        http_port=s.http_port,
+        http_host=s.http_host,
+        dead_letter_topic=s.dead_letter_topic,
+        partitions=s.partitions,
+        health=health,
+    )

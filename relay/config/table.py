@@ -1,0 +1,291 @@
+"""The settings table: one frozen object, every setting declared once with its type, default and
+meaning (`_setting`), and what is derived from them (the outboxes, each part's configuration).
+
+`Settings.load()` reads the sources (relay.config.sources) and validates once: `parts()` builds each
+part's small configuration (relay.config.parts), and each checks its own values; a problem raises
+`ConfigError` naming the setting. Only the wiring and the commands read Settings. The README's
+configuration table is generated from these declarations (relay.config.doc).
+
+Judged against pydantic-settings: it would parse the three sources with types too, but not keep
+every message and variable name as they are, and it would put pydantic into the light client's
+installation; the parsing here is some sixty lines (relay.config.sources).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import socket
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay.config.parts import PartConfigs, part_configs
+from relay.config.sources import parse_outboxes, read_sources
+from relay.core.config import EXACTLY_ONCE
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
+from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
+from relay.mongo.config import uri_credentials
+from relay.ops.config import check_logging
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _setting(default: Any, help: str, *, internal: bool = False) -> Any:
+    """One setting, declared once: its type (the annotation), `default` and meaning (`help`, which
+    the README's table shows). `internal`: not a RELAY_ variable of its own."""
+    meta = {"help": help, "internal": internal}
+    if callable(default):
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, repr=False)
+class Settings:
+    """Everything the relay needs to run; immutable after `load()`. Its `repr` and `rendered()`
+    show credentials as `***` (relay.core.redact)."""
+
+    mongodb_uri: str = _setting(
+        "mongodb://localhost:27017/?replicaSet=rs0",
+        "MongoDB connection string (a replica set: change streams need one)",
+    )
+    database: str = _setting(
+        "app",
+        "database holding the outbox collection; with RELAY_OUTBOXES, the database holding the relay's own "
+        "state (RELAY_LEASE_COLLECTION and its _replicas)",
+    )
+    outbox_collection: str = _setting("outbox", "the outbox collection to watch (unless RELAY_OUTBOXES is set)")
+    outboxes: str = _setting(
+        "",
+        "comma-separated database.collection outboxes one deployment publishes, through one change stream per "
+        "process and database (empty: the one outbox RELAY_DATABASE.RELAY_OUTBOX_COLLECTION); docs/outboxes.md",
+    )
+    change_streams: str = _setting(
+        "per-database",
+        "per-database: one change stream per database holding outboxes; cluster: one stream for the whole "
+        "cluster (needs changeStream and find on every database)",
+    )
+    kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
+    topic_template: str = _setting(
+        "outbox.event.{aggregateType}",
+        "topic for an event; placeholders {aggregateType}, {eventType}, {database}, {collection} (the outbox's)",
+    )
+    start_at: str = _setting("oplog-start", "where to start with no checkpoint: oplog-start, now, or an ISO-8601 time")
+    instance_id: str = _setting(_default_instance_id, "this replica's name in the lease (default: host name and pid)")
+    http_port: int = _setting(8080, "port for /metrics, /livez, /readyz (0 turns the server off)")
+    http_host: str = _setting(
+        "0.0.0.0",
+        "IPv4 address the HTTP server binds (0.0.0.0: every interface; 127.0.0.1: this host only; IPv6 is refused)",
+    )
+    partitions: int = _setting(
+        1,
+        "split the outbox into this many partitions by a hash of aggregateId, each with "
+        "its own lease and checkpoint, shared by the replicas (1: one lease, as before; "
+        "change it only as docs/partitions.md says)",
+    )
+    lease_collection: str = _setting("outbox_relay_leases", "collection holding the lease and checkpoint documents")
+    lease_ttl_s: float = _setting(30.0, "seconds a lease lasts without renewal (server clock)")
+    heartbeat_interval_s: float = _setting(
+        5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)"
+    )
+    standby_poll_s: float = _setting(
+        2.0,
+        "how often a standby replica tries to take the lease, and every replica writes its heartbeat (seconds)",
+    )
+    batch_max_events: int = _setting(
+        1000,
+        "most events handed to Kafka and not yet acknowledged (also what a replica that lost its lease may still publish)",
+    )
+    batch_max_bytes: int = _setting(
+        4 * 1024 * 1024,
+        "bytes of encoded messages at which a delivery to the producer closes (a larger read is split; "
+        "the message that reaches it is the delivery's last)",
+    )
+    # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
+    # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
+    pipeline_depth: int = _setting(
+        1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)"
+    )
+    max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
+    connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
+    restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
+    on_poison: str = _setting("stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter")
+    dead_letter_topic: str = _setting("outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter")
+    outbox_retention: str = _setting(
+        "",
+        "clean-up by position: delete outbox documents the committed checkpoint covers once older than this "
+        "(3600, 90m, 24h, 7d; empty or off: never); docs/outbox-cleanup.md",
+    )
+    outbox_check_interval_s: float = _setting(
+        30.0,
+        "how often every replica measures the outbox (size, oldest undelivered, TTL headroom) and the leader "
+        "cleans up (seconds)",
+    )
+    ttl_headroom_warn_s: float = _setting(
+        3600.0,
+        "with a TTL index on the outbox: WARN and /readyz degraded when its headroom drops below this (seconds)",
+    )
+    on_history_lost: str = _setting("stop", "checkpoint fell off the oplog: stop, or rescan (re-publish the outbox)")
+    on_lease_lost: str = _setting("standby", "after losing the lease: standby (wait to take it again), or exit")
+    delivery: str = _setting(
+        "at-least-once",
+        "at-least-once, or exactly-once: events in Kafka transactions (RELAY_TRANSACTION_MAX_*) with their "
+        "resume token written to RELAY_OFFSETS_TOPIC; read_committed consumers see every event once "
+        "(docs/exactly-once.md)",
+    )
+    offsets_topic: str = _setting(
+        "outbox-relay.offsets",
+        "compacted topic holding each lease's committed resume token (RELAY_DELIVERY=exactly-once; created if missing)",
+    )
+    ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
+    # Measured (docs/exactly-once.md#cost): a commit costs a fixed ~18 ms wait and broker work per
+    # partition, so a transaction spans several reads until one of these bounds is reached.
+    transaction_max_events: int = _setting(
+        10000,
+        "exactly-once: most events in one Kafka transaction, which spans several reads until this, "
+        "RELAY_TRANSACTION_MAX_BYTES or RELAY_TRANSACTION_MAX_MS is reached",
+    )
+    transaction_max_bytes: int = _setting(
+        16 * 1024 * 1024,
+        "exactly-once: bytes of encoded messages at which a Kafka transaction commits (the delivery that "
+        "reaches it is the transaction's last)",
+    )
+    transaction_max_ms: int = _setting(
+        100,
+        "exactly-once: longest a Kafka transaction stays open (ms); read_committed consumers see an "
+        "event at most about this much later than at-least-once",
+    )
+    schema_registry_url: str = _setting(
+        "",
+        "Confluent Schema Registry URL(s), comma-separated; set: values use the Confluent wire format "
+        "(magic byte 0, 4-byte schema id); empty: Avro single-object encoding, schemas/ is the registry",
+    )
+    schema_registry_subject_strategy: str = _setting(
+        "topic-record",
+        "subject a writer schema is registered under: topic (<topic>-value), record "
+        "(<record full name>) or topic-record (<topic>-<record full name>)",
+    )
+    schema_registry_auto_register: bool = _setting(
+        True,
+        "true: register writer schemas on first use; false: only use schemas registered beforehand",
+    )
+    schema_registry_basic_auth: str = _setting("", "USER:PASSWORD for the Schema Registry (HTTP basic auth)")
+    field_aggregate_type: str = _setting("aggregateType", "outbox field naming the aggregate type")
+    field_aggregate_id: str = _setting("aggregateId", "outbox field holding the aggregate id (the Kafka key)")
+    field_event_type: str = _setting("eventType", "outbox field holding the event type")
+    field_payload: str = _setting("payload", "outbox field holding the event's data")
+    field_occurred_at: str = _setting("occurredAt", "outbox field holding when the event happened")
+    field_headers: str = _setting("headers", "outbox field holding extra Kafka headers")
+    field_topic: str = _setting("topic", "outbox field that overrides the routed topic")
+    log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = _setting(
+        "auto", "log lines: json (one object per line), text, or auto (text when stderr is a terminal, else json)"
+    )
+    kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)", internal=True)
+
+    # ---- the parts' configurations ------------------------------------------------------------
+
+    def parts(self) -> PartConfigs:
+        """Each part's own configuration, made from these settings and checked by the part
+        (ConfigError names the setting); built once per Settings object. `relay.wiring` hands
+        each part its own."""
+        return self._parts
+
+    @functools.cached_property
+    def _parts(self) -> PartConfigs:
+        return part_configs(self)
+
+    @property
+    def namespace(self) -> str:
+        """RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: the outbox when RELAY_OUTBOXES is not set."""
+        return f"{self.database}.{self.outbox_collection}"
+
+    @functools.cached_property
+    def outbox_namespaces(self) -> tuple[str, ...]:
+        """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one `namespace`."""
+        return parse_outboxes(self.outboxes) or (self.namespace,)
+
+    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[str, ...]:
+        """The outboxes a command acts on: `given` (`--outbox`, one of them), else all of them
+        (`every`), else the only one; ConfigError naming --outbox otherwise."""
+        names = self.outbox_namespaces
+        if given is not None:
+            if given not in names:
+                raise ConfigError("--outbox", f"{given!r} is not one of the outboxes: {', '.join(names)}")
+            return (given,)
+        if every or len(names) == 1:
+            return names
+        raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """The configuration of the relay's other Kafka clients (KafkaConfig.client_config)."""
+        return self.parts().kafka.client_config()
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    # ---- credentials ----------------------------------------------------------------------
+
+    def rendered(self) -> dict[str, Any]:
+        """The settings as they may be shown: every credential as `***`, URIs as `user:***@`."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return redact_mapping(values)
+
+    def __repr__(self) -> str:
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in self.rendered().items()) + ")"
+
+    def secrets(self) -> list[str]:
+        """The credential values these settings carry (URI passwords, basic auth, password-like
+        Kafka properties), for `relay.core.redact.register_secrets`."""
+        found = uri_credentials(self.mongodb_uri) + uri_secrets(self.schema_registry_url)
+        if self.schema_registry_basic_auth:
+            found += [self.schema_registry_basic_auth, self.schema_registry_basic_auth.partition(":")[2]]
+        found += [v for k, value in self.kafka.items() for v in credential_values(k, value)]
+        return found
+
+    # ---- loading --------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        env: Mapping[str, str] | None = None,
+        flags: Mapping[str, Any] | None = None,
+        kafka_flags: Mapping[str, str] | None = None,
+        config_file: str | None = None,
+    ) -> Settings:
+        """Merge the sources, parse and validate; raises ConfigError naming the bad setting."""
+        values, kafka = read_sources(
+            public_types(), os.environ if env is None else env, flags or {}, kafka_flags or {}, config_file
+        )
+        settings = cls(**values, kafka=kafka)
+        register_secrets(settings.secrets())  # before validating: a refused value is masked too
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Check every part's configuration (each failure names the setting), the logging
+        settings, and what no single part can: exactly-once mode needs one delivery in flight."""
+        self.parts()
+        check_logging(self.log_level, self.log_format)
+        if self.delivery == EXACTLY_ONCE and self.pipeline_depth != 1:
+            raise ConfigError(
+                env_name("pipeline_depth"),
+                f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "
+                f"got {self.pipeline_depth}",
+            )
+
+
+def public_fields() -> list[dataclasses.Field[Any]]:
+    """The settings that are RELAY_ variables of their own, in declaration order."""
+    return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
+
+
+def public_types() -> dict[str, type]:
+    """Each public setting's name and type, for the sources' parser."""
+    hints = typing.get_type_hints(Settings)
+    return {f.name: hints[f.name] for f in public_fields()}
