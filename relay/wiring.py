@@ -28,7 +28,7 @@ from relay.core.change import Change
 from relay.core.errors import first_of
 from relay.core.loop import Relay
 from relay.core.partitions import Scope
-from relay.group.balance import Balance, LeaseAssignment
+from relay.group.balance import LeaseAssignment, balance_for
 from relay.group.runner import Group
 from relay.kafka import errors as kafka_errors
 from relay.kafka.admin import check_kafka
@@ -69,7 +69,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     folder = folder or SchemaFolder.bundled()
     observer = ProcessObserver(parts.observer)
     scopes = parts.scopes()
-    balance = Balance(len(scopes), group.shared)
+    balance = balance_for(len(scopes), group.partitions)
     streams = shared_streams(parts, client)
     relays = [
         (

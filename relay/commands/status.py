@@ -15,7 +15,7 @@ from typing import Any
 
 from relay.config import Settings
 from relay.core.errors import LeaseHeldError
-from relay.core.partitions import Partition, Scope, partitions
+from relay.core.partitions import Partition, Scope, described, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.lease_admin import LeaseDocument
@@ -71,10 +71,9 @@ def _outbox_status(
         lease = row["lease"]
         if lease is not None and not lease["expired"] and lease["owner"] is not None:
             holders.setdefault(str(lease["owner"]), []).append(row)
-    out: dict[str, Any] = {}
-    if not Scope(namespace, Partition(0, count)).partitioned:
-        out |= {"lease": rows[0]["lease"], "checkpoint": rows[0]["checkpoint"]}
-    return out | {"leases": rows}
+    # The whole outbox's one lease is also shown at the top, as it always was.
+    whole = {"lease": rows[0]["lease"], "checkpoint": rows[0]["checkpoint"]} if len(rows) == 1 else {}
+    return whole | {"leases": rows}
 
 
 def _partition_row(p: Partition, lid: str, doc: dict[str, Any] | None) -> dict[str, Any]:
@@ -172,6 +171,6 @@ def reset_checkpoint(settings: Settings, force: bool = False, outbox: str | None
             f"{fenced[0]} holds the lease on {namespace}: it would store its position again at "
             "its next commit. Stop the relays first, or use --force to fence it out as well"
         )
-    which = namespace if settings.partitions == 1 else f"{namespace} ({settings.partitions} partitions)"
+    which = described(namespace, settings.partitions)
     note = f" ({', '.join(sorted(set(fenced)))} fenced out)" if fenced else ""
     return f"checkpoint for {which} removed{note}; the next start begins at RELAY_START_AT={settings.start_at}"

@@ -21,10 +21,11 @@ sign of the dividend, so the stage matches `h mod N` in {k, k - N}.
 
 **Scopes and leases**: a relay loop publishes one `Scope`, the events of one outbox in one
 partition of it (Partition(0, 1): all of them), under one lease. The unpartitioned outbox is
-`Partition(0, 1)` everywhere; only its lease id and its documents keep the shape they always had
-(`Scope.partitioned` is the one test of it): with N = 1 the lease document's id is the namespace
-`<db>.<collection>`; with N > 1 partition k has its own, `<db>.<collection>#<k>/<N>`, with its
-own fencing token and checkpoint.
+`Partition(0, 1)` everywhere; only what users see keeps the shape it always had, and `Scope`
+answers for it in one place each (`partitioned` is the one test): its lease id (with N = 1 the
+namespace `<db>.<collection>`; with N > 1 partition k has its own, `<db>.<collection>#<k>/<N>`,
+with its own fencing token and checkpoint), its lease document's fields, its metric label values
+(`label_names`), its log fields and its name in a reason (`named`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MAX_PARTITIONS = 64
 
@@ -93,8 +95,34 @@ class Scope:
             return self.namespace
         return f"{self.namespace}#{self.partition.index}/{self.partition.count}"
 
+    @property
+    def lease_fields(self) -> dict[str, Any]:
+        """The partition's fields of its lease document; none for the unpartitioned document."""
+        p = self.partition
+        return {"outbox": self.namespace, "partition": p.index, "partitions": p.count} if self.partitioned else {}
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Its values of `label_names(partition.count)`: the outbox, and the partition when split."""
+        return (self.namespace, str(self.partition.index)) if self.partitioned else (self.namespace,)
+
+    @property
+    def log_fields(self) -> dict[str, Any]:
+        """The fields its loop's log lines carry: the outbox, and the partition when split."""
+        return {"outbox": self.namespace, **({"partition": self.partition.index} if self.partitioned else {})}
+
     def __str__(self) -> str:
         return self.lease_id
+
+
+def label_names(count: int) -> list[str]:
+    """The labels of the series about one lease: `outbox`, and `partition` when RELAY_PARTITIONS > 1."""
+    return ["outbox", "partition"] if count > 1 else ["outbox"]
+
+
+def described(namespace: str, count: int) -> str:
+    """The outbox as a message names it: `shop.outbox`, or `shop.outbox (4 partitions)`."""
+    return namespace if count == 1 else f"{namespace} ({count} partitions)"
 
 
 def scopes(namespaces: Sequence[str], count: int) -> list[Scope]:

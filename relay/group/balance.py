@@ -8,9 +8,10 @@ targets add up to N. A replica takes free leases (released, or expired by the se
 while it leads fewer than its target, and hands leases above its target over at a batch boundary
 (final checkpoint stored, lease released).
 
-Without partitions there is nothing to share (GroupConfig.shared): every replica may try every
-lease and none hands one over, so the leases alone decide who leads and a leader keeps a lease
-until it stops or loses it (a replica joining never moves one).
+Without partitions there is nothing to share (`EveryLease`, the assignment that always answers
+yes): every replica may try every lease and none hands one over, so the leases alone decide who
+leads and a leader keeps a lease until it stops or loses it (a replica joining never moves one).
+`balance_for` is the one place that picks between the two.
 
 `Balance` is this replica's side of the rule: the state of each lease and the target;
 `LeaseAssignment` is one lease's view of it, the loop's Assignment boundary.
@@ -32,14 +33,6 @@ def targets(live: Iterable[str], count: int) -> dict[str, int]:
     return {r: base + (1 if i < extra else 0) for i, r in enumerate(replicas)}
 
 
-def target_of(me: str, live: Sequence[str], count: int, shared: bool) -> int:
-    """This replica's target; it counts itself live even if its own heartbeat is not visible yet.
-    Not shared: every replica may lead every lease."""
-    if not shared:
-        return count
-    return targets([*live, me], count)[me]
-
-
 class _State(enum.Enum):
     IDLE = "idle"  # not ours
     TRYING = "trying"  # allowed to try the lease (counted against the target until it answers)
@@ -51,22 +44,25 @@ class Balance:
     """This replica's share: the state of each partition's lease and the target. Thread-safe:
     the partitions' relays ask it from their threads, the coordinator sets the target."""
 
-    def __init__(self, count: int, shared: bool) -> None:
+    def __init__(self, count: int) -> None:
         self._states = [_State.IDLE] * count
         self._lock = threading.Lock()
-        self._shared = shared  # without partitions, nothing to share (the module docstring)
-        self.target = 0 if shared else count
+        self.target = 0
 
-    def set_target(self, target: int) -> None:
+    def rebalance(self, me: str, live: Sequence[str]) -> bool:
+        """Set this replica's target from the live replicas (it counts itself live even if its own
+        heartbeat is not visible yet); whether the target changed."""
+        target = targets([*live, me], len(self._states))[me]
         with self._lock:
-            self.target = target
+            changed, self.target = target != self.target, target
+        return changed
 
     def may_lead(self, k: int) -> bool:
         """Try lease k: always when it is held (a restarting leader takes it back),
         else while fewer than the target are held or being tried."""
         with self._lock:
             state = self._states[k]
-            if not self._shared or state in (_State.TRYING, _State.HELD):
+            if state in (_State.TRYING, _State.HELD):
                 return True
             if state is _State.IDLE and self._count(_State.TRYING, _State.HELD) < self.target:
                 self._states[k] = _State.TRYING
@@ -80,7 +76,7 @@ class Balance:
     def hand_over(self, k: int) -> bool:
         """Hand lease k over when more than the target are held (one at a time)."""
         with self._lock:
-            if self._shared and self._states[k] is _State.HELD and self._count(_State.HELD) > self.target:
+            if self._states[k] is _State.HELD and self._count(_State.HELD) > self.target:
                 self._states[k] = _State.HANDING
                 return True
             return False
@@ -91,6 +87,29 @@ class Balance:
 
     def _count(self, *states: _State) -> int:
         return sum(1 for s in self._states if s in states)
+
+
+class EveryLease(Balance):
+    """Without partitions (the module docstring): every lease may be tried, none is handed over,
+    the target is every lease; what is held is still recorded for the group's heartbeat."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.target = count
+
+    def rebalance(self, me: str, live: Sequence[str]) -> bool:
+        return False
+
+    def may_lead(self, k: int) -> bool:
+        return True
+
+    def hand_over(self, k: int) -> bool:
+        return False
+
+
+def balance_for(count: int, partitions: int) -> Balance:
+    """This replica's balance of `count` leases: shared out with RELAY_PARTITIONS > 1, else every lease."""
+    return Balance(count) if partitions > 1 else EveryLease(count)
 
 
 class LeaseAssignment:

@@ -25,13 +25,6 @@ class GroupConfig:
     timing: LeaseTiming
 
     @property
-    def shared(self) -> bool:
-        """Whether the replicas share the leases out (RELAY_PARTITIONS > 1). Without partitions there
-        is nothing to balance: every replica may try every lease and none hands one over, so the
-        leases alone decide who leads, and a replica joining never moves them."""
-        return self.partitions > 1
-
-    @property
     def name(self) -> str:
         """The group's name in the membership documents: the outbox, or the sorted list of them."""
         return ",".join(sorted(self.outboxes))

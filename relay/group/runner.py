@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from relay.core.errors import RelayError, ServerError
 from relay.core.loop import Relay
 from relay.core.partitions import Scope
-from relay.group.balance import Balance, target_of
+from relay.group.balance import Balance
 from relay.group.config import GroupConfig
 from relay.ops.observe import ProcessObserver
 
@@ -132,10 +132,8 @@ class Group:
             if self._beat_failed:
                 log.info("group heartbeat recovered")
             self._beat_failed, self._joined = False, True
-            c = self.config
-            count = len(self.relays)
-            target = target_of(c.instance_id, live, count, c.shared)
-            if target != self.balance.target and c.shared:
-                log.info("share: %d of %d leases (%d live replicas)", target, count, len(set(live) | {c.instance_id}))
-            self.balance.set_target(target)
+            me = self.config.instance_id
+            if self.balance.rebalance(me, live):
+                log.info("share: %d of %d leases (%d live replicas)", self.balance.target, len(self.relays),
+                         len(set(live) | {me}))  # fmt: skip
         self.observer.tick(len(leading), self.balance.target)

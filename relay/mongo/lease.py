@@ -58,11 +58,7 @@ class LeaseStore:
         self.delivery = delivery  # RELAY_DELIVERY, stored beside every checkpoint
         self._ttl_ms = int(ttl_s * 1000)
         self._ensured = False
-        # A partition's fields; none for the unpartitioned document, which stays as it was.
-        p = scope.partition
-        self._fields: dict[str, Any] = (
-            {"outbox": scope.namespace, "partition": p.index, "partitions": p.count} if scope.partitioned else {}
-        )
+        self._fields = scope.lease_fields  # none for the unpartitioned document, which stays as it was
 
     def _expires(self) -> dict[str, Any]:
         return {"$add": ["$$NOW", self._ttl_ms]}

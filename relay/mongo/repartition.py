@@ -176,9 +176,7 @@ def _new_lease(
 ) -> dict[str, Any]:
     """The upsert of partition `p`'s lease document: free, no checkpoint, fencing token at least
     `fencing`, starting at `seed` when there is one."""
-    fields: dict[str, Any] = {"owner": None, "expiresAt": None}
-    if Scope(namespace, p).partitioned:
-        fields |= {"outbox": namespace, "partition": p.index, "partitions": count}
+    fields: dict[str, Any] = {"owner": None, "expiresAt": None, **Scope(namespace, p).lease_fields}
     update: dict[str, Any] = {
         "$setOnInsert": fields,
         "$max": {"fencingToken": fencing},

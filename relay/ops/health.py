@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -180,24 +181,30 @@ class Health(_Degradable):
         for scope, health in sorted(self.loops.items()):
             ok, why = health.readiness()
             if not ok:
-                return False, why if len(self.loops) == 1 else f"{scope}: {why}"
+                return False, _reason(scope, why, among=len(self.loops))
         return True, self.role
 
     def outboxes(self) -> dict[str, dict[str, Any]]:
         """Each outbox's answer: ready while each of its loops is, `leader` while this replica leads
         one of its leases, the first reason it is not ready."""
         answers: dict[str, dict[str, Any]] = {}
+        per_outbox = Counter(scope.namespace for scope in self.loops)
         for scope, health in sorted(self.loops.items()):
             ok, why = health.readiness()
             answer = answers.setdefault(scope.namespace, {"ok": True, "role": "standby"})
             if health.role == "leader" or answer["role"] == "standby":
                 answer["role"] = health.role
             if answer["ok"] and not ok:
-                answer.update(ok=False, reason=f"{scope}: {why}" if scope.partitioned else why)
+                answer.update(ok=False, reason=_reason(scope, why, among=per_outbox[scope.namespace]))
         return answers
 
     def ready(self) -> bool:
         return self.readiness()[0]
+
+
+def _reason(scope: Scope, why: str, among: int) -> str:
+    """The one rule for a reason: it names its scope (lease id) unless the answer covers that scope alone."""
+    return why if among == 1 else f"{scope}: {why}"
 
 
 def serve(port: int, health: Health, registry: CollectorRegistry, host: str = "0.0.0.0") -> ThreadingHTTPServer | None:

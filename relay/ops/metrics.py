@@ -4,7 +4,8 @@ A process runs one relay loop per scope it may lead (an outbox, or a partition o
 all their series in one registry (`RelayMetrics`; every process has its own, so several can run in
 one process: tests, the demo). Every series about what a loop does carries an `outbox` label (its
 `database.collection`), and the series about one lease (held, fencing token, checkpoint time and
-lag, batches, producer queue) a `partition` label too when RELAY_PARTITIONS > 1 (`LABELS`, the one
+lag, batches, producer queue) a `partition` label too when RELAY_PARTITIONS > 1 (`Scope.labels` and
+`relay.core.partitions.label_names`, the one
 place that says which): an unpartitioned outbox's series have no `partition` label, as they never
 had. Each loop's view (`LoopMetrics`) binds its children once, never per event. The README's
 Metrics table lists every series; names follow Prometheus conventions (`relay_..._total`,
@@ -24,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from relay.core.partitions import Scope
+from relay.core.partitions import Scope, label_names
 
 prometheus_client.disable_created_metrics()
 
@@ -178,23 +179,13 @@ class ScrapeTimeGauge(Collector):
         yield family
 
 
-def lease_labels(partitions: int) -> list[str]:
-    """The labels of the series about one lease: `outbox`, and `partition` when RELAY_PARTITIONS > 1."""
-    return ["outbox", "partition"] if partitions > 1 else ["outbox"]
-
-
-def label_values(scope: Scope) -> tuple[str, ...]:
-    """`scope`'s values of `lease_labels` (the one place that says what they are)."""
-    return (scope.namespace, str(scope.partition.index)) if scope.partitioned else (scope.namespace,)
-
-
 class RelayMetrics:
     """The series of one relay process, in their own registry (see the module docstring);
     `loop()` gives each loop its view."""
 
     def __init__(self, replica: str, outboxes: Sequence[str], partitions: int) -> None:
         self.registry = r = CollectorRegistry()
-        self.lease_labels = lease_labels(partitions)
+        self.lease_labels = label_names(partitions)
         self._published_series(r)
         self._lease_series(r)
         self._outcome_series(r)
@@ -317,7 +308,7 @@ class LoopMetrics:
         checkpoint_lag: Callable[[], float | None],
         queued: Callable[[], float],
     ) -> None:
-        outbox, self._lease = scope.namespace, label_values(scope)
+        outbox, self._lease = scope.namespace, scope.labels
         self.registry = metrics.registry
         self._outbox = outbox
         self._events, self._bytes = metrics.events, metrics.bytes

@@ -72,9 +72,7 @@ class ScopeObserver:
         self._fencing: int | None = None
         self._token: Any = None  # the last checkpoint this replica stored
         self._checkpoint_unix: int | None = None  # its cluster time, while holding the lease
-        self._log_fields: dict[str, Any] = {"instance": config.instance_id, "outbox": scope.namespace}
-        if scope.partitioned:
-            self._log_fields["partition"] = scope.partition.index
+        self._log_fields: dict[str, Any] = {"instance": config.instance_id, **scope.log_fields}
         self._last_summary = time.monotonic()
         self._summary_published = 0.0
 

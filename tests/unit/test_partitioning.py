@@ -27,7 +27,7 @@ from relay.core.partitions import (
     parse_lease_id,
     partition_of,
 )
-from relay.group.balance import Balance, target_of, targets
+from relay.group.balance import Balance, EveryLease, balance_for, targets
 from relay.mongo.pipeline import PIPELINE, fingerprint, partition_predicate, pipeline, pipeline_fingerprint
 
 
@@ -104,13 +104,25 @@ def test_targets_add_up_to_the_partitions_and_differ_by_at_most_one(live, n, exp
 
 
 def test_a_replica_counts_itself_before_its_heartbeat_is_visible():
-    assert target_of("b", ["a"], 6, shared=True) == 3
-    assert target_of("b", ["a"], 6, shared=False) == 6, "without partitions every replica may lead every lease"
+    b = balance_for(6, partitions=2)
+    assert b.rebalance("b", ["a"]) and b.target == 3
+    assert not b.rebalance("b", ["a", "b"]), "the same share: no change"
+
+
+def test_without_partitions_every_replica_may_lead_every_lease_and_hands_none_over():
+    every = balance_for(3, partitions=1)
+    assert isinstance(every, EveryLease)
+    assert not every.rebalance("b", ["a", "c"]) and every.target == 3
+    assert all(every.may_lead(k) for k in range(3)) and all(every.may_lead(k) for k in range(3))
+    for k in range(3):
+        every.led(k, True)
+    assert not any(every.hand_over(k) for k in range(3))
+    assert every.leading() == [0, 1, 2], "what is held still goes into the group's heartbeat"
 
 
 def test_balance_counts_attempts_against_the_target_and_hands_over_one_above_it():
-    b = Balance(4, shared=True)
-    b.set_target(2)
+    b = Balance(4)
+    b.rebalance("b", ["a"])  # 2 of 4
     assert b.may_lead(0) and b.may_lead(1) and not b.may_lead(2), "two attempts at once at most"
     b.led(0, False)  # partition 0 was held elsewhere
     assert b.may_lead(2)
@@ -118,7 +130,8 @@ def test_balance_counts_attempts_against_the_target_and_hands_over_one_above_it(
     b.led(2, True)
     assert b.may_lead(1), "a held partition is always tried again (a restarting leader)"
     assert not b.hand_over(1)
-    b.set_target(1)
+    b.rebalance("c", ["a", "b"])  # 1 of 4: a gets 2, b and c 1
+    assert b.target == 1
     assert b.hand_over(2) and not b.hand_over(1), "one hand-over at a time"
     assert b.leading() == [1, 2]
     b.led(2, False)
@@ -159,7 +172,7 @@ class BalancingMachine(RuleBasedStateMachine):
                 self.dead[name] = dead_for - 1
         live = sorted([*self.replicas, *self.dead])  # the crashed count until their leases expire
         for name, balance in self.replicas.items():
-            balance.set_target(target_of(name, live, self.n, self.n > 1))
+            balance.rebalance(name, live)
         turns = [(name, k) for name in self.replicas for k in range(self.n)]
         self.rng.shuffle(turns)
         for name, k in turns:
@@ -177,7 +190,7 @@ class BalancingMachine(RuleBasedStateMachine):
 
     @rule()
     def join(self) -> None:
-        self.replicas[self._name()] = Balance(self.n, self.n > 1)
+        self.replicas[self._name()] = balance_for(self.n, self.n)
 
     @rule()
     def leave(self) -> None:
