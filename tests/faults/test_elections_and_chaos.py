@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 
@@ -69,8 +70,8 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
     """Two relay processes on a three-member replica set; while four writers commit, seven faults
     in random order: three kills of a replica (a new one replaces it), two pauses past the lease,
     the broker killed and restarted, a primary step-down. Then nothing lost, per-aggregate order
-    kept, no checkpoint moved back. The suite writes 6,000 events (the soak 25,000), paced to last about
-    as long: the faults take 25-45 s and still land while the writers are busy."""
+    kept, no checkpoint moved back. The suite writes at least 6,000 events (the soak 25,000) at a
+    slower pace, and the writers go on until the last fault: every fault lands while they are busy."""
     broker = needs_local_stack(env3.servers).kafka
     rng = random.Random(50_000)
     written = Written()
@@ -98,9 +99,10 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
     launch("r1")
     launch("r2")
     faults: list[str] = []
+    faults_done = threading.Event()
     try:
         with CheckpointWatcher(env3.db, env3.settings) as watcher:
-            writer = background_writes(env3, written, EVENTS, writers=4, pause=PAUSE, max_per_txn=5)
+            writer = background_writes(env3, written, EVENTS, writers=4, pause=PAUSE, max_per_txn=5, until=faults_done)
             actions = ["kill", "kill", "kill", "pause", "pause", "broker", "step-down"]
             rng.shuffle(actions)
             for action in actions:
@@ -124,14 +126,16 @@ def test_chaos_two_replicas_kills_pauses_broker_restart_and_step_down(env3, rs3,
                 else:
                     _step_down(rs3)
                 faults.append(f"{action}:{slot}" if action in ("kill", "pause") else action)
+            faults_done.set()
             writer.join()
             supervise()
             records = all_published(env3, written, timeout=300)
     finally:
+        faults_done.set()
         for proc in started:
             proc.stop()
     verdict = assert_complete_and_ordered(records, written)
     watcher.assert_never_went_backwards()
-    assert len(written.ids) == EVENTS
+    assert len(written.ids) >= EVENTS
     print(f"\nchaos: {len(written.ids)} events, faults {faults}, {len(verdict.duplicates)} duplicates, "
           f"fencing tokens {sorted({r.fencing for r in records})}")

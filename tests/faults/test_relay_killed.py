@@ -21,15 +21,15 @@ from tests.support.writes import Written, write_events
 def test_relay_killed_five_times_during_a_run_loses_nothing_and_only_replays_after_checkpoint(env, tmp_path):
     """Five SIGKILLs of the relay at random points while four writers commit: nothing lost, order
     kept, every duplicate published by a later run and after the checkpoint that run resumed
-    from. The suite writes 4,000 events (the soak 20,000) paced to last as long, so every kill
-    still hits a run that is publishing a live backlog."""
+    from. The suite writes at least 4,000 events (the soak 20,000), at a slower pace, and the
+    writers go on until the last kill: every kill hits a run publishing a live backlog."""
     total, kills = size(4_000, 20_000), 5
     rng = random.Random(20_000)
-    written = Written()
+    written, kills_done = Written(), threading.Event()
     # About 1,000 events/s (suite: 200) for ~20 s, in transactions of up to 5 events, from 4 writers.
     writer = threading.Thread(target=write_events, kwargs=dict(
         db=env.db, collection=env.settings.outbox_collection, total=total, writers=4, max_per_txn=5,
-        written=written, pause=lambda: time.sleep(size(0.07, 0.01))))
+        written=written, pause=lambda: time.sleep(size(0.07, 0.01)), until=kills_done))
     writer.start()
     checkpoint_at_start: dict[int, str] = {}  # fencing token of a run -> token it resumed after
     runs: list[RelayProcess] = []
@@ -51,6 +51,7 @@ def test_relay_killed_five_times_during_a_run_loses_nothing_and_only_replays_aft
         lease = wait_until(lambda: (d := lease_doc(env.db, env.settings)) and d.get("owner") == "final" and d,
                            60, "the final run to take the lease")
         checkpoint_at_start[lease["fencingToken"]] = before["_data"]
+        kills_done.set()
         writer.join()
 
         def all_published():
@@ -59,12 +60,13 @@ def test_relay_killed_five_times_during_a_run_loses_nothing_and_only_replays_aft
         records = wait_until(all_published, 180, "every event in the topic", interval=2)
         assert final.terminate() == 0, final.log()
     finally:
+        kills_done.set()
         writer.join()
         for proc in runs:
             proc.stop()
 
     verdict = assert_complete_and_ordered(records, written)
-    assert len(written.ids) == total
+    assert len(written.ids) >= total
     # A duplicate is published by a later run than the first copy, and only if it lies after
     # the checkpoint that run resumed from.
     for dup in verdict.duplicates:

@@ -41,8 +41,11 @@ class Written:
 
 def write_events(db: Database[Any], collection: str, total: int, writers: int = 4, max_per_txn: int = 4,
                  aggregates_per_writer: int = 40, seed: int = 1, aggregate_type: str = "order",
-                 written: Written | None = None, pause: Callable[[], None] | None = None) -> Written:
-    """`writers` threads commit `total` events in transactions of 1..max_per_txn events.
+                 written: Written | None = None, pause: Callable[[], None] | None = None,
+                 until: threading.Event | None = None) -> Written:
+    """`writers` threads commit `total` events in transactions of 1..max_per_txn events; with
+    `until`, each goes on past its share until the event is set (a fault test sets it once its
+    last fault landed, so every fault lands while the writers are busy, however slow the machine).
 
     Each writer owns its aggregates, so per-aggregate commit order is the writer's order; the
     payload carries a per-aggregate sequence number `seq` starting at 1.
@@ -56,8 +59,8 @@ def write_events(db: Database[Any], collection: str, total: int, writers: int = 
         seq: dict[str, int] = defaultdict(int)
         done = 0
         with db.client.start_session() as session:
-            while done < count:
-                n = min(rng.randint(1, max_per_txn), count - done)
+            while done < count or (until is not None and not until.is_set()):
+                n = rng.randint(1, max_per_txn) if done >= count else min(rng.randint(1, max_per_txn), count - done)
                 events = []
                 for _ in range(n):
                     agg = f"w{index}-a{rng.randrange(aggregates_per_writer)}"
@@ -81,10 +84,11 @@ def write_events(db: Database[Any], collection: str, total: int, writers: int = 
 
 
 def background_writes(env: Any, written: Written, total: int, writers: int = 2, pause: float = 0.01,
-                      max_per_txn: int = 4) -> threading.Thread:
-    """Start writers committing `total` events in transactions, paced by `pause` per transaction."""
+                      max_per_txn: int = 4, until: threading.Event | None = None) -> threading.Thread:
+    """Start writers committing `total` events in transactions, paced by `pause` per transaction
+    (with `until`: at least `total`, until it is set; see `write_events`)."""
     thread = threading.Thread(target=write_events, kwargs=dict(
         db=env.db, collection=env.settings.outbox_collection, total=total, writers=writers,
-        max_per_txn=max_per_txn, written=written, pause=lambda: time.sleep(pause)), daemon=True)
+        max_per_txn=max_per_txn, written=written, pause=lambda: time.sleep(pause), until=until), daemon=True)
     thread.start()
     return thread
