@@ -1,7 +1,7 @@
 """What every benchmark scenario shares: constants, the result row, Kafka topic helpers, waits.
 
-Waiting, reading topics and counting messages come from `tests.support.waiting` and
-`tests.support.topics` (the test oracle's helpers), so the benchmark and the tests agree on what
+Waiting, reading topics and counting messages come from `relay.dev.harness.waiting` and
+`relay.dev.harness.topics` (the test oracle's helpers), so the benchmark and the tests agree on what
 "all N messages are in Kafka" means.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support.topics import read_messages, watermark_sum
-from tests.support.waiting import wait_until
+from relay.dev.harness.topics import read_messages, watermark_sum
+from relay.dev.harness.waiting import wait_until
 
 log = logging.getLogger("bench")
 
@@ -32,6 +32,17 @@ CHUNK = 1000               # events per insert_many while writing a backlog
 PARTITIONS = 3             # partitions of every topic the benchmark creates
 AGGREGATE_TYPE = "bench"   # every event's aggregateType (so each scenario has one topic)
 POLL_S = 0.02              # how often waits poll the lease document or the watermarks
+
+RELAY = "relay catch-up (to checkpoint)"
+COMPARED = [  # the ratio table's rows, in order: (row label prefix, short name)
+    ("peer: MongoDB Kafka source connector", "MongoDB Kafka source connector"),
+    ("peer: Debezium MongoDB + outbox router", "Debezium + outbox router"),
+    ("peer: Conduit + MongoDB connector", "Conduit + MongoDB connector"),
+    ("baseline: bare relay", "bare relay"),
+    ("baseline: bare change stream", "bare change stream"),
+    ("baseline: bare producer", "bare producer"),
+    ("relay catch-up, exactly-once", "relay, exactly-once (transactions)"),  # bench.scenarios.exactly_once
+]
 
 
 @dataclass
@@ -65,6 +76,23 @@ def rate(events: int, seconds: float) -> float:
     return events / seconds if seconds > 0 else math.nan
 
 
+def ratio(relay: Row | None, other: Row | None) -> float:
+    if relay is None or other is None or other.error or not other.events_per_s > 0:
+        return math.nan
+    return relay.events_per_s / other.events_per_s
+
+
+def no_nan(value: Any) -> Any:
+    """NaN (an empty measurement) as null, so the file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_nan(v) for v in value]
+    return value
+
+
 def percentile(sorted_values: list[float], p: float) -> float:
     """Nearest-rank percentile of an ascending list (p in 0..100)."""
     if not sorted_values:
@@ -79,7 +107,7 @@ def progress(text: str) -> None:
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
              alive: Callable[[], None] | None = None) -> Any:
-    """`tests.support.waiting.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
+    """`relay.dev.harness.waiting.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
     return wait_until(check, timeout_s, what, interval=POLL_S, alive=alive)
 
 

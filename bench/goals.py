@@ -9,6 +9,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from bench.common import COMPARED, ratio
+
 TITLE = "goals (issue 37; reported, never asserted)"
 Goal = Callable[..., None]
 
@@ -66,8 +68,6 @@ def _equal_terms(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> 
 
 
 def _single_samples(report: Any, goal: Goal) -> None:
-    from bench.report import COMPARED, ratio
-
     relay = report.relay()
     goal("catch-up / MongoDB Kafka source connector", ratio(relay, report.row(COMPARED[0][0])), 2.0)
     goal("catch-up / Debezium", ratio(relay, report.row(COMPARED[1][0])), 3.0)
@@ -77,8 +77,6 @@ def _single_samples(report: Any, goal: Goal) -> None:
 
 def _variants(report: Any, goal: Goal) -> None:
     """Every payload at least 0.8 of its bare relay, 2 KB 0.9."""
-    from bench.report import ratio
-
     for key in [k for k in report.variants if k != "default"]:
         target = 0.9 if key == "2kb" else 0.8
         pair = report.variant_fair.get(key)

@@ -1,6 +1,6 @@
 """The relay the catch-up scenarios measure: its settings, and where it is built in this process.
 
-It runs in a thread (`tests.support.relays.RelayThread`) with its default settings except
+It runs in a thread (`relay.dev.harness.relays.RelayThread`) with its default settings except
 addresses, database, topic, start point and `http_port=0`; `make_relay` builds it through
 `relay.wiring.build`, as `outbox-relay run` does. The latency steps and the memory run start
 `outbox-relay run` processes instead (bench.relay_process, bench.scenarios.partitions).
@@ -17,9 +17,9 @@ from typing import Any
 from pymongo.collection import Collection
 
 from relay.config import Settings
+from relay.dev.harness.relays import RelayThread
 from relay.dev.stack import LocalStack
 from relay.wiring import build
-from tests.support.relays import RelayThread
 
 
 def make_relay(settings: Settings, native: bool = True) -> Any:

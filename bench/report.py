@@ -15,23 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import PARTITIONS, RESULTS_DIR, Row
+from bench.common import COMPARED, PARTITIONS, RELAY, RESULTS_DIR, Row, no_nan, ratio
 from bench.goals import format_goals, goals
 from bench.scenarios.latency import Latency
 from bench.scenarios.steady import Step, Summary, format_reach, format_rounds, format_steady, summarize
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARK_START, MARK_END = "<!-- bench-latest -->", "<!-- /bench-latest -->"
-RELAY = "relay catch-up (to checkpoint)"
-COMPARED = [  # the ratio table's rows, in order: (row label prefix, short name)
-    ("peer: MongoDB Kafka source connector", "MongoDB Kafka source connector"),
-    ("peer: Debezium MongoDB + outbox router", "Debezium + outbox router"),
-    ("peer: Conduit + MongoDB connector", "Conduit + MongoDB connector"),
-    ("baseline: bare relay", "bare relay"),
-    ("baseline: bare change stream", "bare change stream"),
-    ("baseline: bare producer", "bare producer"),
-    ("relay catch-up, exactly-once", "relay, exactly-once (transactions)"),  # bench.scenarios.exactly_once
-]
 
 
 @dataclass
@@ -70,12 +60,6 @@ class Report:
     def summaries(self) -> list[Summary]:
         """The steady-state steps per contender: medians of the rounds whose writer kept the rate."""
         return summarize(self.latency)
-
-
-def ratio(relay: Row | None, other: Row | None) -> float:
-    if relay is None or other is None or other.error or not other.events_per_s > 0:
-        return math.nan
-    return relay.events_per_s / other.events_per_s
 
 
 def _f(value: float, spec: str = ".0f", width: int = 0) -> str:
@@ -300,19 +284,8 @@ def _goal_table(report: Report) -> list[str]:
 def write_json(report: Report) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / "latest.json"
-    path.write_text(json.dumps(_no_nan(report.to_json()), indent=2, default=str) + "\n")
+    path.write_text(json.dumps(no_nan(report.to_json()), indent=2, default=str) + "\n")
     return path
-
-
-def _no_nan(value: Any) -> Any:
-    """NaN (an empty measurement) as null, so the file is strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 def update_benchmarks_md(report: Report, text: str, path: Path = BENCHMARKS_MD) -> Path:

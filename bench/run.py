@@ -17,7 +17,6 @@ import logging
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import confluent_kafka
 import pymongo
 from pymongo import MongoClient
 
-from bench.common import PARTITIONS, first_message, log, progress, warm_up_kafka
+from bench.common import first_message, log, progress
 from bench.events import Variant, variants
 from bench.relay_under_test import relay_settings
 from bench.report import Report, format_report, update_benchmarks_md, write_json
@@ -47,6 +46,7 @@ from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.scenarios.peers import conduit_peer, peer_catch_up
 from bench.scenarios.producer import bare_producer
 from bench.scenarios.steady import contenders, latency_rounds, parse_steps, writer_reach
+from bench.stack import bench_stack
 from relay.dev.stack import LocalStack
 
 GROUPS = [(1, 1), (4, 1), (4, 2), (4, 4)]  # (RELAY_PARTITIONS, relay processes) of the group catch-up
@@ -179,21 +179,10 @@ def run(args: argparse.Namespace) -> Report:
     report = Report(params=parameters(args))
     peers_needed = args.peers and not (args.only_partitions or args.only_inbox)
     prepared = prepare_peers(args, report) if peers_needed else {}
-    stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
-    progress(f"starting MongoDB and Kafka in {stack.base_dir}")
     try:
-        stack.start()
-        warm_up_kafka(stack.kafka.bootstrap_servers)
-        client: MongoClient[Any]
-        with MongoClient(stack.mongo.uri, tz_aware=True) as client:
+        with bench_stack() as (stack, client):
             scenarios(stack, client, args, prepared, report)
     finally:
-        progress("stopping the stack")
-        stack.stop()
-        leftovers = [p.pid for p in [*stack.mongo.processes, stack.kafka.process] if p is not None and p.alive]
-        if leftovers:
-            log.error("stack processes still running after stop(): %s", leftovers)
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
         report.params["load_average_at_end"] = os.getloadavg()
         report.params["wall_seconds"] = time.monotonic() - started
     return report

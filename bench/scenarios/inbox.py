@@ -53,6 +53,7 @@ from bench.common import create_topic, progress, warm_up_kafka
 from bench.scenarios.outbox_writer import format_writer
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
+from relay.dev.harness.changes import change_value
 from relay.inbox import AsyncInbox, Inbox, InboxEvent
 from relay.inbox import async_inbox as async_inbox_module
 from relay.inbox import inbox as inbox_module
@@ -60,7 +61,6 @@ from relay.inbox.consumer import KafkaSource
 from relay.inbox.decoding import EventDecoder, header_dict
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
-from tests.changes import change_value
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 AGGREGATES = 1000

@@ -80,19 +80,18 @@ from pymongo.errors import PyMongoError
 
 from bench.common import (
     AGGREGATE_TYPE,
-    PARTITIONS,
     RESULTS_DIR,
     Row,
     consumer,
     create_topic,
     in_kafka,
     log,
+    no_nan,
     percentile,
     progress,
     rate,
     read_topic,
     wait_for,
-    warm_up_kafka,
 )
 from bench.events import EventFactory, Variant
 from bench.relay_under_test import relay_settings
@@ -102,11 +101,12 @@ from bench.scenarios.fair import wait_idle
 from bench.scenarios.latency import latencies
 from bench.scenarios.outboxes_report import MISSED_BY, SHARED, SIDECARS, STREAM, format_outboxes, goals, label
 from bench.scenarios.partitions import group_catch_up, stream_cost
+from bench.stack import bench_stack
 from bench.writer import OutboxesInTurn, receive, writer_child
 from relay.config import Settings
+from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 from relay.mongo.pipeline import StreamPlan
-from tests.support.relays import RelayProcess
 
 COUNTS = (1, 5, 20)
 PARTITION_COUNTS = (1, 2, 4)
@@ -604,23 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p, skip_flag=False)
     options = options_from(p, p.parse_args(argv))
     assert options is not None
-    stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
-    progress(f"starting MongoDB and Kafka in {stack.base_dir}")
-    try:
-        stack.start()
-        warm_up_kafka(stack.kafka.bootstrap_servers)
-        client: MongoClient[Any]
-        with MongoClient(stack.mongo.uri, tz_aware=True) as client:
-            result = outboxes_scenario(stack, client, options, uuid.uuid4().hex[:8])
-    finally:
-        stack.stop()
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
-    from bench.report import _no_nan  # NaN (not measured) as null, as in latest.json
-
+    with bench_stack() as (stack, client):
+        result = outboxes_scenario(stack, client, options, uuid.uuid4().hex[:8])
     print("\n".join(format_outboxes(result)))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / "outboxes.json"
-    path.write_text(json.dumps(_no_nan(result), indent=2, default=str) + "\n")
+    path.write_text(json.dumps(no_nan(result), indent=2, default=str) + "\n")
     progress(f"results: {path}")
     return 0
 
