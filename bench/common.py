@@ -114,9 +114,13 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
 # ---- Kafka ------------------------------------------------------------------------------------
 
 def create_topic(bootstrap: str, topic: str, config: dict[str, str] | None = None) -> None:
-    """Create `topic` with PARTITIONS partitions (and topic config) and wait until it exists."""
+    """Create `topic` with PARTITIONS partitions (and topic config) and wait until it exists.
+
+    Every benchmark topic carries the broker's append time (LogAppendTime): the catch-up's span
+    and the latencies are read from it (bench.scenarios.drain), whoever produced the message."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config or {})])
+    config = {"message.timestamp.type": "LogAppendTime", **(config or {})}
+    futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)])
     futures[topic].result(timeout=30)
     wait_for(f"topic {topic} in metadata",
              lambda: len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == PARTITIONS, 30)

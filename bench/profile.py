@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                     if timeline is not None:
                         around.enter_context(timeline.hooked())
                         around.enter_context(timeline.recording())
-                    row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery)
+                    row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery,
+                                         in_process=True)  # cProfile and the timeline watch this process
                 if profiled is not None:
                     print(profiled.report(args.top))
                 if timeline is not None:

@@ -35,6 +35,7 @@ class Report:
     partition_rows: list[Row] = field(default_factory=list)  # --partitions: backlog, group catch-ups, streams
     fair: list[Any] = field(default_factory=list)  # bench.scenarios.fair.Contestant: catch-up on equal terms
     variant_fair: dict[str, list[Any]] = field(default_factory=dict)  # variant key -> relay and bare relay, same way
+    fair_runs: dict[str, Any] = field(default_factory=dict)  # variant key -> bench.scenarios.fair.Field (table)
     inbox: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.inbox.inbox_scenario's results
     outboxes: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.outboxes.outboxes_scenario's results
 
@@ -49,6 +50,9 @@ class Report:
                 "variants_equal_terms": {k: [{"name": c.name, "median_events_per_s": c.median,
                                               "rows": [asdict(r) for r in c.rows]} for c in v]
                                          for k, v in self.variant_fair.items()},
+                "equal_terms_backlogs": {k: {"drain_s": f.drain_s, "backlogs": f.backlogs,
+                                             "calibration": [asdict(r) for r in f.calibration]}
+                                         for k, f in self.fair_runs.items()},
                 "inbox": self.inbox, "outboxes": self.outboxes}
 
     def row(self, prefix: str, variant: str = "default") -> Row | None:
@@ -81,7 +85,7 @@ def format_report(report: Report) -> str:
         f"(consumers in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)"
         if only_inbox else
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
-        f"(catch-up: relay in this process; latency: relay as its own process; 1 mongod, 1 Kafka broker, "
+        f"(every contestant as its own process; 1 mongod, 1 Kafka broker, "
         f"{PARTITIONS} partitions)",
         f"relay code: {p['relay_source']}",
         f"command: {p['command']}",
@@ -113,12 +117,13 @@ def _inbox_table(report: Report) -> list[str]:
 def _fair_table(report: Report) -> list[str]:
     from bench.scenarios.fair import format_fair
 
-    lines = format_fair(report.fair, report.params.get("rounds", 0), report.params["events"]) if report.fair else []
-    for key, pair in report.variant_fair.items():
-        events = pair[0].rows[0].events if pair and pair[0].rows else 0
-        table = format_fair(pair, report.params.get("rounds", 0), events)
-        if table:
+    lines: list[str] = []
+    for key, run in report.fair_runs.items():
+        table = format_fair(run, report.params.get("rounds", 0))
+        if table and lines:
             lines += ["", f"{report.variants.get(key, key)}: " + table[0], *table[1:-1]]
+        elif table:
+            lines += table
     return lines
 
 
