@@ -25,10 +25,10 @@ from bson.raw_bson import RawBSONDocument
 from confluent_kafka import Producer
 from pymongo import MongoClient
 
-from bench.common import Row, create_topic, wait_for
+from bench.common import Row, consumer, create_topic, in_kafka, wait_for
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
-from bench.scenarios.drain import BenchChild, rate_of, topic_span
+from bench.scenarios.drain import BenchChild, CpuAtFirst, rate_of, topic_span
 from relay.config import Settings
 from relay.dev.stack import LocalStack
 
@@ -47,24 +47,33 @@ def bare_relay(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, se
                  "batch_size": batch_size, "max_await_ms": settings.max_await_ms,
                  "producer": settings.parts().kafka.producer_config()}
     child = BenchChild("bench.scenarios.bare_relay", arguments)
-    try:
-        with Sampler(stack_roles(stack, lambda: {"child": child.proc.pid if child.proc else None})) as sampler:
-            launched = time.time()
-            child.start()
-            wait_for(LABEL, lambda: child.returncode is not None, max(120.0, backlog.events / 300), child.check_alive)
-            usage = sampler.stop()
-        count = int(child.reported()["count"])
-    finally:
-        child.stop()
+    pid = lambda: child.proc.pid if child.proc else None  # noqa: E731
+    with consumer(stack.kafka.bootstrap_servers) as c:
+        at_first = CpuAtFirst(pid, lambda: in_kafka(c, topic))
+
+        def ended() -> bool:
+            at_first.poll()
+            return child.returncode is not None
+
+        try:
+            with Sampler(stack_roles(stack, lambda: {"child": pid()})) as sampler:
+                launched = time.time()
+                child.start()
+                wait_for(LABEL, ended, max(120.0, backlog.events / 300), child.check_alive)
+                usage = sampler.stop()
+            count = int(child.reported()["count"])
+        finally:
+            child.stop()
     span = topic_span(stack.kafka.bootstrap_servers, topic, launched)
     return Row(LABEL, count, span.drain_s, rate_of(count, span), variant=backlog.variant.key,
-               cpu_us_per_event=usage.cpu_us_per_event("child", count),
+               cpu_us_per_event=at_first.per_event_us(usage.cpu_s.get("child", float("nan")), count),
                mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", count),
                peak_rss_mb=usage.peak_rss_mb.get("child", float("nan")), other_cores=usage.other_cores,
                iowait_cores=usage.iowait_cores,
                note=f"raw fullDocument bytes, key aggregateId, relay's producer config, reports awaited per "
                     f"batch of {batch_size}; first to last message, start-up {span.start_up_s:.1f} s apart",
-               extra={"start_up_s": span.start_up_s, "topic": topic, "process": "child"})
+               extra={"start_up_s": span.start_up_s, "start_up_cpu_s": at_first.cpu_s, "topic": topic,
+                      "process": "child"})
 
 
 def drain(a: dict[str, Any]) -> int:

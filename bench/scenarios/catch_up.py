@@ -10,6 +10,8 @@ RSS are then this process's, harness included.
 from __future__ import annotations
 
 import datetime as dt
+import math
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from bench.common import (
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.sampling import Sampler, Usage, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
-from bench.scenarios.drain import Span, rate_of, topic_span
+from bench.scenarios.drain import CpuAtFirst, Span, rate_of, topic_span
 from relay.config import Settings
 from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
@@ -46,13 +48,15 @@ class _Drained:
     span: Span
     usage: Usage
     role: str                    # the Sampler's role of the relay: "relay" (its process) or "bench" (this one)
+    at_first: CpuAtFirst
     at_checkpoint: int
     final: int
 
 
 def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,
                    label: str = "relay catch-up (to checkpoint)", delivery: str = "at-least-once",
-                   env: dict[str, str] | None = None, native: bool = True, in_process: bool = False) -> Row:
+                   env: dict[str, str] | None = None, native: bool = True, in_process: bool = False,
+                   module: str = "relay", process_env: dict[str, str] | None = None) -> Row:
     """Start the relay on the backlog; run it until a checkpoint covers the last backlog event.
 
     Done-condition: the lease document's `resumeToken._data` >= the `_data` of the last
@@ -70,6 +74,8 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     `delivery="exactly-once"` runs the relay with RELAY_DELIVERY=exactly-once (Kafka transactions
     spanning reads, bench.scenarios.exactly_once); the messages are then counted as a read_committed
     consumer reads them (the watermarks also count commit markers), after the sampled interval.
+    `module` and `process_env`: what `python -m <module> run` starts, with these variables too
+    (bench.profiled_relay, the relay with a profiler inside, for `bench.profile --process`).
     """
     exactly_once = delivery == "exactly-once"
     name = f"catchup-eos-{backlog.variant.key}" if exactly_once else f"catchup-{backlog.variant.key}"
@@ -84,18 +90,19 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
         settings = settings.replace(delivery=delivery, offsets_topic=f"bench.{run_id}.offsets-{backlog.variant.key}",
                                     lease_collection=f"{settings.lease_collection}_exactly_once")
         warm_up_transactions(stack.kafka.bootstrap_servers)
-    drained = _drain(stack, client, backlog, settings, topic, label, _launcher(settings, native, in_process))
+    drained = _drain(stack, client, backlog, settings, topic, label, _launcher(settings, native, in_process, module, process_env))
     return _row(label, backlog, drained, topic, exactly_once)
 
 
 class _Launched:
     """The relay under test, started: its Sampler roles, a liveness check, a stop."""
 
-    def __init__(self, settings: Settings, native: bool, in_process: bool) -> None:
+    def __init__(self, settings: Settings, native: bool, in_process: bool, module: str = "relay",
+                 process_env: dict[str, str] | None = None) -> None:
         self.role = "bench" if in_process else "relay"
         self._thread = running_relay(settings, native) if in_process else None
-        self._process = None if in_process else RelayProcess(
-            settings, Path(tempfile.mkdtemp(prefix="bench-relay-")), "relay")
+        self._logs = Path(tempfile.mkdtemp(prefix="bench-relay-"))  # deleted on stop (check_alive shows the end)
+        self._process = None if in_process else RelayProcess(settings, self._logs, "relay", process_env, module)
         self._runner: Any = None
 
     def roles(self) -> dict[str, int | None]:
@@ -121,10 +128,12 @@ class _Launched:
             self._thread.__exit__(None, None, None)
         if self._process is not None:
             self._process.stop()
+        shutil.rmtree(self._logs, ignore_errors=True)
 
 
-def _launcher(settings: Settings, native: bool, in_process: bool) -> Callable[[], _Launched]:
-    return lambda: _Launched(settings, native, in_process)
+def _launcher(settings: Settings, native: bool, in_process: bool, module: str,
+              process_env: dict[str, str] | None) -> Callable[[], _Launched]:
+    return lambda: _Launched(settings, native, in_process, module, process_env)
 
 
 def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settings: Settings, topic: str,
@@ -138,11 +147,13 @@ def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settin
     leases = client[backlog.database][settings.lease_collection]
 
     def covered() -> bool:
+        at_first.poll()
         data, _at = lease_token_data(leases, settings.namespace)
         return data is not None and data >= backlog.last_token_data
 
     relay = launch()
     with consumer(stack.kafka.bootstrap_servers) as c:
+        at_first = CpuAtFirst(lambda: relay.roles().get("relay"), lambda: in_kafka(c, topic))
         try:
             with Sampler(stack_roles(stack, relay.roles)) as sampler:
                 launched = time.time()
@@ -159,11 +170,11 @@ def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settin
             relay.stop()
         final = count(c)
     span = topic_span(stack.kafka.bootstrap_servers, topic, launched)
-    return _Drained(span, usage, relay.role, at_checkpoint, final)
+    return _Drained(span, usage, relay.role, at_first, at_checkpoint, final)
 
 
 def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bool) -> Row:
-    note = f"first to last message; start-up {d.span.start_up_s:.1f} s apart"
+    note = f"first to last message; start-up {d.span.start_up_s:.1f} s apart (and its CPU)"
     note += "; Kafka transactions spanning reads" if exactly_once else ""
     if d.at_checkpoint < backlog.events:
         note += f"; CHECKPOINT AHEAD OF KAFKA ({d.at_checkpoint} in topic)"
@@ -171,12 +182,13 @@ def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bo
         note += f"; {d.final} messages in topic"
     usage, n, who = d.usage, backlog.events, d.role
     return Row(label, n, d.span.drain_s, rate_of(n, d.span), variant=backlog.variant.key, kind="relay",
-               cpu_us_per_event=usage.cpu_us_per_event(who, n),
+               cpu_us_per_event=(d.at_first.per_event_us(usage.cpu_s.get(who, math.nan), n) if who == "relay"
+                                 else usage.cpu_us_per_event(who, n)),
                mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", n),
                peak_rss_mb=usage.peak_rss_mb.get(who, float("nan")),
                other_cores=usage.other_cores, iowait_cores=usage.iowait_cores, note=note,
                extra={"topic": topic, "in_kafka_at_checkpoint": d.at_checkpoint, "in_kafka_final": d.final,
-                      "start_up_s": d.span.start_up_s, "process": who,
+                      "start_up_s": d.span.start_up_s, "process": who, "start_up_cpu_s": d.at_first.cpu_s,
                       "rss_before_mb": usage.rss_start_mb.get(who), "rss_after_mb": usage.rss_end_mb.get(who),
                       "ru_maxrss_mb": self_peak_rss_mb() if who == "bench" else None, "cpu_s": usage.cpu_s,
                       "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", n)})

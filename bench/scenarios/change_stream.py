@@ -2,7 +2,8 @@
 
 It runs as a process of its own (`python -m bench.scenarios.change_stream <json>`), which reports the
 wall times (`time.time()`) of its first and last change: the same clock and rule as the topics'
-append times of the contestants that write to Kafka (bench.scenarios.drain).
+append times of the contestants that write to Kafka (bench.scenarios.drain); and its CPU between
+them (`time.process_time()`).
 """
 
 from __future__ import annotations
@@ -43,17 +44,17 @@ def bare_change_stream(stack: LocalStack, client: MongoClient[Any], backlog: Bac
         child.stop()
     count, span = int(report["count"]), Span(launched, report["first"], report["last"])
     return Row(LABEL, count, span.drain_s, rate_of(count, span), variant=backlog.variant.key,
-               cpu_us_per_event=usage.cpu_us_per_event("child", count),
+               cpu_us_per_event=(report["cpu_last"] - report["cpu_first"]) / count * 1e6 if count else float("nan"),
                mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", count),
                peak_rss_mb=usage.peak_rss_mb.get("child", float("nan")), other_cores=usage.other_cores,
                iowait_cores=usage.iowait_cores,
                note=f"watch(), RawBSONDocument, batch 1000; first to last change, start-up {span.start_up_s:.1f} s apart",
-               extra={"start_up_s": span.start_up_s, "process": "child"})
+               extra={"start_up_s": span.start_up_s, "start_up_cpu_s": report["cpu_first"], "process": "child"})
 
 
 def read(a: dict[str, Any]) -> dict[str, Any]:
     """Read `events` inserts (arguments as `bare_change_stream` passes them); the wall times of the first and last."""
-    first = last = float("nan")
+    first = last = cpu_first = cpu_last = float("nan")
     count = 0
     client: MongoClient[Any]
     with MongoClient(a["uri"]) as client:
@@ -64,11 +65,11 @@ def read(a: dict[str, Any]) -> dict[str, Any]:
             for _ in stream:
                 count += 1
                 if count == 1:
-                    first = time.time()
+                    first, cpu_first = time.time(), time.process_time()
                 if count == a["events"]:
-                    last = time.time()
+                    last, cpu_last = time.time(), time.process_time()
                     break
-    return {"count": count, "first": first, "last": last}
+    return {"count": count, "first": first, "last": last, "cpu_first": cpu_first, "cpu_last": cpu_last}
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ the span runs from the earliest first message of any partition to the latest las
 partition the append times only grow). The bare change stream, which writes nothing, reports the
 wall times of its first and last change itself. Both are the host's wall clock (`time.time()`
 and the broker's clock on the same machine, milliseconds). Start-up (launch to first event:
-interpreter or JVM, connections, lease, stream open) is reported apart and never counted in a rate.
+interpreter or JVM, connections, lease, stream open) is reported apart and never counted in a rate;
+so is its CPU (`CpuAtFirst`): CPU per event counts the contestant's process from its first event on.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, TopicPartition
 
 from relay.dev.harness import ROOT
@@ -49,6 +52,32 @@ class Span:
     def start_up_s(self) -> float:
         """Launch to the first delivered event (reported apart)."""
         return self.first - self.launched
+
+
+class CpuAtFirst:
+    """The contestant process's CPU seconds (children included) when its first event was
+    delivered: `poll()` it with the wait (every POLL_S); `count()` says how many were delivered."""
+
+    def __init__(self, pid: Callable[[], int | None], count: Callable[[], int]) -> None:
+        self._pid, self._count = pid, count
+        self.cpu_s: float | None = None
+
+    def poll(self) -> None:
+        if self.cpu_s is None and self._count() > 0:
+            self.cpu_s = process_cpu_s(self._pid())
+
+    def per_event_us(self, cpu_s_at_end: float, events: int) -> float:
+        """CPU per event from the first event to the end (NaN when the first was never seen)."""
+        return (cpu_s_at_end - self.cpu_s) / events * 1e6 if self.cpu_s is not None and events else math.nan
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process and its children so far (NaN if it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return sum(t.user + t.system for t in (p.cpu_times() for p in [root, *root.children(recursive=True)]))
+    except (psutil.Error, ValueError, TypeError):
+        return math.nan
 
 
 def span_of(launched: float, ends: dict[int, tuple[float, float]]) -> Span:
@@ -118,6 +147,11 @@ class BenchChild(ChildProcess):
         """Raise, with the end of its log, if it ended with an error."""
         if self.returncode not in (None, 0):
             raise RuntimeError(f"{self.module} ended with {self.returncode}: {self.log()[-2000:]}")
+
+    def stop(self) -> None:
+        """Stop it by its pid (if it still runs) and delete its log."""
+        super().stop()
+        self.log_path.unlink(missing_ok=True)
 
     def reported(self) -> dict[str, Any]:
         """Its last output line, as JSON (after it ended with status 0)."""

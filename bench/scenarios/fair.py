@@ -235,6 +235,7 @@ def format_fair(f: Field, rounds: int) -> list[str]:
                      f"{statistics.median(starts) if starts else math.nan:>8.1f} {c.median_of('cpu_us_per_event'):>10.0f} "
                      f"{mongod:>13.0f} {c.median_of('peak_rss_mb'):>7.0f}  {terms}")
     lines.append("  relay/it = median / median. drain = first delivered event to the last (topic append times; the "
-                 "bare stream's own clock); start = launch to first event, not in the rate. CPU counts the "
-                 "contestant's process over the whole run (a peer's from its connector's start, JVM start-up excluded).")
+                 "bare stream's own clock); start = launch to first event, not in the rate. CPU µs/ev = the "
+                 "contestant's process from its first event on (a peer's from its connector's start, JVM start-up "
+                 "excluded).")
     return lines
