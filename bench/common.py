@@ -50,9 +50,10 @@ class Row:
     """One line of the results: who moved how many events how fast, and at what cost.
 
     `cpu_us_per_event` is the CPU (user + system, all threads, children included) of the
-    process doing the work - this Python process for the relay and the bare baselines, the
-    peer's own process tree for a peer - divided by `events`; `mongod_cpu_us_per_event` the
-    same for mongod during the same interval. `peak_rss_mb` is that process's highest RSS
+    process doing the work - the relay's, a bare baseline's or a peer's own process (from its
+    first event on in the catch-up, bench.scenarios.drain), this Python process for the bare
+    producer - divided by `events`; `mongod_cpu_us_per_event` the same for mongod during the
+    sampled interval. `peak_rss_mb` is that process's highest RSS
     sampled during the interval. NaN: not measured (or the scenario failed: see `note`).
     """
 

@@ -152,7 +152,8 @@ def _ratio_table(report: Report) -> list[str]:
                      f"{_f(row.cpu_us_per_event, '.0f', 10)} {_f(row.mongod_cpu_us_per_event, '.0f', 13)} "
                      f"{_f(row.peak_rss_mb, '.0f', 12)}  {row.note}")
     lines.append("  relay/it > 1: the relay is faster. CPU µs/ev = CPU of the process doing the work per event "
-                 "(the baselines run in the benchmark's process; a peer in its own); RSS sampled every 25 ms.")
+                 "(the relay, the bare relay, the bare change stream and each peer: a process of its own, from its first "
+                 "event on; the bare producer: the benchmark's process); RSS sampled every 25 ms.")
     return lines
 
 
