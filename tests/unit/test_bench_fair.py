@@ -5,6 +5,7 @@ contestant of a round, and the goals of issue 45. Timings are never asserted."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from bench.events import Variant
 from bench.goals import goals
 from bench.report import Report
 from bench.scenarios import fair
-from bench.scenarios.drain import Span, rate_of, span_of
+from bench.scenarios.drain import CpuAtFirst, Span, rate_of, span_of
 from bench.scenarios.fair import Contestant, Field, backlog_events, format_fair, next_backlog, rotated
 
 VARIANT = Variant("default", "200 B generic", 200, False, 100)
@@ -143,3 +144,18 @@ def test_goals_of_issue_45_compare_medians_with_the_tuned_peers_and_the_bare_str
     assert found["catch-up / bare change stream (the read limit)"]["met"] is False     # 0.75 < 0.9
     assert found["exactly-once / at-least-once"]["met"] is True                        # 29,000 / 30,000
     assert found["catch-up / bare relay (200 B)"]["met"] is True                       # 0.94 >= 0.9
+
+
+def test_cpu_per_event_counts_from_the_first_delivered_event() -> None:
+    delivered = [0]
+    at_first = CpuAtFirst(lambda: os.getpid(), lambda: delivered[0])
+    at_first.poll()
+    assert at_first.cpu_s is None                        # nothing delivered yet: start-up still running
+    delivered[0] = 1
+    at_first.poll()
+    seen = at_first.cpu_s
+    assert seen is not None and seen > 0
+    at_first.poll()
+    assert at_first.cpu_s == seen                        # taken once, at the first event
+    assert at_first.per_event_us(seen + 0.5, 1000) == pytest.approx(500.0)
+    assert math.isnan(CpuAtFirst(lambda: None, lambda: 0).per_event_us(1.0, 1000))
