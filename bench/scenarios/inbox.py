@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
 import threading
@@ -256,21 +255,16 @@ def format_inbox(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    stack = None
-    uri, bootstrap = args.mongodb_uri, args.bootstrap
-    if not (uri and bootstrap):
-        from relay.dev.stack import LocalStack
+    if args.mongodb_uri and args.bootstrap:  # servers of the caller's
+        warm_up_kafka(args.bootstrap)
+        result = inbox_scenario(args.mongodb_uri, args.bootstrap, args.events, args.per_event_events, args.rounds,
+                                args.batch)
+    else:
+        from bench.stack import bench_stack
 
-        stack = LocalStack.in_temp_dir()
-        stack.start()
-        uri, bootstrap = stack.mongo.uri, stack.kafka.bootstrap_servers
-    try:
-        warm_up_kafka(bootstrap)
-        result = inbox_scenario(uri, bootstrap, args.events, args.per_event_events, args.rounds, args.batch)
-    finally:
-        if stack is not None:
-            stack.stop()
-            shutil.rmtree(stack.base_dir, ignore_errors=True)
+        with bench_stack() as (stack, _client):
+            result = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.events,
+                                    args.per_event_events, args.rounds, args.batch)
     print("\n".join(format_inbox(result)))
     print(json.dumps(result))
     return 0
