@@ -25,11 +25,8 @@ import tarfile
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
 
-from pymongo import MongoClient
-
-from bench.common import progress, warm_up_kafka
+from bench.common import progress
 from bench.events import EventFactory
 from bench.relay_process import ROOT
 from bench.scenarios.steady import (
@@ -41,8 +38,8 @@ from bench.scenarios.steady import (
     relay_maker,
     summarize,
 )
+from bench.stack import bench_stack
 from relay.cachedir import cache_dir
-from relay.dev.stack import LocalStack
 
 CARGO = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
 
@@ -102,22 +99,13 @@ def trees(args: argparse.Namespace) -> list[tuple[str, Path]]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     code = trees(args)
-    stack = LocalStack.in_temp_dir()
-    progress(f"starting MongoDB and Kafka in {stack.base_dir}")
-    try:
-        stack.start()
-        warm_up_kafka(stack.kafka.bootstrap_servers)
+    with bench_stack() as (stack, client):
         run_id = uuid.uuid4().hex[:6]
-        client: MongoClient[Any]
-        with MongoClient(stack.mongo.uri, tz_aware=True) as client:
-            entrants: list[tuple[str, Maker]] = [
-                (f"ab{i}", relay_maker(stack, client, run_id, code=folder, label=f"relay @{name}"))
-                for i, (name, folder) in enumerate(code)]
-            results = latency_rounds(stack, client, EventFactory(args.payload_bytes), args.payload_bytes,
-                                     args.steps, args.seconds, args.rounds, entrants, run_id)
-    finally:
-        stack.stop()
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
+        entrants: list[tuple[str, Maker]] = [
+            (f"ab{i}", relay_maker(stack, client, run_id, code=folder, label=f"relay @{name}"))
+            for i, (name, folder) in enumerate(code)]
+        results = latency_rounds(stack, client, EventFactory(args.payload_bytes), args.payload_bytes,
+                                 args.steps, args.seconds, args.rounds, entrants, run_id)
     print("\n".join([f"bench.ab: {', '.join(f'{n} = {f}' for n, f in code)}; load average at end "
                      + "/".join(f"{x:.1f}" for x in os.getloadavg()), "", *format_rounds(results), "",
                      *format_steady(summarize(results, strict=False), args.rounds)]))

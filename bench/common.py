@@ -1,7 +1,7 @@
 """What every benchmark scenario shares: constants, the result row, Kafka topic helpers, waits.
 
-Waiting, reading topics and counting messages come from `tests.support.waiting` and
-`tests.support.topics` (the test oracle's helpers), so the benchmark and the tests agree on what
+Waiting, reading topics and counting messages come from `relay.dev.harness.waiting` and
+`relay.dev.harness.topics` (the test oracle's helpers), so the benchmark and the tests agree on what
 "all N messages are in Kafka" means.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support.topics import read_messages, watermark_sum
-from tests.support.waiting import wait_until
+from relay.dev.harness.topics import read_messages, watermark_sum
+from relay.dev.harness.waiting import wait_until
 
 log = logging.getLogger("bench")
 
@@ -33,15 +33,27 @@ PARTITIONS = 3             # partitions of every topic the benchmark creates
 AGGREGATE_TYPE = "bench"   # every event's aggregateType (so each scenario has one topic)
 POLL_S = 0.02              # how often waits poll the lease document or the watermarks
 
+RELAY = "relay catch-up (to checkpoint)"
+COMPARED = [  # the ratio table's rows, in order: (row label prefix, short name)
+    ("peer: MongoDB Kafka source connector", "MongoDB Kafka source connector"),
+    ("peer: Debezium MongoDB + outbox router", "Debezium + outbox router"),
+    ("peer: Conduit + MongoDB connector", "Conduit + MongoDB connector"),
+    ("baseline: bare relay", "bare relay"),
+    ("baseline: bare change stream", "bare change stream"),
+    ("baseline: bare producer", "bare producer"),
+    ("relay catch-up, exactly-once", "relay, exactly-once (transactions)"),  # bench.scenarios.exactly_once
+]
+
 
 @dataclass
 class Row:
     """One line of the results: who moved how many events how fast, and at what cost.
 
     `cpu_us_per_event` is the CPU (user + system, all threads, children included) of the
-    process doing the work - this Python process for the relay and the bare baselines, the
-    peer's own process tree for a peer - divided by `events`; `mongod_cpu_us_per_event` the
-    same for mongod during the same interval. `peak_rss_mb` is that process's highest RSS
+    process doing the work - the relay's, a bare baseline's or a peer's own process (from its
+    first event on in the catch-up, bench.scenarios.drain), this Python process for the bare
+    producer - divided by `events`; `mongod_cpu_us_per_event` the same for mongod during the
+    sampled interval. `peak_rss_mb` is that process's highest RSS
     sampled during the interval. NaN: not measured (or the scenario failed: see `note`).
     """
 
@@ -65,6 +77,23 @@ def rate(events: int, seconds: float) -> float:
     return events / seconds if seconds > 0 else math.nan
 
 
+def ratio(relay: Row | None, other: Row | None) -> float:
+    if relay is None or other is None or other.error or not other.events_per_s > 0:
+        return math.nan
+    return relay.events_per_s / other.events_per_s
+
+
+def no_nan(value: Any) -> Any:
+    """NaN (an empty measurement) as null, so the file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [no_nan(v) for v in value]
+    return value
+
+
 def percentile(sorted_values: list[float], p: float) -> float:
     """Nearest-rank percentile of an ascending list (p in 0..100)."""
     if not sorted_values:
@@ -79,16 +108,20 @@ def progress(text: str) -> None:
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
              alive: Callable[[], None] | None = None) -> Any:
-    """`tests.support.waiting.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
+    """`relay.dev.harness.waiting.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
     return wait_until(check, timeout_s, what, interval=POLL_S, alive=alive)
 
 
 # ---- Kafka ------------------------------------------------------------------------------------
 
 def create_topic(bootstrap: str, topic: str, config: dict[str, str] | None = None) -> None:
-    """Create `topic` with PARTITIONS partitions (and topic config) and wait until it exists."""
+    """Create `topic` with PARTITIONS partitions (and topic config) and wait until it exists.
+
+    Every benchmark topic carries the broker's append time (LogAppendTime): the catch-up's span
+    and the latencies are read from it (bench.scenarios.drain), whoever produced the message."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config or {})])
+    config = {"message.timestamp.type": "LogAppendTime", **(config or {})}
+    futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)])
     futures[topic].result(timeout=30)
     wait_for(f"topic {topic} in metadata",
              lambda: len(admin.list_topics(topic, timeout=5).topics[topic].partitions) == PARTITIONS, 30)

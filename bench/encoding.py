@@ -41,10 +41,10 @@ from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.change import Change
+from relay.dev.harness.changes import insert_change
 from relay.mongo.codecs import read_changes, read_in_python
 from relay.outbox import OutboxEvent, decode
 from relay.wiring import message_builder
-from tests.changes import insert_change
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 UTC = dt.UTC

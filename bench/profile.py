@@ -1,7 +1,15 @@
 """Profile the relay's catch-up: where its CPU goes, beside the bare relay on the same backlog.
 
 Run: `.venv/bin/python -m bench.profile [--events N] [--variant default|2kb|20kb|typed]
-[--top 30] [--no-profile] [--where] [--repeat R] [--config NAME:KEY=VALUE,KEY=VALUE ...]`.
+[--top 30] [--no-profile] [--where] [--process] [--repeat R] [--config NAME:KEY=VALUE,KEY=VALUE ...]`.
+
+`--process` profiles the relay as deployed instead: `outbox-relay run` in a process of its own
+(bench.profiled_relay: every thread under cProfile timed by thread CPU time, and bench.timeline's
+waits), draining the backlog; it prints the CPU per event of each stage of the loop (reading,
+the read-ahead thread, encoding, sending, waiting for acknowledgements, storing checkpoints),
+the process's CPU per event from its first event on, mongod's and the broker's, and where the
+loop's wall time went; then the bare relay and the bare change stream, each its own process, on
+the same backlog. (`python:` does not apply there: the process builds with the compiled encoder.)
 
 Each `--config` is one relay configuration to measure, by name, as RELAY_* variables
 (`depth2:RELAY_PIPELINE_DEPTH=2`, `nolinger:RELAY_KAFKA_LINGER_MS=0`, `eos:RELAY_DELIVERY=exactly-once`,
@@ -27,20 +35,22 @@ import cProfile
 import io
 import pstats
 import shutil
+import tempfile
 import threading
 import uuid
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
-from pymongo import MongoClient
-
-from bench.common import progress, warm_up_kafka
+from bench.common import progress
 from bench.events import variants
+from bench.profiled_relay import OUT
 from bench.relay_under_test import relay_settings
 from bench.scenarios.backlog import write_backlog
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
+from bench.stack import bench_stack
 from bench.timeline import Timeline
 from relay.dev.stack import LocalStack
 
@@ -90,6 +100,54 @@ def _config(text: str) -> tuple[str, dict[str, str], bool]:
     return name, env, name != "python"
 
 
+STAGES = [  # (stage, file, function): the loop's calls and the reader thread, as bench.timeline names them
+    ("reading (loop: next_batch)", "stream.py", "next_batch"),
+    ("read-ahead thread (getMore, decode)", "stream.py", "_run"),
+    ("encoding (build_many)", "encoding.py", "build_many"),
+    ("sending (produce)", "producer.py", "send"),
+    ("acknowledgements (drain, poll)", "producer.py", "drain"),
+    ("", "producer.py", "poll"),
+    ("storing checkpoints", "lease.py", "store_checkpoint"),
+]
+
+
+def stage_cpu(stats: pstats.Stats, events: int) -> list[tuple[str, float, float]]:
+    """(stage, CPU s, µs per event) from a thread-CPU profile: each stage's functions' cumulative
+    time (a stage named "" adds to the one before it)."""
+    rows: list[tuple[str, float, float]] = []
+    table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    for stage, file, function in STAGES:
+        seconds = sum(v[3] for (path, _line, name), v in table.items() if path.endswith(file) and name == function)
+        if not stage and rows:
+            name, before, _ = rows[-1]
+            rows[-1] = (name, before + seconds, (before + seconds) / events * 1e6)
+        else:
+            rows.append((stage, seconds, seconds / events * 1e6))
+    return rows
+
+
+def _profiled_process(stack: LocalStack, client: Any, backlog: Any, tag: str, env: dict[str, str], delivery: str,
+                      name: str, top: int) -> Any:
+    """One catch-up by the profiled relay process (bench.profiled_relay); prints its stages."""
+    out = Path(tempfile.mkdtemp(prefix="bench-profile-")) / "relay"
+    row = relay_catch_up(stack, client, backlog, tag, env=env, delivery=delivery, module="bench.profiled_relay",
+                         process_env={OUT: str(out)})
+    row.scenario = f"relay process [{name}]"
+    stats = pstats.Stats(str(out.with_suffix(".pstats")))
+    print(f"CPU per event by stage, {backlog.events:,} events (thread CPU under cProfile, which inflates it; "
+          f"the process: {row.cpu_us_per_event:.1f} µs/event from its first event on)")
+    for stage, seconds, per_event in stage_cpu(stats, backlog.events):
+        print(f"  {stage:<40} {seconds:7.2f} s {per_event:7.1f} µs/event")
+    print(out.with_suffix(".txt").read_text().rstrip())
+    if top:
+        text = io.StringIO()
+        stats.stream = text  # type: ignore[attr-defined]
+        stats.strip_dirs().sort_stats("tottime").print_stats(top)
+        print(text.getvalue())
+    shutil.rmtree(out.parent, ignore_errors=True)
+    return row
+
+
 def _print(row: Any) -> None:
     print(f"{row.scenario:<28} {row.events_per_s:>9,.0f} events/s  "
           f"{row.cpu_us_per_event:6.1f} µs/event here  "
@@ -106,17 +164,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--where", action="store_true", help="time the loop's parts and the reads (bench.timeline)")
+    p.add_argument("--process", action="store_true",
+                   help="profile the relay as its own process (bench.profiled_relay), CPU per event by stage")
     p.add_argument("--config", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                    help="a relay configuration to measure (repeatable; default: the defaults)")
     args = p.parse_args(argv)
     configs = [_config(text) for text in args.config] or [("defaults", {}, True)]
     timeline = Timeline() if args.where else None  # before any client is built: it monitors their commands
     variant = next(v for v in variants(args.events, 200, True, True) if v.key == args.variant)
-    stack = LocalStack.in_temp_dir()
-    stack.start()
-    try:
-        client: MongoClient[Any] = MongoClient(stack.mongo.uri, tz_aware=True)
-        warm_up_kafka(stack.kafka.bootstrap_servers)
+    with bench_stack() as (stack, client):
         run_id = uuid.uuid4().hex[:6]
         backlog = write_backlog(client, f"profile_{run_id}", variant)
         for attempt in range(args.repeat):
@@ -125,12 +181,17 @@ def main(argv: list[str] | None = None) -> int:
                 env = {**env, "RELAY_LEASE_COLLECTION": f"leases_{tag}"}  # a fresh start each run
                 delivery = env.pop("RELAY_DELIVERY", "at-least-once")  # with its own offsets topic per run
                 progress(f"run {attempt + 1}, {name}")
+                if args.process:
+                    _print(_profiled_process(stack, client, backlog, tag, env, delivery, name, args.top
+                                             if args.profile else 0))
+                    continue
                 with ExitStack() as around:
                     profiled = around.enter_context(_ProfiledThreads()) if args.profile else None
                     if timeline is not None:
                         around.enter_context(timeline.hooked())
                         around.enter_context(timeline.recording())
-                    row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery)
+                    row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery,
+                                         in_process=True)  # cProfile and the timeline watch this process
                 if profiled is not None:
                     print(profiled.report(args.top))
                 if timeline is not None:
@@ -140,10 +201,6 @@ def main(argv: list[str] | None = None) -> int:
             settings = relay_settings(stack, backlog.database, "unused", "now")
             _print(bare_relay(stack, client, backlog, settings, f"profile.{run_id}{attempt}.bare"))
             _print(bare_change_stream(stack, client, backlog))
-        client.close()
-    finally:
-        stack.stop()
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
     progress("done")
     return 0
 

@@ -1,9 +1,8 @@
-"""The relay the catch-up scenarios measure: its settings, and where it is built in this process.
-
-It runs in a thread (`tests.support.relays.RelayThread`) with its default settings except
-addresses, database, topic, start point and `http_port=0`; `make_relay` builds it through
-`relay.wiring.build`, as `outbox-relay run` does. The latency steps and the memory run start
-`outbox-relay run` processes instead (bench.relay_process, bench.scenarios.partitions).
+"""The relay the benchmarks measure: its settings (defaults except addresses, database, topic,
+start point and `http_port=0`), and, for the tools that watch it from inside (bench.profile,
+bench.tail), the relay built in a thread of this process (`relay.dev.harness.relays.RelayThread`,
+through `relay.wiring.build` as `outbox-relay run` does). Every measured catch-up and latency step
+runs `outbox-relay run` processes instead (bench.scenarios.catch_up, bench.relay_process).
 """
 
 from __future__ import annotations
@@ -17,9 +16,9 @@ from typing import Any
 from pymongo.collection import Collection
 
 from relay.config import Settings
+from relay.dev.harness.relays import RelayThread
 from relay.dev.stack import LocalStack
 from relay.wiring import build
-from tests.support.relays import RelayThread
 
 
 def make_relay(settings: Settings, native: bool = True) -> Any:

@@ -15,23 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import PARTITIONS, RESULTS_DIR, Row
+from bench.common import COMPARED, PARTITIONS, RELAY, RESULTS_DIR, Row, no_nan, ratio
 from bench.goals import format_goals, goals
 from bench.scenarios.latency import Latency
 from bench.scenarios.steady import Step, Summary, format_reach, format_rounds, format_steady, summarize
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 MARK_START, MARK_END = "<!-- bench-latest -->", "<!-- /bench-latest -->"
-RELAY = "relay catch-up (to checkpoint)"
-COMPARED = [  # the ratio table's rows, in order: (row label prefix, short name)
-    ("peer: MongoDB Kafka source connector", "MongoDB Kafka source connector"),
-    ("peer: Debezium MongoDB + outbox router", "Debezium + outbox router"),
-    ("peer: Conduit + MongoDB connector", "Conduit + MongoDB connector"),
-    ("baseline: bare relay", "bare relay"),
-    ("baseline: bare change stream", "bare change stream"),
-    ("baseline: bare producer", "bare producer"),
-    ("relay catch-up, exactly-once", "relay, exactly-once (transactions)"),  # bench.scenarios.exactly_once
-]
 
 
 @dataclass
@@ -45,6 +35,7 @@ class Report:
     partition_rows: list[Row] = field(default_factory=list)  # --partitions: backlog, group catch-ups, streams
     fair: list[Any] = field(default_factory=list)  # bench.scenarios.fair.Contestant: catch-up on equal terms
     variant_fair: dict[str, list[Any]] = field(default_factory=dict)  # variant key -> relay and bare relay, same way
+    fair_runs: dict[str, Any] = field(default_factory=dict)  # variant key -> bench.scenarios.fair.Field (table)
     inbox: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.inbox.inbox_scenario's results
     outboxes: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.outboxes.outboxes_scenario's results
 
@@ -59,6 +50,9 @@ class Report:
                 "variants_equal_terms": {k: [{"name": c.name, "median_events_per_s": c.median,
                                               "rows": [asdict(r) for r in c.rows]} for c in v]
                                          for k, v in self.variant_fair.items()},
+                "equal_terms_backlogs": {k: {"drain_s": f.drain_s, "backlogs": f.backlogs,
+                                             "calibration": [asdict(r) for r in f.calibration]}
+                                         for k, f in self.fair_runs.items()},
                 "inbox": self.inbox, "outboxes": self.outboxes}
 
     def row(self, prefix: str, variant: str = "default") -> Row | None:
@@ -70,12 +64,6 @@ class Report:
     def summaries(self) -> list[Summary]:
         """The steady-state steps per contender: medians of the rounds whose writer kept the rate."""
         return summarize(self.latency)
-
-
-def ratio(relay: Row | None, other: Row | None) -> float:
-    if relay is None or other is None or other.error or not other.events_per_s > 0:
-        return math.nan
-    return relay.events_per_s / other.events_per_s
 
 
 def _f(value: float, spec: str = ".0f", width: int = 0) -> str:
@@ -97,7 +85,7 @@ def format_report(report: Report) -> str:
         f"(consumers in this process; 1 mongod, 1 Kafka broker, {PARTITIONS} partitions)"
         if only_inbox else
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
-        f"(catch-up: relay in this process; latency: relay as its own process; 1 mongod, 1 Kafka broker, "
+        f"(every contestant as its own process; 1 mongod, 1 Kafka broker, "
         f"{PARTITIONS} partitions)",
         f"relay code: {p['relay_source']}",
         f"command: {p['command']}",
@@ -129,12 +117,13 @@ def _inbox_table(report: Report) -> list[str]:
 def _fair_table(report: Report) -> list[str]:
     from bench.scenarios.fair import format_fair
 
-    lines = format_fair(report.fair, report.params.get("rounds", 0), report.params["events"]) if report.fair else []
-    for key, pair in report.variant_fair.items():
-        events = pair[0].rows[0].events if pair and pair[0].rows else 0
-        table = format_fair(pair, report.params.get("rounds", 0), events)
-        if table:
+    lines: list[str] = []
+    for key, run in report.fair_runs.items():
+        table = format_fair(run, report.params.get("rounds", 0))
+        if table and lines:
             lines += ["", f"{report.variants.get(key, key)}: " + table[0], *table[1:-1]]
+        elif table:
+            lines += table
     return lines
 
 
@@ -163,7 +152,8 @@ def _ratio_table(report: Report) -> list[str]:
                      f"{_f(row.cpu_us_per_event, '.0f', 10)} {_f(row.mongod_cpu_us_per_event, '.0f', 13)} "
                      f"{_f(row.peak_rss_mb, '.0f', 12)}  {row.note}")
     lines.append("  relay/it > 1: the relay is faster. CPU µs/ev = CPU of the process doing the work per event "
-                 "(the baselines run in the benchmark's process; a peer in its own); RSS sampled every 25 ms.")
+                 "(the relay, the bare relay, the bare change stream and each peer: a process of its own, from its first "
+                 "event on; the bare producer: the benchmark's process); RSS sampled every 25 ms.")
     return lines
 
 
@@ -300,19 +290,8 @@ def _goal_table(report: Report) -> list[str]:
 def write_json(report: Report) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / "latest.json"
-    path.write_text(json.dumps(_no_nan(report.to_json()), indent=2, default=str) + "\n")
+    path.write_text(json.dumps(no_nan(report.to_json()), indent=2, default=str) + "\n")
     return path
-
-
-def _no_nan(value: Any) -> Any:
-    """NaN (an empty measurement) as null, so the file is strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nan(v) for v in value]
-    return value
 
 
 def update_benchmarks_md(report: Report, text: str, path: Path = BENCHMARKS_MD) -> Path:

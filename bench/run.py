@@ -1,8 +1,10 @@
 """The relay benchmark (`make bench`): catch-up and latency on equal terms, payloads, memory, goals.
 
 One fresh local stack (a mongod replica-set member and a Kafka broker in a temporary folder, topics
-of 3 partitions), then, in order: the catch-up on equal terms (scenarios/fair.py) and, the same way,
-each payload variant's relay and bare relay; single samples of every variant on one shared backlog
+of 3 partitions; bench/stack.py), then, in order: the catch-up on equal terms (scenarios/fair.py:
+every contestant its own process, backlogs sized for `--drain-seconds` of draining, timed from the
+first delivered event to the last) and, the same way, each payload variant's relay and bare relay
+(`--only-equal-terms` stops there); single samples of every variant on one shared backlog
 with the 1,000,000-event memory run (`variant_scenarios`); Conduit when it builds; latency on equal
 terms (scenarios/steady.py); optionally the partitioned outbox; many outboxes through one stream
 (scenarios/outboxes.py, unless `--no-outboxes`); the inbox; then the tables and the goals
@@ -17,7 +19,6 @@ import logging
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ import confluent_kafka
 import pymongo
 from pymongo import MongoClient
 
-from bench.common import PARTITIONS, first_message, log, progress, warm_up_kafka
+from bench.common import first_message, log, progress
 from bench.events import Variant, variants
 from bench.relay_under_test import relay_settings
 from bench.report import Report, format_report, update_benchmarks_md, write_json
@@ -47,6 +48,7 @@ from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.scenarios.peers import conduit_peer, peer_catch_up
 from bench.scenarios.producer import bare_producer
 from bench.scenarios.steady import contenders, latency_rounds, parse_steps, writer_reach
+from bench.stack import bench_stack
 from relay.dev.stack import LocalStack
 
 GROUPS = [(1, 1), (4, 1), (4, 2), (4, 4)]  # (RELAY_PARTITIONS, relay processes) of the group catch-up
@@ -133,10 +135,13 @@ def equal_terms(stack: LocalStack, client: MongoClient[Any], args: argparse.Name
     field = contestants(stack, client, prepared.get("jars"), prepared.get("jars_error"), args.peers,
                         args.exactly_once)
     field = [c for c in field if not any(part in c.name for part in args.skip_contestants)]
-    report.fair = fair_catch_up(stack, client, runs[0], report.params["run_id"], args.rounds, field)
+    run_id = report.params["run_id"]
+    first = fair_catch_up(stack, client, runs[0], run_id, args.rounds, field, args.drain_seconds, args.probe_events)
+    report.fair, report.fair_runs[runs[0].key] = first.entrants, first
     for variant in runs[1:]:
-        report.variant_fair[variant.key] = fair_catch_up(stack, client, variant, report.params["run_id"],
-                                                         args.rounds, relay_and_bare(stack, client))
+        pair = fair_catch_up(stack, client, variant, run_id, args.rounds, relay_and_bare(stack, client),
+                             args.drain_seconds, args.probe_events)
+        report.variant_fair[variant.key], report.fair_runs[variant.key] = pair.entrants, pair
 
 
 def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namespace, prepared: dict[str, Any],
@@ -152,6 +157,8 @@ def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namesp
         report.variants = {v.key: v.label for v in runs}
         if args.rounds:
             equal_terms(stack, client, args, runs, prepared, report)
+        if args.only_equal_terms:
+            return
         default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events, args.exactly_once)
         for variant in runs[1:]:
             variant_scenarios(stack, client, variant, run_id, report)
@@ -179,21 +186,10 @@ def run(args: argparse.Namespace) -> Report:
     report = Report(params=parameters(args))
     peers_needed = args.peers and not (args.only_partitions or args.only_inbox)
     prepared = prepare_peers(args, report) if peers_needed else {}
-    stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
-    progress(f"starting MongoDB and Kafka in {stack.base_dir}")
     try:
-        stack.start()
-        warm_up_kafka(stack.kafka.bootstrap_servers)
-        client: MongoClient[Any]
-        with MongoClient(stack.mongo.uri, tz_aware=True) as client:
+        with bench_stack() as (stack, client):
             scenarios(stack, client, args, prepared, report)
     finally:
-        progress("stopping the stack")
-        stack.stop()
-        leftovers = [p.pid for p in [*stack.mongo.processes, stack.kafka.process] if p is not None and p.alive]
-        if leftovers:
-            log.error("stack processes still running after stop(): %s", leftovers)
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
         report.params["load_average_at_end"] = os.getloadavg()
         report.params["wall_seconds"] = time.monotonic() - started
     return report
@@ -206,6 +202,7 @@ def parameters(args: argparse.Namespace) -> dict[str, Any]:
         "rates": [f"{s.rate:g}x{s.batch}" for s in args.rates], "latency_rounds": args.latency_rounds,
         "long_events": args.long_events, "run_id": uuid.uuid4().hex[:8], "variant_keys": args.variant_keys,
         "command": args.command, "rounds": args.rounds,
+        "drain_seconds": args.drain_seconds, "probe_events": args.probe_events,
         "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
         "inbox_events": args.inbox_events if args.inbox else None, "inbox_rounds": args.inbox_rounds,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -259,6 +256,13 @@ def parser() -> argparse.ArgumentParser:
     a("--no-peers", dest="peers", action="store_false", help="skip the peers (Debezium, MongoDB connector, Conduit)")
     a("--rounds", type=int, default=3,
       help="rounds of the catch-up on equal terms (bench/scenarios/fair.py; default 3, 0 skips it)")
+    a("--drain-seconds", type=float, default=15.0,
+      help="catch-up on equal terms: size each round's backlog so that every contestant drains for at least "
+           "this long on this machine (default 15; a calibration measures the rates first)")
+    a("--probe-events", type=int, default=50_000,
+      help="catch-up on equal terms: the calibration's probe backlog (default 50000)")
+    a("--only-equal-terms", action="store_true",
+      help="run only the catch-up on equal terms (and its payload variants), then the tables and goals")
     a("--no-conduit", dest="conduit", action="store_false", help="skip the Conduit peer")
     a("--no-exactly-once", dest="exactly_once", action="store_false",
       help="skip the relay in exactly-once mode (RELAY_DELIVERY=exactly-once)")
@@ -296,6 +300,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     problems = [
         (args.partition_events < 1, "--partition-events must be at least 1"),
         (args.rounds < 0 or args.latency_rounds < 1, "--rounds must be 0 or more, --latency-rounds 1 or more"),
+        (args.drain_seconds <= 0 or args.probe_events < 1000,
+         "--drain-seconds must be above 0 and --probe-events at least 1000"),
         (args.inbox_events < 1 or args.inbox_rounds < 1, "--inbox-events and --inbox-rounds must be at least 1"),
         (args.only_inbox and (args.only_partitions or not args.inbox),
          "--only-inbox cannot go with --only-partitions or --no-inbox"),

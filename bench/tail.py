@@ -19,7 +19,6 @@ relay from ade8617 on (`both`: rounds alternate without and with it), to show wh
 from __future__ import annotations
 
 import argparse
-import shutil
 import threading
 import time
 import uuid
@@ -30,8 +29,9 @@ from typing import Any
 
 from pymongo import MongoClient
 
-from bench.common import percentile, progress, warm_up_kafka
+from bench.common import percentile, progress
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
+from bench.stack import bench_stack
 from bench.writer import receive, writer_child
 from relay.core.window import Delivery
 from relay.dev.stack import LocalStack
@@ -232,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(both: rounds alternate without and with it)")
     args = p.parse_args(argv)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.live_reader]
-    stack = LocalStack.in_temp_dir()
-    stack.start()
-    try:
-        warm_up_kafka(stack.kafka.bootstrap_servers)
+    with bench_stack() as (stack, _client):
         for r in range(args.rounds):
             for live in modes[r % len(modes):] + modes[:r % len(modes)]:
                 progress(f"round {r + 1}: {args.delivery}, {args.rate:g} events/s x{args.batch}, {args.seconds:g} s"
@@ -244,9 +241,6 @@ def main(argv: list[str] | None = None) -> int:
                 title = (f"round {r + 1}, {args.delivery} at {args.rate:g}/s x{args.batch}"
                          f"{' with a live reader' if live else ''} (writer reached {reached:,.0f}/s)")
                 print("\n".join(summary(timed.samples, title)), flush=True)
-    finally:
-        stack.stop()
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
     print("  parts: " + "; ".join(f"{p} = {MEANING[p]}" for p in PARTS))
     return 0
 

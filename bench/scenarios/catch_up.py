@@ -1,10 +1,22 @@
-"""Relay catch-up: the relay is started on a backlog and timed until a checkpoint covers it."""
+"""Relay catch-up: the relay as deployed (`outbox-relay run`, a process of its own) drains a backlog.
+
+Timed by bench.scenarios.drain's rule, as every contestant: from its first message's append time
+in the topic to its last one, start-up (launch to first message) reported apart. The run ends once
+the stored checkpoint covers the backlog and every event is in Kafka. `in_process=True` builds the
+relay in a thread of this process instead (bench.profile, which profiles that thread): its CPU and
+RSS are then this process's, harness included.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient
@@ -17,14 +29,15 @@ from bench.common import (
     create_topic,
     in_kafka,
     log,
-    rate,
     wait_for,
     warm_up_transactions,
 )
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.sampling import Sampler, Usage, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
+from bench.scenarios.drain import CpuAtFirst, Span, rate_of, topic_span
 from relay.config import Settings
+from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 
 
@@ -32,25 +45,26 @@ from relay.dev.stack import LocalStack
 class _Drained:
     """What a catch-up measured: its time, the process's usage, the messages in Kafka."""
 
-    seconds: float
+    span: Span
     usage: Usage
+    role: str                    # the Sampler's role of the relay: "relay" (its process) or "bench" (this one)
+    at_first: CpuAtFirst
     at_checkpoint: int
     final: int
 
 
 def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,
                    label: str = "relay catch-up (to checkpoint)", delivery: str = "at-least-once",
-                   env: dict[str, str] | None = None, native: bool = True) -> Row:
-    """Start the relay on the backlog; time until a checkpoint covers the last backlog event.
+                   env: dict[str, str] | None = None, native: bool = True, in_process: bool = False,
+                   module: str = "relay", process_env: dict[str, str] | None = None) -> Row:
+    """Start the relay on the backlog; run it until a checkpoint covers the last backlog event.
 
     Done-condition: the lease document's `resumeToken._data` >= the `_data` of the last
     backlog event's own resume token. Resume tokens' `_data` is the hex of a KeyString
     whose order is the stream's order (cluster time first; at an equal cluster time a
     high-water-mark token sorts before the event), so a stored token strictly before the
     last event's token cannot cover it, and one at or past it covers every backlog event.
-    The end time is that checkpoint's `checkpointAt` (server clock, ms, same machine), so the
-    polling does not inflate the time. The start is just before the relay's thread starts,
-    so the figure includes the relay's start-up (connection checks, lease, stream open).
+    The time is the topic's span (bench.scenarios.drain), start-up apart.
 
     The relay promises to store a token only after Kafka acknowledged every event before
     it, so at that moment the topic must already hold all N messages (acks=all: the high
@@ -60,6 +74,8 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     `delivery="exactly-once"` runs the relay with RELAY_DELIVERY=exactly-once (Kafka transactions
     spanning reads, bench.scenarios.exactly_once); the messages are then counted as a read_committed
     consumer reads them (the watermarks also count commit markers), after the sampled interval.
+    `module` and `process_env`: what `python -m <module> run` starts, with these variables too
+    (bench.profiled_relay, the relay with a profiler inside, for `bench.profile --process`).
     """
     exactly_once = delivery == "exactly-once"
     name = f"catchup-eos-{backlog.variant.key}" if exactly_once else f"catchup-{backlog.variant.key}"
@@ -74,13 +90,55 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
         settings = settings.replace(delivery=delivery, offsets_topic=f"bench.{run_id}.offsets-{backlog.variant.key}",
                                     lease_collection=f"{settings.lease_collection}_exactly_once")
         warm_up_transactions(stack.kafka.bootstrap_servers)
-    drained = _drain(stack, client, backlog, settings, topic, label, native)
+    drained = _drain(stack, client, backlog, settings, topic, label, _launcher(settings, native, in_process, module, process_env))
     return _row(label, backlog, drained, topic, exactly_once)
 
 
+class _Launched:
+    """The relay under test, started: its Sampler roles, a liveness check, a stop."""
+
+    def __init__(self, settings: Settings, native: bool, in_process: bool, module: str = "relay",
+                 process_env: dict[str, str] | None = None) -> None:
+        self.role = "bench" if in_process else "relay"
+        self._thread = running_relay(settings, native) if in_process else None
+        self._logs = Path(tempfile.mkdtemp(prefix="bench-relay-"))  # deleted on stop (check_alive shows the end)
+        self._process = None if in_process else RelayProcess(settings, self._logs, "relay", process_env, module)
+        self._runner: Any = None
+
+    def roles(self) -> dict[str, int | None]:
+        proc = self._process.proc if self._process is not None else None
+        return {"relay": proc.pid} if proc is not None else {}
+
+    def start(self) -> None:
+        if self._thread is not None:
+            self._runner = self._thread.__enter__()
+            self._runner.start()
+        else:
+            assert self._process is not None
+            self._process.start()
+
+    def check_alive(self) -> None:
+        if self._runner is not None:
+            self._runner.check_alive()
+        elif self._process is not None and not self._process.alive:
+            raise RuntimeError(f"the relay process ended: {self._process.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self._thread is not None and self._runner is not None:
+            self._thread.__exit__(None, None, None)
+        if self._process is not None:
+            self._process.stop()
+        shutil.rmtree(self._logs, ignore_errors=True)
+
+
+def _launcher(settings: Settings, native: bool, in_process: bool, module: str,
+              process_env: dict[str, str] | None) -> Callable[[], _Launched]:
+    return lambda: _Launched(settings, native, in_process, module, process_env)
+
+
 def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settings: Settings, topic: str,
-           label: str, native: bool) -> _Drained:
-    """Run the relay until a checkpoint covers the backlog (see `relay_catch_up`)."""
+           label: str, launch: Callable[[], _Launched]) -> _Drained:
+    """Run the relay until a checkpoint covers the backlog and Kafka holds it (see `relay_catch_up`)."""
     exactly_once = settings.delivery == "exactly-once"
 
     def count(c: Any) -> int:
@@ -88,40 +146,49 @@ def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settin
 
     leases = client[backlog.database][settings.lease_collection]
 
-    def covered() -> dt.datetime | None:
-        data, at = lease_token_data(leases, settings.namespace)
-        return at if data is not None and data >= backlog.last_token_data else None
+    def covered() -> bool:
+        at_first.poll()
+        data, _at = lease_token_data(leases, settings.namespace)
+        return data is not None and data >= backlog.last_token_data
 
+    relay = launch()
     with consumer(stack.kafka.bootstrap_servers) as c:
-        with running_relay(settings, native) as runner, Sampler(stack_roles(stack)) as sampler:
-            started_wall = time.time()
-            runner.start()
-            ended = wait_for(f"{label} ({backlog.variant.key})", covered, max(120.0, backlog.events / 500),
-                             runner.check_alive).timestamp()
-            usage = sampler.stop()
-            at_checkpoint = count(c)
-            if at_checkpoint < backlog.events:
-                log.error("catch-up: the checkpoint covered the backlog while only %d of %d events "
-                          "were in Kafka", at_checkpoint, backlog.events)
-                wait_for("catch-up events in Kafka", lambda: count(c) >= backlog.events, 120, runner.check_alive)
-                ended = max(ended, time.time())
+        at_first = CpuAtFirst(lambda: relay.roles().get("relay"), lambda: in_kafka(c, topic))
+        try:
+            with Sampler(stack_roles(stack, relay.roles)) as sampler:
+                launched = time.time()
+                relay.start()
+                wait_for(f"{label} ({backlog.variant.key})", covered, max(120.0, backlog.events / 500),
+                         relay.check_alive)
+                at_checkpoint = count(c)
+                if at_checkpoint < backlog.events:
+                    log.error("catch-up: the checkpoint covered the backlog while only %d of %d events "
+                              "were in Kafka", at_checkpoint, backlog.events)
+                    wait_for("catch-up events in Kafka", lambda: count(c) >= backlog.events, 120, relay.check_alive)
+                usage = sampler.stop()
+        finally:
+            relay.stop()
         final = count(c)
-    return _Drained(ended - started_wall, usage, at_checkpoint, final)
+    span = topic_span(stack.kafka.bootstrap_servers, topic, launched)
+    return _Drained(span, usage, relay.role, at_first, at_checkpoint, final)
 
 
 def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bool) -> Row:
-    note = "incl. relay start-up" + ("; Kafka transactions spanning reads" if exactly_once else "")
+    note = f"first to last message; start-up {d.span.start_up_s:.1f} s apart (and its CPU)"
+    note += "; Kafka transactions spanning reads" if exactly_once else ""
     if d.at_checkpoint < backlog.events:
         note += f"; CHECKPOINT AHEAD OF KAFKA ({d.at_checkpoint} in topic)"
     if d.final != backlog.events:
         note += f"; {d.final} messages in topic"
-    usage, n = d.usage, backlog.events
-    return Row(label, n, d.seconds, rate(n, d.seconds), variant=backlog.variant.key, kind="relay",
-               cpu_us_per_event=usage.cpu_us_per_event("bench", n),
+    usage, n, who = d.usage, backlog.events, d.role
+    return Row(label, n, d.span.drain_s, rate_of(n, d.span), variant=backlog.variant.key, kind="relay",
+               cpu_us_per_event=(d.at_first.per_event_us(usage.cpu_s.get(who, math.nan), n) if who == "relay"
+                                 else usage.cpu_us_per_event(who, n)),
                mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", n),
-               peak_rss_mb=usage.peak_rss_mb.get("bench", float("nan")),
+               peak_rss_mb=usage.peak_rss_mb.get(who, float("nan")),
                other_cores=usage.other_cores, iowait_cores=usage.iowait_cores, note=note,
                extra={"topic": topic, "in_kafka_at_checkpoint": d.at_checkpoint, "in_kafka_final": d.final,
-                      "rss_before_mb": usage.rss_start_mb.get("bench"), "rss_after_mb": usage.rss_end_mb.get("bench"),
-                      "ru_maxrss_mb": self_peak_rss_mb(), "cpu_s": usage.cpu_s,
+                      "start_up_s": d.span.start_up_s, "process": who, "start_up_cpu_s": d.at_first.cpu_s,
+                      "rss_before_mb": usage.rss_start_mb.get(who), "rss_after_mb": usage.rss_end_mb.get(who),
+                      "ru_maxrss_mb": self_peak_rss_mb() if who == "bench" else None, "cpu_s": usage.cpu_s,
                       "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", n)})

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
 import threading
@@ -53,6 +52,7 @@ from bench.common import create_topic, progress, warm_up_kafka
 from bench.scenarios.outbox_writer import format_writer
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
+from relay.dev.harness.changes import change_value
 from relay.inbox import AsyncInbox, Inbox, InboxEvent
 from relay.inbox import async_inbox as async_inbox_module
 from relay.inbox import inbox as inbox_module
@@ -60,7 +60,6 @@ from relay.inbox.consumer import KafkaSource
 from relay.inbox.decoding import EventDecoder, header_dict
 from relay.outbox import OutboxEvent
 from relay.wiring import message_builder
-from tests.changes import change_value
 
 TOKEN = {"_data": "826B02209A000000012B042C0100296E5A1004ABCDEF"}
 AGGREGATES = 1000
@@ -256,21 +255,16 @@ def format_inbox(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    stack = None
-    uri, bootstrap = args.mongodb_uri, args.bootstrap
-    if not (uri and bootstrap):
-        from relay.dev.stack import LocalStack
+    if args.mongodb_uri and args.bootstrap:  # servers of the caller's
+        warm_up_kafka(args.bootstrap)
+        result = inbox_scenario(args.mongodb_uri, args.bootstrap, args.events, args.per_event_events, args.rounds,
+                                args.batch)
+    else:
+        from bench.stack import bench_stack
 
-        stack = LocalStack.in_temp_dir()
-        stack.start()
-        uri, bootstrap = stack.mongo.uri, stack.kafka.bootstrap_servers
-    try:
-        warm_up_kafka(bootstrap)
-        result = inbox_scenario(uri, bootstrap, args.events, args.per_event_events, args.rounds, args.batch)
-    finally:
-        if stack is not None:
-            stack.stop()
-            shutil.rmtree(stack.base_dir, ignore_errors=True)
+        with bench_stack() as (stack, _client):
+            result = inbox_scenario(stack.mongo.uri, stack.kafka.bootstrap_servers, args.events,
+                                    args.per_event_events, args.rounds, args.batch)
     print("\n".join(format_inbox(result)))
     print(json.dumps(result))
     return 0

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -111,19 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.transactions < 1 or args.rounds < 1:
         parser.error("--transactions and --rounds must be at least 1")
-    stack, uri = None, args.mongodb_uri
-    if not uri:
-        from relay.dev.stack import LocalStack
+    if args.mongodb_uri:  # a server of the caller's
+        result = writer_overhead(args.mongodb_uri, args.transactions, args.rounds)
+    else:
+        from bench.stack import bench_stack
 
-        stack = LocalStack.in_temp_dir()
-        stack.start()
-        uri = stack.mongo.uri
-    try:
-        result = writer_overhead(uri, args.transactions, args.rounds)
-    finally:
-        if stack is not None:
-            stack.stop()
-            shutil.rmtree(stack.base_dir, ignore_errors=True)
+        with bench_stack() as (stack, _client):
+            result = writer_overhead(stack.mongo.uri, args.transactions, args.rounds)
     print("\n".join(format_writer(result)))
     print(json.dumps(result))
     return 0

@@ -24,8 +24,9 @@ run, 3 partitions):
   own writes (checkpoints, lease renewals, heartbeats).
 
 `--outboxes-rounds` rounds (default 3): each round rotates the order of the counts, and the order
-of the three contestants of a count. Figures, medians of the rounds: events/s from launch
-(start-up included) and `drain` (first message in Kafka to the last); mongod's CPU per event and
+of the three contestants of a count. Figures, medians of the rounds: events/s from the first
+message's append time to the last one's (bench.scenarios.drain, the rule of every catch-up; start-up
+reported apart); mongod's CPU per event and
 the operations it served (serverStatus `opcounters`, per 1,000 events); the relays' CPU per event
 (summed over the processes) and its part after start-up (each process's CPU from the moment it
 holds the lease of every outbox it publishes, read from the lease documents); the sum of the
@@ -80,33 +81,34 @@ from pymongo.errors import PyMongoError
 
 from bench.common import (
     AGGREGATE_TYPE,
-    PARTITIONS,
     RESULTS_DIR,
     Row,
     consumer,
     create_topic,
     in_kafka,
     log,
+    no_nan,
     percentile,
     progress,
     rate,
     read_topic,
     wait_for,
-    warm_up_kafka,
 )
 from bench.events import EventFactory, Variant
 from bench.relay_under_test import relay_settings
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import last_oplog_write, write_backlog
+from bench.scenarios.drain import rate_of, topic_span
 from bench.scenarios.fair import wait_idle
 from bench.scenarios.latency import latencies
 from bench.scenarios.outboxes_report import MISSED_BY, SHARED, SIDECARS, STREAM, format_outboxes, goals, label
 from bench.scenarios.partitions import group_catch_up, stream_cost
+from bench.stack import bench_stack
 from bench.writer import OutboxesInTurn, receive, writer_child
 from relay.config import Settings
+from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 from relay.mongo.pipeline import StreamPlan
-from tests.support.relays import RelayProcess
 
 COUNTS = (1, 5, 20)
 PARTITION_COUNTS = (1, 2, 4)
@@ -304,7 +306,6 @@ def catch_up(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, sh
     topic_template = f"bench.{run_id}.outboxes-{tag}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     create_topic(stack.kafka.bootstrap_servers, topic)
-    first: list[float] = []
     with launched(stack, client, outboxes, shared, topic_template, outboxes.start_at, tag) as launch, \
             consumer(stack.kafka.bootstrap_servers) as c, \
             Sampler(stack_roles(stack, launch.roles), interval_s=SAMPLE_S) as sampler:
@@ -314,10 +315,7 @@ def catch_up(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, sh
 
         def done() -> bool:
             launch.poll_start_up()
-            count = in_kafka(c, topic)
-            if count and not first:
-                first.append(time.time())
-            return count >= outboxes.events
+            return in_kafka(c, topic) >= outboxes.events
 
         wait_for(f"catch-up of {label(n, who)}", done, max(300.0, outboxes.events / 100), launch.check_alive)
         ended = time.time()
@@ -325,21 +323,23 @@ def catch_up(stack: LocalStack, client: MongoClient[Any], outboxes: Outboxes, sh
         ops = opcounters(client, since=ops)
         launch.poll_start_up()
     final = _count(stack, topic)
+    span = topic_span(stack.kafka.bootstrap_servers, topic, started)  # the rule every catch-up is timed by
     cpu = [usage.cpu_s.get(f"relay-{i}", math.nan) for i in range(len(launch.relays))]
     after = [cpu[i] - launch.up_cpu_s.get(i, math.nan) for i in range(len(cpu))]
-    drain = ended - first[0] if first else math.nan
+    drain = span.drain_s
     per_event = 1e6 / outboxes.events
-    note = f"drain {drain:.1f} s; start-up {max(launch.up_at.values(), default=math.nan) - started:.1f} s"
+    note = (f"first to last message; start-up {span.start_up_s:.1f} s apart (leases held after "
+            f"{max(launch.up_at.values(), default=math.nan) - started:.1f} s); launch to last {ended - started:.1f} s")
     if final != outboxes.events:
         note += f"; {final - outboxes.events:+d} messages against the backlog"
-    return Row(label(n, who), outboxes.events, ended - started, rate(outboxes.events, ended - started),
-               kind="outboxes", cpu_us_per_event=sum(cpu) * per_event,
+    return Row(label(n, who), outboxes.events, drain, rate_of(outboxes.events, span), kind="outboxes", cpu_us_per_event=sum(cpu) * per_event,
                mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", outboxes.events),
                peak_rss_mb=sum(usage.peak_rss_mb.get(f"relay-{i}", math.nan) for i in range(len(cpu))),
                other_cores=usage.other_cores, iowait_cores=usage.iowait_cores, note=note,
                extra={"n": n, "contestant": who, "processes": len(cpu), "drain_s": drain, "mongod_ops": ops,
                       "drain_events_per_s": rate(outboxes.events, drain),
-                      "start_up_s": max(launch.up_at.values(), default=math.nan) - started,
+                      "start_up_s": span.start_up_s, "all_in_s": ended - started,
+                      "leases_held_s": max(launch.up_at.values(), default=math.nan) - started,
                       "start_up_cpu_s": sum(launch.up_cpu_s.values()) if launch.up_cpu_s else math.nan,
                       "after_start_up_cpu_us_per_event": sum(after) * per_event,
                       "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", outboxes.events),
@@ -604,23 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(p, skip_flag=False)
     options = options_from(p, p.parse_args(argv))
     assert options is not None
-    stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
-    progress(f"starting MongoDB and Kafka in {stack.base_dir}")
-    try:
-        stack.start()
-        warm_up_kafka(stack.kafka.bootstrap_servers)
-        client: MongoClient[Any]
-        with MongoClient(stack.mongo.uri, tz_aware=True) as client:
-            result = outboxes_scenario(stack, client, options, uuid.uuid4().hex[:8])
-    finally:
-        stack.stop()
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
-    from bench.report import _no_nan  # NaN (not measured) as null, as in latest.json
-
+    with bench_stack() as (stack, client):
+        result = outboxes_scenario(stack, client, options, uuid.uuid4().hex[:8])
     print("\n".join(format_outboxes(result)))
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / "outboxes.json"
-    path.write_text(json.dumps(_no_nan(result), indent=2, default=str) + "\n")
+    path.write_text(json.dumps(no_nan(result), indent=2, default=str) + "\n")
     progress(f"results: {path}")
     return 0
 

@@ -131,10 +131,10 @@ def _catch_up_table(result: dict[str, Any]) -> list[str]:
                          f"{_f(median(rows, 'start_up_s'), '.1f', 10)} {_f(median(rows, 'peak_rss_mb'), '.0f', 7)} "
                          f"{_f(median(rows, 'other_cores'), '.2f', 11)}"
                          + (f"  ({len(failed)} failed)" if failed else ""))
-    lines.append("  events/s from the processes' launch (start-up included; the bare stream: from its first command); "
-                 "drain/s from the first message in Kafka to the last; relays µs/ev = the CPU of every relay process "
+    lines.append("  events/s and drain/s: from the first message's append time to the last one's, start-up apart (the "
+                 "bare stream, read in the benchmark's process: from its first command); relays µs/ev = the CPU of every relay process "
                  "summed, per event; after start = the same from each process's holding all its leases; start-up s = "
-                 "launch to the last process holding its leases; RSS = the sum of the processes' sampled peaks; "
+                 "launch to the first message; RSS = the sum of the processes' sampled peaks; "
                  "other cores = CPU other work took meanwhile")
     return lines
 

@@ -3,14 +3,12 @@
 Each peer runs alone, after the relay and the baselines, in its own process started for it
 and stopped by its pid. The output topic is created first (PARTITIONS partitions); then the
 process is launched and the sum of the topic's high watermarks is polled every POLL_S until
-it reaches N (the end is seen up to ~POLL_S late; the relay's end is a server timestamp).
-Measured:
-- events/s from the connector's start: for Kafka Connect the worker's log line "Creating
-  connector <name>" (a millisecond timestamp, same clock), which, like the relay's row,
-  includes the connector's own start-up but not its JVM's; Conduit (a Go binary that starts
-  in well under a second) is timed from its launch;
-- the process start-up before that, and the all-in rate from the launch;
-- when the first message appeared, and the rate from it to the last (drain only);
+it reaches N. Measured:
+- events/s by the rule every contestant is timed by (bench.scenarios.drain): from the first
+  message's append time in the topic to the last one's; start-up (launch to first message)
+  apart;
+- the connector's start (for Kafka Connect the worker's log line "Creating connector <name>"),
+  the rate from it (start-up of the connector included, not its JVM's) and from the launch;
 - the process tree's CPU and peak RSS (sampled, `bench.sampling`) and mongod's CPU, from the
   launch until all N are in Kafka, then the messages in the topic just before it is stopped
   (more than N would be duplicates).
@@ -44,6 +42,7 @@ from bench.common import (
 from bench.peers.connect import ConnectorSpec, PeerError, PeerJars, StandaloneWorker
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
+from bench.scenarios.drain import rate_of, topic_span
 from relay.dev.stack import LocalStack
 
 
@@ -157,25 +156,27 @@ def peer_catch_up(stack: LocalStack, backlog: Backlog, peer: Peer) -> Row:
         if started is None and peer.key != "conduit":
             raise PeerError(f"no 'Creating connector' line in the {peer.label} worker's log")
         started = launched if started is None else started
-        seconds = ended - started
+        span = topic_span(bootstrap, peer.topic, launched)  # the rule every contestant is timed by
+        seconds = span.drain_s
         value = first_message(bootstrap, peer.topic).value() or b""
-        note = ("from connector start; JVM start-up before it " f"{started - launched:.1f} s"
-                if started > launched else "from process launch")
+        note = (f"first to last message; start-up {span.start_up_s:.1f} s apart (JVM {started - launched:.1f} s)"
+                if started > launched else f"first to last message; start-up {span.start_up_s:.1f} s apart")
         if final != backlog.events:
             note += f"; {final} messages in topic"
         # CPU over the interval the rate covers: from the connector's start, without the JVM's.
         peer_cpu = usage.cpu_s.get("peer", math.nan) - (cpu_at_start[0] if cpu_at_start else 0.0)
         note += f"; CPU from connector start (JVM start-up {cpu_at_start[0]:.1f} s CPU excluded)" if cpu_at_start else ""
-        return Row(peer.label, backlog.events, seconds, rate(backlog.events, seconds), variant=backlog.variant.key,
+        return Row(peer.label, backlog.events, seconds, rate_of(backlog.events, span), variant=backlog.variant.key,
                    kind="peer", cpu_us_per_event=peer_cpu / backlog.events * 1e6,
                    mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", backlog.events),
                    peak_rss_mb=usage.peak_rss_mb.get("peer", math.nan), other_cores=usage.other_cores,
                    iowait_cores=usage.iowait_cores, note=note,
-                   extra={"key": peer.key, "output": peer.output, "topic": peer.topic,
+                   extra={"key": peer.key, "output": peer.output, "topic": peer.topic, "start_up_s": span.start_up_s,
                           "worker_start_s": started - launched, "first_message_s": first[0] - started,
                           "all_in_seconds": ended - launched,
                           "all_in_events_per_s": rate(backlog.events, ended - launched),
-                          "drain_events_per_s": rate(backlog.events, ended - first[0]),
+                          "drain_events_per_s": rate_of(backlog.events, span),
+                          "from_connector_start_events_per_s": rate(backlog.events, ended - started),
                           "cpu_s": usage.cpu_s.get("peer", math.nan), "in_kafka_final": final,
                           "value_bytes": len(value), "sample_value": value[:400].decode(errors="replace")})
     except (PeerError, TimeoutError, RuntimeError, OSError, confluent_kafka.KafkaException) as exc:

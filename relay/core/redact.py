@@ -46,7 +46,6 @@ __all__ = [
     "redact_text",
     "redact_uri",
     "register_secrets",
-    "registered_secrets",
     "scrub",
     "secret_name",
     "uri_secrets",
@@ -153,10 +152,6 @@ def register_secrets(values: Iterable[str]) -> None:
             fresh |= {value, json.dumps(value)[1:-1]}  # as written, and as a JSON string holds it
     with _lock:
         _secrets = _secrets | fresh
-
-
-def registered_secrets() -> frozenset[str]:
-    return _secrets
 
 
 def scrub(text: str) -> str:

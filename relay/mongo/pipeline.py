@@ -72,7 +72,6 @@ def fingerprint(scope: Scope, aggregate_id_field: str) -> str:
     return pipeline_fingerprint(scope.namespace, pipeline(scope.partition, aggregate_id_field))
 
 
-ENDING = [op for op in WATCHED_OPERATIONS if op != "insert"]
 WHOLE_DATABASE = ["dropDatabase", "invalidate"]  # end every scope of the stream (they carry no collection)
 
 
