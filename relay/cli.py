@@ -2,8 +2,9 @@
 
 Exit codes: 0 done, 1 unexpected failure, 2 bad configuration or usage, 3 a server cannot
 be reached, 4 data an operator must look at: the relay stopped on it (poison event, history
-lost, invalidated stream, changed pipeline), `schemas check` found a breaking schema change, or
-`pipeline audit` found a missing event or an order violation.
+lost, invalidated stream, changed pipeline), `schemas check` found a breaking schema change,
+`pipeline audit` found a missing event or an order violation, or `replay` found part of its range
+removed by clean-up; 130 interrupted (`replay` saves its progress first).
 """
 
 from __future__ import annotations
