@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from bson import ObjectId
 
 from relay.cli import main
 from relay.core.message import HEADER_REPLAY
+from relay.kafka.acls import required
 from relay.outbox import Outbox, OutboxEvent
 from tests.inbox_support import (
     EFFECTS,
@@ -27,6 +30,7 @@ from tests.inbox_support import (
     effects_handler,
     wait_applied,
 )
+from tests.security_servers import SaslKafka, sasl_kafka
 from tests.support.leases import CheckpointWatcher, lease_doc
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.paths import ROOT
@@ -93,7 +97,15 @@ def test_a_consumer_that_lost_its_state_gets_exactly_its_effects_back_in_order(e
     env.db[EFFECTS].drop()
     env.db[INBOX].drop()
 
-    code, lines = replay("--since", _iso(since))
+    with env.client.watch(max_await_time_ms=500) as changes:  # every write to the cluster from here on
+        code, lines = replay("--since", _iso(since))
+        env.outbox.insert_one({"_id": "after the replay"})  # a mark: what precedes it is the replay's
+        during = []
+        while (change := changes.try_next()) is None or change.get("documentKey") != {"_id": "after the replay"}:
+            if change is not None:
+                during.append(change)
+    assert during == [], f"the replay wrote to MongoDB: {during[:3]}"  # no lease, no position, nothing
+    env.outbox.delete_one({"_id": "after the replay"})
     assert code == 0, lines
     start, summary = lines[0], lines[-1]
     assert [p["from"] for p in start["parts"][env.settings.namespace]] == ["oplog"]
@@ -243,6 +255,38 @@ def test_exactly_once_mode_replays_in_transactions_of_its_own(env, replay, monke
     committed = lambda: _marked(read_messages(env.servers.kafka_bootstrap, env.topic()), lines[0]["replay"])  # noqa: E731
     wait_until(lambda: len(committed()) == 50, 30, "the replay's transactions committed")
     assert {dict(m.headers())["relay_fencing_token"] for m in committed()} == {b"0"}  # no relay ever ran here
+
+
+@pytest.fixture(scope="module")
+def sasl() -> Iterator[SaslKafka]:
+    with sasl_kafka() as server:
+        yield server
+
+
+def test_a_topic_the_acl_refuses_is_one_line_naming_it_and_exit_2(env, sasl):
+    """The relay's principal with exactly the relay's ACLs (its topics' prefix) replays to its own
+    topics, and is refused a --to-topic outside them: one line naming the topic, exit 2."""
+    since = _now() - dt.timedelta(milliseconds=5)
+    _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": i}) for i in range(3)])
+    settings = env.settings.replace(kafka_bootstrap_servers=sasl.broker.bootstrap_servers)
+    own, foreign = settings.topic_template.format(aggregateType="order"), f"elsewhere-{uuid.uuid4().hex[:8]}"
+    sasl.create_topics(own, foreign)
+    user = f"replay-{settings.database}"
+    client = sasl.add_user(user, f"pw-{uuid.uuid4().hex}")
+    sasl.grant(user, required(settings.topic_template, exactly_once=False, offsets_topic=settings.offsets_topic))
+    settings = settings.replace(kafka={**client, "message.timeout.ms": "30000"})
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "relay", "replay", "--since", _iso(since), *args],
+                              capture_output=True, text=True, env=settings_env(settings), cwd=ROOT, timeout=120)
+
+    allowed = run()
+    assert allowed.returncode == 0 and json.loads(allowed.stdout.splitlines()[-1])["events"] == 3, allowed.stderr
+    refused = run("--to-topic", foreign)
+    err = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2, refused.stderr
+    assert len(err) == 1 and "PermissionDeniedError" in err[0] and foreign in err[0], refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_bad_input_is_one_line_and_its_exit_code(env):
