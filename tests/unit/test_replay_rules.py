@@ -130,3 +130,21 @@ def test_the_summary_counts_per_outbox_topic_and_source():
     assert counts.summary() == {
         "app.outbox": {"t.customer": {"oplog": 1, "collection": 0}, "t.order": {"oplog": 3, "collection": 2}}
     }
+
+
+def test_off_a_terminal_progress_is_a_json_line_every_interval():
+    import io
+    import json
+
+    from relay.commands.replay_progress import Progress
+
+    now = [0.0]
+    counts, out = Counts(), io.StringIO()
+    progress = Progress("r1", 100, counts, out=out, tty=False, interval_s=5.0, clock=lambda: now[0])
+    counts.add("app.outbox", "t", "oplog", 40)
+    now[0] = 4.0
+    progress.tick()
+    assert out.getvalue() == ""  # not yet: every 5 s
+    now[0] = 5.0
+    progress.tick()
+    assert json.loads(out.getvalue()) == {"replay": "r1", "progress": {"done": 40, "total": 100}, "eventsPerS": 8.0}
