@@ -2,8 +2,9 @@
 
 Exit codes: 0 done, 1 unexpected failure, 2 bad configuration or usage, 3 a server cannot
 be reached, 4 data an operator must look at: the relay stopped on it (poison event, history
-lost, invalidated stream, changed pipeline), `schemas check` found a breaking schema change, or
-`pipeline audit` found a missing event or an order violation.
+lost, invalidated stream, changed pipeline), `schemas check` found a breaking schema change,
+`pipeline audit` found a missing event or an order violation, or `replay` found part of its range
+removed by clean-up; 130 interrupted (`replay` saves its progress first).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from relay import config as cfg
+from relay.commands.replay_plan import REPLAY_HELP
+from relay.commands.replay_plan import add_arguments as add_replay
 from relay.core.errors import EXIT_CONFIG, EXIT_FATAL
 from relay.core.redact import emit
 from relay.ops.exits import run_command
@@ -70,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_schemas(sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility"))
     _add_tail(sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines"))
+    add_replay(sub.add_parser("replay", parents=[settings], help=REPLAY_HELP))
     _add_security(
         sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
     )
@@ -222,6 +226,12 @@ def _security(settings: cfg.Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    from relay.commands.replay import replay
+
+    return replay(settings, args)
+
+
 def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import reset_checkpoint
 
@@ -313,4 +323,5 @@ _WITH_SETTINGS: dict[str, Callable[[cfg.Settings, argparse.Namespace], int]] = {
     "tail": _tail,
     "checkpoint": _checkpoint,
     "security": _security,
+    "replay": _replay,
 }

@@ -15,6 +15,9 @@ from typing import Any
 # The header that carries the lease's fencing token on every record (events and dead letters).
 HEADER_FENCING = "relay_fencing_token"
 HEADER_CONTENT_TYPE = "content-type"
+# The header `outbox-relay replay` adds to each message it publishes again: the replay's id (a
+# UUID), so a consumer can tell a replay from the live stream (docs/replay.md).
+HEADER_REPLAY = "relay_replay"
 # CloudEvents' attributes in Kafka binary mode, in the order every record carries them.
 CE_HEADERS = ("ce_id", "ce_type", "ce_source", "ce_specversion", "ce_time", "ce_subject")
 # W3C trace context: an outbox document's `headers.traceparent` / `tracestate` (OutboxEvent.new

@@ -1,0 +1,448 @@
+"""`outbox-relay replay`: publish again what a consumer lost, beside the live relay (docs/replay.md).
+
+The same messages as the live relay published, built by the same encoder (relay.avro.encoding's
+MessageBuilder: key, value bytes and headers, `ce_id` included), plus a header `relay_replay`
+holding the replay's id. Per outbox, the parts of the range (relay.commands.replay_plan) are read
+in order: the collection before the oplog's window, then a change stream of its own inside it
+(relay.mongo.replay_source). Outboxes are replayed one after the other.
+
+Never in the live relay's way: no lease is taken and no stored position is written (the lease
+documents are only read, for the fencing token the messages carry); progress is saved in a
+local state file (relay.commands.replay_state) after Kafka acknowledged it.
+
+Exit codes (README, "Exit codes"): 0 done (also when the range holds no event), 2 bad arguments
+or configuration (an outbox not configured, an empty or reversed range, an invalid topic, a
+refused ACL), 3 MongoDB or Kafka unreachable, 4 part of the range is gone (clean-up removed it:
+`--allow-gap` goes on) or left the oplog while the replay ran, 130 interrupted (SIGINT/SIGTERM:
+the confirmed progress is saved; `--resume REPLAY_ID` continues).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bson import Timestamp
+from pymongo import MongoClient
+
+from relay.avro.encoding import MessageBuilder
+from relay.avro.folder import SchemaFolder
+from relay.avro.framing import framing_for
+from relay.commands.replay_plan import (
+    Part,
+    ReplayGapError,
+    Source,
+    check_outboxes,
+    check_range,
+    gap,
+    iso,
+    parse_time,
+    plan,
+)
+from relay.commands.replay_progress import Counts, Progress
+from relay.commands.replay_state import OutboxProgress, ReplayState, default_state_dir, load_state
+from relay.config import PartConfigs, Settings
+from relay.core.change import Change
+from relay.core.errors import ConfigError, HistoryLostError, PoisonEventError
+from relay.core.message import HEADER_REPLAY, OutgoingMessage, valid_topic
+from relay.core.redact import emit
+from relay.kafka.admin import check_kafka
+from relay.kafka.replay_publisher import ReplayPublisher
+from relay.mongo.connection import check_mongodb, mongo_client
+from relay.mongo.replay_source import (
+    Filters,
+    OplogPart,
+    cluster_now,
+    collection_changes,
+    count_documents,
+    document_key,
+    oldest_occurred,
+    oplog_window_start,
+    timestamp_at,
+    wall_ms,
+)
+
+log = logging.getLogger("relay")
+
+EXIT_INTERRUPTED = 130
+CHUNK_EVENTS = 1000  # messages per confirmation (and, exactly-once, per Kafka transaction)
+PROGRESS_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to replay, as given (or as saved with the replay, for a resume)."""
+
+    outboxes: tuple[str, ...]
+    since: dt.datetime
+    until: dt.datetime
+    until_time: Timestamp  # the cluster time the oplog parts end at
+    aggregates: tuple[str, ...]
+    aggregate_types: tuple[str, ...]
+    to_topic: str | None
+
+    def saved(self) -> dict[str, Any]:
+        return {
+            "outboxes": list(self.outboxes),
+            "since": iso(self.since),
+            "until": iso(self.until),
+            "untilClusterTime": [self.until_time.time, self.until_time.inc],
+            "aggregates": list(self.aggregates),
+            "aggregateTypes": list(self.aggregate_types),
+            "toTopic": self.to_topic,
+        }
+
+    @classmethod
+    def from_saved(cls, saved: dict[str, Any]) -> Request:
+        return cls(
+            tuple(saved["outboxes"]),
+            parse_time("--since", saved["since"]),
+            parse_time("--until", saved["until"]),
+            Timestamp(*saved["untilClusterTime"]),
+            tuple(saved["aggregates"]),
+            tuple(saved["aggregateTypes"]),
+            saved["toTopic"],
+        )
+
+
+def check_arguments(
+    args: argparse.Namespace, configured: tuple[str, ...], now: dt.datetime
+) -> tuple[tuple[str, ...], dt.datetime, dt.datetime]:
+    """The outboxes and the range of a new replay, checked (no server needed); ConfigError naming
+    the flag otherwise."""
+    if args.rate_limit is not None and args.rate_limit <= 0:
+        raise ConfigError("--rate-limit", f"must be greater than 0, got {args.rate_limit}")
+    if args.to_topic is not None and not valid_topic(args.to_topic):
+        raise ConfigError("--to-topic", f"{args.to_topic!r} is not a valid Kafka topic name")
+    if args.since is None:
+        raise ConfigError("--since", "is required (the start of the range, ISO 8601), unless --resume is given")
+    outboxes = check_outboxes(args.outbox, configured)
+    since = parse_time("--since", args.since)
+    until = parse_time("--until", args.until) if args.until else now
+    return outboxes, since, check_range(since, until, now)
+
+
+def replay(settings: Settings, args: argparse.Namespace) -> int:
+    """Run the replay `args` asks for (the module docstring); returns the exit code."""
+    parts = settings.parts()
+    folder = args.state_dir or default_state_dir()
+    client = mongo_client(parts.mongo)
+    try:
+        return _Replay(parts, client, args, folder).run()
+    finally:
+        client.close()
+
+
+class _Replay:
+    """One replay: plan, check, read, publish, record progress, report."""
+
+    def __init__(self, parts: PartConfigs, client: MongoClient[Any], args: argparse.Namespace, folder: Path) -> None:
+        self._parts = parts
+        self._client = client
+        self._args = args
+        self._folder = folder
+        self._dry_run = bool(args.dry_run)
+        self._rate = args.rate_limit
+        self._stop = threading.Event()
+        self._counts = Counts()
+        self._folder_schemas = SchemaFolder.bundled()
+
+    def run(self) -> int:
+        parts = self._parts
+        check_mongodb(self._client, parts.mongo)
+        state, request = self._request()
+        if not self._dry_run:
+            check_kafka(parts.kafka)
+        oplog_ts = oplog_window_start(self._client)
+        plans = {ns: plan(request.since, request.until, oplog_ts.as_datetime()) for ns in request.outboxes}
+        self._refuse_gaps(request, plans)
+        total = sum(
+            count_documents(parts.mongo.outbox(self._client, ns), self._filters(request), request.since, request.until)
+            for ns in request.outboxes
+        )
+        self._start_line(state, request, plans, oplog_ts, total)
+        progress = Progress(state.id, total, self._counts, interval_s=PROGRESS_INTERVAL_S)
+        publisher = None if self._dry_run else ReplayPublisher(parts.kafka, state.id, parts.mongo.connect_timeout_s * 4)
+        with _stopping_on_signals(self._stop):
+            try:
+                interrupted = not all(
+                    self._replay_outbox(ns, plans[ns], request, state, oplog_ts, publisher, progress)
+                    for ns in request.outboxes
+                )
+            finally:
+                if publisher is not None:
+                    publisher.close()
+                progress.finish()
+        self._summary(state, progress, interrupted)
+        return EXIT_INTERRUPTED if interrupted else 0
+
+    def _request(self) -> tuple[ReplayState, Request]:
+        """A new replay's request and state from the flags, or a resumed one's as saved."""
+        args, parts = self._args, self._parts
+        if args.resume is not None:
+            state = load_state(self._folder, args.resume)
+            request = Request.from_saved(state.request)
+            check_outboxes(list(request.outboxes), parts.mongo.outboxes)
+            if args.since or args.until or args.outbox:
+                log.warning(
+                    "replay %s: --resume uses the saved range and filters; the flags given are ignored", state.id
+                )
+        else:
+            outboxes, since, until = check_arguments(args, parts.mongo.outboxes, dt.datetime.now(dt.UTC))
+            until_time = min(Timestamp(int(until.timestamp()) + 1, 0), cluster_now(self._client))
+            request = Request(
+                outboxes, since, until, until_time, tuple(args.aggregate), tuple(args.aggregate_type), args.to_topic
+            )
+            state = ReplayState(str(uuid.uuid4()), request.saved())
+        return state, request
+
+    # ---- checks and reports ------------------------------------------------------------------------
+
+    def _filters(self, request: Request) -> Filters:
+        fields = self._parts.encoding.fields
+        return Filters(
+            fields.aggregate_id, fields.aggregate_type, fields.occurred_at, request.aggregates, request.aggregate_types
+        )
+
+    def _refuse_gaps(self, request: Request, plans: dict[str, list[Part]]) -> None:
+        """ReplayGapError naming what is gone, unless --allow-gap (then a WARNING per outbox)."""
+        fields = self._parts.encoding.fields
+        unfiltered = Filters(fields.aggregate_id, fields.aggregate_type, fields.occurred_at)
+        for namespace, parts in plans.items():
+            gone = gap(namespace, parts, oldest_occurred(self._parts.mongo.outbox(self._client, namespace), unfiltered))
+            if gone is None:
+                continue
+            if not self._args.allow_gap:
+                raise ReplayGapError(gone)
+            log.warning("replay: %s", gone.replace(", or pass --allow-gap to replay what is left", ""))
+
+    def _start_line(
+        self, state: ReplayState, request: Request, plans: dict[str, list[Part]], oplog: Timestamp, total: int
+    ) -> None:
+        """The first line: the replay's id (the `relay_replay` header) and where each part comes from."""
+        line = {
+            "replay": state.id,
+            "resumed": self._args.resume is not None,
+            "dryRun": self._dry_run,
+            "since": iso(request.since),
+            "until": iso(request.until),
+            "oplogStart": iso(oplog.as_datetime()),
+            "expected": total,
+            "parts": {
+                ns: [{"from": p.source.value, "start": iso(p.start), "end": iso(p.end)} for p in parts]
+                for ns, parts in plans.items()
+            },
+        }
+        emit(json.dumps(line))
+
+    def _summary(self, state: ReplayState, progress: Progress, interrupted: bool) -> None:
+        line: dict[str, Any] = {
+            "replay": state.id,
+            "summary": self._counts.summary(),
+            "events": self._counts.done,
+            "skippedPoison": dict(self._counts.skipped),
+            "seconds": round(progress.seconds, 3),
+            "dryRun": self._dry_run,
+        }
+        if interrupted:
+            line["interrupted"] = True
+            line["resumeWith"] = f"outbox-relay replay --resume {state.id}"
+        emit(json.dumps(line))
+
+    # ---- one outbox ---------------------------------------------------------------------------------
+
+    def _replay_outbox(
+        self,
+        namespace: str,
+        parts: list[Part],
+        request: Request,
+        state: ReplayState,
+        oplog: Timestamp,
+        publisher: ReplayPublisher | None,
+        progress: Progress,
+    ) -> bool:
+        """Replay one outbox's parts in order; False when stopped by a signal (progress saved)."""
+        done = state.outbox(namespace)
+        if done.done:
+            return True
+        folder = self._folder_schemas
+        encoder = MessageBuilder(self._parts.encoding_for(namespace), folder, framing_for(self._parts.registry, folder))
+        target = _Target(namespace, encoder, self._fencing_token(namespace), state.id.encode(), request.to_topic)
+        for part in parts:
+            if part.source is Source.COLLECTION and done.collection_done:
+                continue
+            if not self._replay_part(target, part, request, state, oplog, publisher, progress):
+                return False
+            if part.source is Source.COLLECTION:
+                done.collection_done = True
+                self._save(state)
+        done.done = True
+        self._save(state)
+        return True
+
+    def _replay_part(
+        self,
+        target: _Target,
+        part: Part,
+        request: Request,
+        state: ReplayState,
+        oplog: Timestamp,
+        publisher: ReplayPublisher | None,
+        progress: Progress,
+    ) -> bool:
+        """Replay one part, chunk by chunk, saving the progress after each confirmed chunk; False
+        when stopped by a signal."""
+        done = state.outbox(target.namespace)
+        field = self._filters(request).occurred_at_field
+        try:
+            for batch in self._batches(target.namespace, part, request, done, oplog):
+                for chunk in _chunks(iter(batch), self._chunk_size()):
+                    self._replay_chunk(target, part.source, chunk, publisher)
+                    if part.source is Source.COLLECTION:
+                        done.set_collection_key(document_key(chunk[-1], field))
+                    else:
+                        done.oplog_after = chunk[-1].position["_data"]
+                    self._save(state)
+                    progress.tick()
+                    if self._stop.is_set():
+                        return False
+        except HistoryLostError as exc:
+            raise HistoryLostError(
+                f"{target.namespace}: the oplog no longer holds the start of the oplog part ({iso(part.start)}): it "
+                "rolled over as the replay began; run the replay again (its start is then read from the collection)"
+            ) from exc
+        return True
+
+    def _batches(
+        self, namespace: str, part: Part, request: Request, done: OutboxProgress, oplog: Timestamp
+    ) -> Iterator[list[Change]]:
+        """The part's changes in order, after what `done` records as confirmed."""
+        filters = self._filters(request)
+        if part.source is Source.COLLECTION:
+            outbox = self._parts.mongo.outbox(self._client, namespace)
+            return _chunks(
+                collection_changes(outbox, filters, part.start, part.end, done.collection_key()), CHUNK_EVENTS
+            )
+        window = (max(timestamp_at(part.start), oplog), request.until_time)
+        wall = (wall_ms(part.start), wall_ms(request.until))
+        reader = OplogPart(
+            self._client, namespace, filters, window, wall, part.occurred_from, done.oplog_after, CHUNK_EVENTS
+        )
+        return reader.batches()
+
+    def _replay_chunk(
+        self, target: _Target, source: Source, chunk: list[Change], publisher: ReplayPublisher | None
+    ) -> None:
+        """Build, publish and confirm one chunk's messages, and count them."""
+        messages = self._messages(target, chunk)
+        self._publish(publisher, messages)
+        for message in messages:
+            self._counts.add(target.namespace, message.topic, source.value)
+
+    def _chunk_size(self) -> int:
+        """Messages per confirmation: fewer under a rate limit, so progress is saved every second."""
+        return CHUNK_EVENTS if self._rate is None else max(1, min(CHUNK_EVENTS, int(self._rate)))
+
+    def _messages(self, target: _Target, changes: list[Change]) -> list[OutgoingMessage]:
+        """The live relay's messages for `changes` (the encoder's batch path first, as the loop
+        does), marked with the replay's id and sent to `to_topic` when given. A poison event (the
+        live relay stopped at it or dead-lettered it) is skipped with a WARNING and counted."""
+        encoder, fencing = target.encoder, target.fencing_token
+        built = encoder.build_many(changes, fencing)
+        messages: list[OutgoingMessage] = []
+        for change, fast in zip(changes, built, strict=True):
+            message = fast
+            if message is None:
+                try:
+                    message = encoder.build(change, fencing)
+                except PoisonEventError as exc:
+                    log.warning("replay: skipping %s", exc, extra={"event_id": exc.event_id})
+                    self._counts.skipped[target.namespace] += 1
+                    continue
+            messages.append(
+                OutgoingMessage(
+                    message.event_id,
+                    target.topic or message.topic,
+                    message.key,
+                    message.value,
+                    [*message.headers, (HEADER_REPLAY, target.replay_id)],
+                )
+            )
+        return messages
+
+    def _publish(self, publisher: ReplayPublisher | None, messages: list[OutgoingMessage]) -> None:
+        """Send and confirm (nothing in a dry run), no faster than the rate limit."""
+        if publisher is not None:
+            publisher.send(messages)
+            publisher.confirm()
+        if self._rate is not None and messages:
+            self._stop.wait(len(messages) / self._rate)
+
+    def _save(self, state: ReplayState) -> None:
+        if not self._dry_run:
+            state.save(self._folder)
+
+    def _fencing_token(self, namespace: str) -> int:
+        """The highest fencing token of the outbox's lease documents (read, never written): the
+        `relay_fencing_token` the replayed messages carry, so the replay never looks like a fencing
+        regression next to the live relay's messages (0 when no relay ever ran)."""
+        ids = [s.lease_id for s in self._parts.scopes() if s.namespace == namespace]
+        docs = self._parts.mongo.leases(self._client).find({"_id": {"$in": ids}}, projection={"fencingToken": 1})
+        return max((int(d.get("fencingToken", 0)) for d in docs), default=0)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """How one outbox's events become replayed messages: its encoder and the fencing token they
+    carry, the replay's id (the `relay_replay` header), and --to-topic (None: each event's own)."""
+
+    namespace: str
+    encoder: MessageBuilder
+    fencing_token: int
+    replay_id: bytes
+    topic: str | None
+
+
+def _chunks(items: Iterator[Change], size: int) -> Iterator[list[Change]]:
+    chunk: list[Change] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _stopping_on_signals:
+    """SIGINT and SIGTERM set `stop` (the replay ends at the next chunk, its progress saved); a
+    second signal stops at once. The previous handlers come back on exit."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self._stop.is_set():
+            raise KeyboardInterrupt
+        log.info("signal %d: finishing the chunk in flight, saving the progress, then stopping", signum)
+        self._stop.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,155 @@
+"""`outbox-relay replay`'s rules that need no server: the arguments, and where each part of the
+range is read from (docs/replay.md).
+
+A replay of `[since, until]` on one outbox reads at most two parts, in this order:
+
+- **collection** (only when `since` lies before the oplog's oldest entry B): the outbox
+  documents whose occurredAt lies in `[since, min(B, until))`, in (occurredAt, _id) order;
+- **oplog**: a change stream opened at `max(since, B)`, the outbox's inserts up to `until`'s
+  cluster time, in commit order. When a collection part precedes it, it serves only the
+  documents whose occurredAt is at or after B (the older ones were the collection part's), so no
+  event comes from both.
+
+Within the oplog the range is by commit time (the insert's wall time); before it, by occurredAt
+(the only time a document keeps). A range before the oplog whose oldest document is newer than
+`since` may have lost events to clean-up (or a TTL index): that is a gap, refused unless the
+operator allows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relay.core.errors import ConfigError, OperatorActionError
+
+
+class ReplayGapError(OperatorActionError):
+    """Raised when part of the range is gone from both the outbox and the oplog (clean-up or a
+    TTL index removed it); names the outbox and the span that is gone."""
+
+
+class Source(enum.Enum):
+    """Where a part of a replay is read from."""
+
+    COLLECTION = "collection"
+    OPLOG = "oplog"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a replay on one outbox: read from `source`, over `[start, end]` (`end`
+    excluded for the collection part); `occurred_from`: an oplog part that follows a collection
+    part serves only documents whose occurredAt is at or after it."""
+
+    source: Source
+    start: dt.datetime
+    end: dt.datetime
+    occurred_from: dt.datetime | None = None
+
+
+def parse_time(flag: str, text: str) -> dt.datetime:
+    """An ISO 8601 time as an aware UTC datetime (no zone: UTC); ConfigError naming the flag."""
+    try:
+        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError as exc:
+        raise ConfigError(flag, f"not an ISO 8601 time: {text!r} (e.g. 2026-11-27T10:00:00Z)") from exc
+    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
+
+
+def check_range(since: dt.datetime, until: dt.datetime, now: dt.datetime) -> dt.datetime:
+    """The range's end: `until`, at most `now`. ConfigError when `since` is in the future, when
+    `until` lies before `since`, or when the range is empty (`until` equal to `since`)."""
+    if since > now:
+        raise ConfigError("--since", f"{iso(since)} is in the future (now {iso(now)})")
+    until = min(until, now)
+    if until < since:
+        raise ConfigError("--until", f"{iso(until)} lies before --since {iso(since)}")
+    if until == since:
+        raise ConfigError("--until", f"the range is empty: --since and --until are both {iso(since)}")
+    return until
+
+
+def check_outboxes(given: list[str] | None, configured: tuple[str, ...]) -> tuple[str, ...]:
+    """The outboxes to replay: those given (each one configured, in RELAY_OUTBOXES), else every
+    configured one; ConfigError naming --outbox otherwise."""
+    if not given:
+        return configured
+    for name in given:
+        if name not in configured:
+            raise ConfigError(
+                "--outbox", f"{name!r} is not a configured outbox (RELAY_OUTBOXES: {', '.join(configured)})"
+            )
+    return tuple(dict.fromkeys(given))
+
+
+def plan(since: dt.datetime, until: dt.datetime, oplog_start: dt.datetime) -> list[Part]:
+    """The parts of `[since, until]` given the time of the oplog's oldest entry (the module
+    docstring): a collection part only when `since` is before it, an oplog part only when `until`
+    is not."""
+    if since >= oplog_start:
+        return [Part(Source.OPLOG, since, until)]
+    if until < oplog_start:
+        return [Part(Source.COLLECTION, since, until + dt.timedelta(milliseconds=1))]
+    return [
+        Part(Source.COLLECTION, since, oplog_start),
+        Part(Source.OPLOG, oplog_start, until, occurred_from=oplog_start),
+    ]
+
+
+def gap(namespace: str, parts: list[Part], oldest_document: dt.datetime | None) -> str | None:
+    """What is gone from `namespace` for these parts, or None: a collection part whose start lies
+    before the outbox's oldest document (by occurredAt; None: the outbox is empty) may have lost
+    the events before that document to clean-up, and the oplog no longer holds them."""
+    collection = next((p for p in parts if p.source is Source.COLLECTION), None)
+    if collection is None:
+        return None
+    if oldest_document is not None and oldest_document <= collection.start:
+        return None
+    gone_until = collection.end if oldest_document is None else min(oldest_document, collection.end)
+    held = (
+        "the outbox is empty" if oldest_document is None else f"its oldest document occurred at {iso(oldest_document)}"
+    )
+    return (
+        f"{namespace}: events from {iso(collection.start)} to {iso(gone_until)} may be gone: {held} "
+        f"and the oplog starts at {iso(collection.end)} (clean-up or a TTL index removed them); "
+        f"replay from {iso(gone_until)}, or pass --allow-gap to replay what is left"
+    )
+
+
+def iso(moment: dt.datetime) -> str:
+    """A time as the replay prints it: RFC 3339, UTC, milliseconds."""
+    return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+REPLAY_HELP = "publish a time range of the outbox again, marked, beside the live relay (docs/replay.md)"
+
+# The replay's flags beside the settings (`run`'s, RELAY_*): flag, then argparse's options.
+_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--outbox",), dict(action="append", metavar="DATABASE.COLLECTION",
+                         help="replay this outbox (repeatable; default: every configured outbox, RELAY_OUTBOXES)")),
+    (("--since",), dict(metavar="TIME", help="start of the range, ISO 8601 (no zone: UTC); required")),
+    (("--until",), dict(metavar="TIME", help="end of the range, ISO 8601 (default: now)")),
+    (("--aggregate",), dict(action="append", default=[], metavar="ID", help="only this aggregate id (repeatable)")),
+    (("--aggregate-type",), dict(action="append", default=[], metavar="TYPE",
+                                 help="only this aggregate type (repeatable)")),
+    (("--to-topic",), dict(metavar="TOPIC", help="publish every event to TOPIC (default: its usual topic)")),
+    (("--dry-run",), dict(action="store_true", help="count per outbox and topic, publish nothing")),
+    (("--rate-limit", "--rate"), dict(dest="rate_limit", type=float, metavar="EVENTS_PER_S",
+                                      help="publish at most this many events per second (default: no limit)")),
+    (("--allow-gap",), dict(action="store_true",
+                            help="go on when part of the range is gone (clean-up removed it), replaying what is left")),
+    (("--resume",), dict(metavar="REPLAY_ID", help="continue an interrupted replay from its saved progress")),
+    (("--state-dir",), dict(type=Path, metavar="DIR",
+                            help="where replays save their progress (default: <RELAY_CACHE_DIR>/replays)")),
+]  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The replay's flags (the settings are `run`'s: RELAY_*)."""
+    for flags, options in _FLAGS:
+        parser.add_argument(*flags, **options)

@@ -1,0 +1,219 @@
+"""What `outbox-relay replay` reads from MongoDB, read-only: the oplog's window, an outbox's
+documents by occurredAt, and its inserts through a change stream of its own (docs/replay.md).
+
+Nothing here writes: no lease, no stored position, no change to the outbox. The change stream
+is a cursor of its own (relay.mongo.cursor, the live relay's commands), never the live relay's
+shared stream; its pipeline keeps the inserts of one outbox matching the replay's filters and
+projects what the live relay's does, so each change (its resume token, cluster time, wall time
+and document) is the one the live relay read, and the encoder builds the same message from it.
+Documents read from the collection come as a rescan's (relay.mongo.rescan): synthetic
+positions, no cluster time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bson import Timestamp
+from bson.raw_bson import RawBSONDocument
+from pymongo import MongoClient
+from pymongo.collection import Collection
+from pymongo.errors import PyMongoError
+
+from relay.core.change import Change
+from relay.core.errors import HistoryLostError
+from relay.core.positions import ClusterTime, token_cluster_time
+from relay.mongo.codecs import RAW_CHANGE_CODEC, read_changes
+from relay.mongo.cursor import Cursor, oplog_start
+from relay.mongo.errors import resumable, translate
+from relay.mongo.pipeline import PIPELINE
+from relay.mongo.rescan import rescan_changes
+
+
+@dataclass(frozen=True)
+class Filters:
+    """The replay's selection inside an outbox: aggregate ids and types (empty: every one), by
+    the outbox's field names (RELAY_FIELD_*)."""
+
+    aggregate_id_field: str
+    aggregate_type_field: str
+    occurred_at_field: str
+    aggregate_ids: tuple[str, ...] = ()
+    aggregate_types: tuple[str, ...] = ()
+
+    def query(self, prefix: str = "") -> dict[str, Any]:
+        """The filters as a query on the documents (`prefix`: "fullDocument." in a change)."""
+        query: dict[str, Any] = {}
+        if self.aggregate_ids:
+            query[prefix + self.aggregate_id_field] = {"$in": list(self.aggregate_ids)}
+        if self.aggregate_types:
+            query[prefix + self.aggregate_type_field] = {"$in": list(self.aggregate_types)}
+        return query
+
+
+def oplog_window_start(client: MongoClient[Any]) -> Timestamp:
+    """The cluster time of the oplog's oldest entry (a change stream can start no earlier)."""
+    return oplog_start(client)
+
+
+def cluster_now(client: MongoClient[Any]) -> Timestamp:
+    """The cluster time of the newest write on the server the client talks to (a replica set's
+    `hello`: lastWrite.opTime): a stream whose post-batch token reaches it has seen every
+    change committed before now."""
+    reply = client.admin.command("hello")
+    return reply["lastWrite"]["opTime"]["ts"]  # type: ignore[no-any-return]
+
+
+def oldest_occurred(outbox: Collection[Any], filters: Filters) -> dt.datetime | None:
+    """The occurredAt of the outbox's oldest document among the filtered ones (None: none)."""
+    field = filters.occurred_at_field
+    doc = outbox.find_one(filters.query(), projection={field: 1}, sort=[(field, 1)])
+    if doc is None or not isinstance(doc.get(field), dt.datetime):
+        return None
+    return _aware(doc[field])
+
+
+def count_documents(outbox: Collection[Any], filters: Filters, since: dt.datetime, until: dt.datetime) -> int:
+    """How many filtered documents occurred in `[since, until]`: the replay's expected total (the
+    oplog part selects by commit time and may hold documents clean-up removed since)."""
+    field = filters.occurred_at_field
+    return outbox.count_documents({**filters.query(), field: {"$gte": since, "$lte": until}})
+
+
+def collection_changes(
+    outbox: Collection[Any], filters: Filters, start: dt.datetime, end: dt.datetime, after: tuple[Any, Any] | None
+) -> Iterator[Change]:
+    """The filtered documents with occurredAt in `[start, end)`, in (occurredAt, _id) order, as a
+    rescan serves them; `after` (occurredAt, _id): only those after that document (a resume)."""
+    field = filters.occurred_at_field
+    query: dict[str, Any] = {**filters.query(), field: {"$gte": start, "$lt": end}}
+    if after is not None:
+        at, last = after
+        query["$or"] = [{field: {"$gt": at}}, {field: at, "_id": {"$gt": last}}]
+    return rescan_changes(outbox, field, query)
+
+
+def document_key(change: Change, occurred_at_field: str) -> tuple[Any, Any]:
+    """A collection change's (occurredAt, _id), where a resume continues after it."""
+    doc = RawBSONDocument(change.document, RAW_CHANGE_CODEC)
+    return doc[occurred_at_field], doc["_id"]
+
+
+class OplogPart:
+    """The inserts of one outbox through a change stream opened at `start`, up to the cluster
+    time `until` (included), whose wall time lies in `[since_ms, until_ms]`; with `occurred_from`,
+    only documents that occurred at or after it; with `after` (a token's `_data`), only changes
+    after it (a resume).
+
+    `batches()` yields them in commit order, in batches of at most `batch_events`, and ends once a
+    read's post-batch token reaches `until`. A resumable error opens the stream again at the last
+    change handed out (those already handed are skipped); HistoryLostError when `start` left the
+    oplog."""
+
+    def __init__(
+        self,
+        client: MongoClient[Any],
+        namespace: str,
+        filters: Filters,
+        window: tuple[Timestamp, Timestamp],
+        wall_ms: tuple[int, int],
+        occurred_from: dt.datetime | None = None,
+        after: str | None = None,
+        batch_events: int = 1000,
+        await_ms: int = 500,
+    ) -> None:
+        database, _, collection = namespace.partition(".")
+        match: dict[str, Any] = {"operationType": "insert", **filters.query("fullDocument.")}
+        if occurred_from is not None:
+            match[f"fullDocument.{filters.occurred_at_field}"] = {"$gte": occurred_from}
+        stages = [{"$match": match}, PIPELINE[1]]
+        self._cursor = Cursor(client, database, collection, stages, await_ms)
+        self._start, self._until = window
+        self._since_ms, self._until_ms = wall_ms
+        self._after = after
+        self._batch = batch_events
+
+    def batches(self) -> Iterator[list[Change]]:
+        """The part's changes, batch by batch (the class docstring)."""
+        until = ClusterTime(self._until.time, self._until.inc)
+        at = self._reopen_at() or self._start
+        try:
+            self._cursor.open(at)
+            while True:
+                try:
+                    read = self._cursor.read(self._batch)
+                except PyMongoError as exc:
+                    if not resumable(exc):
+                        raise translate(exc) from exc
+                    at = self._reopen_at() or at
+                    self._cursor.open(at)
+                    continue
+                changes, _ = read_changes(read.changes)
+                kept, ended = self._kept(changes, until)
+                if kept:
+                    self._after = kept[-1].position["_data"]
+                    yield kept
+                reached = token_cluster_time(read.token)
+                if ended or not self._cursor.alive or (reached is not None and reached >= until):
+                    return
+        finally:
+            self._cursor.close()
+
+    def _kept(self, changes: Sequence[Change], until: ClusterTime) -> tuple[list[Change], bool]:
+        """The changes of a read inside the range and not handed out before; and whether the read
+        went past `until` (the part is done)."""
+        kept: list[Change] = []
+        for change in changes:
+            if change.cluster_time is not None and change.cluster_time > until:
+                return kept, True
+            if self._after is not None and change.position["_data"] <= self._after:
+                continue
+            if change.wall_ms >= 0 and not self._since_ms <= change.wall_ms <= self._until_ms:
+                continue
+            kept.append(change)
+        return kept, False
+
+    def _reopen_at(self) -> Timestamp | None:
+        """The cluster time of the last change handed out (None: none yet)."""
+        at = token_cluster_time({"_data": self._after}) if self._after else None
+        return None if at is None else Timestamp(at.time, at.inc)
+
+
+def history_lost(namespace: str, start: Timestamp) -> HistoryLostError:
+    """The error of an oplog part whose start left the oplog while the replay ran."""
+    return HistoryLostError(
+        f"{namespace}: the oplog no longer holds {start.as_datetime().isoformat()} (it rolled over while the "
+        "replay started or ran); run the replay again: what the oplog lost is read from the collection"
+    )
+
+
+def _aware(moment: dt.datetime) -> dt.datetime:
+    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
+
+
+def wall_ms(moment: dt.datetime) -> int:
+    """A time as Unix milliseconds (a change's wall time's unit)."""
+    return int(moment.timestamp() * 1000)
+
+
+def timestamp_at(moment: dt.datetime) -> Timestamp:
+    """The first cluster time of `moment`'s second."""
+    return Timestamp(int(moment.timestamp()), 0)
+
+
+__all__ = [
+    "Filters",
+    "OplogPart",
+    "cluster_now",
+    "collection_changes",
+    "count_documents",
+    "document_key",
+    "history_lost",
+    "oldest_occurred",
+    "oplog_window_start",
+    "timestamp_at",
+    "wall_ms",
+]

@@ -1,0 +1,312 @@
+"""`outbox-relay replay` against real servers (docs/replay.md): the same messages as the live relay,
+marked with `relay_replay`, in commit order per aggregate; beside a running relay without touching
+its lease or position; the collection before the oplog's window; filters, --to-topic, --dry-run;
+an interrupted replay resumed or run again; bad input as one line and its exit code."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bson import ObjectId
+
+from relay.cli import main
+from relay.core.message import HEADER_REPLAY
+from relay.kafka.acls import required
+from relay.outbox import Outbox, OutboxEvent
+from tests.inbox_support import (
+    EFFECTS,
+    INBOX,
+    InboxThread,
+    assert_effects_exactly_once_in_order,
+    effects_handler,
+    wait_applied,
+)
+from tests.security_servers import SaslKafka, sasl_kafka
+from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.oracle import all_published, assert_complete_and_ordered
+from tests.support.paths import ROOT
+from tests.support.relays import RelayThread, settings_env
+from tests.support.topics import read_messages, read_topic, topic_size
+from tests.support.waiting import wait_until
+from tests.support.writes import Written, background_writes, write_events
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@pytest.fixture
+def replay(env, monkeypatch, capsys, tmp_path):
+    """Run `outbox-relay replay ARGS` in this process with the test's settings: (exit code, the
+    JSON lines it printed: start line first, summary line last)."""
+    for key, value in settings_env(env.settings).items():
+        if key.startswith("RELAY_"):
+            monkeypatch.setenv(key, value)
+
+    def run(*args: str) -> tuple[int, list[dict]]:
+        capsys.readouterr()
+        code = main(["replay", "--state-dir", str(tmp_path / "replays"), *args])
+        out = capsys.readouterr().out
+        return code, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+    return run
+
+
+def _cli(env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "relay", "replay", *args], capture_output=True, text=True,
+                          env=settings_env(env.settings), cwd=ROOT, timeout=timeout)
+
+
+def _marked(messages, replay_id: str | None):
+    """The messages carrying `relay_replay` = `replay_id` (None: those without the header)."""
+    def mark(m):
+        return dict(m.headers() or []).get(HEADER_REPLAY)
+    return [m for m in messages if (mark(m) is None if replay_id is None else mark(m) == replay_id.encode())]
+
+
+def _publish(env, total: int, **kw) -> Written:
+    written = write_events(env.db, env.settings.outbox_collection, total, writers=3, **kw)
+    with RelayThread(env.settings):
+        all_published(env, written)
+    return written
+
+
+def test_a_consumer_that_lost_its_state_gets_exactly_its_effects_back_in_order(env, replay):
+    """The inbox applied 300 events; its database is restored from an empty backup (effects and
+    inbox records gone); a replay of the range makes the effects exactly right again, in order;
+    each replayed message is the live one (key, value bytes, headers) plus `relay_replay`."""
+    since = _now() - dt.timedelta(milliseconds=5)
+    written = _publish(env, 300)
+    run = dict(topics=[env.topic()], group_id="billing", bootstrap_servers=env.servers.kafka_bootstrap)
+    with InboxThread(env.db, effects_handler(env.db), **run) as inbox:
+        wait_applied(env.db, 300, alive=inbox.check_alive)
+    assert_effects_exactly_once_in_order(env.db, written)
+    env.db[EFFECTS].drop()
+    env.db[INBOX].drop()
+
+    with env.client.watch(max_await_time_ms=500) as changes:  # every write to the cluster from here on
+        code, lines = replay("--since", _iso(since))
+        env.outbox.insert_one({"_id": "after the replay"})  # a mark: what precedes it is the replay's
+        during = []
+        while (change := changes.try_next()) is None or change.get("documentKey") != {"_id": "after the replay"}:
+            if change is not None:
+                during.append(change)
+    assert during == [], f"the replay wrote to MongoDB: {during[:3]}"  # no lease, no position, nothing
+    env.outbox.delete_one({"_id": "after the replay"})
+    assert code == 0, lines
+    start, summary = lines[0], lines[-1]
+    assert [p["from"] for p in start["parts"][env.settings.namespace]] == ["oplog"]
+    assert summary["events"] == 300
+    assert summary["summary"] == {env.settings.namespace: {env.topic(): {"oplog": 300, "collection": 0}}}
+
+    with InboxThread(env.db, effects_handler(env.db), **run) as inbox:
+        wait_applied(env.db, 300, alive=inbox.check_alive)
+        time.sleep(1)  # nothing more arrives
+    assert_effects_exactly_once_in_order(env.db, written)
+
+    messages = read_messages(env.servers.kafka_bootstrap, env.topic())
+    live, replayed = _marked(messages, None), _marked(messages, start["replay"])
+    assert len(live) == 300 and len(replayed) == 300
+    original = {dict(m.headers())["ce_id"]: m for m in live}
+    for m in replayed:
+        o = original[dict(m.headers())["ce_id"]]
+        assert (m.key(), m.value(), m.partition()) == (o.key(), o.value(), o.partition())
+        assert m.headers() == [*o.headers(), (HEADER_REPLAY, start["replay"].encode())]
+
+
+def test_a_replay_beside_the_live_relay_under_load_leaves_the_live_stream_and_position_alone(env, replay):
+    written, later = Written(), Written()
+    since = _now() - dt.timedelta(milliseconds=5)
+    with RelayThread(env.settings) as relay, CheckpointWatcher(env.db, env.settings) as watcher:
+        write_events(env.db, env.settings.outbox_collection, 400, writers=2, written=written)
+        all_published(env, written)
+        until = _now()
+        fencing = lease_doc(env.db, env.settings)["fencingToken"]
+        writer = background_writes(env, later, 600, writers=2, pause=0.005)
+        code, lines = replay("--since", _iso(since), "--until", _iso(until))
+        writer.join()
+        relay.check_alive()
+        written.add_from(later)
+        all_published(env, written)
+        assert lease_doc(env.db, env.settings)["fencingToken"] == fencing  # no lease taken
+    watcher.assert_never_went_backwards()
+    assert code == 0 and lines[-1]["events"] == 400, lines
+
+    records = read_topic(env.servers.kafka_bootstrap, env.topic())
+    live = [r for r in records if HEADER_REPLAY not in r.headers]
+    replayed = [r for r in records if HEADER_REPLAY in r.headers]
+    verdict = assert_complete_and_ordered(live, written)
+    assert not verdict.duplicates, f"{len(verdict.duplicates)} duplicates in the live stream"
+    assert {r.headers[HEADER_REPLAY] for r in replayed} == {lines[0]["replay"]}
+    first_batch = Written()
+    first_batch.per_aggregate.update({a: [i for i in ids if i not in later.ids] for a, ids in written.per_aggregate.items()})
+    first_batch.ids = written.ids - later.ids
+    replay_verdict = assert_complete_and_ordered(replayed, first_batch)
+    assert not replay_verdict.duplicates
+    assert all(r.fencing == fencing for r in replayed)  # the lease's token, read
+
+
+def _insert(env, events: list[OutboxEvent]) -> None:
+    Outbox(env.outbox).add_many(events)
+
+
+def _oplog_start(env) -> dt.datetime:
+    first = env.client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])
+    return first["ts"].as_datetime()
+
+
+def test_a_range_older_than_the_oplog_is_read_from_the_collection_then_from_the_oplog(env, replay):
+    """Documents that occurred before the oplog's oldest entry come from the collection, in
+    (occurredAt, _id) order; those after it from the oplog; none from both."""
+    oplog_start = _oplog_start(env)
+    old_start = oplog_start - dt.timedelta(hours=1)
+    old = [OutboxEvent.new("order", f"a{i % 3}", "Changed", {"seq": i // 3 + 1}, occurred_at=old_start + dt.timedelta(seconds=i))
+           for i in range(30)]
+    _insert(env, old[::-1][:15][::-1] + old[:15])  # inserted out of order: the collection orders them
+    new = [OutboxEvent.new("order", f"a{i % 3}", "Changed", {"seq": 11 + i // 3}) for i in range(12)]
+    _insert(env, new)
+
+    code, lines = replay("--since", _iso(old_start))
+    assert code == 0, lines
+    assert [p["from"] for p in lines[0]["parts"][env.settings.namespace]] == ["collection", "oplog"]
+    assert lines[-1]["summary"][env.settings.namespace][env.topic()] == {"collection": 30, "oplog": 12}
+    records = read_topic(env.servers.kafka_bootstrap, env.topic())
+    assert [r.id for r in records if r.key == "a0"] == [e.id_str for e in [*old, *new] if e.aggregate_id == "a0"]
+    assert len(records) == 42 and len({r.id for r in records}) == 42
+
+
+def test_filters_by_aggregate_and_type_to_another_topic_and_a_dry_run(env, replay):
+    since = _now() - dt.timedelta(milliseconds=5)
+    _insert(env, [OutboxEvent.new(kind, f"{kind}-{i % 4}", "Changed", {"seq": i}) for kind in ("order", "customer")
+                  for i in range(20)])
+    target = f"{env.topic()}.replayed"
+
+    code, lines = replay("--since", _iso(since), "--dry-run")
+    assert code == 0 and lines[-1]["dryRun"] is True
+    assert lines[-1]["summary"][env.settings.namespace] == {
+        env.topic("order"): {"oplog": 20, "collection": 0}, env.topic("customer"): {"oplog": 20, "collection": 0}}
+    assert topic_size(env.servers.kafka_bootstrap, env.topic("order")) == 0  # a dry run publishes nothing
+
+    code, lines = replay("--since", _iso(since), "--aggregate-type", "customer", "--aggregate", "customer-1",
+                         "--aggregate", "customer-2", "--to-topic", target)
+    assert code == 0 and lines[-1]["events"] == 10
+    records = read_topic(env.servers.kafka_bootstrap, target)
+    assert {r.key for r in records} == {"customer-1", "customer-2"} and len(records) == 10
+    assert [r.event["payload"] for r in records if r.key == "customer-1"] == [json.dumps({"seq": s}) for s in (1, 5, 9, 13, 17)]
+
+
+def test_an_interrupted_replay_resumes_where_it_stopped_or_runs_again_with_duplicates_only(env, tmp_path):
+    since = _now() - dt.timedelta(milliseconds=5)
+    written = write_events(env.db, env.settings.outbox_collection, 400, writers=2)
+    state = tmp_path / "replays"
+    args = ["replay", "--since", _iso(since), "--rate-limit", "100", "--state-dir", str(state)]
+    log = (tmp_path / "replay.out").open("w")
+    child = subprocess.Popen([sys.executable, "-m", "relay", *args], stdout=log, stderr=subprocess.STDOUT,
+                             env=settings_env(env.settings), cwd=ROOT)
+    try:
+        wait_until(lambda: any(state.glob("*.json")), 60, "the replay's first saved progress")
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(60) == 130
+    finally:
+        if child.poll() is None:
+            child.kill()
+        log.close()
+    out = [json.loads(line) for line in Path(log.name).read_text().splitlines() if line.startswith("{")]
+    replay_id, stopped = out[0]["replay"], out[-1]
+    assert stopped["interrupted"] is True and 0 < stopped["events"] < 400
+    messages = _marked(read_messages(env.servers.kafka_bootstrap, env.topic()), replay_id)
+    assert len(messages) == stopped["events"]
+
+    resumed = _cli(env, "--resume", replay_id, "--state-dir", str(state))
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout.splitlines()[-1])
+    assert summary["events"] == 400 - stopped["events"]
+    records = [r for r in read_topic(env.servers.kafka_bootstrap, env.topic()) if r.headers.get(HEADER_REPLAY) == replay_id]
+    verdict = assert_complete_and_ordered(records, written)
+    assert not verdict.duplicates  # what was confirmed before the stop is not sent again
+
+    again = _cli(env, "--since", _iso(since), "--state-dir", str(state))
+    assert again.returncode == 0, again.stderr
+    second = json.loads(again.stdout.splitlines()[0])["replay"]
+    assert second != replay_id
+    assert len(_marked(read_messages(env.servers.kafka_bootstrap, env.topic()), second)) == 400
+
+
+def test_exactly_once_mode_replays_in_transactions_of_its_own(env, replay, monkeypatch):
+    since = _now() - dt.timedelta(milliseconds=5)
+    _insert(env, [OutboxEvent.new("order", f"a{i % 5}", "Changed", {"seq": i}) for i in range(50)])
+    monkeypatch.setenv("RELAY_DELIVERY", "exactly-once")
+    code, lines = replay("--since", _iso(since))
+    assert code == 0 and lines[-1]["events"] == 50, lines
+    # The commit markers are written after commit_transaction returns: read_committed sees them soon.
+    committed = lambda: _marked(read_messages(env.servers.kafka_bootstrap, env.topic()), lines[0]["replay"])  # noqa: E731
+    wait_until(lambda: len(committed()) == 50, 30, "the replay's transactions committed")
+    assert {dict(m.headers())["relay_fencing_token"] for m in committed()} == {b"0"}  # no relay ever ran here
+
+
+@pytest.fixture(scope="module")
+def sasl() -> Iterator[SaslKafka]:
+    with sasl_kafka() as server:
+        yield server
+
+
+def test_a_topic_the_acl_refuses_is_one_line_naming_it_and_exit_2(env, sasl):
+    """The relay's principal with exactly the relay's ACLs (its topics' prefix) replays to its own
+    topics, and is refused a --to-topic outside them: one line naming the topic, exit 2."""
+    since = _now() - dt.timedelta(milliseconds=5)
+    _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": i}) for i in range(3)])
+    settings = env.settings.replace(kafka_bootstrap_servers=sasl.broker.bootstrap_servers)
+    own, foreign = settings.topic_template.format(aggregateType="order"), f"elsewhere-{uuid.uuid4().hex[:8]}"
+    sasl.create_topics(own, foreign)
+    user = f"replay-{settings.database}"
+    client = sasl.add_user(user, f"pw-{uuid.uuid4().hex}")
+    sasl.grant(user, required(settings.topic_template, exactly_once=False, offsets_topic=settings.offsets_topic))
+    settings = settings.replace(kafka={**client, "message.timeout.ms": "30000"})
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "relay", "replay", "--since", _iso(since), *args],
+                              capture_output=True, text=True, env=settings_env(settings), cwd=ROOT, timeout=120)
+
+    allowed = run()
+    assert allowed.returncode == 0 and json.loads(allowed.stdout.splitlines()[-1])["events"] == 3, allowed.stderr
+    refused = run("--to-topic", foreign)
+    err = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2, refused.stderr
+    assert len(err) == 1 and "PermissionDeniedError" in err[0] and foreign in err[0], refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_bad_input_is_one_line_and_its_exit_code(env):
+    now = _now()
+    oplog_start = _oplog_start(env)
+    _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": 1})])
+    cases = [
+        (2, "--until", ["--since", _iso(now - dt.timedelta(minutes=1)), "--until", _iso(now - dt.timedelta(minutes=2))]),
+        (2, "empty", ["--since", _iso(now - dt.timedelta(minutes=1)), "--until", _iso(now - dt.timedelta(minutes=1))]),
+        (2, "not a configured outbox", ["--since", _iso(now), "--outbox", "elsewhere.outbox"]),
+        (2, "--to-topic", ["--since", _iso(now - dt.timedelta(minutes=1)), "--to-topic", "no spaces allowed"]),
+        (2, "--since", ["--since", "yesterday"]),
+        (2, "--resume", ["--resume", str(ObjectId())]),
+        (4, "may be gone", ["--since", _iso(oplog_start - dt.timedelta(hours=2))]),
+    ]
+    for code, says, args in cases:
+        result = _cli(env, *args)
+        err = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == code, (args, result.stderr)
+        assert len(err) == 1 and says in err[0] and "Traceback" not in result.stderr, (args, result.stderr)
+    allowed = _cli(env, "--since", _iso(oplog_start - dt.timedelta(hours=2)), "--allow-gap")
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout.splitlines()[-1])["events"] == 1

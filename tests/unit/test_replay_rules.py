@@ -1,0 +1,150 @@
+"""`outbox-relay replay`'s rules without servers: where each part of a range is read from, the gap
+it refuses, the arguments it refuses, the saved progress, the progress bar and the summary."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+
+import pytest
+from bson import ObjectId
+
+from relay.commands.replay import check_arguments
+from relay.commands.replay_plan import Part, Source, add_arguments, check_outboxes, check_range, gap, parse_time, plan
+from relay.commands.replay_progress import Counts, bar_line
+from relay.commands.replay_state import ReplayState, load_state
+from relay.core.errors import ConfigError
+
+T0 = dt.datetime(2026, 11, 27, 10, 0, tzinfo=dt.UTC)
+H = dt.timedelta(hours=1)
+
+
+def test_a_range_inside_the_oplog_is_read_from_the_oplog_only():
+    assert plan(T0, T0 + H, oplog_start=T0 - H) == [Part(Source.OPLOG, T0, T0 + H)]
+    assert plan(T0, T0 + H, oplog_start=T0) == [Part(Source.OPLOG, T0, T0 + H)]
+
+
+def test_a_range_starting_before_the_oplog_reads_the_collection_up_to_its_start_then_the_oplog():
+    assert plan(T0 - H, T0 + H, oplog_start=T0) == [
+        Part(Source.COLLECTION, T0 - H, T0),
+        Part(Source.OPLOG, T0, T0 + H, occurred_from=T0),
+    ]
+
+
+def test_a_range_ending_before_the_oplog_is_read_from_the_collection_only_until_included():
+    [part] = plan(T0 - 2 * H, T0 - H, oplog_start=T0)
+    assert part.source is Source.COLLECTION and part.start == T0 - 2 * H
+    assert part.end == T0 - H + dt.timedelta(milliseconds=1)  # the end is excluded: `until` itself is in
+
+
+def test_a_gap_is_reported_only_when_the_collection_part_starts_before_the_oldest_document():
+    parts = plan(T0 - H, T0 + H, oplog_start=T0)
+    assert gap("app.outbox", parts, oldest_document=T0 - H) is None
+    assert gap("app.outbox", parts, oldest_document=T0 - 2 * H) is None
+    gone = gap("app.outbox", parts, oldest_document=T0 - H / 2)
+    assert gone is not None and "app.outbox" in gone
+    assert "from 2026-11-27T09:00:00.000Z to 2026-11-27T09:30:00.000Z" in gone and "--allow-gap" in gone
+    empty = gap("app.outbox", parts, oldest_document=None)
+    assert empty is not None and "to 2026-11-27T10:00:00.000Z" in empty and "empty" in empty
+    assert gap("app.outbox", plan(T0, T0 + H, oplog_start=T0 - H), oldest_document=None) is None
+
+
+def test_times_are_iso_8601_utc_without_a_zone():
+    assert parse_time("--since", "2026-11-27T10:00:00Z") == T0
+    assert parse_time("--since", "2026-11-27T11:00:00+01:00") == T0
+    assert parse_time("--since", "2026-11-27T10:00:00") == T0
+    with pytest.raises(ConfigError, match="--since: not an ISO 8601 time"):
+        parse_time("--since", "yesterday")
+
+
+def test_a_range_is_refused_when_reversed_empty_or_in_the_future_and_ends_at_now_at_the_latest():
+    now = T0 + H
+    assert check_range(T0, T0 + 2 * H, now) == now
+    assert check_range(T0, T0 + H / 2, now) == T0 + H / 2
+    with pytest.raises(ConfigError, match="--until: .* lies before --since"):
+        check_range(T0, T0 - H, now)
+    with pytest.raises(ConfigError, match="--until: the range is empty"):
+        check_range(T0, T0, now)
+    with pytest.raises(ConfigError, match="--since: .* is in the future"):
+        check_range(now + H, now + 2 * H, now)
+
+
+def test_only_configured_outboxes_are_replayed_every_one_by_default():
+    configured = ("app.outbox", "billing.outbox")
+    assert check_outboxes(None, configured) == configured
+    assert check_outboxes(["billing.outbox", "billing.outbox"], configured) == ("billing.outbox",)
+    with pytest.raises(ConfigError, match="--outbox: 'app.other' is not a configured outbox"):
+        check_outboxes(["app.other"], configured)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_arguments_are_checked_before_any_server_is_asked():
+    configured = ("app.outbox",)
+    outboxes, since, until = check_arguments(_args("--since", "2026-11-27T10:00:00Z"), configured, T0 + H)
+    assert (outboxes, since, until) == (configured, T0, T0 + H)
+    assert _args("--since", "x", "--rate", "5").rate_limit == 5.0  # --rate is --rate-limit
+    for argv, flag in [
+        ((), "--since: is required"),
+        (("--since", "2026-11-27T10:00:00Z", "--rate-limit", "0"), "--rate-limit"),
+        (("--since", "2026-11-27T10:00:00Z", "--to-topic", "a b"), "--to-topic"),
+        (("--since", "2026-11-27T10:00:00Z", "--outbox", "x.y"), "--outbox"),
+    ]:
+        with pytest.raises(ConfigError, match=flag):
+            check_arguments(_args(*argv), configured, T0 + H)
+
+
+def test_saved_progress_round_trips_and_only_a_replay_id_is_resumed(tmp_path):
+    state = ReplayState("6f1c1f0e-3b7a-4a51-9a53-8f7f2f8d6c11", {"since": "x"})
+    progress = state.outbox("app.outbox")
+    key = (T0, ObjectId())
+    progress.set_collection_key(key)
+    progress.oplog_after = "8266"
+    state.save(tmp_path)
+    loaded = load_state(tmp_path, state.id)
+    assert loaded.request == {"since": "x"}
+    assert loaded.outbox("app.outbox").collection_key() == key
+    assert loaded.outbox("app.outbox").oplog_after == "8266"
+    with pytest.raises(ConfigError, match="--resume: '../etc' is not a replay id"):
+        load_state(tmp_path, "../etc")
+    with pytest.raises(ConfigError, match="--resume: no saved replay"):
+        load_state(tmp_path, "00000000-0000-0000-0000-000000000000")
+
+
+def test_the_progress_bar_shows_done_of_total_rate_and_time_left():
+    assert bar_line(50, 100, 10.0, width=10) == "[#####-----] 50/100 10 events/s, 00:05 left"
+    assert bar_line(120, 100, 10.0, width=10) == "[##########] 120/100 10 events/s, --:-- left"
+    assert bar_line(0, 0, 0.0, width=4) == "[####] 0/0 0 events/s, --:-- left"
+
+
+def test_the_summary_counts_per_outbox_topic_and_source():
+    counts = Counts()
+    counts.add("app.outbox", "t.order", "collection", 2)
+    counts.add("app.outbox", "t.order", "oplog", 3)
+    counts.add("app.outbox", "t.customer", "oplog")
+    assert counts.done == 6
+    assert counts.summary() == {
+        "app.outbox": {"t.customer": {"oplog": 1, "collection": 0}, "t.order": {"oplog": 3, "collection": 2}}
+    }
+
+
+def test_off_a_terminal_progress_is_a_json_line_every_interval():
+    import io
+    import json
+
+    from relay.commands.replay_progress import Progress
+
+    now = [0.0]
+    counts, out = Counts(), io.StringIO()
+    progress = Progress("r1", 100, counts, out=out, tty=False, interval_s=5.0, clock=lambda: now[0])
+    counts.add("app.outbox", "t", "oplog", 40)
+    now[0] = 4.0
+    progress.tick()
+    assert out.getvalue() == ""  # not yet: every 5 s
+    now[0] = 5.0
+    progress.tick()
+    assert json.loads(out.getvalue()) == {"replay": "r1", "progress": {"done": 40, "total": 100}, "eventsPerS": 8.0}
