@@ -20,6 +20,7 @@ from bson import ObjectId
 
 from relay.cli import main
 from relay.core.message import HEADER_REPLAY
+from relay.dev.processes import spawn
 from relay.kafka.acls import required
 from relay.outbox import Outbox, OutboxEvent
 from tests.inbox_support import (
@@ -214,7 +215,7 @@ def test_an_interrupted_replay_resumes_where_it_stopped_or_runs_again_with_dupli
     state = tmp_path / "replays"
     args = ["replay", "--since", _iso(since), "--rate-limit", "100", "--state-dir", str(state)]
     log = (tmp_path / "replay.out").open("w")
-    child = subprocess.Popen([sys.executable, "-m", "relay", *args], stdout=log, stderr=subprocess.STDOUT,
+    child = spawn([sys.executable, "-m", "relay", *args], stdout=log, stderr=subprocess.STDOUT,
                              env=settings_env(env.settings), cwd=ROOT)
     try:
         wait_until(lambda: any(state.glob("*.json")), 60, "the replay's first saved progress")
