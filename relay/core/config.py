@@ -70,7 +70,8 @@ class LeaseTiming:
 class LoopConfig:
     """The loop's limits, timing and policies (relay.core.loop.Relay).
 
-    Invariants checked here: every size and period is positive; the policies are ones the loop
+    Invariants checked here: every size and period is positive (the checkpoint interval may be 0:
+    after every batch); the policies are ones the loop
     knows; RELAY_START_AT is `oplog-start`, `now` or an ISO-8601 time.
     """
 
@@ -82,6 +83,8 @@ class LoopConfig:
     batch_max_bytes: int
     pipeline_depth: int
     restart_backoff_max_s: float
+    # RELAY_CHECKPOINT_INTERVAL_MS: most often the process's positions are written (relay.core.coalescer).
+    checkpoint_interval_ms: int
     on_poison: str
     on_history_lost: str
     on_lease_lost: str
@@ -94,6 +97,10 @@ class LoopConfig:
         _positive(self.max_in_flight_events, "batch_max_events")
         for name in ("batch_max_bytes", "pipeline_depth", "restart_backoff_max_s"):
             _positive(getattr(self, name), name)
+        if self.checkpoint_interval_ms < 0:
+            raise ConfigError(
+                env_name("checkpoint_interval_ms"), f"must be 0 or more, got {self.checkpoint_interval_ms}"
+            )
         if self.transaction_max_events is not None:
             _positive(self.transaction_max_events, "transaction_max_events")
         for name, allowed in (
