@@ -154,6 +154,7 @@ class PositionAudit(threading.Thread):
 
 # ---- killed inside the interval -----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_relay_of_three_outboxes_killed_inside_the_interval_loses_nothing_and_cleans_up_only_behind_stored_positions(
         box, tmp_path):
     env = box.env
@@ -211,6 +212,7 @@ def _owners(box: Box) -> dict[str, int]:
     return counts
 
 
+@pytest.mark.slow
 def test_two_processes_leading_different_outboxes_one_killed_the_other_takes_over_from_its_stored_positions(
         env, tmp_path):
     box = _box(env, ["a", "b", "c", "d"])
