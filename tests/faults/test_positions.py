@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from relay.commands.status import status
 from relay.config import Settings
 from relay.core.names import env_name
 from relay.core.partitions import Partition, Scope, partition_of
@@ -278,6 +279,10 @@ def test_a_process_that_loses_one_scopes_lease_keeps_storing_the_others(box, tmp
             "intruder", taken["fencingToken"], taken.get("resumeToken")), "nothing stored under the lost lease"
         assert proc.alive, "the process goes on"
         assert "lease on " + lost + " lost" in proc.log()
+        shown = status(settings)
+        assert shown["checkpointIntervalMs"] == 1000 and "1 s" in shown["duplicateWindow"]
+        ages = [row["checkpoint"]["storedSecondsAgo"] for o in shown["outboxes"].values() for row in o["leases"]]
+        assert len(ages) == 3 and all(age >= 0 for age in ages), ages
         leases.update_one({"_id": lost}, [{"$set": {"expiresAt": "$$NOW"}}])  # the intruder lets it expire
         assert_complete_and_ordered(box.published("b", written["b"], "read_uncommitted"), written["b"])
         assert proc.terminate() == 0, proc.log()
