@@ -39,9 +39,13 @@ def _kill_primary_and_restart(rs) -> None:
 
 
 
-def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3):
+@pytest.mark.parametrize("partitions", [1, 3], ids=["one-position", "three-positions-per-write"])
+def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3, partitions):
+    """With three partitions one process stores three positions per write, in one MongoDB
+    transaction (relay.mongo.positions): the step-down and the kill hit transactions too."""
     written = Written()
-    with RelayThread(env3.settings) as relay, CheckpointWatcher(env3.db, env3.settings) as watcher:
+    settings = env3.settings.replace(partitions=partitions)
+    with RelayThread(settings) as relay, CheckpointWatcher(env3.db, env3.settings) as watcher:
         writer = background_writes(env3, written, 4000, writers=4, pause=0.01, max_per_txn=5)
         wait_until(lambda: len(written.ids) > 1000, 60, "writes under way")
         _step_down(rs3)
