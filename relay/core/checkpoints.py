@@ -51,7 +51,7 @@ class CheckpointWriter:
         self._stored = stored  # told of every token stored (the observer)
         self._grant: Grant | None = None
         self._last_write = 0.0  # monotonic time of the last write to the lease document
-        self._last_token: Token | None = None  # the last token stored
+        self._last_token: Token | None = None  # the last token handed over (stored, or held to be)
         self._unstored: Token | None = None  # an idle read's newer token, not handed over yet
 
     def begin(self, grant: Grant) -> None:
