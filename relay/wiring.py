@@ -12,7 +12,7 @@ settings themselves. This is the only place that builds clients for the loops; t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -23,8 +23,9 @@ from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import Framing, framing_for
 from relay.config import PartConfigs, Settings
-from relay.core.boundaries import Assignment
+from relay.core.boundaries import Assignment, SystemClock
 from relay.core.change import Change
+from relay.core.coalescer import Coalescer
 from relay.core.errors import first_of
 from relay.core.loop import Relay
 from relay.core.partitions import Scope
@@ -45,6 +46,7 @@ from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.outboxes import added
 from relay.mongo.pipeline import StreamPlan, fingerprint, scan_filter
+from relay.mongo.positions import MongoPositionStore
 from relay.mongo.privileges import check as check_privileges
 from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
@@ -71,11 +73,13 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     scopes = parts.scopes()
     balance = balance_for(len(scopes), group.partitions)
     streams = shared_streams(parts, client)
+    leases = {scope: lease_store(parts, client, scope) for scope in scopes}
+    positions = process_positions(parts, client, leases.values())
     relays = [
         (
             scope,
             _relay(parts, scope, client, streams[_stream_of(parts, scope)], observer.loop(scope), folder, native,
-                   LeaseAssignment(balance, k)),
+                   LeaseAssignment(balance, k), leases[scope], positions),
         )
         for k, scope in enumerate(scopes)
     ]  # fmt: skip
@@ -136,6 +140,15 @@ def stream_plans(parts: PartConfigs) -> list[StreamPlan]:
     return [StreamPlan(tuple(outboxes), count, database) for database, outboxes in databases.items()]
 
 
+def process_positions(parts: PartConfigs, client: MongoClient[Any], leases: Iterable[LeaseStore]) -> Coalescer:
+    """Where the process's loops store their positions: together, in one MongoDB transaction over
+    their lease documents, at most once per RELAY_CHECKPOINT_INTERVAL_MS (relay.core.coalescer).
+    The lease documents of every outbox live in one collection (the state database), so one
+    write covers every database the process reads."""
+    store = MongoPositionStore(client, {lease.lease_id: lease for lease in leases})
+    return Coalescer(store, parts.loop.checkpoint_interval_ms / 1000, SystemClock())
+
+
 def shared_streams(parts: PartConfigs, client: MongoClient[Any]) -> dict[str | None, SharedStream]:
     """The process's change streams, by database (None: the cluster's)."""
     mongo, loop = parts.mongo, parts.loop
@@ -164,20 +177,23 @@ def _relay(
     folder: SchemaFolder,
     native: bool,
     assignment: Assignment,
+    lease: LeaseStore,
+    positions: Coalescer,
 ) -> Relay[ScopeObserver]:
-    """The relay loop of `scope` on the process's `client` and `stream`: its lease, change source,
-    delivery mode, message builder and assignment."""
+    """The relay loop of `scope` on the process's `client`, `stream` and `positions`: its `lease`,
+    change source, delivery mode, message builder and assignment."""
     selection = fingerprint(scope, parts.encoding.fields.aggregate_id)
     return Relay(
         dataclasses.replace(parts.loop, namespace=str(scope)),
         source=change_source(parts, client, stream, scope),
         mode=delivery_mode(parts, scope.lease_id, selection),
-        lease=lease_store(parts, client, scope),
+        lease=lease,
         encoder=message_builder(parts, folder, native=native, encoding=parts.encoding_for(scope.namespace)),
         observer=observer,
         fingerprint=selection,
         assignment=assignment,
         foreign_errors=DRIVER_ERRORS,
+        positions=positions,
     )
 
 

@@ -1,10 +1,12 @@
 """`outbox-relay status` and `checkpoint reset`: read (or reset) the lease documents.
 
 `status` lists, for each outbox (`--outbox`: one of them), every partition (holder, fencing token,
-expiry, checkpoint and its lag; one, the whole outbox's, without RELAY_PARTITIONS, also shown at
+expiry, checkpoint, its lag and how long ago it was stored; one, the whole outbox's, without RELAY_PARTITIONS, also shown at
 the top as it always was) and every replica of the group with what it leads: partition indexes
 when one outbox is shown, lease ids when several are. With several outboxes and no `--outbox` they
-are listed under `outboxes`. `checkpoint reset` resets one
+are listed under `outboxes`. `checkpointIntervalMs` is RELAY_CHECKPOINT_INTERVAL_MS: positions are
+stored at most that often, so after a crash the events of about that long (plus what was in flight)
+are published again (`duplicateWindow`). `checkpoint reset` resets one
 outbox's leases (every partition's), named with `--outbox` when there are several.
 """
 
@@ -43,7 +45,14 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
         members = membership.replicas()
     holders: dict[str, list[dict[str, Any]]] = {}
     outboxes = {n: _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
+    interval = settings.checkpoint_interval_ms
     common = {
+        "checkpointIntervalMs": interval,
+        "duplicateWindow": (
+            f"after a crash, the events delivered in its last {interval / 1000:g} s and those in flight are published again"
+            if interval
+            else "after a crash, the events in flight are published again (positions stored after every batch)"
+        ),
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
         "replicas": [_replica(r, holders, group.timing.lease_ttl_s, len(outboxes) == 1) for r in members],
@@ -125,13 +134,15 @@ def _checkpoint(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
     token = doc.get("resumeToken")
     if token is None:
         return None
+    stored = doc.get("checkpointAt")
     ts = token_cluster_time(token)
     at = dt.datetime.fromtimestamp(ts.time, dt.UTC) if ts else None
     return {
         "token": short_token(token),
         "clusterTime": at.isoformat() if at else None,
         "lagSeconds": round((now - at).total_seconds(), 3) if at else None,
-        "storedAt": doc.get("checkpointAt"),
+        "storedAt": stored,
+        "storedSecondsAgo": round((now - stored).total_seconds(), 1) if stored is not None else None,
         "pipelineFingerprint": doc.get("pipelineFingerprint"),
         "delivery": doc.get("delivery"),
     }

@@ -93,6 +93,7 @@ def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
         batch_max_bytes=s.batch_max_bytes,
         pipeline_depth=s.pipeline_depth,
         restart_backoff_max_s=s.restart_backoff_max_s,
+        checkpoint_interval_ms=s.checkpoint_interval_ms,
         on_poison=s.on_poison,
         on_history_lost=s.on_history_lost,
         on_lease_lost=s.on_lease_lost,

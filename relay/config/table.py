@@ -93,6 +93,11 @@ class Settings:
     heartbeat_interval_s: float = _setting(
         5.0, "an idle relay stores the post-batch token and renews the lease this often (seconds)"
     )
+    checkpoint_interval_ms: int = _setting(
+        1000,
+        "most often the positions one process leads are stored, together in one write, after delivered "
+        "batches (ms; 0: after every batch); after a crash the events of about this long are published again",
+    )
     standby_poll_s: float = _setting(
         2.0,
         "how often a standby replica tries to take the lease, and every replica writes its heartbeat (seconds)",

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from relay.core.change import Batch, Change
 from relay.core.message import OutgoingMessage
-from relay.core.positions import Grant, StartPoint, Token
+from relay.core.positions import Grant, PositionWrite, StartPoint, Token
 from relay.core.resume import Committed
 from relay.core.window import Delivery
 
@@ -111,6 +111,10 @@ class DeliveryMode(Protocol):
 class LeaseStore(Protocol):
     """The lease, its fencing token and the fenced checkpoint (relay.mongo.lease.LeaseStore)."""
 
+    @property
+    def lease_id(self) -> str:
+        """The identity of the lease (its document's `_id`)."""
+
     def try_acquire(self) -> Grant | None:
         """Take or renew the lease; None while another owner holds an unexpired one."""
 
@@ -122,6 +126,19 @@ class LeaseStore(Protocol):
 
     def release(self, grant: Grant) -> None:
         """Give the lease up so a standby can take it at once."""
+
+
+class PositionStore(Protocol):
+    """Where the positions of the scopes one process leads are written, several at once
+    (relay.mongo.positions.MongoPositionStore: one MongoDB transaction over their lease documents;
+    relay.core.coalescer.LeaseByLease for a loop run alone). relay.core.coalescer.Coalescer decides
+    when, and which positions go together."""
+
+    def store(self, positions: Sequence[PositionWrite]) -> set[str]:
+        """Store `positions` in one fenced, majority-acknowledged write: each only while its grant's
+        owner and fencing token are still current (its lease renewed with it). Returns the lease
+        ids refused for that (their leases were lost); every other position is stored. Raises on
+        any other failure, having stored none of them."""
 
 
 class Encoder(Protocol):

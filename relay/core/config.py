@@ -71,7 +71,8 @@ class LeaseTiming:
 class LoopConfig:
     """The loop's limits, timing and policies (relay.core.loop.Relay).
 
-    Invariants checked here: every size and period is positive; the policies are ones the loop
+    Invariants checked here: every size and period is positive (the checkpoint interval may be 0:
+    after every batch); the policies are ones the loop
     knows; RELAY_START_AT is `oplog-start`, `now` or an ISO-8601 time.
     """
 
@@ -83,6 +84,8 @@ class LoopConfig:
     batch_max_bytes: int
     pipeline_depth: int
     restart_backoff_max_s: float
+    # RELAY_CHECKPOINT_INTERVAL_MS: most often the process's positions are written (relay.core.coalescer).
+    checkpoint_interval_ms: int
     on_poison: str
     on_history_lost: str
     on_lease_lost: str
@@ -95,6 +98,10 @@ class LoopConfig:
         positive(self.max_in_flight_events, env_name("batch_max_events"))
         for name in ("batch_max_bytes", "pipeline_depth", "restart_backoff_max_s"):
             positive(getattr(self, name), env_name(name))
+        if self.checkpoint_interval_ms < 0:
+            raise ConfigError(
+                env_name("checkpoint_interval_ms"), f"must be 0 or more, got {self.checkpoint_interval_ms}"
+            )
         if self.transaction_max_events is not None:
             positive(self.transaction_max_events, env_name("transaction_max_events"))
         for name, allowed in (

@@ -12,8 +12,8 @@ through the outcome table, by the action its kind carries (relay.core.errors.cla
 | FENCED  | drop the stream and the producer (never release a lease that is not ours), poll as a standby; with RELAY_ON_LEASE_LOST=exit, stop |
 | STOP    | raise: `run()` writes the stop line and shuts down |
 
-Shutdown order, on `stop()`: finish the deliveries in flight and store their checkpoint; close the
-change stream; drop the producer (it holds nothing undelivered); release the lease so a standby
+Shutdown order, on `stop()`: finish the deliveries in flight and store their checkpoint at once
+(with whatever the session still holds: relay.core.coalescer); close the change stream; drop the producer (it holds nothing undelivered); release the lease so a standby
 takes over at once. The process (relay.group.runner) closes the shared clients after every loop.
 """
 
@@ -39,6 +39,7 @@ from relay.core.boundaries import (
 )
 from relay.core.change import Batch
 from relay.core.checkpoints import CheckpointWriter
+from relay.core.coalescer import Coalescer
 from relay.core.config import WAIT_SLICE_S, LoopConfig
 from relay.core.errors import (
     Action,
@@ -81,7 +82,9 @@ class Relay(Generic[ObserverT]):
     offsets record and its tombstone; `lease` is the lease document; `encoder` builds messages;
     `fingerprint` identifies the source's pipeline (stored beside every token); `assignment` says
     when to try the lease and when to hand it over (alone on its outbox: always try, never hand
-    over); `foreign_errors` classifies the drivers' exceptions (relay.core.errors.classify).
+    over); `foreign_errors` classifies the drivers' exceptions (relay.core.errors.classify);
+    `positions` are the process's, where every loop's positions are written together
+    (relay.core.coalescer; without it, each is written at once to `lease`).
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class Relay(Generic[ObserverT]):
         clock: Clock | None = None,
         assignment: Assignment = ALWAYS,
         foreign_errors: ForeignClassifier | None = None,
+        positions: Coalescer | None = None,
     ) -> None:
         self.config = config
         self.observer: ObserverT = observer
@@ -113,7 +117,7 @@ class Relay(Generic[ObserverT]):
         self._session: Session | None = None
         self._role = "starting"
         self._checkpoints = CheckpointWriter(
-            lease, fingerprint, self._clock, config.timing.heartbeat_interval_s, observer.checkpoint_stored
+            lease, fingerprint, self._clock, config.timing.heartbeat_interval_s, observer.checkpoint_stored, positions
         )
         self._restarts = RestartPolicy(
             config.restart_backoff_max_s, lambda s: self._clock.wait(s, self._stopping), observer.restart
@@ -220,10 +224,11 @@ class Relay(Generic[ObserverT]):
         else:
             opened = self._open_at(session.source, plan)
         log.info("change stream opened %s", plan.description)
+        # At once, not at the next interval: a crash must not let a later "now" become the start.
         if plan.store is Store.OPENING and opened and session.source.token is not None:
-            self._checkpoints.store(session.source.token)
+            self._checkpoints.store(session.source.token, now=True)
         elif plan.store is Store.RESUMED and plan.start.resume_after is not None:
-            self._checkpoints.store(plan.start.resume_after)
+            self._checkpoints.store(plan.start.resume_after, now=True)
 
     def _resume_rules(self) -> Rules:
         """What the resume decision reads from the settings and the delivery mode."""
@@ -369,7 +374,7 @@ class Relay(Generic[ObserverT]):
         handlers[classify(exc, self._foreign_errors)](exc)
 
     def _restart(self, exc: Exception) -> None:
-        self._close_session()
+        self._close_session(store=True)
         self._restarts.restart(exc)
 
     def _reopen(self, exc: ReopenableStreamError) -> None:
@@ -387,11 +392,11 @@ class Relay(Generic[ObserverT]):
                 exc.reason,
                 extra={"event_id": exc.event_id},
             )
-        self._close_session()
+        self._close_session(store=True)
         self._restarts.restart(exc, at_once=True)
 
     def _standby(self, exc: Exception) -> None:
-        self._close_session()
+        self._close_session(store=False)
         self._assignment.led(False)
         self.observer.lease_lost(exc)
         if self.config.on_lease_lost == "exit":
@@ -404,9 +409,19 @@ class Relay(Generic[ObserverT]):
 
     # ---- shutdown -----------------------------------------------------------------------------
 
-    def _close_session(self) -> None:
+    def _close_session(self, *, store: bool) -> None:
+        """End the session: write the positions it holds (`store`: what Kafka acknowledged stays
+        acknowledged; a failure leaves it to the next session, which replays from the stored
+        checkpoint) or drop them (its lease is lost), then close the stream and the producer."""
         session, self._session = self._session, None
         if session is not None:
+            try:
+                self._checkpoints.end(store=store)
+            except Exception as exc:  # noqa: BLE001 - the next session replays from the stored checkpoint
+                log.warning(
+                    "could not store the session's last position (%s); the next leader replays from the stored checkpoint",
+                    exc,
+                )
             session.source.close()
             session.publisher.close()
             session.window.clear()
@@ -427,7 +442,7 @@ class Relay(Generic[ObserverT]):
     def _release(self) -> None:
         """Close the session and release its lease (a failure leaves it to expire)."""
         session = self._session
-        self._close_session()
+        self._close_session(store=True)  # the final positions, before the lease is released
         if session is not None:
             try:
                 self._lease.release(session.grant)

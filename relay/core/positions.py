@@ -101,3 +101,15 @@ class Grant:
     fencing_token: int
     expires_at: dt.datetime
     checkpoint: Checkpoint
+
+
+@dataclass(frozen=True)
+class PositionWrite:
+    """One scope's position on its way to the store: its lease, the grant it is stored under (owner
+    and fencing token), the token (every event it covers acknowledged by Kafka) and the pipeline
+    fingerprint stored beside it."""
+
+    lease_id: str
+    grant: Grant
+    token: Token
+    fingerprint: str

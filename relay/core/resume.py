@@ -11,7 +11,8 @@ applies the result.
 
 Why the newer of checkpoint and record: in exactly-once mode every Kafka transaction also writes
 the token covering it to the offsets topic; the MongoDB checkpoint is written after each commit.
-It lags the record by at most one transaction (a crash or a fence between the two writes), and is
+It lags the record by at most the transactions of one RELAY_CHECKPOINT_INTERVAL_MS (a crash or a
+fence between the commit and the next stored position: relay.core.coalescer), and is
 ahead of it only when something else stored it (an idle heartbeat, which covers no new event; an
 at-least-once run after an exactly-once one). Resuming after either loses nothing; after the
 newer one repeats nothing. The MongoDB checkpoint alone decides whether there is a position at

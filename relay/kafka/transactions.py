@@ -10,8 +10,8 @@ would keep the transaction waiting); before the commit, one record to the compac
 (RELAY_OFFSETS_TOPIC, key = the lease id, value = the newest token of the transaction:
 relay.kafka.offsets_record.OffsetsRecord). Each delivery is held (relay.core.window.Delivery.hold)
 until its transaction ends, so a delivery the loop sees acknowledged is visible to read_committed
-consumers, and the MongoDB checkpoint (written by the loop right after) never covers an event that
-is not. One transaction is open at a time (RELAY_PIPELINE_DEPTH must be 1).
+consumers, and the MongoDB checkpoint (handed over by the loop right after, relay.core.coalescer)
+never covers an event that is not. One transaction is open at a time (RELAY_PIPELINE_DEPTH must be 1).
 
 A new leading session first calls `fence()`: `init_transactions` fences every earlier producer of
 the lease (a zombie's open transaction is aborted, its later commits fail with a fenced error and

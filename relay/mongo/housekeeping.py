@@ -21,8 +21,11 @@ from the oplog, which records every insert with its cluster time (`ts`):
 
 Invariant (enforced by `deletable`): an id is deleted only if it is absent from the inserts at or
 after T (and from the transactions ending there), so its insert was before T and the stored checkpoint, which only moves
-forward, covers it. Exactly-once mode stores the same checkpoint in MongoDB (it may lag the
-offsets record: clean-up then waits for it, which is safe).
+forward, covers it. The position read is the STORED one: a position delivered but still held by
+the process (relay.core.coalescer, up to RELAY_CHECKPOINT_INTERVAL_MS) is not in the lease document
+yet, so clean-up waits for it, and a crash that loses it never leaves a deleted document uncovered.
+Exactly-once mode stores the same checkpoint in MongoDB (it may lag the offsets record: clean-up
+then waits for it, which is safe).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from typing import Any
 
 from bson import Timestamp
 from pymongo import ReturnDocument
+from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 from pymongo.write_concern import WriteConcern
 
@@ -122,8 +123,11 @@ class LeaseStore:
         """Extend the lease; raises LeaseLostError if it is no longer ours."""
         self._fenced_update(grant, {"expiresAt": self._expires(), "renewedAt": "$$NOW"})
 
-    def store_checkpoint(self, grant: Grant, token: Mapping[str, Any], fingerprint: str) -> None:
-        """Store the checkpoint and renew the lease in one fenced, majority-acknowledged write.
+    def store_checkpoint(
+        self, grant: Grant, token: Mapping[str, Any], fingerprint: str, session: ClientSession | None = None
+    ) -> None:
+        """Store the checkpoint and renew the lease in one fenced, majority-acknowledged write
+        (inside `session`'s transaction when given: relay.mongo.positions).
 
         Called only once every event up to `token` has been acknowledged by Kafka. A write
         with a stale fencing token matches nothing and raises LeaseLostError.
@@ -140,6 +144,7 @@ class LeaseStore:
                 "renewedAt": "$$NOW",
                 "rescan": "$$REMOVE",  # an added outbox's scan is done once a position is stored
             },
+            session,
         )
 
     def release(self, grant: Grant) -> None:
@@ -149,10 +154,11 @@ class LeaseStore:
             [{"$set": {"owner": None, "expiresAt": "$$NOW", "releasedAt": "$$NOW"}}],
         )
 
-    def _fenced_update(self, grant: Grant, fields: dict[str, Any]) -> None:
+    def _fenced_update(self, grant: Grant, fields: dict[str, Any], session: ClientSession | None = None) -> None:
         result = self._coll.update_one(
             {"_id": self.lease_id, "owner": grant.owner, "fencingToken": grant.fencing_token},
             [{"$set": fields}],
+            session=session,
         )
         if result.matched_count == 0:
             raise LeaseLostError(

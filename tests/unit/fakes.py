@@ -30,6 +30,7 @@ from confluent_kafka import KafkaError
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.change import Batch, Change
+from relay.core.coalescer import Coalescer, LeaseByLease
 from relay.core.errors import HistoryLostError, LeaseLostError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
@@ -154,8 +155,11 @@ class World:
     def violate(self, what: str) -> None:
         self.violations.append(what)
 
-    def take_over(self, owner: str = "phantom") -> None:
-        """Another replica takes the lease (the current holder's lease expired or it was paused)."""
+    def take_over(self, owner: str = "phantom", silent_s: float = 0.0) -> None:
+        """Another replica takes the lease. With `silent_s` (the lease's TTL) it expired: the holder
+        wrote nothing for that long (paused, or cut off from the server), so its clock moved on too.
+        Without, it is fenced out while it runs (an operator's `checkpoint reset --force`)."""
+        self.clock.advance(silent_s)
         self.lease.owner = owner
         self.lease.fencing += 1
         self.lease.expires_at = self.clock.now + 4.0
@@ -443,7 +447,7 @@ class FakeDeliveryMode:
 
 def fake_settings(**changes: Any) -> Settings:
     base = Settings().replace(instance_id="A", lease_ttl_s=4.0, heartbeat_interval_s=1.0, standby_poll_s=0.5,
-                              restart_backoff_max_s=2.0, http_port=0, batch_max_events=10)
+                              restart_backoff_max_s=2.0, http_port=0, batch_max_events=10, checkpoint_interval_ms=0)
     return base.replace(**changes)
 
 
@@ -455,13 +459,18 @@ class FakeRelay:
 
 
 def relay_on(world: World, settings: Settings, producers: Any, source: Callable[[], FakeSource],
-             lease: FakeLease, observer: ScopeObserver | None = None, assignment: FakeAssignment | None = None) -> Relay:
-    """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes."""
+             lease: FakeLease, observer: ScopeObserver | None = None, assignment: FakeAssignment | None = None,
+             positions: Coalescer | None = None) -> Relay:
+    """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes; its positions
+    go through `positions` (the process's, shared with other loops), else its own coalescer (a
+    process of one loop) at RELAY_CHECKPOINT_INTERVAL_MS."""
     world.max_events = settings.batch_max_events
     parts = settings.parts()
+    if positions is None:
+        positions = Coalescer(LeaseByLease(lease), settings.checkpoint_interval_ms / 1000, world.clock)
     return Relay(parts.loop, source=source, mode=producers, lease=lease,
                  encoder=message_builder(parts, FOLDER), observer=observer or loop_observer(settings),
-                 fingerprint=FINGERPRINT, clock=world.clock,
+                 fingerprint=FINGERPRINT, clock=world.clock, positions=positions,
                  **({} if assignment is None else {"assignment": assignment}))
 
 
@@ -483,3 +492,40 @@ def fake_relay(world: World, settings: Settings, observer: ScopeObserver | None 
     relay = relay_on(world, settings, producers, new_source, FakeLease(world, settings.instance_id, settings.lease_ttl_s),
                      observer, assignment)
     return FakeRelay(relay, producers.publishers, sources)
+
+
+class MemoryPositionStore:
+    """relay.core.boundaries.PositionStore in memory, over several lease documents (`leases`: lease id
+    -> [owner, fencing token, stored token]): each position stored only while its grant's owner and
+    fencing token are current, the others stored by the same write. `writes` lists the lease ids
+    of every write; `fail_next` makes the next writes raise, storing nothing."""
+
+    def __init__(self, *lease_ids: str, owner: str = "me") -> None:
+        self.leases: dict[str, list[Any]] = {lid: [owner, 1, None] for lid in lease_ids}
+        self.writes: list[list[str]] = []
+        self.fail_next = 0
+
+    def grant(self, lease_id: str) -> Grant:
+        owner, fencing, tok = self.leases[lease_id]
+        return Grant(owner, fencing, EPOCH, Checkpoint(tok, None, FINGERPRINT))
+
+    def take_over(self, lease_id: str) -> None:
+        self.leases[lease_id][0] = "phantom"
+        self.leases[lease_id][1] += 1
+
+    def stored(self, lease_id: str) -> Any:
+        return self.leases[lease_id][2]
+
+    def store(self, positions: Any) -> set[str]:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("the server did not answer (fake)")
+        refused = set()
+        for p in positions:
+            doc = self.leases[p.lease_id]
+            if (doc[0], doc[1]) != (p.grant.owner, p.grant.fencing_token):
+                refused.add(p.lease_id)
+            else:
+                doc[2] = p.token
+        self.writes.append([p.lease_id for p in positions])
+        return refused

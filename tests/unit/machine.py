@@ -24,6 +24,8 @@ from relay.config import Settings
 from tests.unit.fakes import World, covered_by, outbox_document
 
 KEYS = ["k0", "k1", "k2", "k3", "k4"]
+# RELAY_CHECKPOINT_INTERVAL_MS: after every batch, within a few reads, longer than the heartbeat.
+INTERVALS_MS = [0, 500, 3000]
 TOPIC = "outbox.event.order"  # the topic of every event the machines write (topic template default)
 
 
@@ -81,12 +83,12 @@ class RelayMachine(RuleBasedStateMachine):
     # ---- set-up ---------------------------------------------------------------------------------
 
     @initialize(seed=st.integers(0, 2**32 - 1), max_events=st.integers(1, 12), depth=st.integers(1, 3),
-                max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]))
-    def start(self, seed: int, max_events: int, depth: int, max_bytes: int) -> None:
+                max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]), interval_ms=st.sampled_from(INTERVALS_MS))
+    def start(self, seed: int, max_events: int, depth: int, max_bytes: int, interval_ms: int = 0) -> None:
         self.world = World(random.Random(seed))
         self.base = self.settings(batch_max_events=max_events, pipeline_depth=min(depth, self.max_depth),
                                   batch_max_bytes=max_bytes, on_poison="dead-letter", dead_letter_topic="dlq",
-                                  on_history_lost="rescan")
+                                  on_history_lost="rescan", checkpoint_interval_ms=interval_ms)
         self.generation = 0
         self.handle = self.new_relay(self.base)
 
@@ -134,9 +136,14 @@ class RelayMachine(RuleBasedStateMachine):
     def fail_reports(self, n: int) -> None:
         self.world.broker.fail_next += n
 
-    @rule()
-    def take_over(self) -> None:
-        self.world.take_over()
+    @rule(forced=st.booleans())
+    def take_over(self, forced: bool = True) -> None:
+        """Another replica takes the lease once it expired (the holder was silent for its TTL), or
+        `forced` while the holder runs. A forced takeover is checked after every batch only with
+        RELAY_CHECKPOINT_INTERVAL_MS=0: with an interval the holder learns at its next write, within
+        one interval (tests/unit/test_coalescer.py), and may send more than one batch before."""
+        forced = forced and self.base.checkpoint_interval_ms == 0
+        self.world.take_over(silent_s=0.0 if forced else self.base.lease_ttl_s)
 
     @rule(seconds=st.floats(0.1, 6.0))
     def clock_jumps(self, seconds: float) -> None:

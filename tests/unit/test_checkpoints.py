@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from relay.core.checkpoints import CheckpointWriter
+from relay.core.coalescer import Coalescer, LeaseByLease
 from relay.core.errors import LeaseLostError
 from relay.core.positions import Checkpoint, Grant
 from tests.unit.fakes import Clock
@@ -17,6 +18,8 @@ GRANT = Grant("me", 3, None, Checkpoint(None, None, None, None, None))
 
 class Lease:
     """A lease store that records each write: ("store", token) or ("renew",)."""
+
+    lease_id = "db.outbox"
 
     def __init__(self, grant: Grant) -> None:
         self.grant = grant
@@ -120,3 +123,24 @@ def test_an_idle_token_never_moves_the_checkpoint_back():
     clock.advance(5)
     writer.idle({"_data": "06"})
     assert lease.writes == [("renew",), ("store", "07", "fp"), ("renew",)]
+
+
+def test_with_an_interval_idle_tokens_move_forward_only_and_are_written_at_most_once_per_interval():
+    """RELAY_CHECKPOINT_INTERVAL_MS=3000, heartbeat 1 s: an idle token is handed over at most every
+    heartbeat (never an older one), and the coalescer writes the newest at most every 3 s."""
+    lease, clock, stored = Lease(GRANT), Clock(), []
+    positions = Coalescer(LeaseByLease(lease), 3.0, clock)  # type: ignore[arg-type]
+    writer = CheckpointWriter(lease, "fp", clock, 1.0, stored.append, positions)  # type: ignore[arg-type]
+    writer.begin(GRANT)
+    writes_at = []
+    for step in range(1, 41):  # 10 s of idle reads, 4 a second, the token moving on (or back, every 5th)
+        clock.advance(0.25)
+        before = len(lease.writes)
+        writer.idle({"_data": f"{step - 2 if step % 5 == 0 else step:03d}"})
+        if lease.writes[before:] and lease.writes[-1][0] == "store":
+            writes_at.append(clock.now)
+    tokens = [w[1] for w in lease.writes if w[0] == "store"]
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), "only forward"
+    assert all(b - a >= 3.0 for a, b in zip(writes_at, writes_at[1:], strict=False)), writes_at
+    assert 3 <= len(tokens) <= 4, "about one write per interval over 10 s"
+    assert stored == [{"_data": t} for t in tokens], "each stored token reported once"

@@ -39,7 +39,7 @@ from relay.core.positions import newer
 from relay.kafka.offsets_record import OffsetsRecord, partition_for, transactional_id
 from relay.wiring import DRIVER_ERRORS
 from tests.unit.fakes import FINGERPRINT, World, covered_by, fake_settings, outbox_document, token
-from tests.unit.machine import RelayMachine, first_copies_in_commit_order
+from tests.unit.machine import INTERVALS_MS, RelayMachine, first_copies_in_commit_order
 from tests.unit.machine import write as _write
 from tests.unit.txn_fakes import LEASE_ID, Crashed, TxnRelay, calm_world, txn_log, txn_relay
 
@@ -95,23 +95,26 @@ class ExactlyOnceMachine(RelayMachine):
 
     @initialize(seed=st.integers(0, 2**32 - 1), max_events=st.integers(1, 12),
                 max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]), txn_events=st.integers(1, 40),
-                txn_bytes=st.sampled_from([300, 2000, 16 * 1024 * 1024]), txn_ms=st.sampled_from([1, 100, 5000]))
+                txn_bytes=st.sampled_from([300, 2000, 16 * 1024 * 1024]), txn_ms=st.sampled_from([1, 100, 5000]),
+                interval_ms=st.sampled_from(INTERVALS_MS))
     def start(self, seed: int, max_events: int, max_bytes: int,  # type: ignore[override]
-              txn_events: int, txn_bytes: int, txn_ms: int) -> None:
+              txn_events: int, txn_bytes: int, txn_ms: int, interval_ms: int) -> None:
         """As the base, plus the transaction bounds: a transaction spans several reads (events
         bound 1-40 over reads of 1-12 events, bytes, a time bound the clock jumps pass)."""
         self.world = World(random.Random(seed))
         self.base = self.settings(batch_max_events=max_events, batch_max_bytes=max_bytes, on_poison="dead-letter",
                                   dead_letter_topic="dlq", on_history_lost="rescan",
                                   transaction_max_events=txn_events, transaction_max_bytes=txn_bytes,
-                                  transaction_max_ms=txn_ms)
+                                  transaction_max_ms=txn_ms, checkpoint_interval_ms=interval_ms)
         self.generation = 0
         self.handle = self.new_relay(self.base)
 
-    @rule(initialized=st.booleans())
-    def take_over(self, initialized: bool) -> None:
-        """Another replica takes the lease; with `initialized` it also ran init_transactions."""
-        self.world.take_over()
+    @rule(initialized=st.booleans(), forced=st.booleans())
+    def take_over(self, initialized: bool, forced: bool) -> None:  # type: ignore[override]
+        """Another replica takes the lease (expired, or `forced` as in the base); with `initialized`
+        it also ran init_transactions."""
+        forced = forced and self.base.checkpoint_interval_ms == 0
+        self.world.take_over(silent_s=0.0 if forced else self.base.lease_ttl_s)
         if initialized:
             txn_log(self.world).epoch += 1
 

@@ -1,0 +1,157 @@
+"""The positions of every scope one process leads, stored together, at most once per
+RELAY_CHECKPOINT_INTERVAL_MS (docs/architecture.md, "Positions").
+
+Each leading loop hands its newest acknowledged token to the process's one `Coalescer` (`hold`),
+which keeps one position per lease and writes all it holds in ONE fenced write through its
+PositionStore (relay.mongo.positions: one MongoDB transaction) once the interval has passed since
+the last write. Every loop asks at each step (`write`), so a held position waits at most about one
+interval plus one read; with an interval of 0 each hold is written at once, after every batch.
+
+Rules, each enforced here (tests/unit/test_coalescer.py):
+- Only what a loop hands over is written, and a loop hands over a token only once Kafka
+  acknowledged every event it covers (relay.core.loop `_settle`): a stored position never covers
+  an unacknowledged event. What is held and not yet written is lost on a crash: the duplicate
+  window grows by at most the interval, nothing is lost.
+- Each position is written under its own grant (owner and fencing token): a lease found lost
+  refuses its own position only; the others are stored by the same write, and the lost lease's
+  loop learns it (LeaseLostError) at its next call, whichever loop made the write.
+- Positions only move forward: a held position is replaced only by a newer one of the same grant;
+  a session starts (`begin`) with nothing held for its lease and ends (`end`) by writing what it
+  holds or dropping it, after any write in flight, so nothing of an earlier session is written
+  once a later session has read its grant.
+- A write that fails keeps its positions held for the next one (a newer hold meanwhile wins); its
+  error reaches the loop that made it. The interval still counts from that attempt.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from relay.core.boundaries import Clock, LeaseStore, PositionStore
+from relay.core.errors import LeaseLostError
+from relay.core.positions import PositionWrite, Token, newer
+
+
+class Coalescer:
+    """The process's positions on their way to `store`, written together every `interval_s`."""
+
+    def __init__(self, store: PositionStore, interval_s: float, clock: Clock) -> None:
+        self._store = store
+        self.interval_s = interval_s
+        self._clock = clock
+        self._lock = threading.Lock()  # guards the fields below, never held across a write
+        self._writing = threading.Lock()  # one write at a time; `begin` and `end` wait for it
+        self._held: dict[str, PositionWrite] = {}
+        self._stored: dict[str, Token] = {}  # written, not yet reported to its loop
+        self._lost: dict[str, LeaseLostError] = {}  # refused, not yet reported to its loop
+        self._last_write: float | None = None  # monotonic time the last write began
+
+    def begin(self, lease_id: str) -> None:
+        """A session of `lease_id` starts (its grant was just read): nothing of an earlier one is held."""
+        with self._writing, self._lock:
+            self._forget(lease_id)
+
+    def hold(self, position: PositionWrite) -> None:
+        """Keep `position` as its lease's next position (every event its token covers acknowledged
+        by Kafka), unless one held is newer. Raises LeaseLostError if a write refused that lease."""
+        with self._lock:
+            self._raise_lost(position.lease_id)
+            held = self._held.get(position.lease_id)
+            if held is None or held.grant != position.grant or newer(position.token, held.token):
+                self._held[position.lease_id] = position
+
+    def holds(self, lease_id: str) -> bool:
+        """Whether a position of `lease_id` waits to be written."""
+        with self._lock:
+            return lease_id in self._held
+
+    def write(self, lease_id: str, *, due: bool = True) -> Token | None:
+        """Write every held position now (`due=False`), or only once the interval has passed since
+        the last write. Returns the newest token of `lease_id` stored since its loop last asked
+        (by this write or another loop's), else None; raises LeaseLostError if a write refused it,
+        and whatever this write raised."""
+        self._write(due)
+        with self._lock:
+            self._raise_lost(lease_id)
+            return self._stored.pop(lease_id, None)
+
+    def end(self, lease_id: str, *, store: bool) -> Token | None:
+        """The session of `lease_id` ends: write what it holds (`store`; a failure only logs in the
+        caller, who replays from the stored checkpoint) or drop it; either way nothing of it stays.
+        Returns its token stored since last asked, as `write` does."""
+        stored = None
+        try:
+            if store:
+                stored = self.write(lease_id, due=False)
+        finally:
+            with self._writing, self._lock:
+                self._forget(lease_id)
+        return stored
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _due(self) -> bool:
+        last = self._last_write
+        return last is None or self._clock.monotonic() - last >= self.interval_s
+
+    def _write(self, due: bool) -> None:
+        with self._lock:
+            if not self._held or (due and not self._due()):
+                return
+        with self._writing:
+            with self._lock:
+                if not self._held or (due and not self._due()):
+                    return  # another loop's write took them meanwhile
+                batch, self._held = self._held, {}
+                self._last_write = self._clock.monotonic()
+            try:
+                refused = self._store.store(list(batch.values()))
+            except BaseException:
+                with self._lock:
+                    for lid, position in batch.items():
+                        self._held.setdefault(lid, position)
+                raise
+            with self._lock:
+                for lid, position in batch.items():
+                    if lid in refused:
+                        self._lost[lid] = _lost(position)
+                        self._held.pop(lid, None)  # held under the same grant: refused as well
+                        self._stored.pop(lid, None)
+                    else:
+                        self._stored[lid] = position.token
+
+    def _raise_lost(self, lease_id: str) -> None:
+        lost = self._lost.pop(lease_id, None)
+        if lost is not None:
+            self._held.pop(lease_id, None)
+            raise lost
+
+    def _forget(self, lease_id: str) -> None:
+        self._held.pop(lease_id, None)
+        self._stored.pop(lease_id, None)
+        self._lost.pop(lease_id, None)
+
+
+def _lost(position: PositionWrite) -> LeaseLostError:
+    g = position.grant
+    return LeaseLostError(
+        f"lease on {position.lease_id} lost: fencing token {g.fencing_token} of {g.owner} is no longer current"
+    )
+
+
+class LeaseByLease:
+    """A PositionStore writing each position to its own lease document, one update each (a loop run
+    on its own, as the fast loop tests do; the relay process uses relay.mongo.positions)."""
+
+    def __init__(self, lease: LeaseStore) -> None:
+        self._lease = lease
+
+    def store(self, positions: Sequence[PositionWrite]) -> set[str]:
+        refused = set()
+        for p in positions:
+            try:
+                self._lease.store_checkpoint(p.grant, p.token, p.fingerprint)
+            except LeaseLostError:
+                refused.add(p.lease_id)
+        return refused
