@@ -1,5 +1,5 @@
 """`outbox-relay outbox init` and `outbox prune`: create the outbox collection and its index;
-delete what the committed position covers."""
+delete what the stored position covers."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def init_outbox(settings: Settings, ttl_seconds: int | None = None, outbox: str 
 
 def prune_outbox(settings: Settings, dry_run: bool = False, outbox: str | None = None) -> list[str]:
     """`outbox prune [--dry-run] [--outbox NS]`: for each outbox (or the one named), delete (or,
-    dry, count) the documents every partition's committed position covers and older than
+    dry, count) the documents every partition's stored position covers and older than
     RELAY_OUTBOX_RETENTION (none set: 0 s)."""
     lines: list[str] = []
     for namespace in settings.pick_outboxes(outbox):
@@ -51,7 +51,7 @@ def _prune(settings: Settings, namespace: str, dry_run: bool) -> list[str]:
         unknown = [p for p in (cleaner.position(lid) for lid, _ in shares) if p.time is None]
         if unknown:
             raise PositionUnknownError(
-                "the relay's committed position is unknown, nothing deleted: "
+                "the relay's stored position is unknown, nothing deleted: "
                 + "; ".join(f"{p.lease_id}: {p.why}" for p in unknown)
             )
         lines = [
@@ -66,7 +66,7 @@ def _prune(settings: Settings, namespace: str, dry_run: bool) -> list[str]:
             verb = "would delete" if dry_run else "deleted"
             time = result.position.time
             lines.append(
-                f"{lid}: committed position at cluster time {time.time if time else '?'}.{time.inc if time else '?'}; "
+                f"{lid}: stored position at cluster time {time.time if time else '?'}.{time.inc if time else '?'}; "
                 f"{verb} {result.deleted} of {result.candidates} documents older than the retention "
                 f"({result.kept_uncovered} not yet covered, kept)"
             )

@@ -123,7 +123,7 @@ class Settings:
     dead_letter_topic: str = _setting("outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter")
     outbox_retention: str = _setting(
         "",
-        "clean-up by position: delete outbox documents the committed checkpoint covers once older than this "
+        "clean-up by position: delete outbox documents the stored position covers once older than this "
         "(3600, 90m, 24h, 7d; empty or off: never); docs/outbox-cleanup.md",
     )
     outbox_check_interval_s: float = _setting(
@@ -145,7 +145,7 @@ class Settings:
     )
     offsets_topic: str = _setting(
         "outbox-relay.offsets",
-        "compacted topic holding each lease's committed resume token (RELAY_DELIVERY=exactly-once; created if missing)",
+        "compacted topic holding each lease's resume token, written inside its Kafka transactions (RELAY_DELIVERY=exactly-once; created if missing)",
     )
     ce_source: str = _setting("", "CloudEvents source attribute (default: /outbox-relay/<database>/<collection>)")
     # Measured (docs/exactly-once.md#cost): a commit costs a fixed ~18 ms wait and broker work per

@@ -155,7 +155,7 @@ class Encoder(Protocol):
 
 
 class LoopObserver(Protocol):
-    """What the loop reports (relay.ops.observe.PartitionObserver)."""
+    """What the loop reports (relay.ops.observe.ScopeObserver)."""
 
     def tick(self) -> None: ...
     def role(self, role: str, fencing_token: int | None) -> None: ...

@@ -1,11 +1,11 @@
-"""Keeping the outbox small without losing an event: clean-up by the committed position, and
+"""Keeping the outbox small without losing an event: clean-up by the stored position, and
 the headroom a TTL index leaves (RELAY_OUTBOX_RETENTION; docs/outbox-cleanup.md).
 
-A document may be deleted only when the committed position of its partition covers it and it is
+A document may be deleted only when the stored position of its partition covers it and it is
 older than the retention. Documents do not store when they were inserted, so coverage is read
 from the oplog, which records every insert with its cluster time (`ts`):
 
-- The committed position is the lease document's stored checkpoint: its token and that token's
+- The stored position is the lease document's stored checkpoint: its token and that token's
   cluster time T (`tokenClusterTime`). A partition without a stored checkpoint, or whose
   checkpoint is older than the oldest oplog entry (history lost, a rescan under way), has no
   known position: nothing of it is deleted, and `outbox prune` refuses.
@@ -56,12 +56,12 @@ _NO_TIME = Timestamp(0, 0)
 
 
 class PositionUnknownError(OperatorActionError):
-    """Raised by `outbox prune` while a partition's committed position is not known."""
+    """Raised by `outbox prune` while a partition's stored position is not known."""
 
 
 @dataclass(frozen=True)
 class Position:
-    """A partition's committed position as clean-up sees it."""
+    """A partition's stored position as clean-up sees it."""
 
     lease_id: str
     time: ClusterTime | None  # None: not known
@@ -123,7 +123,7 @@ def uncovered(client: MongoClient[Any], namespace: str, since: ClusterTime, ids:
 
 
 def deletable(candidates: Sequence[Any], not_covered: set[Any]) -> list[Any]:
-    """The candidates the committed position covers (the invariant of the module docstring)."""
+    """The candidates the stored position covers (the invariant of the module docstring)."""
     return [c for c in candidates if c not in not_covered]
 
 
@@ -164,7 +164,7 @@ class PassResult:
 
 
 class Cleaner:
-    """Deletes the documents a partition's committed position covers (one pass at a time)."""
+    """Deletes the documents a partition's stored position covers (one pass at a time)."""
 
     def __init__(
         self,

@@ -4,7 +4,7 @@
 files, pipes) and text on a terminal. A JSON line has `time` (UTC, ms), `level`, `logger`,
 `message`, then every extra field of the record. Lines emitted on a relay loop thread carry the
 loop's context (`instance`, `fencing`, `token`, and `partition` when the outbox is partitioned),
-set by `relay.ops.observe.PartitionObserver` through `bind_loop_context`.
+set by `relay.ops.observe.ScopeObserver` through `bind_loop_context`.
 
 Both formats pass the whole line (message, fields, traceback, causes) through
 `relay.core.redact.scrub`: URIs show `user:***@`, and the loaded settings' credential values

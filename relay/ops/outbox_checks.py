@@ -31,7 +31,7 @@ class OutboxSeries:
         )
         self.oldest_age = Gauge(
             "relay_outbox_oldest_undelivered_age_seconds",
-            "Age (occurrence time) of the oldest outbox event the committed position does not cover; 0 when none",
+            "Age (occurrence time) of the oldest outbox event the stored position does not cover; 0 when none",
             by,
             registry=r,
         )

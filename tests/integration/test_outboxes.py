@@ -200,7 +200,7 @@ def test_a_poison_event_in_one_outbox_names_that_outbox(outboxes, env, logs, pol
 
 def test_prune_cleans_up_each_outbox_by_its_own_position(outboxes, env):
     """`outbox prune` (every outbox, or `--outbox`): each collection's documents its own lease's
-    committed position covers go, the others stay."""
+    stored position covers go, the others stay."""
     from relay.commands.outbox import prune_outbox
 
     a, b, c = outboxes.names
