@@ -13,11 +13,9 @@ under `state_dir()` (the project's cache).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -25,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relay.cachedir import cache_dir
+from relay.dev.processes import spawn
 
 APT_PACKAGES = ("podman", "buildah", "mmdebstrap", "runc")
 
@@ -62,7 +61,6 @@ os.execvp("runc", ["runc"] + args)
 # `podman system service` ends after this long without a request (and when its pytest worker dies,
 # or at the end of the session, stopped by pid).
 SERVICE_IDLE_S = 1800
-_PR_SET_PDEATHSIG = 1
 
 
 class EngineUnavailable(Exception):
@@ -109,12 +107,6 @@ def _podman_config() -> Path:
     conf = state_dir() / "containers.conf"
     conf.write_text(f'[engine]\nruntime = "runc-no-rlimits"\n\n[engine.runtimes]\n"runc-no-rlimits" = ["{wrapper}"]\n')
     return conf
-
-
-def _end_with_parent() -> None:
-    """In the service's process before exec: SIGTERM when the process that started it ends (a
-    pytest worker killed), so no service outlives its test session."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -183,10 +175,9 @@ class Engine:
         if self.kind == "docker":
             return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"), None
         sock = Path(tempfile.mkdtemp(prefix="relay-podman-")) / "podman.sock"
-        process = subprocess.Popen(
+        process = spawn(  # killed with this process however it ends (relay.dev.reaper)
             ["podman", "system", "service", "--time", str(SERVICE_IDLE_S), f"unix://{sock}"],
             env=self.environ(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_end_with_parent,
         )
         deadline = time.monotonic() + 30
         while not sock.exists():
