@@ -30,6 +30,7 @@ from relay.avro.config import EncodingConfig, RegistryConfig
 from relay.core.config import EXACTLY_ONCE, LeaseTiming, LoopConfig
 from relay.core.errors import ConfigError
 from relay.core.names import ENV_PREFIX, KAFKA_ENV_PREFIX, env_name, kafka_env_name
+from relay.core.namespace import Namespace, NamespaceError
 from relay.core.partitions import Scope, scopes
 from relay.core.redact import (
     Properties,
@@ -245,7 +246,7 @@ class Settings:
             mongo=MongoConfig(
                 uri=Uri(self.mongodb_uri),
                 database=self.database,
-                outboxes=self.outbox_namespaces,
+                outboxes=self.namespaces,
                 change_streams=self.change_streams,
                 lease_collection=self.lease_collection,
                 connect_timeout_s=self.connect_timeout_s,
@@ -272,7 +273,8 @@ class Settings:
 
     def _loop(self, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
         return LoopConfig(
-            namespace=",".join(self.outbox_namespaces),
+            outboxes=",".join(self.outbox_namespaces),
+            lease_id=None,  # each scope's loop gets its own (relay.wiring)
             timing=timing,
             max_in_flight_events=self.batch_max_events,
             batch_max_bytes=self.batch_max_bytes,
@@ -308,10 +310,10 @@ class Settings:
             headers=self.field_headers,
             topic=self.field_topic,
         )
-        database, _, collection = self.outbox_namespaces[0].partition(".")
+        first = self.namespaces[0]
         return EncodingConfig(
-            database=database,
-            collection=collection,
+            database=first.database,
+            collection=first.collection,
             fields=fields,
             topic_template=self.topic_template,
             ce_source=self.ce_source,
@@ -342,20 +344,34 @@ class Settings:
         return f"{self.database}.{self.outbox_collection}"
 
     @functools.cached_property
-    def outbox_namespaces(self) -> tuple[str, ...]:
+    def namespaces(self) -> tuple[Namespace, ...]:
         """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one `namespace`."""
-        return parse_outboxes(self.outboxes) or (self.namespace,)
+        listed = parse_outboxes(self.outboxes)
+        if listed:
+            return listed
+        for setting in ("database", "outbox_collection"):
+            if not getattr(self, setting).strip():
+                raise ConfigError(env_name(setting), "must not be empty")
+        try:
+            return (Namespace(self.database, self.outbox_collection),)
+        except NamespaceError as exc:
+            raise ConfigError(env_name("database"), str(exc)) from exc
 
-    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[str, ...]:
+    @functools.cached_property
+    def outbox_namespaces(self) -> tuple[str, ...]:
+        """The texts (`database.collection`) of `namespaces`, as logs, labels and commands show them."""
+        return tuple(str(n) for n in self.namespaces)
+
+    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[Namespace, ...]:
         """The outboxes a command acts on: `given` (`--outbox`, one of them), else all of them
         (`every`), else the only one; ConfigError naming --outbox otherwise."""
         names = self.outbox_namespaces
         if given is not None:
             if given not in names:
                 raise ConfigError("--outbox", f"{given!r} is not one of the outboxes: {', '.join(names)}")
-            return (given,)
+            return (self.namespaces[names.index(given)],)
         if every or len(names) == 1:
-            return names
+            return self.namespaces
         raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
 
     def kafka_client_config(self) -> dict[str, str]:
@@ -471,30 +487,32 @@ class PartConfigs:
             delivery=self.kafka.delivery,
         )
 
-    def encoding_for(self, namespace: str) -> EncodingConfig:
+    def encoding_for(self, namespace: Namespace) -> EncodingConfig:
         """How the events of the outbox `namespace` become messages (its database and collection
         in the CloudEvents source and the topic template)."""
-        database, _, collection = namespace.partition(".")
-        return dataclasses.replace(self.encoding, database=database, collection=collection)
+        return dataclasses.replace(self.encoding, database=namespace.database, collection=namespace.collection)
 
 
 def _public_fields() -> list[dataclasses.Field[Any]]:
     return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
 
 
-def parse_outboxes(text: str) -> tuple[str, ...]:
+def parse_outboxes(text: str) -> tuple[Namespace, ...]:
     """RELAY_OUTBOXES as namespaces, in the order given; ConfigError names a malformed or repeated one."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
+    namespaces = []
     for name in names:
-        database, dot, collection = name.partition(".")
-        if not dot or not database or not collection or any(c in database for c in ' /\\"$.'):
-            raise ConfigError(env_name("outboxes"), f"expected database.collection outboxes, got {name!r}")
-        if "$" in collection or collection.startswith("system."):
+        try:
+            namespace = Namespace.parse(name)
+        except NamespaceError as exc:
+            raise ConfigError(env_name("outboxes"), f"expected database.collection outboxes, got {name!r}") from exc
+        if "$" in namespace.collection or namespace.collection.startswith("system."):
             raise ConfigError(env_name("outboxes"), f"not a collection an outbox can be: {name!r}")
+        namespaces.append(namespace)
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ConfigError(env_name("outboxes"), f"lists {', '.join(repeated)} more than once")
-    return names
+    return tuple(namespaces)
 
 
 def flag_name(name: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from relay.config import Settings
 from relay.core.errors import LeaseHeldError
+from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.mongo.connection import check_mongodb, mongo_client
@@ -22,7 +23,7 @@ from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
 
 
-def _stores(settings: Settings, client: Any, namespace: str) -> list[LeaseDocument]:
+def _stores(settings: Settings, client: Any, namespace: Namespace) -> list[LeaseDocument]:
     """Every partition's lease document of the outbox `namespace` (the whole outbox's without partitions)."""
     parts = settings.parts()
     return [parts.lease_document(client, Scope(namespace, p)) for p in partitions(settings.partitions)]
@@ -42,7 +43,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
         )
         members = membership.replicas()
     holders: dict[str, list[dict[str, Any]]] = {}
-    outboxes = {n: _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
+    outboxes = {str(n): _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
     common = {
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
@@ -60,7 +61,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
 
 
 def _outbox_status(
-    namespace: str,
+    namespace: Namespace,
     docs: list[tuple[LeaseDocument, dict[str, Any] | None]],
     count: int,
     holders: dict[str, list[dict[str, Any]]],

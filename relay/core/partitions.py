@@ -35,6 +35,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from relay.core.namespace import Namespace
+
 MAX_PARTITIONS = 64
 
 _SEED = struct.pack("<i", 0)
@@ -67,18 +69,22 @@ def partitions(count: int) -> list[Partition]:
 @dataclass(frozen=True, order=True)
 class Scope:
     """What one relay loop publishes and one lease guards: the events of the outbox `namespace`
-    (`database.collection`) that fall in `partition`."""
+    that fall in `partition`. A `"db.coll"` text given as `namespace` is parsed (Namespace.parse)."""
 
-    namespace: str
+    namespace: Namespace
     partition: Partition = WHOLE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, Namespace):  # a caller holding the text
+            object.__setattr__(self, "namespace", Namespace.parse(self.namespace))
 
     @property
     def database(self) -> str:
-        return self.namespace.partition(".")[0]
+        return self.namespace.database
 
     @property
     def collection(self) -> str:
-        return self.namespace.partition(".")[2]
+        return self.namespace.collection
 
     @property
     def partitioned(self) -> bool:
@@ -90,14 +96,14 @@ class Scope:
     def lease_id(self) -> str:
         """The lease document's id: the namespace when the outbox is not partitioned."""
         if not self.partitioned:
-            return self.namespace
+            return str(self.namespace)
         return f"{self.namespace}#{self.partition.index}/{self.partition.count}"
 
     def __str__(self) -> str:
         return self.lease_id
 
 
-def scopes(namespaces: Sequence[str], count: int) -> list[Scope]:
+def scopes(namespaces: Sequence[Namespace], count: int) -> list[Scope]:
     """Every scope of the outboxes `namespaces` split into `count` partitions, outbox by outbox."""
     return [Scope(namespace, p) for namespace in namespaces for p in partitions(count)]
 

@@ -189,7 +189,7 @@ class Health(_Degradable):
         answers: dict[str, dict[str, Any]] = {}
         for scope, health in sorted(self.loops.items()):
             ok, why = health.readiness()
-            answer = answers.setdefault(scope.namespace, {"ok": True, "role": "standby"})
+            answer = answers.setdefault(str(scope.namespace), {"ok": True, "role": "standby"})
             if health.role == "leader" or answer["role"] == "standby":
                 answer["role"] = health.role
             if answer["ok"] and not ok:

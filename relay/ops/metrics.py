@@ -185,7 +185,8 @@ def lease_labels(partitions: int) -> list[str]:
 
 def label_values(scope: Scope) -> tuple[str, ...]:
     """`scope`'s values of `lease_labels` (the one place that says what they are)."""
-    return (scope.namespace, str(scope.partition.index)) if scope.partitioned else (scope.namespace,)
+    outbox = str(scope.namespace)
+    return (outbox, str(scope.partition.index)) if scope.partitioned else (outbox,)
 
 
 class RelayMetrics:
@@ -317,7 +318,7 @@ class LoopMetrics:
         checkpoint_lag: Callable[[], float | None],
         queued: Callable[[], float],
     ) -> None:
-        outbox, self._lease = scope.namespace, label_values(scope)
+        outbox, self._lease = str(scope.namespace), label_values(scope)
         self.registry = metrics.registry
         self._outbox = outbox
         self._events, self._bytes = metrics.events, metrics.bytes

@@ -72,7 +72,7 @@ class ScopeObserver:
         self._fencing: int | None = None
         self._token: Any = None  # the last checkpoint this replica stored
         self._checkpoint_unix: int | None = None  # its cluster time, while holding the lease
-        self._log_fields: dict[str, Any] = {"instance": config.instance_id, "outbox": scope.namespace}
+        self._log_fields: dict[str, Any] = {"instance": config.instance_id, "outbox": str(scope.namespace)}
         if scope.partitioned:
             self._log_fields["partition"] = scope.partition.index
         self._last_summary = time.monotonic()
@@ -183,7 +183,7 @@ class ScopeObserver:
         self.metrics.error(kind, "stop")
         self.health.stopped(kind)
         self._role = "stopped"
-        write_stop_line(exc, {"outbox": self.scope.namespace})
+        write_stop_line(exc, {"outbox": str(self.scope.namespace)})
 
     # ---- derived values ---------------------------------------------------------------------------
 
