@@ -61,7 +61,7 @@ class LeaseStore:
         # A partition's fields; none for the unpartitioned document, which stays as it was.
         p = scope.partition
         self._fields: dict[str, Any] = (
-            {"outbox": scope.namespace, "partition": p.index, "partitions": p.count} if scope.partitioned else {}
+            {"outbox": str(scope.namespace), "partition": p.index, "partitions": p.count} if scope.partitioned else {}
         )
 
     def _expires(self) -> dict[str, Any]:
