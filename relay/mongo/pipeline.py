@@ -6,7 +6,7 @@ stored beside every token of its lease: a token is tied to its selection (resumi
 could skip or repeat events, so a mismatch stops the relay, relay.core.resume.resume). The
 fingerprint of an unpartitioned outbox is what it always was.
 
-A shared stream (`StreamPlan`, relay.mongo.stream) reads the scopes of one database (or of the
+A shared stream (`StreamPlan`, relay.mongo.shared_reader) reads the scopes of one database (or of the
 cluster) with one cursor: a collection's stream when the database holds one outbox, else the
 database's, filtered by collection with the cheap shape (`ns.coll $in`, not `ns $in [{db, coll}]`).
 When it serves several scopes the server computes each insert's route in a field `r` (the scope's

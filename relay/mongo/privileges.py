@@ -7,7 +7,7 @@
   and oldest-undelivered reads), `listIndexes` (the TTL headroom check); `remove` only with
   clean-up on (RELAY_OUTBOX_RETENTION). Where one database holds several outboxes of RELAY_OUTBOXES,
   the shared stream is the database's: `find` + `changeStream` on the database (every
-  collection); with RELAY_CHANGE_STREAMS=cluster, on every database (relay.mongo.stream);
+  collection); with RELAY_CHANGE_STREAMS=cluster, on every database (relay.mongo.shared_reader);
 - the lease collection: `find`, `insert`, `update` (leases are taken with upserting
   find-and-modify) and `remove` (a change of RELAY_PARTITIONS, either way, back to 1 included,
   replaces the lease documents at the next start: the relay cannot know beforehand, so every mode
