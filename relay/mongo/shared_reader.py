@@ -16,8 +16,13 @@ tests/integration/test_change_source.py):
   with none of its events still advances its idle token (guarantee 7), and only ever forward
   (relay.mongo.mailbox.Mailbox.post): after a rewind, or for a member that joined ahead of the
   cursor, the older reads leave it where it is (else an idle store would move its checkpoint back).
-- Memory is bounded: the reader reads on only while every member holds less than one read's worth
-  of events not taken yet (one slow member slows the others: they share the read).
+- Reads: behind the oplog's end (the last read was full: a catch-up) the reader reads on while
+  every member holds less than one read's worth of events not taken yet, so memory is bounded
+  (one slow member slows the others: they share the read). Caught up (the last read was not
+  full), it reads again only once every member took all it was handed: at low rates a getMore
+  returns at the first new event, so reading on would cost one getMore per event or two, while a
+  read sent once the loops took theirs (it runs while they deliver) returns everything written
+  meanwhile: at most one read ahead of each loop, as the one-outbox reader had.
 - A drop or rename of an outbox ends its members' streams (after the inserts before it); a
   dropDatabase or an invalidate ends every member's.
 
@@ -137,6 +142,7 @@ class SharedStream:
         self._server_cursor: Cursor | None = None
         self._position: Token | None = None  # the last post-batch token read
         self._reopened = 0  # reopens after a resumable error since the last read that succeeded
+        self._caught_up = False  # the last read was not full: the cursor is at the oplog's end
 
     # ---- the loops' side ----------------------------------------------------------------------------
 
@@ -215,7 +221,8 @@ class SharedStream:
             del self._members[route]  # the member left
         if not self._members:
             return self._server_cursor is not None  # to release it
-        return all(m.mailbox.queued < self._read_events for m in self._members.values())
+        bound = 1 if self._caught_up else self._read_events  # the module docstring, "Reads"
+        return all(m.mailbox.queued < bound for m in self._members.values())
 
     def _release_cursor(self) -> None:
         cursor, self._server_cursor, self._position = self._server_cursor, None, None
@@ -312,6 +319,7 @@ class SharedStream:
             self._recover(exc)
             return
         self._reopened = 0
+        self._caught_up = len(read.changes) < self._read_events
         self._dispatch(read)
         if not cursor.alive:
             self._release_cursor()

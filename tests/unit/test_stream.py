@@ -181,21 +181,42 @@ def _read_past(stream: SharedStream, n: int) -> None:
         time.sleep(0.005)
 
 
-def test_reads_queued_while_the_loop_delivered_are_taken_as_one_batch(world):
-    """A steady stream of small reads must not cost the loop a delivery each: what queued meanwhile
-    is one batch (as much as fits), under the last read's token."""
+def test_caught_up_the_reader_stays_one_read_ahead_of_a_loop_that_has_not_taken(world):
+    """At low rates a getMore returns at the first new event: a reader reading on would cost one
+    getMore per event. Caught up, it reads again only once the loop took what it was handed, and
+    that read returns everything written meanwhile, as one batch."""
     oplog, _, stream = world
     a = _subscription(stream, A)
     a.open(StartPoint(at_time=ClusterTime(1000, 0)))
-    wrote: list[str] = []
-    for _ in range(3):  # three reads of three events each
-        wrote += oplog.insert(A, 3)
-        _read_past(stream, len(oplog.entries))
-    first = a.next_batch(5)
-    assert [c.event_id for c in first.changes] == wrote[:3], "the next read does not fit in 5: not joined"
+    first = oplog.insert(A, 1)
+    _read_past(stream, len(oplog.entries))  # a holds one event it has not taken
+    later: list[str] = []
+    for _ in range(3):  # three writes while the loop delivers
+        later += oplog.insert(A, 1)
+        time.sleep(0.02)
+    assert stream._position is not None
+    assert stream._position["_data"] < _token(1)["_data"], "no read while a's event is not taken"
+    assert [c.event_id for c in a.next_batch(100).changes] == first
+    got, batches = _drain(a, 3)
+    assert got == later
+    assert [len(b.changes) for b in batches if b.changes] == [3], "one read returned the three"
+
+
+def test_reads_queued_in_a_catch_up_are_taken_as_one_batch(small_reads):
+    """Behind the oplog's end the reader reads ahead (full reads, up to one read's worth not taken
+    per member); what queued meanwhile is one batch (as much as fits), under the last read's token."""
+    oplog, stream = small_reads
+    wrote = oplog.insert(A, 8)
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    _read_past(stream, 2)  # one full read: a holds two, the reader stops
+    first = a.next_batch(1)  # a takes one: it holds one, the reader reads two more
+    _read_past(stream, 4)
     rest = a.next_batch(100)
-    assert [c.event_id for c in rest.changes] == wrote[3:], "the two reads left, in one batch"
-    assert rest.token == stream._position, "under the last read's token"
+    assert [c.event_id for c in first.changes + rest.changes] == wrote[:4]
+    assert len(rest.changes) == 3, "the rest of one read and the whole next one, in one batch"
+    assert rest.token is not None and rest.token["_data"] == position_key(ClusterTime(1000, 2 * 4)), (
+        "under the last read's token")
     _covers([first, rest])
 
 
