@@ -319,7 +319,6 @@ class SharedStream:
             self._recover(exc)
             return
         self._reopened = 0
-        self._caught_up = len(read.changes) < self._read_events
         self._dispatch(read)
         if not cursor.alive:
             self._release_cursor()
@@ -361,6 +360,7 @@ class SharedStream:
         """Hand each member its events of `read` under the read's token (see the module docstring)."""
         events, ended = self._split(read.changes)
         key = str(read.token["_data"])
+        self._caught_up = len(read.changes) < self._read_events  # the probe's read counts too
         with self._cond:  # one pass over every mailbox: a member sees a read whole or not at all
             for route, member in list(self._members.items()):
                 mine = _after(events.get(route, []), member.skip)
