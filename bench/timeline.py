@@ -26,7 +26,7 @@ from pymongo import monitoring
 from relay.avro.encoding import MessageBuilder
 from relay.kafka.producer import IdempotentPublisher
 from relay.mongo.lease import LeaseStore
-from relay.mongo.stream import Subscription
+from relay.mongo.subscription import Subscription
 
 LOOP_PARTS = {  # what each timed call is, in the report
     "next_batch": "waiting for a read (the read-ahead not back yet) and reading its changes",

@@ -28,6 +28,7 @@ from relay.core.change import Change
 from relay.core.coalescer import Coalescer
 from relay.core.errors import first_of
 from relay.core.loop import Relay
+from relay.core.namespace import Namespace
 from relay.core.partitions import Scope
 from relay.group.balance import LeaseAssignment, balance_for
 from relay.group.runner import Group
@@ -51,7 +52,8 @@ from relay.mongo.privileges import check as check_privileges
 from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
 from relay.mongo.rescan import rescan_changes
-from relay.mongo.stream import SharedStream, Subscription, subscriptions
+from relay.mongo.shared_reader import SharedStream
+from relay.mongo.subscription import Subscription, subscriptions
 from relay.ops.health import Health
 from relay.ops.observe import ProcessObserver, ScopeObserver
 from relay.ops.outbox_checks import OutboxMetrics, OutboxSeries
@@ -134,9 +136,9 @@ def stream_plans(parts: PartConfigs) -> list[StreamPlan]:
     mongo, count = parts.mongo, parts.group.partitions
     if mongo.change_streams == CLUSTER:
         return [StreamPlan(mongo.outboxes, count, None)]
-    databases: dict[str, list[str]] = {}
+    databases: dict[str, list[Namespace]] = {}
     for namespace in mongo.outboxes:
-        databases.setdefault(namespace.partition(".")[0], []).append(namespace)
+        databases.setdefault(namespace.database, []).append(namespace)
     return [StreamPlan(tuple(outboxes), count, database) for database, outboxes in databases.items()]
 
 
@@ -184,7 +186,7 @@ def _relay(
     change source, delivery mode, message builder and assignment."""
     selection = fingerprint(scope, parts.encoding.fields.aggregate_id)
     return Relay(
-        dataclasses.replace(parts.loop, namespace=str(scope)),
+        dataclasses.replace(parts.loop, lease_id=scope.lease_id),
         source=change_source(parts, client, stream, scope),
         mode=delivery_mode(parts, scope.lease_id, selection),
         lease=lease,
@@ -241,10 +243,10 @@ def _preflight(parts: PartConfigs, client: MongoClient[Any]) -> None:
     check_server(mongo.outbox(client, mongo.outboxes[0]), count)
     leases = mongo.leases(client)
     for namespace in mongo.outboxes:
-        prepare(leases, namespace, count)
-    new = added(leases, mongo.outboxes)
+        prepare(leases, str(namespace), count)
+    new = added(leases, [str(n) for n in mongo.outboxes])
     for scope in scopes:  # so a later change of count finds all of them
-        lease_store(parts, client, scope).ensure(rescan=scope.namespace in new)
+        lease_store(parts, client, scope).ensure(rescan=str(scope.namespace) in new)
     check_kafka(kafka)
     if kafka.exactly_once:
         OffsetsTopic(kafka).ensure()
@@ -261,7 +263,7 @@ def housekeeping(
         Watched(
             cleaner_for(client, mongo, namespace, field.occurred_at, parts.cleanup),
             shares_of(namespace, parts.group.partitions, field.aggregate_id),
-            OutboxMetrics(series, health, namespace),
+            OutboxMetrics(series, health, str(namespace)),
         )
         for namespace in mongo.outboxes
     ]

@@ -4,6 +4,7 @@ delete what the stored position covers."""
 from __future__ import annotations
 
 from relay.config import Settings
+from relay.core.namespace import Namespace
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.housekeeping import PositionUnknownError, cleaner_for, shares_of
 from relay.outbox import Outbox
@@ -38,7 +39,7 @@ def prune_outbox(settings: Settings, dry_run: bool = False, outbox: str | None =
     return lines
 
 
-def _prune(settings: Settings, namespace: str, dry_run: bool) -> list[str]:
+def _prune(settings: Settings, namespace: Namespace, dry_run: bool) -> list[str]:
     """One outbox's prune. Refuses, deleting nothing, while any of its partitions' positions is
     unknown (relay.mongo.housekeeping)."""
     parts = settings.parts()

@@ -54,6 +54,7 @@ from relay.config import PartConfigs, Settings
 from relay.core.change import Change
 from relay.core.errors import ConfigError, HistoryLostError, PoisonEventError
 from relay.core.message import HEADER_REPLAY, OutgoingMessage, valid_topic
+from relay.core.namespace import Namespace
 from relay.core.redact import emit
 from relay.kafka.admin import check_kafka
 from relay.kafka.replay_publisher import ReplayPublisher
@@ -147,6 +148,7 @@ class _Replay:
 
     def __init__(self, parts: PartConfigs, client: MongoClient[Any], args: argparse.Namespace, folder: Path) -> None:
         self._parts = parts
+        self._configured = tuple(str(n) for n in parts.mongo.outboxes)  # the outboxes as --outbox names them
         self._client = client
         self._args = args
         self._folder = folder
@@ -166,7 +168,12 @@ class _Replay:
         plans = {ns: plan(request.since, request.until, oplog_ts.as_datetime()) for ns in request.outboxes}
         self._refuse_gaps(request, plans)
         total = sum(
-            count_documents(parts.mongo.outbox(self._client, ns), self._filters(request), request.since, request.until)
+            count_documents(
+                parts.mongo.outbox(self._client, Namespace.parse(ns)),
+                self._filters(request),
+                request.since,
+                request.until,
+            )
             for ns in request.outboxes
         )
         self._start_line(state, request, plans, oplog_ts, total)
@@ -187,17 +194,17 @@ class _Replay:
 
     def _request(self) -> tuple[ReplayState, Request]:
         """A new replay's request and state from the flags, or a resumed one's as saved."""
-        args, parts = self._args, self._parts
+        args = self._args
         if args.resume is not None:
             state = load_state(self._folder, args.resume)
             request = Request.from_saved(state.request)
-            check_outboxes(list(request.outboxes), parts.mongo.outboxes)
+            check_outboxes(list(request.outboxes), self._configured)
             if args.since or args.until or args.outbox:
                 log.warning(
                     "replay %s: --resume uses the saved range and filters; the flags given are ignored", state.id
                 )
         else:
-            outboxes, since, until = check_arguments(args, parts.mongo.outboxes, dt.datetime.now(dt.UTC))
+            outboxes, since, until = check_arguments(args, self._configured, dt.datetime.now(dt.UTC))
             until_time = min(Timestamp(int(until.timestamp()) + 1, 0), cluster_now(self._client))
             request = Request(
                 outboxes, since, until, until_time, tuple(args.aggregate), tuple(args.aggregate_type), args.to_topic
@@ -218,7 +225,11 @@ class _Replay:
         fields = self._parts.encoding.fields
         unfiltered = Filters(fields.aggregate_id, fields.aggregate_type, fields.occurred_at)
         for namespace, parts in plans.items():
-            gone = gap(namespace, parts, oldest_occurred(self._parts.mongo.outbox(self._client, namespace), unfiltered))
+            gone = gap(
+                namespace,
+                parts,
+                oldest_occurred(self._parts.mongo.outbox(self._client, Namespace.parse(namespace)), unfiltered),
+            )
             if gone is None:
                 continue
             if not self._args.allow_gap:
@@ -275,7 +286,9 @@ class _Replay:
         if done.done:
             return True
         folder = self._folder_schemas
-        encoder = MessageBuilder(self._parts.encoding_for(namespace), folder, framing_for(self._parts.registry, folder))
+        encoder = MessageBuilder(
+            self._parts.encoding_for(Namespace.parse(namespace)), folder, framing_for(self._parts.registry, folder)
+        )
         target = _Target(namespace, encoder, self._fencing_token(namespace), state.id.encode(), request.to_topic)
         for part in parts:
             if part.source is Source.COLLECTION and done.collection_done:
@@ -328,7 +341,7 @@ class _Replay:
         """The part's changes in order, after what `done` records as confirmed."""
         filters = self._filters(request)
         if part.source is Source.COLLECTION:
-            outbox = self._parts.mongo.outbox(self._client, namespace)
+            outbox = self._parts.mongo.outbox(self._client, Namespace.parse(namespace))
             return _chunks(
                 collection_changes(outbox, filters, part.start, part.end, done.collection_key()), CHUNK_EVENTS
             )
@@ -395,7 +408,7 @@ class _Replay:
         """The highest fencing token of the outbox's lease documents (read, never written): the
         `relay_fencing_token` the replayed messages carry, so the replay never looks like a fencing
         regression next to the live relay's messages (0 when no relay ever ran)."""
-        ids = [s.lease_id for s in self._parts.scopes() if s.namespace == namespace]
+        ids = [s.lease_id for s in self._parts.scopes() if str(s.namespace) == namespace]
         docs = self._parts.mongo.leases(self._client).find({"_id": {"$in": ids}}, projection={"fencingToken": 1})
         return max((int(d.get("fencingToken", 0)) for d in docs), default=0)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from relay.config import Settings
 from relay.core.errors import LeaseHeldError
+from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, described, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.mongo.connection import check_mongodb, mongo_client
@@ -24,7 +25,7 @@ from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
 
 
-def _stores(settings: Settings, client: Any, namespace: str) -> list[LeaseDocument]:
+def _stores(settings: Settings, client: Any, namespace: Namespace) -> list[LeaseDocument]:
     """Every partition's lease document of the outbox `namespace` (the whole outbox's without partitions)."""
     leases = settings.parts().mongo.leases(client)
     return [LeaseDocument(leases, Scope(namespace, p).lease_id) for p in partitions(settings.partitions)]
@@ -44,7 +45,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
         )
         members = membership.replicas()
     holders: dict[str, list[dict[str, Any]]] = {}
-    outboxes = {n: _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
+    outboxes = {str(n): _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
     interval = settings.checkpoint_interval_ms
     common = {
         "checkpointIntervalMs": interval,
@@ -69,7 +70,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
 
 
 def _outbox_status(
-    namespace: str,
+    namespace: Namespace,
     docs: list[tuple[LeaseDocument, dict[str, Any] | None]],
     count: int,
     holders: dict[str, list[dict[str, Any]]],

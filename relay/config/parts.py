@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from relay.avro.config import EncodingConfig, RegistryConfig
 from relay.core.config import LeaseTiming, LoopConfig
+from relay.core.namespace import Namespace
 from relay.core.partitions import Scope, scopes
 from relay.core.redact import Properties, Secret, Uri
 from relay.group.config import GroupConfig
@@ -39,11 +40,10 @@ class PartConfigs:
         """What this deployment's relay loops publish: every outbox in every partition."""
         return scopes(self.mongo.outboxes, self.group.partitions)
 
-    def encoding_for(self, namespace: str) -> EncodingConfig:
+    def encoding_for(self, namespace: Namespace) -> EncodingConfig:
         """How the events of the outbox `namespace` become messages (its database and collection
         in the CloudEvents source and the topic template)."""
-        database, _, collection = namespace.partition(".")
-        return dataclasses.replace(self.encoding, database=database, collection=collection)
+        return dataclasses.replace(self.encoding, database=namespace.database, collection=namespace.collection)
 
 
 def part_configs(s: Settings) -> PartConfigs:
@@ -59,7 +59,7 @@ def part_configs(s: Settings) -> PartConfigs:
         mongo=MongoConfig(
             uri=Uri(s.mongodb_uri),
             database=s.database,
-            outboxes=s.outbox_namespaces,
+            outboxes=s.namespaces,
             change_streams=s.change_streams,
             lease_collection=s.lease_collection,
             connect_timeout_s=s.connect_timeout_s,
@@ -87,7 +87,8 @@ def part_configs(s: Settings) -> PartConfigs:
 
 def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
     return LoopConfig(
-        namespace=",".join(s.outbox_namespaces),
+        outboxes=",".join(s.outbox_namespaces),
+        lease_id=None,  # each scope's loop gets its own (relay.wiring)
         timing=timing,
         max_in_flight_events=s.batch_max_events,
         batch_max_bytes=s.batch_max_bytes,
@@ -126,10 +127,10 @@ def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
         headers=s.field_headers,
         topic=s.field_topic,
     )
-    database, _, collection = s.outbox_namespaces[0].partition(".")
+    first = s.namespaces[0]
     return EncodingConfig(
-        database=database,
-        collection=collection,
+        database=first.database,
+        collection=first.collection,
         fields=fields,
         topic_template=s.topic_template,
         ce_source=s.ce_source,

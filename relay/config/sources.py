@@ -14,6 +14,7 @@ from typing import Any
 
 from relay.core.errors import ConfigError
 from relay.core.names import ENV_PREFIX, KAFKA_ENV_PREFIX, env_name
+from relay.core.namespace import Namespace, NamespaceError
 from relay.core.redact import credential_values, register_secrets
 
 # RELAY_ variables that are not settings: the file to read settings from, and where the project
@@ -95,19 +96,22 @@ def _read_toml(path: str, types: Mapping[str, type]) -> tuple[dict[str, Any], di
     return values, kafka
 
 
-def parse_outboxes(text: str) -> tuple[str, ...]:
+def parse_outboxes(text: str) -> tuple[Namespace, ...]:
     """RELAY_OUTBOXES as namespaces, in the order given; ConfigError names a malformed or repeated one."""
     names = tuple(n.strip() for n in text.split(",") if n.strip())
+    namespaces = []
     for name in names:
-        database, dot, collection = name.partition(".")
-        if not dot or not database or not collection or any(c in database for c in ' /\\"$.'):
-            raise ConfigError(env_name("outboxes"), f"expected database.collection outboxes, got {name!r}")
-        if "$" in collection or collection.startswith("system."):
+        try:
+            namespace = Namespace.parse(name)
+        except NamespaceError as exc:
+            raise ConfigError(env_name("outboxes"), f"expected database.collection outboxes, got {name!r}") from exc
+        if "$" in namespace.collection or namespace.collection.startswith("system."):
             raise ConfigError(env_name("outboxes"), f"not a collection an outbox can be: {name!r}")
+        namespaces.append(namespace)
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ConfigError(env_name("outboxes"), f"lists {', '.join(repeated)} more than once")
-    return names
+    return tuple(namespaces)
 
 
 def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:

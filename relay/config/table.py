@@ -27,6 +27,7 @@ from relay.config.sources import parse_outboxes, read_sources
 from relay.core.config import EXACTLY_ONCE
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
+from relay.core.namespace import Namespace, NamespaceError
 from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
 from relay.mongo.config import uri_credentials
 from relay.ops.config import check_logging
@@ -211,20 +212,34 @@ class Settings:
         return f"{self.database}.{self.outbox_collection}"
 
     @functools.cached_property
-    def outbox_namespaces(self) -> tuple[str, ...]:
+    def namespaces(self) -> tuple[Namespace, ...]:
         """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one `namespace`."""
-        return parse_outboxes(self.outboxes) or (self.namespace,)
+        listed = parse_outboxes(self.outboxes)
+        if listed:
+            return listed
+        for setting in ("database", "outbox_collection"):
+            if not getattr(self, setting).strip():
+                raise ConfigError(env_name(setting), "must not be empty")
+        try:
+            return (Namespace(self.database, self.outbox_collection),)
+        except NamespaceError as exc:
+            raise ConfigError(env_name("database"), str(exc)) from exc
 
-    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[str, ...]:
+    @functools.cached_property
+    def outbox_namespaces(self) -> tuple[str, ...]:
+        """The texts (`database.collection`) of `namespaces`, as logs, labels and commands show them."""
+        return tuple(str(n) for n in self.namespaces)
+
+    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[Namespace, ...]:
         """The outboxes a command acts on: `given` (`--outbox`, one of them), else all of them
         (`every`), else the only one; ConfigError naming --outbox otherwise."""
         names = self.outbox_namespaces
         if given is not None:
             if given not in names:
                 raise ConfigError("--outbox", f"{given!r} is not one of the outboxes: {', '.join(names)}")
-            return (given,)
+            return (self.namespaces[names.index(given)],)
         if every or len(names) == 1:
-            return names
+            return self.namespaces
         raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
 
     def kafka_client_config(self) -> dict[str, str]:

@@ -22,7 +22,7 @@ from relay.core.window import Delivery
 
 
 class ChangeSource(Protocol):
-    """A scope's change stream (relay.mongo.stream.Subscription, over the process's shared stream)."""
+    """A scope's change stream (relay.mongo.subscription.Subscription, over the process's shared stream)."""
 
     def open(self, start: StartPoint) -> None:
         """Open the stream at `start`; raises HistoryLostError when that point left the oplog."""

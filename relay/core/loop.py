@@ -137,7 +137,7 @@ class Relay(Generic[ObserverT]):
         """Run until `stop()`. Raises the error that made the relay stop, after writing it as the
         stop's one ERROR line (see errors.classify for which errors stop it)."""
         try:
-            log.info("relay watching %s", self.config.namespace)
+            log.info("relay watching %s", self.config.name)
             while not self.stopping:
                 self.turn()
             self._finish()
@@ -171,7 +171,7 @@ class Relay(Generic[ObserverT]):
         grant = self._lease.try_acquire()
         self._assignment.led(grant is not None)
         if grant is None:
-            self._wait_as_standby(f"another replica holds the lease on {self.config.namespace}")
+            self._wait_as_standby(f"another replica holds the lease on {self.config.name}")
             return
         self._checkpoints.begin(grant)  # acquiring renewed the lease
         self.observer.role("leader", grant.fencing_token)
@@ -250,7 +250,7 @@ class Relay(Generic[ObserverT]):
             log.error(
                 "the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
                 "every document in %s (expect duplicates)",
-                self.config.namespace,
+                self.config.name,
             )
             source.rescan()
             return False

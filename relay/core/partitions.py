@@ -37,6 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from relay.core.namespace import Namespace
+
 MAX_PARTITIONS = 64
 
 _SEED = struct.pack("<i", 0)
@@ -69,18 +71,22 @@ def partitions(count: int) -> list[Partition]:
 @dataclass(frozen=True, order=True)
 class Scope:
     """What one relay loop publishes and one lease guards: the events of the outbox `namespace`
-    (`database.collection`) that fall in `partition`."""
+    that fall in `partition`. A `"db.coll"` text given as `namespace` is parsed (Namespace.parse)."""
 
-    namespace: str
+    namespace: Namespace
     partition: Partition = WHOLE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.namespace, Namespace):  # a caller holding the text
+            object.__setattr__(self, "namespace", Namespace.parse(self.namespace))
 
     @property
     def database(self) -> str:
-        return self.namespace.partition(".")[0]
+        return self.namespace.database
 
     @property
     def collection(self) -> str:
-        return self.namespace.partition(".")[2]
+        return self.namespace.collection
 
     @property
     def partitioned(self) -> bool:
@@ -92,24 +98,25 @@ class Scope:
     def lease_id(self) -> str:
         """The lease document's id: the namespace when the outbox is not partitioned."""
         if not self.partitioned:
-            return self.namespace
+            return str(self.namespace)
         return f"{self.namespace}#{self.partition.index}/{self.partition.count}"
 
     @property
     def lease_fields(self) -> dict[str, Any]:
         """The partition's fields of its lease document; none for the unpartitioned document."""
         p = self.partition
-        return {"outbox": self.namespace, "partition": p.index, "partitions": p.count} if self.partitioned else {}
+        return {"outbox": str(self.namespace), "partition": p.index, "partitions": p.count} if self.partitioned else {}
 
     @property
     def labels(self) -> tuple[str, ...]:
         """Its values of `label_names(partition.count)`: the outbox, and the partition when split."""
-        return (self.namespace, str(self.partition.index)) if self.partitioned else (self.namespace,)
+        outbox = str(self.namespace)
+        return (outbox, str(self.partition.index)) if self.partitioned else (outbox,)
 
     @property
     def log_fields(self) -> dict[str, Any]:
         """The fields its loop's log lines carry: the outbox, and the partition when split."""
-        return {"outbox": self.namespace, **({"partition": self.partition.index} if self.partitioned else {})}
+        return {"outbox": str(self.namespace), **({"partition": self.partition.index} if self.partitioned else {})}
 
     def __str__(self) -> str:
         return self.lease_id
@@ -120,12 +127,12 @@ def label_names(count: int) -> list[str]:
     return ["outbox", "partition"] if count > 1 else ["outbox"]
 
 
-def described(namespace: str, count: int) -> str:
+def described(namespace: Namespace | str, count: int) -> str:
     """The outbox as a message names it: `shop.outbox`, or `shop.outbox (4 partitions)`."""
-    return namespace if count == 1 else f"{namespace} ({count} partitions)"
+    return str(namespace) if count == 1 else f"{namespace} ({count} partitions)"
 
 
-def scopes(namespaces: Sequence[str], count: int) -> list[Scope]:
+def scopes(namespaces: Sequence[Namespace], count: int) -> list[Scope]:
     """Every scope of the outboxes `namespaces` split into `count` partitions, outbox by outbox."""
     return [Scope(namespace, p) for namespace in namespaces for p in partitions(count)]
 

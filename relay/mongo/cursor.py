@@ -16,7 +16,7 @@ statement of what it covers, with no driver state in between.
 - A collection's stream aggregates on the collection; a database's on the database (`aggregate:
   1`); the cluster's on `admin` with `allChangesForCluster`.
 
-One thread at a time uses a cursor (relay.mongo.stream's reader).
+One thread at a time uses a cursor (relay.mongo.shared_reader's reader thread).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from pymongo import ASCENDING, MongoClient
 from pymongo.collection import Collection
 
 from relay.core.errors import OperatorActionError
+from relay.core.namespace import Namespace
 from relay.core.partitions import Scope, partitions
 from relay.core.positions import ClusterTime
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
@@ -224,13 +225,13 @@ class Cleaner:
 
 
 def cleaner_for(
-    client: MongoClient[Any], mongo: MongoConfig, namespace: str, occurred_at: str, config: OutboxCleanupConfig
+    client: MongoClient[Any], mongo: MongoConfig, namespace: Namespace, occurred_at: str, config: OutboxCleanupConfig
 ) -> Cleaner:
     """The Cleaner of the outbox `namespace` (its leases in the state database)."""
     return Cleaner(client, mongo.outbox(client, namespace), mongo.leases(client), occurred_at, config)
 
 
-def shares_of(namespace: str, count: int, aggregate_id_field: str) -> list[tuple[str, dict[str, Any] | None]]:
+def shares_of(namespace: Namespace, count: int, aggregate_id_field: str) -> list[tuple[str, dict[str, Any] | None]]:
     """Every partition's lease id and documents (RELAY_PARTITIONS = `count`) of the outbox `namespace`."""
     return [(Scope(namespace, p).lease_id, scan_filter(p, aggregate_id_field)) for p in partitions(count)]
 

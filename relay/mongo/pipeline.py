@@ -6,7 +6,7 @@ stored beside every token of its lease: a token is tied to its selection (resumi
 could skip or repeat events, so a mismatch stops the relay, relay.core.resume.resume). The
 fingerprint of an unpartitioned outbox is what it always was.
 
-A shared stream (`StreamPlan`, relay.mongo.stream) reads the scopes of one database (or of the
+A shared stream (`StreamPlan`, relay.mongo.shared_reader) reads the scopes of one database (or of the
 cluster) with one cursor: a collection's stream when the database holds one outbox, else the
 database's, filtered by collection with the cheap shape (`ns.coll $in`, not `ns $in [{db, coll}]`).
 When it serves several scopes the server computes each insert's route in a field `r` (the scope's
@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope
 
 WATCHED_OPERATIONS = ["insert", "drop", "rename", "dropDatabase", "invalidate"]
@@ -61,9 +62,10 @@ def scan_filter(partition: Partition, aggregate_id_field: str = "aggregateId") -
     return partition_predicate(partition, f"${aggregate_id_field}")
 
 
-def pipeline_fingerprint(namespace: str, stages: list[dict[str, Any]] = PIPELINE) -> str:
-    """A short hash of what the stored token depends on: the namespace and the pipeline."""
-    text = json.dumps({"ns": namespace, "pipeline": stages}, sort_keys=True)
+def pipeline_fingerprint(namespace: Namespace | str, stages: list[dict[str, Any]] = PIPELINE) -> str:
+    """A short hash of what the stored token depends on: the namespace (its `db.coll` text) and the
+    pipeline."""
+    text = json.dumps({"ns": str(namespace), "pipeline": stages}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -73,22 +75,34 @@ def fingerprint(scope: Scope, aggregate_id_field: str) -> str:
 
 
 WHOLE_DATABASE = ["dropDatabase", "invalidate"]  # end every scope of the stream (they carry no collection)
+EVERY_ROUTE = -1  # what a dropDatabase or an invalidate ends: every route of the stream
+
+
+def route_of(outbox_index: int, partitions: int, partition: int) -> int:
+    """The route of the scope (outbox `outbox_index` of the plan, `partition` of `partitions`):
+    outbox index x N + partition. The one statement of the formula; `StreamPlan._route_expression`
+    has the server compute the same, `$add: [$multiply: [outbox, N], partition]`."""
+    return outbox_index * partitions + partition
 
 
 @dataclass(frozen=True)
 class StreamPlan:
-    """One shared change stream: the outboxes it reads (`database.collection`), their partition
-    count, and whether it is a collection's, a database's (`database`), or the cluster's (None)."""
+    """One shared change stream: the outboxes it reads, their partition count, and whether it is a
+    collection's, a database's (`database`), or the cluster's (None). `"db.coll"` texts given as
+    `outboxes` are parsed (Namespace.parse)."""
 
-    outboxes: tuple[str, ...]
+    outboxes: tuple[Namespace, ...]
     partitions: int
     database: str | None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outboxes", tuple(Namespace.of(o) for o in self.outboxes))
 
     @property
     def collection(self) -> str | None:
         """The collection of a collection's stream (one outbox in its database), else None."""
         if self.database is not None and len(self.outboxes) == 1:
-            return self.outboxes[0].partition(".")[2]
+            return self.outboxes[0].collection
         return None
 
     @property
@@ -98,16 +112,30 @@ class StreamPlan:
 
     def route(self, scope: Scope) -> int:
         """The route the server computes for `scope`'s inserts (`r`); 0 when not routed."""
-        return self.outboxes.index(scope.namespace) * self.partitions + scope.partition.index
+        return route_of(self.outboxes.index(scope.namespace), self.partitions, scope.partition.index)
+
+    def routes_of(self, database: str | None, collection: str | None) -> list[int]:
+        """The routes a drop, rename, dropDatabase or invalidate of `database.collection` ends
+        ([EVERY_ROUTE]: all of them; a change with no collection ends its database's outboxes)."""
+        if self.collection is not None:
+            return [EVERY_ROUTE]  # the one outbox of a collection's stream
+        if collection is None and (self.database is not None or database is None):
+            return [EVERY_ROUTE]  # the database's stream ended
+        return [
+            route_of(i, self.partitions, k)
+            for i, o in enumerate(self.outboxes)
+            if o.database == database and collection in (None, o.collection)
+            for k in range(self.partitions)
+        ]
 
     def stages(self, aggregate_id_field: str) -> list[dict[str, Any]]:
         """The pipeline after `$changeStream`."""
         match: dict[str, Any] = {"operationType": {"$in": WATCHED_OPERATIONS}}
         if self.collection is None:
-            colls = sorted({n.partition(".")[2] for n in self.outboxes})
+            colls = sorted({o.collection for o in self.outboxes})
             match = {**match, "$or": [{"ns.coll": {"$in": colls}}, {"operationType": {"$in": WHOLE_DATABASE}}]}
             if self.database is None:
-                match["ns.db"] = {"$in": sorted({n.partition(".")[0] for n in self.outboxes})}
+                match["ns.db"] = {"$in": sorted({o.database for o in self.outboxes})}
         projection: dict[str, Any] = dict(PIPELINE[1]["$project"])
         if self.collection is None:
             projection["ns"] = 1
@@ -116,12 +144,13 @@ class StreamPlan:
         return [{"$match": match}, {"$project": projection}]
 
     def _route_expression(self, path: str) -> dict[str, Any]:
+        """`route_of` computed by the server for each insert."""
         n = self.partitions
         if self.database is None:
             name: Any = {"$concat": ["$ns.db", ".", "$ns.coll"]}
-            outbox: Any = {"$indexOfArray": [list(self.outboxes), name]}
+            outbox: Any = {"$indexOfArray": [[str(o) for o in self.outboxes], name]}
         elif len(self.outboxes) > 1:
-            outbox = {"$indexOfArray": [[o.partition(".")[2] for o in self.outboxes], "$ns.coll"]}
+            outbox = {"$indexOfArray": [[o.collection for o in self.outboxes], "$ns.coll"]}
         else:
             outbox = 0
         if n == 1:

@@ -7,7 +7,7 @@
   and oldest-undelivered reads), `listIndexes` (the TTL headroom check); `remove` only with
   clean-up on (RELAY_OUTBOX_RETENTION). Where one database holds several outboxes of RELAY_OUTBOXES,
   the shared stream is the database's: `find` + `changeStream` on the database (every
-  collection); with RELAY_CHANGE_STREAMS=cluster, on every database (relay.mongo.stream);
+  collection); with RELAY_CHANGE_STREAMS=cluster, on every database (relay.mongo.shared_reader);
 - the lease collection: `find`, `insert`, `update` (leases are taken with upserting
   find-and-modify) and `remove` (a change of RELAY_PARTITIONS, either way, back to 1 included,
   replaces the lease documents at the next start: the relay cannot know beforehand, so every mode
@@ -37,6 +37,7 @@ from typing import Any
 from pymongo import MongoClient
 
 from relay.core.errors import PermissionDeniedError
+from relay.core.namespace import Namespace
 from relay.mongo.config import CLUSTER, PER_DATABASE, MongoConfig, OutboxCleanupConfig
 
 OPLOG = ("local", "oplog.rs")
@@ -65,7 +66,7 @@ class Privilege:
 
 def required(
     database: str,
-    outbox: str | Sequence[str],
+    outbox: str | Sequence[Namespace],
     leases: str,
     *,
     cleanup: bool,
@@ -75,7 +76,7 @@ def required(
     """The privileges the relay needs with these settings (the module docstring says why):
     `database` holds the leases (and a one-collection `outbox`); `outbox` is that collection or
     the `database.collection` outboxes of RELAY_OUTBOXES."""
-    outboxes = [f"{database}.{outbox}"] if isinstance(outbox, str) else list(outbox)
+    outboxes = [Namespace(database, outbox)] if isinstance(outbox, str) else list(outbox)
     lease_actions = ("find", "insert", "update", "remove")
     out = [*_outbox_privileges(outboxes, streams, cleanup)]
     out += [
@@ -95,14 +96,13 @@ def required(
     return out
 
 
-def _outbox_privileges(outboxes: Sequence[str], streams: str, cleanup: bool) -> list[Privilege]:
+def _outbox_privileges(outboxes: Sequence[Namespace], streams: str, cleanup: bool) -> list[Privilege]:
     """Each outbox's own actions, and the change stream's where it reads a database or the cluster."""
     own = ("find", "listIndexes", *(("remove",) if cleanup else ()))
     why = "re-scan, outbox checks" + (", clean-up deletes" if cleanup else "")
     by_db: dict[str, list[str]] = {}
-    for name in outboxes:
-        db, _, coll = name.partition(".")
-        by_db.setdefault(db, []).append(coll)
+    for namespace in outboxes:
+        by_db.setdefault(namespace.database, []).append(namespace.collection)
     out: list[Privilege] = []
     if streams == CLUSTER:
         out.append(

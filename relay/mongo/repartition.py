@@ -38,6 +38,7 @@ from pymongo.read_concern import ReadConcern
 
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
+from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, lease_id_pattern, parse_lease_id, partitions
 from relay.mongo.lease import MAJORITY
 from relay.mongo.pipeline import partition_expression
@@ -136,7 +137,7 @@ def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSe
     fencing = max(int(d.get("fencingToken") or 0) for d in docs)
     for p in partitions(count):
         leases.with_options(write_concern=MAJORITY).update_one(
-            {"_id": Scope(namespace, p).lease_id},
+            {"_id": Scope(Namespace.parse(namespace), p).lease_id},
             _new_lease(namespace, p, count, fencing, seed, previous),
             upsert=True,
             session=session,
@@ -176,7 +177,7 @@ def _new_lease(
 ) -> dict[str, Any]:
     """The upsert of partition `p`'s lease document: free, no checkpoint, fencing token at least
     `fencing`, starting at `seed` when there is one."""
-    fields: dict[str, Any] = {"owner": None, "expiresAt": None, **Scope(namespace, p).lease_fields}
+    fields: dict[str, Any] = {"owner": None, "expiresAt": None, **Scope(Namespace.parse(namespace), p).lease_fields}
     update: dict[str, Any] = {
         "$setOnInsert": fields,
         "$max": {"fencingToken": fencing},

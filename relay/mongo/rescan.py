@@ -2,7 +2,7 @@
 
 When the stored token has fallen off the oplog, the changes between it and the oldest oplog
 entry cannot be read any more. With the rescan policy the change source
-(`relay.mongo.stream.Subscription.rescan`) takes the stream's position "now" first, then serves
+(`relay.mongo.subscription.Subscription.rescan`) takes the stream's position "now" first, then serves
 every outbox document still in the collection, then the stream's opening token, which the loop
 stores once everything before it is acknowledged. Consequences, documented in the README runbook:
 - events published before the loss are published again (duplicates, same event ids);

@@ -191,7 +191,7 @@ class Health(_Degradable):
         per_outbox = Counter(scope.namespace for scope in self.loops)
         for scope, health in sorted(self.loops.items()):
             ok, why = health.readiness()
-            answer = answers.setdefault(scope.namespace, {"ok": True, "role": "standby"})
+            answer = answers.setdefault(str(scope.namespace), {"ok": True, "role": "standby"})
             if health.role == "leader" or answer["role"] == "standby":
                 answer["role"] = health.role
             if answer["ok"] and not ok:

@@ -308,7 +308,7 @@ class LoopMetrics:
         checkpoint_lag: Callable[[], float | None],
         queued: Callable[[], float],
     ) -> None:
-        outbox, self._lease = scope.namespace, scope.labels
+        outbox, self._lease = str(scope.namespace), scope.labels
         self.registry = metrics.registry
         self._outbox = outbox
         self._events, self._bytes = metrics.events, metrics.bytes

@@ -181,7 +181,7 @@ class ScopeObserver:
         self.metrics.error(kind, "stop")
         self.health.stopped(kind)
         self._role = "stopped"
-        write_stop_line(exc, {"outbox": self.scope.namespace})
+        write_stop_line(exc, {"outbox": str(self.scope.namespace)})
 
     # ---- derived values ---------------------------------------------------------------------------
 

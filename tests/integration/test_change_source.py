@@ -1,5 +1,6 @@
 """The shared change stream on a real mongod: its own aggregate and getMore commands (no driver
-state), and the scopes' subscriptions to it (relay.mongo.stream).
+state), the scopes' subscriptions to it (relay.mongo.shared_reader, relay.mongo.subscription),
+and its recovery bound under a `failCommand` failpoint on getMore.
 
 A batch carries a token that covers exactly what it holds: a checkpoint stored after it resumes
 at the first change it did not hold. (The mutation "cut a queued read to the room left but keep
@@ -8,13 +9,16 @@ the read's post-batch token" fails the resume check below.)
 
 from __future__ import annotations
 
+import pytest
+from pymongo.errors import OperationFailure
+
 from relay.config import Settings
 from relay.core.partitions import Scope
 from relay.core.positions import StartPoint, newer
 from relay.mongo.connection import mongo_client
 from relay.outbox import Outbox, OutboxEvent
 from relay.wiring import change_source, shared_streams
-from tests.support.mongodb import change_streams
+from tests.support.mongodb import change_streams, failpoint
 from tests.support.waiting import wait_until
 
 
@@ -152,4 +156,70 @@ def test_two_outboxes_of_one_database_share_one_cursor_each_getting_its_own_even
     finally:
         first.close()
         second.close()
+        streams.close()
+
+
+def _resumable_getmore_failures(env, times: int) -> failpoint:
+    """The next `times` getMores of the relay's connections fail with a resumable error."""
+    return failpoint(env.client, {"times": times}, failCommands=["getMore"], errorCode=6,
+                     errorLabels=["ResumableChangeStreamError"])
+
+
+def _add(env, prefix: str, n: int) -> list[str]:
+    return [str(i) for i in Outbox(env.db[env.settings.outbox_collection]).add_many(
+        OutboxEvent.new("order", f"{prefix}{i}", "Created", {"n": i}) for i in range(n))]
+
+
+def test_recovery_bound_one_resumable_getmore_error_is_resumed_and_reaches_no_loop(env):
+    """relay.mongo.shared_reader's bound on a real mongod: one failed getMore, one reopen, no error."""
+    streams = _streams(env)
+    source = streams.source(env.settings.namespace)
+    try:
+        source.open(StartPoint())
+        assert not source.next_batch(10).changes
+        with _resumable_getmore_failures(env, 1):
+            written = _add(env, "r", 5)
+            got: list[str] = []
+            resumed = False
+            for _ in range(40):
+                batch = source.next_batch(100)
+                got += _ids(batch)
+                resumed = resumed or batch.resumed
+                if len(got) >= 5 and resumed:
+                    break
+        assert got == written, "nothing lost, nothing repeated"
+        assert resumed, "the batch after the reopen says so"
+    finally:
+        source.close()
+        streams.close()
+
+
+def test_recovery_bound_a_second_resumable_getmore_error_reaches_the_loop(env):
+    """Two failed getMores in a row (the read after the one reopen fails too): the error, as the
+    server gave it, reaches the subscription; joining again from the last token loses nothing."""
+    streams = _streams(env)
+    source = streams.source(env.settings.namespace)
+    try:
+        source.open(StartPoint())
+        assert not source.next_batch(10).changes
+        got: list[str] = []
+
+        def take_until_it_raises() -> None:
+            for _ in range(40):
+                got.extend(_ids(source.next_batch(100)))
+
+        with _resumable_getmore_failures(env, 2):
+            written = _add(env, "s", 5)
+            with pytest.raises(OperationFailure) as raised:
+                take_until_it_raises()
+        assert raised.value.has_error_label("ResumableChangeStreamError")
+        assert source.token is not None
+        source.open(StartPoint(resume_after=source.token))  # what the loop's restart does
+        for _ in range(40):
+            got += _ids(source.next_batch(100))
+            if len(got) >= 5:
+                break
+        assert got == written
+    finally:
+        source.close()
         streams.close()

@@ -1,4 +1,4 @@
-"""The shared change stream's rules (relay.mongo.stream), fast: the real SharedStream and its
+"""The shared change stream's rules (relay.mongo.shared_reader, relay.mongo.mailbox), fast: the real SharedStream and its
 reader thread over a fake cursor on an in-memory oplog. (tests/integration/test_outboxes.py runs the
 same against mongod.)
 
@@ -17,12 +17,14 @@ from bson import Timestamp
 
 from relay.core.change import Batch
 from relay.core.errors import HistoryLostError, StreamInvalidatedError
+from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope
 from relay.core.positions import ClusterTime, StartPoint, position_key
 from relay.mongo.codecs import RAW_CHANGE_CODEC
 from relay.mongo.cursor import Read
 from relay.mongo.pipeline import StreamPlan
-from relay.mongo.stream import SharedStream, Subscription
+from relay.mongo.shared_reader import SharedStream
+from relay.mongo.subscription import Subscription
 from tests.changes import insert_change
 
 A, B = "app.a", "app.b"
@@ -47,7 +49,7 @@ class Oplog:
             for _ in range(n):
                 i = len(self.entries)
                 event_id = f"{outbox[-1]}{i}"
-                change = insert_change({"_id": event_id}, _token(i), r=PLAN.outboxes.index(outbox))
+                change = insert_change({"_id": event_id}, _token(i), r=PLAN.outboxes.index(Namespace.parse(outbox)))
                 self.entries.append((change, Timestamp(1000, 2 * i + 1)))
                 ids.append(event_id)
         return ids
@@ -79,8 +81,8 @@ class FakeCursor:
             return {"_data": position_key(ClusterTime(1000, 2 * self.at))}
 
     def read(self, max_events: int, await_ms: int | None = None) -> Read:
-        if self.fail:
-            raise self.fail.pop(0)
+        if self.fail and (error := self.fail.pop(0)) is not None:  # None: this read succeeds
+            raise error
         with self.oplog.lock:
             if self.oplog.entries and self.at < len(self.oplog.entries) and self.oplog.entries[self.at][1] < self.oplog.oldest:
                 from pymongo.errors import OperationFailure
@@ -99,7 +101,7 @@ class FakeCursor:
 
 @pytest.fixture
 def world():
-    oplog, fail = Oplog(), []
+    oplog, fail = Oplog(), []  # fail: what the next reads raise, in turn (None: that read succeeds)
     FakeCursor.opened = []
     stream = SharedStream(PLAN, lambda: FakeCursor(oplog, fail), 10, 0.05, lambda: oplog.oldest)
     yield oplog, fail, stream
@@ -179,21 +181,42 @@ def _read_past(stream: SharedStream, n: int) -> None:
         time.sleep(0.005)
 
 
-def test_reads_queued_while_the_loop_delivered_are_taken_as_one_batch(world):
-    """A steady stream of small reads must not cost the loop a delivery each: what queued meanwhile
-    is one batch (as much as fits), under the last read's token."""
+def test_caught_up_the_reader_stays_one_read_ahead_of_a_loop_that_has_not_taken(world):
+    """At low rates a getMore returns at the first new event: a reader reading on would cost one
+    getMore per event. Caught up, it reads again only once the loop took what it was handed, and
+    that read returns everything written meanwhile, as one batch."""
     oplog, _, stream = world
     a = _subscription(stream, A)
     a.open(StartPoint(at_time=ClusterTime(1000, 0)))
-    wrote: list[str] = []
-    for _ in range(3):  # three reads of three events each
-        wrote += oplog.insert(A, 3)
-        _read_past(stream, len(oplog.entries))
-    first = a.next_batch(5)
-    assert [c.event_id for c in first.changes] == wrote[:3], "the next read does not fit in 5: not joined"
+    first = oplog.insert(A, 1)
+    _read_past(stream, len(oplog.entries))  # a holds one event it has not taken
+    later: list[str] = []
+    for _ in range(3):  # three writes while the loop delivers
+        later += oplog.insert(A, 1)
+        time.sleep(0.02)
+    assert stream._position is not None
+    assert stream._position["_data"] < _token(1)["_data"], "no read while a's event is not taken"
+    assert [c.event_id for c in a.next_batch(100).changes] == first
+    got, batches = _drain(a, 3)
+    assert got == later
+    assert [len(b.changes) for b in batches if b.changes] == [3], "one read returned the three"
+
+
+def test_reads_queued_in_a_catch_up_are_taken_as_one_batch(small_reads):
+    """Behind the oplog's end the reader reads ahead (full reads, up to one read's worth not taken
+    per member); what queued meanwhile is one batch (as much as fits), under the last read's token."""
+    oplog, stream = small_reads
+    wrote = oplog.insert(A, 8)
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    _read_past(stream, 2)  # one full read: a holds two, the reader stops
+    first = a.next_batch(1)  # a takes one: it holds one, the reader reads two more
+    _read_past(stream, 4)
     rest = a.next_batch(100)
-    assert [c.event_id for c in rest.changes] == wrote[3:], "the two reads left, in one batch"
-    assert rest.token == stream._position, "under the last read's token"
+    assert [c.event_id for c in first.changes + rest.changes] == wrote[:4]
+    assert len(rest.changes) == 3, "the rest of one read and the whole next one, in one batch"
+    assert rest.token is not None and rest.token["_data"] == position_key(ClusterTime(1000, 2 * 4)), (
+        "under the last read's token")
     _covers([first, rest])
 
 
@@ -323,6 +346,78 @@ def test_a_resumable_error_reopens_where_it_was_and_says_so_without_repeating(wo
     got2, batches = _drain(a, 3)
     assert got == first and got2 == second
     assert any(bt.resumed for bt in batches) or len(FakeCursor.opened) == 2
+
+
+def _resumable(n: int) -> list[BaseException | None]:
+    from pymongo.errors import OperationFailure
+
+    return [OperationFailure("injected", 6, {"errorLabels": ["ResumableChangeStreamError"]}) for _ in range(n)]
+
+
+def test_recovery_bound_one_resumable_error_is_one_reopen_and_reaches_no_loop(world):
+    """The bound (relay.mongo.shared_reader): a failed read reopens the cursor once, at once."""
+    oplog, fail, stream = world
+    a, b = _subscription(stream, A), _subscription(stream, B)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    b.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    opened = len(FakeCursor.opened)
+    fail += _resumable(1)
+    wrote_a, wrote_b = oplog.insert(A, 3), oplog.insert(B, 2)
+    got_a, batches = _drain(a, 3)
+    got_b, _ = _drain(b, 2)
+    assert (got_a, got_b) == (wrote_a, wrote_b), "nothing lost, nothing repeated"
+    assert any(bt.resumed for bt in batches), "the member is told of the resume"
+    assert len(FakeCursor.opened) == opened + 1, "one reopen"
+
+
+def test_recovery_bound_a_second_resumable_error_before_a_read_succeeds_reaches_every_loop(world):
+    from pymongo.errors import OperationFailure
+
+    oplog, fail, stream = world
+    a, b = _subscription(stream, A), _subscription(stream, B)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    b.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    opened = len(FakeCursor.opened)
+    fail += _resumable(2)
+    for sub in (a, b):
+        with pytest.raises(OperationFailure, match="injected") as raised:
+            _until_raises(sub)
+        assert raised.value.has_error_label("ResumableChangeStreamError"), "the error as the server gave it"
+    assert len(FakeCursor.opened) == opened + 1, "exactly one reopen before the error reached the loops"
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))  # the loop's restart: it joins again
+    wrote = oplog.insert(A, 2)
+    got, _ = _drain(a, 2)
+    assert got == wrote
+
+
+def test_recovery_bound_counts_per_failed_read_a_read_that_succeeds_starts_it_over(world):
+    oplog, fail, stream = world
+    a = _subscription(stream, A)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    opened = len(FakeCursor.opened)
+    fail += [*_resumable(1), None, *_resumable(1), None, *_resumable(1)]
+    wrote = oplog.insert(A, 4)
+    got: list[str] = []
+    deadline = time.monotonic() + 10
+    while fail or len(got) < 4 or len(FakeCursor.opened) < opened + 3:  # until it met every error
+        assert time.monotonic() < deadline, "the reader did not read on"
+        got += [c.event_id for c in a.next_batch(100).changes]
+    assert got == wrote, "three errors, each after a read that succeeded: each resumed, none reached the loop"
+    assert len(FakeCursor.opened) == opened + 3
+
+
+def test_a_member_that_left_holding_a_full_queue_holds_no_other_member_back(world):
+    """A loop leaves by closing its mailbox; the reader drops it and reads on for the others."""
+    oplog, _, stream = world
+    a, b = _subscription(stream, A), _subscription(stream, B)
+    a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    b.open(StartPoint(at_time=ClusterTime(1000, 0)))
+    oplog.insert(A, 40)  # a takes none: the reader stops once a's queue is full
+    _read_past(stream, 10)
+    a.close()
+    wrote_b = oplog.insert(B, 30)
+    got_b, _ = _drain(b, 30)
+    assert got_b == wrote_b
 
 
 def test_another_error_is_handed_to_every_member(world):
