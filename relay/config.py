@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
 import os
 import socket
 import tomllib
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -415,7 +416,7 @@ class Settings:
             elif name.startswith(("dev_", "test_", "bench_")):
                 continue  # read by the dev stack, the tests and the benchmarks, not the relay
             else:
-                raise ConfigError(key, f"unknown setting; known: {', '.join(sorted(env_name(n) for n in names))}")
+                raise ConfigError(key, _unknown(name, names, env_name))
         for name, raw in (flags or {}).items():
             if raw is not None:
                 values[name] = (raw, flag_name(name))
@@ -535,9 +536,17 @@ def _read_toml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(f"{path}: {key}", "unknown setting")
+            raise ConfigError(f"{path}: {key}", _unknown(str(key), names, str))
         values[key] = (value, f"{path}: {key}")
     return values, kafka
+
+
+def _unknown(name: str, names: set[str], spell: Callable[[str], str]) -> str:
+    """The one-line refusal of an unknown setting: the closest known name (difflib), if any,
+    spelled as the source spells it (`RELAY_OUTBOXES` in the environment, `outboxes` in TOML);
+    never the whole list of known names."""
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    return f"unknown setting; did you mean {spell(close[0])}?" if close else "unknown setting"
 
 
 def parse_pairs(items: Sequence[str], flag: str) -> dict[str, str]:
