@@ -41,7 +41,7 @@ from bson import Timestamp
 from pymongo.errors import PyMongoError
 
 from relay.core.change import Batch, Change
-from relay.core.errors import HistoryLostError, StreamInvalidatedError, TransientError
+from relay.core.errors import HistoryLostError, ServerRefusedError, StreamInvalidatedError, TransientError
 from relay.core.partitions import Scope
 from relay.core.positions import ClusterTime, StartPoint, Token, newer, position_key, token_cluster_time
 from relay.mongo.codecs import read_changes
@@ -297,7 +297,7 @@ class SharedStream:
         try:
             opening = cursor.open(at)
             probe = cursor.read(self._read_events, PROBE_AWAIT_MS)
-        except (PyMongoError, HistoryLostError, TransientError, StreamInvalidatedError) as exc:
+        except (PyMongoError, HistoryLostError, TransientError, StreamInvalidatedError, ServerRefusedError) as exc:
             cursor.close()
             error = translate(exc) if isinstance(exc, PyMongoError) else exc
             for j in placed:
@@ -345,7 +345,7 @@ class SharedStream:
         try:
             self._position = cursor.open(at)
             self._server_cursor = cursor
-        except (PyMongoError, HistoryLostError, TransientError, StreamInvalidatedError) as exc:
+        except (PyMongoError, HistoryLostError, TransientError, StreamInvalidatedError, ServerRefusedError) as exc:
             cursor.close()
             self._fail_members(translate(exc) if isinstance(exc, PyMongoError) else exc)
 

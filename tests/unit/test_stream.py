@@ -328,14 +328,17 @@ def test_a_resumable_error_reopens_where_it_was_and_says_so_without_repeating(wo
 def test_another_error_is_handed_to_every_member(world):
     from pymongo.errors import OperationFailure
 
+    from relay.core.errors import ServerRefusedError
+
     oplog, fail, stream = world
     a, b = _subscription(stream, A), _subscription(stream, B)
     a.open(StartPoint(at_time=ClusterTime(1000, 0)))
     b.open(StartPoint(at_time=ClusterTime(1000, 0)))
     fail.append(OperationFailure("boom", 2))
     for sub in (a, b):
-        with pytest.raises(OperationFailure):
+        with pytest.raises(ServerRefusedError, match=r"BadValue \(2\): boom") as refused:
             _until_raises(sub)
+        assert isinstance(refused.value.__cause__, OperationFailure)
 
 
 def test_a_start_older_than_the_oplog_is_history_lost_for_that_member_only(world):
