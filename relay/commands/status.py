@@ -4,7 +4,9 @@
 expiry, checkpoint and its lag; one, the whole outbox's, without RELAY_PARTITIONS, also shown at
 the top as it always was) and every replica of the group with what it leads: partition indexes
 when one outbox is shown, lease ids when several are. With several outboxes and no `--outbox` they
-are listed under `outboxes`. `checkpoint reset` resets one
+are listed under `outboxes`. `sharedTopics` lists the outboxes the topic template routes to the
+same topics (an aggregate type two of them use lands on one topic: relay.avro.shared_topics).
+`checkpoint reset` resets one
 outbox's leases (every partition's), named with `--outbox` when there are several.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from relay.avro.shared_topics import shared_topics
 from relay.config import Settings
 from relay.core.errors import LeaseHeldError
 from relay.core.partitions import Partition, Scope, partitions
@@ -44,6 +47,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
     holders: dict[str, list[dict[str, Any]]] = {}
     outboxes = {n: _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
     common = {
+        "sharedTopics": [s.as_status() for s in shared_topics(settings.topic_template, settings.outbox_namespaces)],
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
         "replicas": [_replica(r, holders, group.timing.lease_ttl_s, len(outboxes) == 1) for r in members],

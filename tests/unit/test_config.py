@@ -153,3 +153,16 @@ def test_documented_variables_that_are_not_settings_are_accepted(tmp_path):
                            "RELAY_TEST_DOCKER": "1", "RELAY_TEST_MONGODB_URI": "mongodb://x",
                            "RELAY_TEST_KAFKA_BOOTSTRAP": "x:9092"})
     assert s.database == "from_file"
+
+
+def test_outboxes_the_template_routes_to_one_topic_are_found_from_the_settings_alone():
+    from relay.avro.shared_topics import shared_topics
+
+    default = "outbox.event.{aggregateType}"
+    (shared,) = shared_topics(default, ["shop.outbox", "billing.outbox"])
+    assert shared.outboxes == ("shop.outbox", "billing.outbox") and shared.missing == "{database}"
+    assert "shop.outbox and billing.outbox" in shared.warning() and "{database}" in shared.warning()
+    assert shared_topics("outbox.{database}.{aggregateType}", ["shop.outbox", "billing.outbox"]) == []
+    (same_db,) = shared_topics("outbox.{database}.{aggregateType}", ["shop.a", "shop.b", "billing.a"])
+    assert same_db.outboxes == ("shop.a", "shop.b") and same_db.missing == "{collection}"
+    assert shared_topics(default, ["shop.outbox"]) == []
