@@ -71,6 +71,7 @@ dev-down: setup
 
 docs: $(STAMP)
 	$(PY) tools/readme_table.py
+	$(PY) tools/readme_snippets.py
 
 # What services install (README, "Installing in a service"): the sdist and one wheel for CPython
 # 3.11+ on x86_64 Linux with relay._native inside, tagged manylinux2014 (glibc 2.17), in dist/.

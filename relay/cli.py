@@ -3,7 +3,9 @@
 Exit codes: 0 done, 1 unexpected failure, 2 bad configuration or usage, 3 a server cannot
 be reached, 4 data an operator must look at: the relay stopped on it (poison event, history
 lost, invalidated stream, changed pipeline), `schemas check` found a breaking schema change, or
-`pipeline audit` found a missing event or an order violation.
+`pipeline audit` found a missing event or an order violation, 5 a server refused a request with
+an error the relay does not expect (ServerRefusedError). `--version` prints the package's version
+(the newest entry of CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relay import __version__
 from relay import config as cfg
 from relay.core.errors import EXIT_CONFIG, EXIT_FATAL
 from relay.core.redact import emit
@@ -35,6 +38,7 @@ DESCRIPTION = (
 def _parser() -> argparse.ArgumentParser:
     settings = cfg.settings_parser()
     p = argparse.ArgumentParser(prog="outbox-relay", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"outbox-relay {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
     _add_outbox_choice(
