@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# Both create the virtual environment, install the package with its extras, resolve the Kafka
-# broker's jars with Maven and fetch mongod 6.0.27 (with Debian 11's OpenSSL 1.1) and 6.0.5 (the
+# Both create the virtual environment, install the package with its extras, fetch the Kafka
+# broker's jars from Maven Central (pinned files, no Maven), resolve the Spark connector jars
+# with Maven, and fetch mongod 6.0.27 (with Debian 11's OpenSSL 1.1) and 6.0.5 (the
 # oldest supported, for a smoke test) into ~/.cache/outbox-relay (once; later runs reuse them).
 
 # cargo builds the compiled hot path (native/, relay._native); rustup installs it in ~/.cargo/bin.
