@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from relay.core.redact import scrub
 from relay.ops.config import LOG_FORMATS
-from relay.ops.server_errors import error_text
+from relay.ops.server_errors import logged_value
 
 __all__ = [
     "LOG_FORMATS",
@@ -71,9 +71,9 @@ _FULL_ERROR = ", full error: "  # pymongo's OperationFailure text: "<errmsg>, fu
 
 def _without_reply(value: Any) -> Any:
     """A log argument or field as a line may show it: a driver's exception as the relay error it
-    amounts to, a text without pymongo's raw reply tail; anything else as it is."""
-    if isinstance(value, BaseException):
-        value = error_text(value)
+    amounts to, a librdkafka error by name, a text without pymongo's raw reply tail; anything else
+    as it is."""
+    value = logged_value(value)
     if isinstance(value, str) and _FULL_ERROR in value:
         return value.partition(_FULL_ERROR)[0]
     return value

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from pymongo.errors import PyMongoError
 
 from relay.kafka import errors as kafka_errors
@@ -43,3 +43,13 @@ def as_relay_error(exc: BaseException) -> BaseException:
 def error_text(exc: BaseException) -> str:
     """One line for any exception: a driver's as the relay error it amounts to, else `str`."""
     return str(as_relay_error(exc))
+
+
+def logged_value(value: object) -> object:
+    """A log call's argument as a line shows it: an exception by `error_text`, a librdkafka
+    `KafkaError` (handed over by a callback, not raised) as `NAME (code): message`; else as is."""
+    if isinstance(value, BaseException):
+        return error_text(value)
+    if isinstance(value, KafkaError):
+        return kafka_errors.describe(value)
+    return value

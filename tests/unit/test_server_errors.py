@@ -79,6 +79,14 @@ def test_any_log_line_shows_a_driver_error_by_name_and_no_raw_reply():
     assert "RawBSONDocument" not in logs.text and "\\\\x" not in logs.text
 
 
+def test_a_librdkafka_error_handed_to_a_log_line_is_named_not_dumped():
+    with captured_logs() as logs:
+        logging.getLogger("relay.test").warning("consumer error: %s", KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+    (line,) = logs.lines()
+    assert line["message"].startswith("consumer error: UNKNOWN_TOPIC_OR_PART (3): ")
+    assert "KafkaError{" not in logs.text
+
+
 def test_a_command_ending_on_a_server_error_exits_5_with_one_line(capsys):
     def command() -> int:
         raise _bad_value()
