@@ -78,8 +78,11 @@ docs: $(STAMP)
 # 3.11+ on x86_64 Linux with relay._native inside, tagged manylinux2014 (glibc 2.17), in dist/.
 # Needs cargo and Python 3.11+ only: tools/build_wheel.py installs its own tools (build-constraints.txt:
 # cargo-zigbuild, zig, auditwheel) into the cache folder, once. The Dockerfile runs the same script.
-dist:
+# Then the aarch64 wheel, with Debian's rustc and its aarch64 standard library (relay.dev.aarch64,
+# fetched pinned into the cache; tested under qemu-user by tests/integration/test_aarch64_wheel.py).
+dist: $(STAMP)
 	$(PYTHON) tools/build_wheel.py --out dist
+	$(PY) -m relay.dev.aarch64 build --out dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

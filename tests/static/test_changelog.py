@@ -42,14 +42,20 @@ def test_the_changelog_is_in_keep_a_changelog_form():
 
 
 def test_the_readme_names_the_built_files_by_a_glob_their_names_match():
-    """`pip install dist/outbox_relay-*.whl` works in a shell after `make dist` (tools/build_wheel.py
-    leaves that build's files only in dist/): the glob matches the name built from pyproject's
-    version and the tags the build gives, in either order auditwheel writes them."""
+    """`pip install dist/outbox_relay-*_$(uname -m).whl` works in a shell after `make dist`
+    (tools/build_wheel.py leaves one build's wheel per machine in dist/): on each machine the glob
+    matches the name built from pyproject's version and the tags the build gives for it, in either
+    order auditwheel writes them, and not the other machine's."""
     installs = re.findall(r"pip install ([^\s`]*outbox_relay[^\s`]*)", README)
-    assert set(installs) == {"dist/outbox_relay-*.whl", "dist/outbox_relay-*.tar.gz"}, installs
-    tags = ("manylinux2014_x86_64", build_wheel.POLICY)
-    for platforms in (".".join(tags), ".".join(reversed(tags))):
-        assert fnmatch.fnmatch(f"dist/outbox_relay-{VERSION}-cp311-abi3-{platforms}.whl", "dist/outbox_relay-*.whl")
+    assert set(installs) == {"dist/outbox_relay-*_$(uname", "dist/outbox_relay-*.tar.gz"}, installs
+    assert "pip install dist/outbox_relay-*_$(uname -m).whl" in README
+    for machine, (_target, policy) in build_wheel.ARCHES.items():
+        pattern = f"dist/outbox_relay-*_{machine}.whl"  # what the shell makes of the README's glob
+        tags = (f"manylinux2014_{machine}", policy)
+        for platforms in (".".join(tags), ".".join(reversed(tags))):
+            assert fnmatch.fnmatch(f"dist/outbox_relay-{VERSION}-cp311-abi3-{platforms}.whl", pattern)
+        other = next(m for m in build_wheel.ARCHES if m != machine)
+        assert not fnmatch.fnmatch(f"dist/outbox_relay-{VERSION}-cp311-abi3-manylinux2014_{other}.whl", pattern)
     assert fnmatch.fnmatch(f"dist/outbox_relay-{VERSION}.tar.gz", "dist/outbox_relay-*.tar.gz")
     assert not re.search(r"outbox_relay-\d", README), "no version written into a file name"
 
