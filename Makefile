@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# Both create the virtual environment, install the package with its extras, resolve the Kafka
-# broker's jars with Maven and fetch mongod 6.0.27 (with Debian 11's OpenSSL 1.1) and 6.0.5 (the
+# Both create the virtual environment, install the package with its extras, fetch the Kafka
+# broker's jars from Maven Central (pinned files, no Maven), resolve the Spark connector jars
+# with Maven, and fetch mongod 6.0.27 (with Debian 11's OpenSSL 1.1) and 6.0.5 (the
 # oldest supported, for a smoke test) into ~/.cache/outbox-relay (once; later runs reuse them).
 
 # cargo builds the compiled hot path (native/, relay._native); rustup installs it in ~/.cargo/bin.
@@ -77,13 +78,17 @@ dev-down: setup
 
 docs: $(STAMP)
 	$(PY) tools/readme_table.py
+	$(PY) tools/readme_snippets.py
 
 # What services install (README, "Installing in a service"): the sdist and one wheel for CPython
 # 3.11+ on x86_64 Linux with relay._native inside, tagged manylinux2014 (glibc 2.17), in dist/.
 # Needs cargo and Python 3.11+ only: tools/build_wheel.py installs its own tools (build-constraints.txt:
 # cargo-zigbuild, zig, auditwheel) into the cache folder, once. The Dockerfile runs the same script.
-dist:
+# Then the aarch64 wheel, with Debian's rustc and its aarch64 standard library (relay.dev.aarch64,
+# fetched pinned into the cache; tested under qemu-user by tests/integration/test_aarch64_wheel.py).
+dist: $(STAMP)
 	$(PYTHON) tools/build_wheel.py --out dist
+	$(PY) -m relay.dev.aarch64 build --out dist
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -4,7 +4,9 @@ Exit codes: 0 done, 1 unexpected failure, 2 bad configuration or usage, 3 a serv
 be reached, 4 data an operator must look at: the relay stopped on it (poison event, history
 lost, invalidated stream, changed pipeline), `schemas check` found a breaking schema change,
 `pipeline audit` found a missing event or an order violation, or `replay` found part of its range
-removed by clean-up; 130 interrupted (`replay` saves its progress first).
+removed by clean-up; 5 a server refused a request with an error the relay does not expect
+(ServerRefusedError); 130 interrupted (`replay` saves its progress first). `--version` prints the
+package's version (the newest entry of CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relay import __version__
 from relay import config as cfg
 from relay.commands.replay_plan import REPLAY_HELP
 from relay.commands.replay_plan import add_arguments as add_replay
@@ -38,6 +41,7 @@ DESCRIPTION = (
 def _parser() -> argparse.ArgumentParser:
     settings = cfg.settings_parser()
     p = argparse.ArgumentParser(prog="outbox-relay", description=DESCRIPTION)
+    p.add_argument("--version", action="version", version=f"outbox-relay {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
     _add_outbox_choice(
@@ -240,8 +244,11 @@ def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
 
 
 def _run(settings: cfg.Settings) -> int:
+    from relay.avro.shared_topics import shared_topics
     from relay.wiring import build
 
+    for shared in shared_topics(settings.topic_template, settings.outbox_namespaces):
+        log.warning(shared.warning(), extra={"outboxes": list(shared.outboxes), "missing": shared.missing})
     group = build(settings)  # the process: one relay loop per lease it may lead
     server = group.observer.serve()
 

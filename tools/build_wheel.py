@@ -42,6 +42,10 @@ CONSTRAINTS = ROOT / "build-constraints.txt"
 # every Debian and Ubuntu in support). The `.2.17` suffix is cargo-zigbuild's: the glibc to link against.
 TARGET = "x86_64-unknown-linux-gnu.2.17"
 POLICY = "manylinux_2_17_x86_64"
+# --arch: the cargo target and the newest manylinux tag allowed, per machine. aarch64 needs a
+# rustc whose sysroot has aarch64's standard library, as RUSTC (rustup cannot fetch it here:
+# relay.dev.aarch64 gives Debian's, and runs this with it).
+ARCHES = {"x86_64": (TARGET, POLICY), "aarch64": ("aarch64-unknown-linux-gnu.2.17", "manylinux_2_17_aarch64")}
 _TAG = re.compile(r"manylinux_(\d+)_(\d+)_")
 
 
@@ -85,8 +89,12 @@ def _oldest_glibc(tag: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def build(out: Path, sdist: bool = True) -> list[Path]:
-    """Build the sdist (unless told not to) and the wheel into `out`; returns their paths."""
+def build(out: Path, sdist: bool = True, arch: str = "x86_64") -> list[Path]:
+    """Build the sdist (unless told not to) and the `arch` wheel into `out`; returns their paths.
+    Files of an earlier build in `out` are replaced: the sdist, and this machine's wheels."""
+    target, policy = ARCHES[arch]
+    if arch != "x86_64" and "RUSTC" not in os.environ:
+        raise SystemExit(f"build_wheel: --arch {arch} needs RUSTC, a rustc with {arch}'s standard library")
     tools = tools_venv()
     cargo = _cargo()
     python = tools / "bin" / "python"
@@ -95,8 +103,9 @@ def build(out: Path, sdist: bool = True) -> list[Path]:
         # zig comes from the tools' ziglang (cargo-zigbuild runs `python3 -m ziglang`).
         "PATH": os.pathsep.join([str(tools / "bin"), str(Path(cargo).parent), os.environ.get("PATH", "")]),
         "CARGO": str(tools / "bin" / "cargo-zigbuild"),
-        "CARGO_BUILD_TARGET": TARGET,
-        "CARGO_TARGET_DIR": str(_cache() / "cargo-target"),
+        "CARGO_BUILD_TARGET": target,
+        # One build folder per machine: the two use different compilers (rustup's, Debian's).
+        "CARGO_TARGET_DIR": str(_cache() / ("cargo-target" if arch == "x86_64" else f"cargo-target-{arch}")),
     }
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="relay-dist-") as tmp:
@@ -108,12 +117,16 @@ def build(out: Path, sdist: bool = True) -> list[Path]:
         [raw] = (work / "raw").glob("*.whl")
         if not any(name.startswith("relay/_native.abi3.") for name in zipfile.ZipFile(raw).namelist()):
             raise SystemExit(f"build_wheel: {raw.name} has no relay/_native.abi3.so: the Rust build failed")
-        _run([tools / "bin" / "auditwheel", "repair", "--wheel-dir", work / "repaired", raw], env=env)
+        if arch != "x86_64":  # setuptools-rust tags the wheel with the building machine's platform
+            _run([tools / "bin" / "wheel", "tags", "--remove", "--platform-tag", f"linux_{arch}", raw], env=env)
+            [raw] = (work / "raw").glob("*.whl")
+        _run([tools / "bin" / "auditwheel", "repair", "--plat", "auto", "--wheel-dir", work / "repaired", raw], env=env)
         [wheel] = (work / "repaired").glob("*.whl")
-        if _oldest_glibc(wheel.name) > _oldest_glibc(POLICY):
-            raise SystemExit(f"build_wheel: {wheel.name} needs a newer glibc than {POLICY}")
-        for old in [*out.glob("outbox_relay-*.whl"), *out.glob("outbox_relay-*.tar.gz")]:
-            old.unlink()  # out/ holds this build's files only
+        if not wheel.name.endswith(f"_{arch}.whl") or _oldest_glibc(wheel.name) > _oldest_glibc(policy):
+            raise SystemExit(f"build_wheel: {wheel.name} is not for {arch}, or needs a newer glibc than {policy}")
+        stale = [*out.glob(f"outbox_relay-*_{arch}.whl"), *(out.glob("outbox_relay-*.tar.gz") if sdist else [])]
+        for old in stale:
+            old.unlink()  # out/ holds one build's files per machine
         return [Path(shutil.copy2(path, out / path.name)) for path in ([wheel, tarball] if sdist else [wheel])]
 
 
@@ -121,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "dist", help="where the wheel and sdist go (default: dist/)")
     parser.add_argument("--no-sdist", action="store_true", help="leave the sdist out (it is built all the same)")
+    parser.add_argument("--arch", choices=sorted(ARCHES), default="x86_64", help="the wheel's machine (default x86_64)")
     args = parser.parse_args(argv)
     start = time.monotonic()
-    for path in build(args.out, sdist=not args.no_sdist):
+    for path in build(args.out, sdist=not args.no_sdist, arch=args.arch):
         print(f"{path}  ({path.stat().st_size / 1e6:.1f} MB)")
     print(f"built in {time.monotonic() - start:.0f} s", file=sys.stderr)
     return 0

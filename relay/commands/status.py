@@ -6,7 +6,9 @@ the top as it always was) and every replica of the group with what it leads: par
 when one outbox is shown, lease ids when several are. With several outboxes and no `--outbox` they
 are listed under `outboxes`. `checkpointIntervalMs` is RELAY_CHECKPOINT_INTERVAL_MS: positions are
 stored at most that often, so after a crash the events of about that long (plus what was in flight)
-are published again (`duplicateWindow`). `checkpoint reset` resets one
+are published again (`duplicateWindow`). `sharedTopics` lists the outboxes the topic template routes
+to the same topics (an aggregate type two of them use lands on one topic: relay.avro.shared_topics).
+`checkpoint reset` resets one
 outbox's leases (every partition's), named with `--outbox` when there are several.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from relay.avro.shared_topics import shared_topics
 from relay.config import Settings
 from relay.core.errors import LeaseHeldError
 from relay.core.namespace import Namespace
@@ -54,6 +57,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
             if interval
             else "after a crash, the events in flight are published again (positions stored after every batch)"
         ),
+        "sharedTopics": [s.as_status() for s in shared_topics(settings.topic_template, settings.outbox_namespaces)],
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
         "replicas": [_replica(r, holders, group.timing.lease_ttl_s, len(outboxes) == 1) for r in members],

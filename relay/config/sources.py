@@ -8,8 +8,9 @@ defaults < TOML file < environment < flags.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from relay.core.errors import ConfigError
@@ -54,7 +55,7 @@ def read_sources(
         elif name.startswith(("dev_", "test_", "bench_")):
             continue  # read by the dev stack, the tests and the benchmarks, not the relay
         else:
-            raise ConfigError(key, f"unknown setting; known: {', '.join(sorted(env_name(n) for n in types))}")
+            raise ConfigError(key, _unknown(name, types, env_name))
     for name, raw in flags.items():
         if raw is not None:
             values[name] = (raw, flag_name(name))
@@ -91,9 +92,17 @@ def _read_toml(path: str, types: Mapping[str, type]) -> tuple[dict[str, Any], di
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key not in types:
-            raise ConfigError(f"{path}: {key}", "unknown setting")
+            raise ConfigError(f"{path}: {key}", _unknown(str(key), types, str))
         values[key] = (value, f"{path}: {key}")
     return values, kafka
+
+
+def _unknown(name: str, names: Iterable[str], spell: Callable[[str], str]) -> str:
+    """The one-line refusal of an unknown setting: the closest known name (difflib), if any,
+    spelled as the source spells it (`RELAY_OUTBOXES` in the environment, `outboxes` in TOML);
+    never the whole list of known names."""
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    return f"unknown setting; did you mean {spell(close[0])}?" if close else "unknown setting"
 
 
 def parse_outboxes(text: str) -> tuple[Namespace, ...]:

@@ -20,6 +20,7 @@ EXIT_FATAL = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
 EXIT_DATA = 4
+EXIT_SERVER = 5
 
 
 class Action(enum.Enum):
@@ -148,6 +149,15 @@ class ServerError(TransientError):
     (a lost connection, an election, a timeout); the driver's error is its cause."""
 
 
+class ServerRefusedError(RelayError):
+    """Raised when MongoDB or Kafka refused a request with an error the relay does not expect
+    (neither transient nor with a meaning of its own, e.g. BadValue): names the server's code
+    name, code and message and what the relay was doing; the relay stops (exit 5)."""
+
+    action = Action.STOP
+    exit_code = EXIT_SERVER
+
+
 class DeliveryError(TransientError):
     """Raised when Kafka reported a failed delivery for an event of the current batch."""
 
@@ -176,8 +186,8 @@ class ReopenableStreamError(RelayError):
 
     action = Action.REOPEN
 
-    def __init__(self, code: int, name: str, message: str) -> None:
-        super().__init__(f"change stream error {code} ({name}): {message}")
+    def __init__(self, code: int, name: str, message: str, doing: str = "the change stream") -> None:
+        super().__init__(f"{doing}: {name} ({code}): {message}")
         self.code = code
 
 

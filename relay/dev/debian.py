@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
-
-from relay.dev.digests import verify
+from relay.dev.digests import fetch, verify
 from relay.dev.processes import DevStackError
 
 MIRRORS = ("https://deb.debian.org/debian", "https://archive.debian.org/debian")
-_ATTEMPTS = 3  # per mirror, on network errors and 5xx answers only (a 404 goes to the next mirror)
-_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -56,23 +50,6 @@ LIBSSL11 = DebianPackage(
 )
 
 
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, urllib.error.HTTPError):
-        return exc.code >= 500
-    return isinstance(exc, OSError)  # URLError, connection resets, timeouts
-
-
-def _get(url: str, target: Path) -> None:
-    for attempt in Retrying(
-        retry=retry_if_exception(_transient),
-        stop=stop_after_attempt(_ATTEMPTS),
-        wait=wait_exponential(multiplier=1, max=8),
-        reraise=True,
-    ):
-        with attempt, urllib.request.urlopen(url, timeout=_TIMEOUT_S) as response, open(target, "wb") as out:
-            shutil.copyfileobj(response, out)
-
-
 def download(package: DebianPackage, folder: Path, mirrors: tuple[str, ...] = MIRRORS) -> Path:
     """The package's .deb in `folder`, verified; DevStackError naming every URL tried otherwise."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -80,7 +57,7 @@ def download(package: DebianPackage, folder: Path, mirrors: tuple[str, ...] = MI
     failures = []
     for url in package.urls(mirrors):
         try:
-            _get(url, target)
+            fetch(url, target)
         except OSError as exc:
             failures.append(f"{url}: {exc}")
             continue

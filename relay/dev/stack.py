@@ -22,18 +22,18 @@ import subprocess
 import tempfile
 import uuid
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from relay.cachedir import cache_dir
-from relay.dev import maven, mongodb
+from relay.dev import kafka_jars, maven, mongodb
 from relay.dev.mongodb import Mongod
 from relay.dev.processes import DevStackError, ManagedProcess, free_port, pid_alive, port_open, wait_until
 
-KAFKA_VERSION = "4.1.1"
+KAFKA_VERSION = kafka_jars.KAFKA_VERSION  # the broker dev up, the demo and the tests run
+
 _START_TIMEOUT_S = 90.0
 
 
@@ -47,21 +47,15 @@ def default_mongod() -> Mongod:
 
 
 def kafka_libs(fetch: bool = True) -> Path:
-    """The folder holding the Kafka broker's jars, resolving them with Maven on first use.
-
-    The jars are copied from the Maven local repository into the cache once; later runs
-    (and runs without network) use the cached folder.
-    """
+    """The folder holding the Kafka broker's jars, fetched from Maven Central on first use
+    (relay.dev.kafka_jars: plain files with pinned SHA-256, no Maven); later runs (and runs
+    without network) use the cached folder."""
     libs = cache_dir() / f"kafka-{KAFKA_VERSION}" / "libs"
     if maven.is_resolved(libs):
         return libs
     if not fetch:
         raise DevStackError(f"Kafka jars not in {libs}: run `outbox-relay dev fetch`")
-    pom = resources.files("relay.dev.files") / "kafka-pom.xml"
-    try:
-        return maven.copy_dependencies(pom, libs, {"kafka.version": KAFKA_VERSION})
-    except maven.MavenError as exc:
-        raise DevStackError(f"Maven could not resolve org.apache.kafka:kafka_2.13:{KAFKA_VERSION}:\n{exc}") from exc
+    return kafka_jars.fetch_jars(kafka_jars.KAFKA_JARS, libs)
 
 
 @dataclass

@@ -9,6 +9,8 @@ Contracts:
   revoked partitions are dropped from the batch being gathered (`batching.without_partitions`),
   so nothing is applied or committed for a partition this consumer lost; the new owner reads them
   from the committed offset.
+- A partition of a topic the consumer did not subscribe to (a group id shared with consumers of
+  other topics) is warned about once per topic, naming the group and the topic.
 - A failed offset commit is logged and ignored: the events stay recorded in the inbox, so the
   consumer that reads them again skips them.
 - `lags()`: per assigned partition, librdkafka's `consumer_lag` from its statistics (every
@@ -70,6 +72,7 @@ class KafkaSource:
         self._options = options
         self._batch: list[Received] = []
         self._assigned: set[tuple[str, int]] = set()
+        self._foreign: set[str] = set()  # topics not subscribed to that were assigned, warned once
         self._lags: dict[tuple[str, int], int] = {}
         self._consumer = Consumer({**options.consumer_config(), "stats_cb": self._on_stats})
         self._consumer.subscribe(
@@ -79,6 +82,23 @@ class KafkaSource:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned |= {(p.topic, p.partition) for p in partitions}
         log.info("assigned %s", _names(partitions), extra={"partitions": _names(partitions)})
+        self._warn_foreign(partitions)
+
+    def _warn_foreign(self, partitions: list[TopicPartition]) -> None:
+        """One WARNING per topic, the first time the group hands this consumer a partition of a
+        topic it did not subscribe to (its group id is shared with consumers of other topics: the
+        group's leader assigned by their subscriptions). Its messages are handled like the others."""
+        group = self._options.group_id
+        for topic in sorted({p.topic for p in partitions} - set(self._options.topics) - self._foreign):
+            self._foreign.add(topic)
+            log.warning(
+                "group %s assigned this inbox a partition of %s, a topic it did not subscribe to (%s): the group id "
+                "is shared with consumers of other topics; give each service its own group_id",
+                group,
+                topic,
+                ", ".join(self._options.topics),
+                extra={"group": group, "topic": topic},
+            )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {(p.topic, p.partition) for p in partitions}

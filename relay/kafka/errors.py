@@ -34,6 +34,8 @@ from relay.core.errors import (
     PoisonEventError,
     ProducerFatalError,
     ProducerFencedError,
+    RelayError,
+    ServerError,
 )
 from relay.core.names import kafka_env_name
 
@@ -120,6 +122,33 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
     return err if isinstance(err, KafkaError) else None
 
 
+def describe(err: object) -> str:
+    """A librdkafka error in one line, as every log and stop line names it: `NAME (code):
+    message` (`KafkaError.name()`, `.code()`, `.str()`), for a KafkaError or the KafkaException
+    carrying one; anything else as its text."""
+    if isinstance(err, KafkaException):
+        carried = kafka_error(err)
+        err = carried if carried is not None else str(err)
+    if isinstance(err, KafkaError):
+        return f"{err.name()} ({err.code()}): {err.str()}"
+    return str(err)
+
+
+def relay_error(exc: KafkaException) -> RelayError:
+    """The relay error for a confluent-kafka exception that escaped its boundary's translation
+    (raise it `from exc`): a refused ACL or setting, a fencing, a fatal producer error as
+    `translate` says; any other a ServerError (restart) naming it."""
+    err = kafka_error(exc)
+    if err is None:
+        return ServerError(f"Kafka: {describe(exc)}")
+    treat = treatment(err)
+    if treat is not None or err.fatal():
+        translated = translate(err, Attempt("talk to Kafka"))
+        if isinstance(translated, RelayError) and not isinstance(translated, (PoisonEventError, BatchRefusedError)):
+            return translated
+    return ServerError(f"Kafka: {describe(err)}")
+
+
 def has_code(exc: BaseException, code: int) -> bool:
     """Whether `exc` is a KafkaException carrying a KafkaError with `code`."""
     err = kafka_error(exc)
@@ -156,7 +185,7 @@ def translate(err: object, attempt: Attempt) -> Exception:
     error; PoisonEventError for a message the broker will never take (BatchRefusedError when the
     report was for a record batch); else DeliveryError (restart from the resume point)."""
     if not isinstance(err, KafkaError):
-        return DeliveryError(attempt.event_id, err)
+        return DeliveryError(attempt.event_id, describe(err))
     code = CODES.get(err.code())
     if code is not None and code.treat is Treat.DENIED:
         return _denied(err, code.says, attempt)
@@ -169,7 +198,7 @@ def translate(err: object, attempt: Attempt) -> Exception:
     if code is not None and code.treat is Treat.CONFIG:
         return ConfigError(kafka_env_name(code.setting), f"{code.says} ({err.name()})")
     if err.fatal():
-        return ProducerFatalError(f"{attempt.step}: producer unusable: {err}")
+        return ProducerFatalError(f"{attempt.step}: producer unusable: {describe(err)}")
     if code is not None and code.treat is Treat.POISON:
         if attempt.batch:
             return BatchRefusedError(
@@ -177,7 +206,7 @@ def translate(err: object, attempt: Attempt) -> Exception:
                 attempt.batch,
             )
         return PoisonEventError(attempt.event_id, f"{code.says} ({err.name()})")
-    return DeliveryError(attempt.event_id, err)
+    return DeliveryError(attempt.event_id, describe(err))
 
 
 def _denied(err: KafkaError, kind: str, attempt: Attempt) -> PermissionDeniedError:

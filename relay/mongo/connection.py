@@ -16,6 +16,7 @@ from pymongo.server_api import ServerApi
 
 from relay.core.errors import ConfigError, ServerUnreachableError
 from relay.core.names import env_name
+from relay.mongo.commands import CommandNames
 from relay.mongo.config import URI_ERRORS, MongoConfig, uri_error
 from relay.mongo.errors import AUTHENTICATION_FAILED
 
@@ -24,6 +25,7 @@ _TIMEOUTS = re.compile(r" \(configured timeouts: [^)]*\)")
 
 def mongo_client(config: MongoConfig, **kw: Any) -> MongoClient[Any]:
     """The relay's MongoDB client: Stable API v1, bounded server selection and socket waits.
+    Its command listener names a failed command for the error's line (relay.mongo.commands).
     A URI the client refuses (a mongodb+srv:// one is checked only here) is a ConfigError naming
     RELAY_MONGODB_URI."""
     # A socket timeout bounds every operation, so a frozen server turns into a restart (and
@@ -37,7 +39,7 @@ def mongo_client(config: MongoConfig, **kw: Any) -> MongoClient[Any]:
             serverSelectionTimeoutMS=int(config.connect_timeout_s * 1000),
             socketTimeoutMS=int(max(config.connect_timeout_s, 10.0) * 1000),
             tz_aware=True,
-            **kw,
+            **{"event_listeners": [CommandNames()], **kw},
         )
     except URI_ERRORS as exc:
         raise uri_error(uri, exc) from exc

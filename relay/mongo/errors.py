@@ -11,11 +11,17 @@ does with the rest.
 - `action_for()` is what the loop does with any other pymongo error (the wiring hands it to the
   loop's classifier): restart for everything a later attempt can succeed after (network errors,
   elections, timeouts, write concern errors, transient codes), stop otherwise.
+- `describe()` is how any log line or stop line names a server error: `CodeName (code): message`
+  with what the relay was doing (relay.mongo.commands), built from the reply's fields, never from
+  `str(exc)`, which carries the whole reply (raw BSON bytes for a change stream's getMore).
+  `relay_error()` is the relay error for any pymongo error: transient ones a ServerError
+  (restart), unexpected ones a ServerRefusedError (stop, exit 5), each raised from the original.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from pymongo.errors import (
     ConnectionFailure,
@@ -26,7 +32,16 @@ from pymongo.errors import (
     WriteConcernError,
 )
 
-from relay.core.errors import Action, HistoryLostError, PermissionDeniedError, ReopenableStreamError
+from relay.core.errors import (
+    Action,
+    HistoryLostError,
+    PermissionDeniedError,
+    RelayError,
+    ReopenableStreamError,
+    ServerError,
+    ServerRefusedError,
+)
+from relay.mongo.commands import doing
 
 # The privilege action a refused command needs (MongoDB's "not authorized on <db> to execute
 # command { <command>: <collection>, ... }").
@@ -46,6 +61,7 @@ _REFUSED = re.compile(r'not authorized on (?P<db>\S+) to execute command \{ (?P<
 
 # MongoDB server error codes the relay treats specially, by name (the server's error_codes.yml).
 ERROR_NAMES: dict[int, str] = {
+    2: "BadValue",
     6: "HostUnreachable",
     7: "HostNotFound",
     13: "Unauthorized",
@@ -123,8 +139,52 @@ def resumable(exc: PyMongoError) -> bool:
     return isinstance(exc, OperationFailure) and (exc.has_error_label(RESUMABLE_LABEL) or exc.code == CURSOR_NOT_FOUND)
 
 
+_MESSAGE_CHARS = 300
+
+
+def _parts(exc: OperationFailure | NotPrimaryError) -> tuple[str, int | None, str]:
+    """The server's code name, code and message, read from the reply's fields (`codeName`,
+    `code`, `errmsg`), never from `str(exc)` which appends the whole reply."""
+    details = exc.details if isinstance(exc.details, Mapping) else {}
+    own = exc.code if isinstance(exc, OperationFailure) else None
+    code = own if own is not None else details.get("code")
+    known = ERROR_NAMES.get(int(code), "UnknownError") if code is not None else "Error"
+    message = details.get("errmsg") or _first_line(exc.args[0] if exc.args else "")
+    return str(details.get("codeName") or known), code, str(message)
+
+
+def describe(exc: BaseException) -> str:
+    """A pymongo error in one line: `CodeName (code): message`, prefixed with what the relay was
+    doing when it is known ("getMore on the change stream of shop: BadValue (2): ..."), else with
+    "MongoDB"; never the server's whole reply. Other errors: `MongoDB: Kind: message` (its first
+    line, at most 300 characters)."""
+    replied = isinstance(exc, OperationFailure) or (isinstance(exc, NotPrimaryError) and exc.details)
+    if not isinstance(exc, (OperationFailure, NotPrimaryError)) or not replied:
+        return f"MongoDB: {type(exc).__name__}: {_first_line(str(exc))}"
+    name, code, message = _parts(exc)
+    text = f"{name} ({code}): {message}" if code is not None else f"{name}: {message}"
+    labels = [label for label in (RESUMABLE_LABEL, "RetryableWriteError") if exc.has_error_label(label)]
+    if labels:
+        text += f" [{', '.join(labels)}]"
+    return f"{doing(exc.details) or 'MongoDB'}: {text}"
+
+
+def _first_line(text: object) -> str:
+    line = str(text).partition(", full error: ")[0].partition("\n")[0]
+    return line if len(line) <= _MESSAGE_CHARS else line[:_MESSAGE_CHARS] + "…"
+
+
+def relay_error(exc: PyMongoError) -> RelayError:
+    """The relay error for any pymongo error (raise it `from exc`): what `translate` says, else a
+    ServerError (restart) naming it, for what a later attempt can succeed after."""
+    translated = translate(exc)
+    return translated if isinstance(translated, RelayError) else ServerError(describe(exc))
+
+
 def translate(exc: PyMongoError) -> BaseException:
-    """The relay error for a server error with a meaning of its own, else `exc` itself."""
+    """The relay error for a server error with a meaning of its own (refused privilege, history
+    lost, reopenable codes); for any other error the loop would stop on (`action_for`), a
+    ServerRefusedError naming it and what was being done (exit 5); else `exc` itself."""
     if isinstance(exc, OperationFailure):
         if exc.code == UNAUTHORIZED:
             return unauthorized(exc)
@@ -135,8 +195,12 @@ def translate(exc: PyMongoError) -> BaseException:
                 "stream; see the README runbook 'history lost'"
             )
         if exc.code in REOPENABLE_CODES:
-            code = int(exc.code)
-            return ReopenableStreamError(code, ERROR_NAMES.get(code, "?"), str(exc))
+            name, _, message = _parts(exc)
+            return ReopenableStreamError(int(exc.code), name, message, doing(exc.details) or "the change stream")
+        if action_for(exc) is Action.STOP:
+            refused = ServerRefusedError(describe(exc))
+            refused.__cause__ = exc  # kept even where the caller raises it later, unchained
+            return refused
     return exc
 
 
@@ -145,7 +209,7 @@ def unauthorized(exc: OperationFailure) -> PermissionDeniedError:
     text = str(exc)
     m = _REFUSED.search(text)
     if m is None:
-        return PermissionDeniedError(f"MongoDB refused the relay's user (Unauthorized, code 13): {text}", [])
+        return PermissionDeniedError(f"MongoDB refused the relay's user: {describe(exc)}", [])
     command, target = m["command"], m["target"].strip('"')
     action = "changeStream" if "$changeStream" in text else _COMMAND_ACTIONS.get(command, command)
     namespace = f"{m['db']}.{target}" if m["target"].startswith('"') else m["db"]

@@ -15,10 +15,11 @@ Invariants enforced here:
 
 What operators read and reset (`status`, `checkpoint reset`) is relay.mongo.lease_admin's.
 
-A partition's document (`<db>.<collection>#<k>/<N>`) also holds `outbox`, `partition`,
-`partitions` and `acquiredAt` (server time of the last change of owner), and, after a change of
+Every lease document holds `acquiredAt` (server time of the last change of owner; set on the next
+acquisition for a document written before it was kept for every lease). A partition's document
+(`<db>.<collection>#<k>/<N>`) also holds `outbox`, `partition`, `partitions` and, after a change of
 RELAY_PARTITIONS (relay.mongo.repartition), `startAtClusterTime`: where the partition starts while it
-has no checkpoint of its own. The unpartitioned document (`<db>.<collection>`) is as it always was.
+has no checkpoint of its own.
 A document created for an outbox added to RELAY_OUTBOXES holds `rescan: true` until its first
 checkpoint (relay.mongo.outboxes): it starts by publishing what the outbox already holds.
 """
@@ -109,9 +110,10 @@ class LeaseStore:
                 }
             }
         ]
-        if self.scope.partitioned:
-            # When the partition changed hands (balancing, takeovers): `status` shows it.
-            update[0]["$set"]["acquiredAt"] = {"$cond": [{"$eq": ["$owner", me]}, "$acquiredAt", "$$NOW"]}
+        # When the lease changed hands (takeovers, balancing): `status` shows it for every lease.
+        update[0]["$set"]["acquiredAt"] = {
+            "$cond": [{"$and": [{"$eq": ["$owner", me]}, "$acquiredAt"]}, "$acquiredAt", "$$NOW"]
+        }
         doc = self._coll.find_one_and_update(
             {"_id": self.lease_id, **free_or_mine},
             update,

@@ -21,6 +21,7 @@ from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
 from relay.core.errors import ServerError
+from relay.mongo.errors import describe
 
 
 class Membership:
@@ -63,7 +64,7 @@ class Membership:
             )
             return self.live()
         except PyMongoError as exc:
-            raise ServerError(f"group heartbeat failed: {exc}") from exc
+            raise ServerError(f"group heartbeat failed: {describe(exc)}") from exc
 
     def live(self) -> list[str]:
         """Instance ids of the live replicas with this partition count, sorted."""

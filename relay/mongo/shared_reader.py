@@ -60,7 +60,7 @@ from bson import Timestamp
 from pymongo.errors import PyMongoError
 
 from relay.core.change import Change
-from relay.core.errors import HistoryLostError, StreamInvalidatedError, TransientError
+from relay.core.errors import HistoryLostError, ServerRefusedError, StreamInvalidatedError, TransientError
 from relay.core.partitions import Scope
 from relay.core.positions import ClusterTime, StartPoint, Token, position_key, token_cluster_time
 from relay.mongo.codecs import read_changes
@@ -73,7 +73,7 @@ log = logging.getLogger("relay.stream")
 
 PROBE_AWAIT_MS = 1  # the first read after opening: it checks the start point, it need not wait
 REOPENS_PER_FAILED_READ = 1  # the recovery bound (module docstring)
-_OPEN_ERRORS = (PyMongoError, HistoryLostError, TransientError, StreamInvalidatedError)
+_OPEN_ERRORS = (PyMongoError, HistoryLostError, TransientError, StreamInvalidatedError, ServerRefusedError)
 
 
 @dataclass(eq=False)

@@ -6,6 +6,11 @@ files, pipes) and text on a terminal. A JSON line has `time` (UTC, ms), `level`,
 loop's context (`instance`, `fencing`, `token`, and `partition` when the outbox is partitioned),
 set by `relay.ops.observe.ScopeObserver` through `bind_loop_context`.
 
+A driver's exception passed to a log call (`log.warning("... %s", exc)`) is written as the relay
+error it amounts to (`relay.ops.server_errors`: `CodeName (code): message` with what was being
+done), and any text field carrying pymongo's ", full error: <reply>" tail loses the tail: no
+line shows the server's raw reply (BSON bytes), whoever logs it.
+
 Both formats pass the whole line (message, fields, traceback, causes) through
 `relay.core.redact.scrub`: URIs show `user:***@`, and the loaded settings' credential values
 are masked wherever they appear, at every level.
@@ -23,11 +28,13 @@ from typing import IO, Any
 
 from relay.core.redact import scrub
 from relay.ops.config import LOG_FORMATS
+from relay.ops.server_errors import logged_value
 
 __all__ = [
     "LOG_FORMATS",
     "JsonFormatter",
     "LoopContext",
+    "ServerErrorText",
     "TextFormatter",
     "bind_loop_context",
     "resolve_log_format",
@@ -56,6 +63,34 @@ class LoopContext(logging.Filter):
             for key, value in fields.items():
                 if value is not None:
                     d.setdefault(key, value)
+        return True
+
+
+_FULL_ERROR = ", full error: "  # pymongo's OperationFailure text: "<errmsg>, full error: <the whole reply>"
+
+
+def _without_reply(value: Any) -> Any:
+    """A log argument or field as a line may show it: a driver's exception as the relay error it
+    amounts to, a librdkafka error by name, a text without pymongo's raw reply tail; anything else
+    as it is."""
+    value = logged_value(value)
+    if isinstance(value, str) and _FULL_ERROR in value:
+        return value.partition(_FULL_ERROR)[0]
+    return value
+
+
+class ServerErrorText(logging.Filter):
+    """Writes drivers' errors in the relay's words on every line (the module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_without_reply(a) for a in record.args)
+        elif isinstance(record.args, Mapping):
+            record.args = {k: _without_reply(v) for k, v in record.args.items()}
+        record.msg = _without_reply(record.msg)
+        d = record.__dict__
+        for key in [k for k in d if k not in _RECORD_FIELDS and not k.startswith("_")]:
+            d[key] = _without_reply(d[key])
         return True
 
 
@@ -135,6 +170,7 @@ def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter() if resolve_log_format(fmt, stream) == "json" else TextFormatter())
     handler.addFilter(LoopContext())
+    handler.addFilter(ServerErrorText())
     handler.outbox_relay = True  # type: ignore[attr-defined]
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "outbox_relay", False)]:

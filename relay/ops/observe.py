@@ -33,13 +33,14 @@ from collections.abc import Callable, Mapping, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
 
-from relay.core.errors import EXIT_FATAL, cause_of
+from relay.core.errors import EXIT_FATAL, RelayError, cause_of
 from relay.core.partitions import Scope
 from relay.core.positions import short_token, token_cluster_time
 from relay.ops.config import ObserverConfig
 from relay.ops.health import Health, serve
 from relay.ops.logs import bind_loop_context
 from relay.ops.metrics import RelayMetrics, latencies
+from relay.ops.server_errors import as_relay_error, error_text
 
 log = logging.getLogger("relay.observe")  # lines about batches of events
 stop_log = logging.getLogger("relay")
@@ -167,12 +168,14 @@ class ScopeObserver:
         self.metrics.restart(kind)
         self.metrics.error(kind, "restart")
         self.health.restarting(kind)
-        stop_log.warning("restarting from the checkpoint in %.1fs after: %s", delay_s, exc, extra={"error_kind": kind})
+        stop_log.warning(
+            "restarting from the checkpoint in %.1fs after: %s", delay_s, error_text(exc), extra={"error_kind": kind}
+        )
 
     def lease_lost(self, exc: BaseException) -> None:
         """A fenced write matched nothing: back to standby."""
         self.metrics.error(type(exc).__name__, "standby")
-        stop_log.warning("%s; back to standby", exc, extra={"error_kind": type(exc).__name__})
+        stop_log.warning("%s; back to standby", error_text(exc), extra={"error_kind": type(exc).__name__})
 
     def stopped(self, exc: BaseException) -> None:
         """The relay stops on `exc`: one ERROR line with the kind, the event, the reason and the
@@ -249,7 +252,14 @@ class ScopeObserver:
 def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) -> None:
     """The one ERROR line of a stop: the kind, the event, the reason, the exit code, and the
     driver's error that caused it (`cause`, when the relay's error was raised from one); `where`
-    adds fields that locate the event (the inbox's topic, partition and offset)."""
+    adds fields that locate the event (the inbox's topic, partition and offset).
+
+    A driver's exception is written as the relay error it amounts to (relay.ops.server_errors:
+    an unexpected server error is a ServerRefusedError, exit 5), marked logged. The traceback
+    is on the line only for an unexpected failure of the relay itself (exit 1), or at DEBUG."""
+    exc = as_relay_error(exc)
+    if isinstance(exc, RelayError):
+        exc.logged = True
     kind = type(exc).__name__
     exit_code = getattr(exc, "exit_code", EXIT_FATAL)
     event_id = getattr(exc, "event_id", None)
@@ -258,7 +268,7 @@ def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) 
         "stopping on %s: %s",
         kind,
         exc,
-        exc_info=exit_code == EXIT_FATAL,
+        exc_info=exit_code == EXIT_FATAL or stop_log.isEnabledFor(logging.DEBUG),
         extra={
             "error_kind": kind,
             "event_id": event_id,

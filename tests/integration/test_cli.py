@@ -71,9 +71,30 @@ def test_status_reports_lease_and_checkpoint_lag(env):
     status = json.loads(result.stdout)
     assert status["outbox"] == env.settings.namespace
     assert status["lease"]["owner"] == env.settings.instance_id and status["lease"]["fencingToken"] == 1
+    assert status["lease"]["acquiredAt"] is not None, "an outbox without partitions shows when its lease was taken"
+    assert [row["lease"]["acquiredAt"] for row in status["leases"]] == [status["lease"]["acquiredAt"]]
     # "now minus the checkpoint's cluster time": at most the time since the checkpoint read before
     # the command (the one it read can only be newer)
     assert status["checkpoint"]["lagSeconds"] is not None and 0 <= status["checkpoint"]["lagSeconds"] <= finished - stored
+
+
+def test_a_misspelled_setting_exits_2_naming_the_one_meant_in_one_line(env):
+    environ = settings_env(env.settings) | {"RELAY_OUTBOXS": f"{env.settings.database}.outbox"}
+    result = run_cli("run", env=environ)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "outbox-relay: ConfigError: RELAY_OUTBOXS: unknown setting; did you mean RELAY_OUTBOXES?"]
+
+
+def test_a_command_meeting_an_unexpected_server_error_exits_5_naming_it(env):
+    from tests.support.mongodb import failpoint
+
+    with failpoint(env.client, "alwaysOn", failCommands=["find", "aggregate"], errorCode=2):
+        result = run_cli("status", env=settings_env(env.settings))
+    assert result.returncode == 5, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("outbox-relay: ServerRefusedError: ") and " on t_" in line and ": BadValue (2): " in line, line
+    assert "Traceback" not in result.stderr and "RawBSONDocument" not in result.stderr
 
 
 def test_outbox_init_creates_the_index(env):

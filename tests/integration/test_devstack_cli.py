@@ -77,3 +77,42 @@ def test_dev_stack_comes_back_after_down_and_after_a_crash(tmp_path):
         for pid in started:  # only what this test started, by pid, if `down` could not stop it
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_dev_fetch_needs_no_maven_and_the_broker_starts_from_what_it_fetched(tmp_path):
+    """`outbox-relay dev fetch` with no `mvn` on PATH (a PATH holding only `java`), into a fresh
+    cache: the Kafka jars come from Maven Central as files with pinned SHA-256
+    (relay.dev.kafka_jars); then `dev up` starts the broker from them. The cache's mongod is the
+    one `make setup` fetched (linked in: its own fetch has its own tests)."""
+    import shutil
+
+    from relay.dev.kafka_jars import KAFKA_JARS
+
+    java = shutil.which("java")
+    assert java is not None, "Java runs the broker"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "java").symlink_to(Path(java).resolve())
+    assert shutil.which("mvn", path=str(bin_dir)) is None
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / f"mongodb-{DEFAULT_VERSION}").symlink_to(cache_dir() / f"mongodb-{DEFAULT_VERSION}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "JAVA_HOME"))}
+    env |= {"RELAY_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT), "PATH": str(bin_dir)}
+
+    def dev(action: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "relay", "dev", action], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+
+    fetched = dev("fetch")
+    assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+    libs = cache / f"kafka-{KAFKA_VERSION}" / "libs"
+    assert f"Kafka {KAFKA_VERSION} jars in {libs}" in fetched.stdout
+    assert sorted(p.name for p in libs.glob("*.jar")) == sorted(j.filename for j in KAFKA_JARS)
+    up = dev("up")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        _works(json.JSONDecoder().raw_decode(up.stdout)[0])
+    finally:
+        down = dev("down")
+    assert down.returncode == 0, down.stdout + down.stderr

@@ -63,6 +63,34 @@ def test_invalid_configuration_names_the_setting(env, setting):
     assert str(err.value).startswith(setting)
 
 
+@pytest.mark.parametrize("env, meant", [
+    ({"RELAY_OUTBOXS": "shop.outbox"}, "RELAY_OUTBOXES"),
+    ({"RELAY_DATABSE": "shop"}, "RELAY_DATABASE"),
+    ({"RELAY_BATCH_MAX_EVENT": "5"}, "RELAY_BATCH_MAX_EVENTS"),
+])
+def test_a_misspelled_setting_is_refused_in_one_short_line_naming_the_one_meant(env, meant):
+    with pytest.raises(ConfigError) as err:
+        Settings.load(env=env)
+    text = str(err.value)
+    (key,) = env
+    assert text == f"{key}: unknown setting; did you mean {meant}?"
+    assert "\n" not in text and "known:" not in text
+
+
+def test_a_setting_like_no_other_is_refused_without_a_guess():
+    with pytest.raises(ConfigError) as err:
+        Settings.load(env={"RELAY_ZZZZZZZZZZZZ": "1"})
+    assert str(err.value) == "RELAY_ZZZZZZZZZZZZ: unknown setting"
+
+
+def test_a_misspelled_key_in_the_toml_file_is_refused_naming_the_key_meant(tmp_path):
+    path = tmp_path / "relay.toml"
+    path.write_text('outboxs = "shop.outbox"\n')
+    with pytest.raises(ConfigError) as err:
+        Settings.load(env={}, config_file=str(path))
+    assert str(err.value) == f"{path}: outboxs: unknown setting; did you mean outboxes?"
+
+
 def test_other_kafka_clients_get_the_security_properties_but_not_the_producer_ones():
     settings = Settings.load(env={"RELAY_KAFKA_BOOTSTRAP_SERVERS": "b:9093", "RELAY_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
                                   "RELAY_KAFKA_SASL_MECHANISM": "PLAIN", "RELAY_KAFKA_LINGER_MS": "20"})
@@ -125,3 +153,16 @@ def test_documented_variables_that_are_not_settings_are_accepted(tmp_path):
                            "RELAY_TEST_DOCKER": "1", "RELAY_TEST_MONGODB_URI": "mongodb://x",
                            "RELAY_TEST_KAFKA_BOOTSTRAP": "x:9092"})
     assert s.database == "from_file"
+
+
+def test_outboxes_the_template_routes_to_one_topic_are_found_from_the_settings_alone():
+    from relay.avro.shared_topics import shared_topics
+
+    default = "outbox.event.{aggregateType}"
+    (shared,) = shared_topics(default, ["shop.outbox", "billing.outbox"])
+    assert shared.outboxes == ("shop.outbox", "billing.outbox") and shared.missing == "{database}"
+    assert "shop.outbox and billing.outbox" in shared.warning() and "{database}" in shared.warning()
+    assert shared_topics("outbox.{database}.{aggregateType}", ["shop.outbox", "billing.outbox"]) == []
+    (same_db,) = shared_topics("outbox.{database}.{aggregateType}", ["shop.a", "shop.b", "billing.a"])
+    assert same_db.outboxes == ("shop.a", "shop.b") and same_db.missing == "{collection}"
+    assert shared_topics(default, ["shop.outbox"]) == []

@@ -440,3 +440,28 @@ def test_the_options_table_and_the_readme_list_every_run_option_with_its_default
         listed = f'{f.name}="{default}"' if isinstance(default, str) else f"{f.name}={shown(default)}"
         assert listed in readme, listed
     assert len(table) == len(fields(RunOptions)) - 3
+
+
+def test_a_partition_of_a_topic_not_subscribed_to_is_warned_about_once_naming_group_and_topic():
+    """A group id shared by consumers of different topics: the group's leader may hand this inbox
+    a partition of another topic (sync and async inboxes share KafkaSource). No broker is needed:
+    librdkafka calls `on_assign` with the group's assignment; here the test does."""
+    from confluent_kafka import TopicPartition
+
+    from relay.inbox.config import RunOptions
+    from relay.inbox.consumer import KafkaSource
+    from tests.support.logs import captured_logs
+
+    options = RunOptions.of(["orders"], "shipping", "127.0.0.1:9", {})
+    source = KafkaSource(options)
+    try:
+        with captured_logs() as logs:
+            source._on_assign(None, [TopicPartition("orders", 0), TopicPartition("payments", 0)])
+            source._on_assign(None, [TopicPartition("payments", 1), TopicPartition("orders", 1)])
+            source._on_assign(None, [TopicPartition("orders", 2)])
+        warned = [line for line in logs.lines() if line["level"] == "WARNING"]
+        assert len(warned) == 1, warned
+        assert warned[0]["group"] == "shipping" and warned[0]["topic"] == "payments"
+        assert "shipping" in warned[0]["message"] and "payments" in warned[0]["message"]
+    finally:
+        source.close()

@@ -423,14 +423,17 @@ def test_a_member_that_left_holding_a_full_queue_holds_no_other_member_back(worl
 def test_another_error_is_handed_to_every_member(world):
     from pymongo.errors import OperationFailure
 
+    from relay.core.errors import ServerRefusedError
+
     oplog, fail, stream = world
     a, b = _subscription(stream, A), _subscription(stream, B)
     a.open(StartPoint(at_time=ClusterTime(1000, 0)))
     b.open(StartPoint(at_time=ClusterTime(1000, 0)))
     fail.append(OperationFailure("boom", 2))
     for sub in (a, b):
-        with pytest.raises(OperationFailure):
+        with pytest.raises(ServerRefusedError, match=r"BadValue \(2\): boom") as refused:
             _until_raises(sub)
+        assert isinstance(refused.value.__cause__, OperationFailure)
 
 
 def test_a_start_older_than_the_oplog_is_history_lost_for_that_member_only(world):
