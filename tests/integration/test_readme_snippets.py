@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from relay.dev.processes import spawn
 from tests.support.paths import ROOT
 from tests.support.relays import RelayThread
 from tests.support.waiting import wait_until
@@ -34,8 +35,8 @@ def _run(env, name: str) -> None:
 def _serve_until(env, name: str, log: Path, applied: set[str]) -> None:
     """Run an inbox snippet until the shipments hold `applied`, then SIGTERM it: it exits 0."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(SNIPPETS / name)], env=_environ(env), stdout=out,
-                                stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = spawn([sys.executable, str(SNIPPETS / name)], env=_environ(env), stdout=out,
+                     stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         shipments = env.client.app.shipments
         wait_until(lambda: {d["_id"] for d in shipments.find()} >= applied or proc.poll() is not None, 120,
