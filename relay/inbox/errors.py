@@ -25,6 +25,7 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError, Wr
 from relay.core.errors import Action, SchemaRegistryUnavailableError
 from relay.inbox.event import InboxEvent
 from relay.mongo.errors import action_for
+from relay.ops.server_errors import logged_value
 
 TRANSACTION_LABELS = ("TransientTransactionError", "UnknownTransactionCommitResult")
 
@@ -47,6 +48,8 @@ class HandlerError(Exception):
     event is poison (relay.inbox.poison)."""
 
     def __init__(self, event: InboxEvent, cause: BaseException) -> None:
-        super().__init__(f"handler raised {type(cause).__name__}: {cause}")
+        # A driver's error by name (`BadValue (2): ...`), never pymongo's raw reply: the text is
+        # the poison reason, on the stop line and in the dead letter's header.
+        super().__init__(f"handler raised {type(cause).__name__}: {logged_value(cause)}")
         self.event = event
         self.cause = cause

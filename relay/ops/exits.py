@@ -15,7 +15,8 @@ def run_command(prog: str, command: Callable[[], int]) -> int:
     """Run a command, turning the relay's errors into their exit codes with a one-line message
     on stderr (no traceback), and Ctrl-C into 130. A driver's exception is first turned into the
     relay error it amounts to (relay.ops.server_errors: an unexpected server error exits 5).
-    Anything else prints its traceback and exits 1, as Python would. Whatever is printed is scrubbed of credentials (relay.core.redact)."""
+    Anything else prints its traceback and exits 1, as Python would. Whatever is printed is
+    scrubbed of credentials (relay.core.redact)."""
     try:
         return command()
     except RelayError as exc:

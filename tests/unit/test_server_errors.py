@@ -87,6 +87,13 @@ def test_a_librdkafka_error_handed_to_a_log_line_is_named_not_dumped():
     assert "KafkaError{" not in logs.text
 
 
+def test_a_handlers_server_error_is_named_in_the_inbox_poison_reason():
+    from relay.inbox.errors import HandlerError
+
+    reason = str(HandlerError(None, _bad_value()))  # type: ignore[arg-type]
+    assert reason == "handler raised OperationFailure: MongoDB: BadValue (2): no such thing"
+
+
 def test_a_command_ending_on_a_server_error_exits_5_with_one_line(capsys):
     def command() -> int:
         raise _bad_value()
