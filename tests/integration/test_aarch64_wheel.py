@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from relay.dev import aarch64
+from relay.dev.processes import spawn
 from tests.support.paths import ROOT
 from tests.support.relays import settings_env
 from tests.support.waiting import wait_until
@@ -68,7 +69,7 @@ def test_the_aarch64_wheel_serves_writer_relay_and_inbox_under_emulation(emulate
                            ("inbox", emulated.argv(python, service, "consume", uri, database, env.topic(),
                                                    "shipping", bootstrap))):
             with logs[name].open("wb") as log:
-                procs.append(subprocess.Popen(argv, cwd=tmp_path, env=environ, stdout=log, stderr=subprocess.STDOUT))
+                procs.append(spawn(argv, cwd=tmp_path, env=environ, stdout=log, stderr=subprocess.STDOUT))
         done = lambda: env.db.shipments.count_documents({"steps": {"$size": STEPS}}) == AGGREGATES  # noqa: E731
         wait_until(done, 300, f"{AGGREGATES} orders' {STEPS} steps in effect under emulation")
     finally:
