@@ -198,7 +198,9 @@ _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            ("tests/integration/test_security_kafka.py", "tests/integration/test_security_kafka.py"),
            ("tests/faults/test_elections_and_chaos.py", "tests/faults/test_elections_and_chaos.py"),
            # One wheel build and one virtual environment per install kind for the packaging tests.
-           ("tests/integration/test_packaging.py", "tests/integration/test_packaging.py"))
+           ("tests/integration/test_packaging.py", "tests/integration/test_packaging.py"),
+           # One aarch64 wheel build and one emulated Python for both of its tests (qemu-user).
+           ("tests/integration/test_aarch64_wheel.py", "tests/integration/test_aarch64_wheel.py"))
 # Tests of those modules that share nothing with their group (each starts its own Schema Registry
 # or dev stack): wherever a worker is free, not at the end of the Spark worker's queue.
 _ALONE = ("tests/integration/test_schema_registry.py::test_registry_killed_mid_run_and_restarted_the_relay_loses_nothing",

@@ -281,8 +281,10 @@ def test_a_process_that_loses_one_scopes_lease_keeps_storing_the_others(box, tmp
         assert "lease on " + lost + " lost" in proc.log()
         shown = status(settings)
         assert shown["checkpointIntervalMs"] == 1000 and "1 s" in shown["duplicateWindow"]
-        ages = [row["checkpoint"]["storedSecondsAgo"] for o in shown["outboxes"].values() for row in o["leases"]]
-        assert len(ages) == 3 and all(age >= 0 for age in ages), ages
+        # a's and c's positions are stored; b's only if the relay stored one before the intruder came.
+        ages = [row["checkpoint"]["storedSecondsAgo"] for o in shown["outboxes"].values() for row in o["leases"]
+                if row["checkpoint"] is not None]
+        assert len(ages) >= 2 and all(age >= 0 for age in ages), ages
         leases.update_one({"_id": lost}, [{"$set": {"expiresAt": "$$NOW"}}])  # the intruder lets it expire
         assert_complete_and_ordered(box.published("b", written["b"], "read_uncommitted"), written["b"])
         assert proc.terminate() == 0, proc.log()
