@@ -130,7 +130,7 @@ class OplogPart:
         if occurred_from is not None:
             match[f"fullDocument.{filters.occurred_at_field}"] = {"$gte": occurred_from}
         stages = [{"$match": match}, PIPELINE[1]]
-        self._cursor = Cursor(client, database, collection, stages, await_ms)
+        self._stream_cursor = Cursor(client, database, collection, stages, await_ms)
         self._start, self._until = window
         self._since_ms, self._until_ms = wall_ms
         self._after = after
@@ -141,15 +141,15 @@ class OplogPart:
         until = ClusterTime(self._until.time, self._until.inc)
         at = self._reopen_at() or self._start
         try:
-            self._cursor.open(at)
+            self._stream_cursor.open(at)
             while True:
                 try:
-                    read = self._cursor.read(self._batch)
+                    read = self._stream_cursor.read(self._batch)
                 except PyMongoError as exc:
                     if not resumable(exc):
                         raise translate(exc) from exc
                     at = self._reopen_at() or at
-                    self._cursor.open(at)
+                    self._stream_cursor.open(at)
                     continue
                 changes, _ = read_changes(read.changes)
                 kept, ended = self._kept(changes, until)
@@ -157,10 +157,10 @@ class OplogPart:
                     self._after = kept[-1].position["_data"]
                     yield kept
                 reached = token_cluster_time(read.token)
-                if ended or not self._cursor.alive or (reached is not None and reached >= until):
+                if ended or not self._stream_cursor.alive or (reached is not None and reached >= until):
                     return
         finally:
-            self._cursor.close()
+            self._stream_cursor.close()
 
     def _kept(self, changes: Sequence[Change], until: ClusterTime) -> tuple[list[Change], bool]:
         """The changes of a read inside the range and not handed out before; and whether the read
