@@ -432,6 +432,7 @@ fn rfc3339_millis(ms: i64) -> String {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Encoder>()?;
     m.add_class::<reader::ChangeReader>()?;
+    m.add_function(wrap_pyfunction!(reader::cursor_batch, m)?)?;
     m.add("MAX_UTC_MS", python_json::MAX_UTC_MS)?;
     Ok(())
 }

@@ -84,8 +84,12 @@ impl ChangeReader {
                  -> PyResult<(Bound<'py, PyList>, i64)> {
         let out = PyList::empty(py);
         for (i, change) in changes.iter().enumerate() {
-            let raw = change.getattr(intern!(py, "raw"))
-                .map_err(|_| PyTypeError::new_err(format!("change {i} has no raw BSON")))?;
+            // A change is its raw BSON (what `cursor_batch` splits a reply into) or holds it (`raw`).
+            let raw = match change.cast::<PyBytes>() {
+                Ok(_) => change.clone(),
+                Err(_) => change.getattr(intern!(py, "raw"))
+                    .map_err(|_| PyTypeError::new_err(format!("change {i} has no raw BSON")))?,
+            };
             let copied;
             let bytes = match raw.cast::<PyBytes>() {
                 Ok(b) => b.as_bytes(),
@@ -108,6 +112,40 @@ impl ChangeReader {
         }
         Ok((out, -1))
     }
+}
+
+/// `cursor_batch(cursor)`: a change stream reply's `cursor` document (its raw BSON: an aggregate's
+/// or a getMore's) as (the cursor id, the batch's change events each as its own bytes, the
+/// post-batch token's bytes or None). The batch (`nextBatch`, else `firstBatch`) is split by the
+/// events' BSON sizes alone (`Walk`), so a read costs one bytes object per event, not pymongo's
+/// RawBSONDocument (relay.mongo.cursor). ValueError names what the reply lacks.
+#[pyfunction]
+pub(crate) fn cursor_batch<'py>(py: Python<'py>, cursor: &[u8])
+                               -> PyResult<(i64, Bound<'py, PyList>, Option<Bound<'py, PyBytes>>)> {
+    let not_bson = || PyValueError::new_err("the change stream reply's cursor is not BSON");
+    let (mut id, mut batch, mut token) = (None, None, None);
+    for element in Walk::new(cursor).ok_or_else(not_bson)? {
+        let e = element.map_err(|_| not_bson())?;
+        match (e.key, e.kind) {
+            (b"id", 0x12) => id = Some(i64::from_le_bytes(e.value.try_into().map_err(|_| not_bson())?)),
+            (b"id", 0x10) => id = Some(i64::from(i32::from_le_bytes(e.value.try_into().map_err(|_| not_bson())?))),
+            (b"nextBatch", 0x04) => batch = Some(e.value),
+            (b"firstBatch", 0x04) if batch.is_none() => batch = Some(e.value),
+            (b"postBatchResumeToken", 0x03) => token = Some(e.value),
+            _ => {}
+        }
+    }
+    let id = id.ok_or_else(|| PyValueError::new_err("the change stream reply's cursor has no id"))?;
+    let changes = PyList::empty(py);
+    if let Some(batch) = batch {
+        for (i, element) in Walk::new(batch).ok_or_else(not_bson)?.enumerate() {
+            match element {
+                Ok(Element { kind: 0x03, value, .. }) => changes.append(PyBytes::new(py, value))?,
+                _ => return Err(PyValueError::new_err(format!("change {i} of the reply is not a document"))),
+            }
+        }
+    }
+    Ok((id, changes, token.map(|t| PyBytes::new(py, t))))
 }
 
 impl ChangeReader {

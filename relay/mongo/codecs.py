@@ -1,8 +1,9 @@
 """How change events are read: the one place that knows a change event's shape.
 
-The stream hands out changes undecoded (`RawBSONDocument`, RAW_CHANGE_CODEC). `read_changes`
-turns them into the loop's values (relay.core.change.Change) in one pass over each raw event, in
-the compiled reader (relay._native.ChangeReader), without decoding them: the event id, the
+A change stream reply is split with `cursor_batch` into its cursor id, its change events left
+undecoded (each its own `bytes`: no pymongo RawBSONDocument per event) and its post-batch token.
+`read_changes` turns the events into the loop's values (relay.core.change.Change) in one pass
+over each raw event, in the compiled reader (relay._native.ChangeReader), without decoding them: the event id, the
 position (its resume token), the cluster and wall times, and the outbox document's raw BSON. Only
 the Python path of the encoder decodes a document, with the outbox's codec (relay.outbox.decode:
 dates outside years 1-9999 as DatetimeMS, so one such date does not fail a whole batch).
@@ -56,6 +57,46 @@ def _reader() -> Callable[[list[Any], list[int] | None], tuple[list[Change], int
     return _native.ChangeReader(Change, ClusterTime, _event_id, decode).read  # type: ignore[no-any-return]
 
 
+@functools.cache
+def _splitter() -> Callable[[bytes], tuple[int, list[bytes], bytes | None]]:
+    try:
+        from relay import _native
+    except ImportError:
+        return cursor_batch_in_python
+    return _native.cursor_batch  # type: ignore[no-any-return]
+
+
+def cursor_batch(cursor: RawBSONDocument) -> tuple[int, list[bytes], Token | None]:
+    """A change stream reply's `cursor` document as (its cursor id, its batch's change events, each
+    its raw BSON as bytes, its post-batch token or None). ValueError names what the reply lacks."""
+    cursor_id, changes, token = _splitter()(bytes(cursor.raw))
+    return cursor_id, changes, None if token is None else decode(token)
+
+
+def cursor_batch_in_python(cursor: bytes) -> tuple[int, list[bytes], bytes | None]:
+    """The compiled `cursor_batch` without the compiled module (the token still raw)."""
+    try:
+        fields = dict(RawBSONDocument(cursor, _FIELDS_CODEC).items())
+    except InvalidBSON as exc:
+        raise ValueError(f"the change stream reply's cursor is not BSON: {exc}") from exc
+    if not isinstance(fields.get("id"), int):
+        raise ValueError("the change stream reply's cursor has no id")
+    batch = fields.get("nextBatch", fields.get("firstBatch", []))
+    changes = []
+    for i, change in enumerate(batch):
+        if not isinstance(change, RawBSONDocument):
+            raise ValueError(f"change {i} of the reply is not a document")
+        changes.append(bytes(change.raw))
+    token = fields.get("postBatchResumeToken")
+    return int(fields["id"]), changes, bytes(token.raw) if isinstance(token, RawBSONDocument) else None
+
+
+def change_document(change: bytes | RawBSONDocument) -> RawBSONDocument:
+    """One raw change event as a mapping of its fields (for the rare one read by name: a drop, rename
+    or invalidate)."""
+    return change if isinstance(change, RawBSONDocument) else RawBSONDocument(change, RAW_CHANGE_CODEC)
+
+
 def read_changes(changes: list[Any], routes: list[int] | None = None) -> tuple[list[Change], int]:
     """The inserts of one read (raw change events, in stream order) as Change values, up to the
     first change that is not an insert (a drop, rename or invalidate), and that change's index
@@ -68,7 +109,7 @@ def read_in_python(changes: list[Any], routes: list[int] | None = None) -> tuple
     """`read_changes` without the compiled module: the same values and routes, read with pymongo's bson."""
     values: list[Change] = []
     for i, change in enumerate(changes):
-        raw = getattr(change, "raw", None)
+        raw = change if isinstance(change, bytes) else getattr(change, "raw", None)
         if raw is None:
             raise TypeError(f"change {i} has no raw BSON")
         try:

@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from bson import Int64, Timestamp
-from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.client_session import ClientSession
 from pymongo.database import Database
@@ -34,7 +33,7 @@ from pymongo.errors import PyMongoError
 
 from relay.core.errors import StreamInvalidatedError
 from relay.core.positions import Token
-from relay.mongo.codecs import RAW_CHANGE_CODEC
+from relay.mongo.codecs import RAW_CHANGE_CODEC, cursor_batch
 from relay.mongo.errors import translate
 
 
@@ -47,9 +46,9 @@ def oplog_start(client: MongoClient[Any]) -> Timestamp:
 
 
 class Read(NamedTuple):
-    """One getMore's reply: its raw changes and its post-batch token."""
+    """One getMore's reply: its raw changes (each change event's BSON) and its post-batch token."""
 
-    changes: list[RawBSONDocument]
+    changes: list[bytes]
     token: Token
 
 
@@ -93,9 +92,8 @@ class Cursor:
             )
         except PyMongoError as exc:
             raise translate(exc) from exc
-        cursor = reply["cursor"]
-        self._id = int(cursor["id"])
-        return _post_batch_token(cursor)
+        self._id, _, token = cursor_batch(reply["cursor"])  # batchSize 0: no change
+        return _post_batch_token(token)
 
     @property
     def alive(self) -> bool:
@@ -114,9 +112,8 @@ class Cursor:
                 "maxTimeMS": self._max_await_ms if await_ms is None else await_ms,
             }
         )
-        cursor = reply["cursor"]
-        self._id = int(cursor["id"])
-        return Read(list(cursor["nextBatch"]), _post_batch_token(cursor))
+        self._id, changes, token = cursor_batch(reply["cursor"])
+        return Read(changes, _post_batch_token(token))
 
     def close(self) -> None:
         """Release the server's cursor and the session (best effort: a cursor on a dead
@@ -131,8 +128,7 @@ class Cursor:
                 session.end_session()
 
 
-def _post_batch_token(cursor: Mapping[str, Any]) -> Token:
-    token = cursor.get("postBatchResumeToken")
+def _post_batch_token(token: Mapping[str, Any] | None) -> Token:
     if token is None:  # the spec's rule: no resume without a token
         raise StreamInvalidatedError(
             "the change stream reply carries no postBatchResumeToken (MongoDB 4.2 or later is needed)"

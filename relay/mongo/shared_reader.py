@@ -63,7 +63,7 @@ from relay.core.change import Change
 from relay.core.errors import HistoryLostError, ServerRefusedError, StreamInvalidatedError, TransientError
 from relay.core.partitions import Scope
 from relay.core.positions import ClusterTime, StartPoint, Token, position_key, token_cluster_time
-from relay.mongo.codecs import read_changes
+from relay.mongo.codecs import change_document, read_changes
 from relay.mongo.cursor import Cursor, Read
 from relay.mongo.errors import resumable, translate
 from relay.mongo.mailbox import Mailbox
@@ -373,7 +373,7 @@ class SharedStream:
                 member.skip = max(member.skip, key)
             self._position = read.token
 
-    def _split(self, raw: list[Any]) -> tuple[dict[int, list[Change]], dict[int, StreamInvalidatedError]]:
+    def _split(self, raw: list[bytes]) -> tuple[dict[int, list[Change]], dict[int, StreamInvalidatedError]]:
         """The inserts of a read by route, and the routes whose stream a drop, rename, dropDatabase
         or invalidate ended (EVERY_ROUTE: all of them); inserts after a route's end are not its."""
         events: dict[int, list[Change]] = collections.defaultdict(list)
@@ -391,9 +391,10 @@ class SharedStream:
                         events[route].append(change)
             if other < 0:
                 break
-            ns = rest[other].get("ns") or {}
+            ending = change_document(rest[other])
+            ns = ending.get("ns") or {}
             for route in self.plan.routes_of(ns.get("db"), ns.get("coll")):
-                ended.setdefault(route, _invalidated(rest[other]))
+                ended.setdefault(route, _invalidated(ending))
             rest = rest[other + 1 :]
         return events, ended
 

@@ -1,4 +1,5 @@
-"""The Python change reader (relay.mongo.codecs.read_in_python) against the compiled one.
+"""The Python change reader (relay.mongo.codecs.read_in_python) against the compiled one, and the
+same for the splitting of a reply's cursor into its events (cursor_batch_in_python).
 
 An install without relay._native (a source install without Rust) reads change events with
 `read_in_python`; it must hand the loop exactly the values the compiled reader does, for any
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from relay.core.change import Change
 from relay.core.positions import ClusterTime
-from relay.mongo.codecs import RAW_CHANGE_CODEC, _event_id, read_in_python
+from relay.mongo.codecs import RAW_CHANGE_CODEC, _event_id, cursor_batch, cursor_batch_in_python, read_in_python
 from relay.outbox import decode
 from tests.interop.bson_cases import bson_documents
 
@@ -81,3 +82,28 @@ def test_the_python_reader_reads_memoryviews_and_names_a_change_that_is_not_bson
     without_document = bson.encode({"_id": {"_data": TOKEN_DATA}, "operationType": "insert"})
     with pytest.raises(ValueError, match="change 0: an insert without _id or fullDocument"):
         read_in_python([RawBSONDocument(without_document, RAW_CHANGE_CODEC)])
+
+
+@PROPERTIES
+@given(changes=st.lists(change_events(), max_size=3), first=st.booleans(), cursor_id=st.integers(0, 2**63 - 1),
+       token=st.one_of(st.none(), _tokens))
+def test_a_cursor_splits_into_its_events_alike_in_python_and_compiled(changes, first, cursor_id, token):
+    cursor: dict[str, object] = {"id": bson.Int64(cursor_id), "ns": "shop.outbox",
+                                 "firstBatch" if first else "nextBatch": changes}
+    if token is not None:
+        cursor["postBatchResumeToken"] = token
+    raw = bson.encode(cursor)
+    split = cursor_batch_in_python(raw)
+    assert split == _native.cursor_batch(raw)
+    assert split[:2] == (cursor_id, [bytes(c.raw) for c in changes])
+    assert cursor_batch(RawBSONDocument(raw, RAW_CHANGE_CODEC))[2] == token, "the token decoded as it was sent"
+    # The events as bytes read exactly as the RawBSONDocuments pymongo would have made of them.
+    assert COMPILED(split[1]) == COMPILED(changes) == read_in_python(split[1])
+
+
+@pytest.mark.parametrize("split", [cursor_batch_in_python, _native.cursor_batch], ids=["python", "compiled"])
+def test_a_cursor_without_an_id_or_with_an_event_that_is_not_a_document_is_named(split):
+    with pytest.raises(ValueError, match="has no id"):
+        split(bson.encode({"nextBatch": []}))
+    with pytest.raises(ValueError, match="change 1 of the reply is not a document"):
+        split(bson.encode({"id": bson.Int64(0), "nextBatch": [{"a": 1}, 5]}))

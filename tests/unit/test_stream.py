@@ -93,7 +93,7 @@ class FakeCursor:
             token = {"_data": position_key(ClusterTime(1000, 2 * self.at))}
         if not chunk:
             time.sleep(0.005)
-        return Read([c for c, _ in chunk], token)
+        return Read([bytes(c.raw) for c, _ in chunk], token)  # as relay.mongo.cursor reads them
 
     def close(self) -> None:
         self.alive = False
