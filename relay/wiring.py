@@ -161,7 +161,14 @@ def shared_streams(parts: PartConfigs, client: MongoClient[Any]) -> dict[str | N
         def cursor() -> Cursor:
             return Cursor(client, plan.database, plan.collection, plan.stages(field), mongo.max_await_ms)
 
-        return SharedStream(plan, cursor, read_events, mongo.max_await_ms / 1000, lambda: oplog_start(client))
+        return SharedStream(
+            plan,
+            cursor,
+            read_events,
+            mongo.max_await_ms / 1000,
+            lambda: oplog_start(client),
+            mongo.read_linger_ms / 1000,
+        )
 
     return {plan.database: stream(plan) for plan in stream_plans(parts)}
 

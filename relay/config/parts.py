@@ -64,6 +64,7 @@ def part_configs(s: Settings) -> PartConfigs:
             lease_collection=s.lease_collection,
             connect_timeout_s=s.connect_timeout_s,
             max_await_ms=s.max_await_ms,
+            read_linger_ms=s.read_linger_ms,
         ),
         kafka=kafka,
         encoding=_encoding(s, kafka),

@@ -118,6 +118,11 @@ class Settings:
         1, "reads in flight at once, each of RELAY_BATCH_MAX_EVENTS / depth events (1: one batch at a time)"
     )
     max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
+    read_linger_ms: int = _setting(
+        25,
+        "after a read that returned events but did not fill, how long the next read waits for more to gather "
+        "(ms; 0: at once); fewer reads and batches at low rates, for about this much more latency",
+    )
     connect_timeout_s: float = _setting(30.0, "how long start-up waits for MongoDB and Kafka (seconds)")
     restart_backoff_max_s: float = _setting(30.0, "longest wait between restarts after transient errors (seconds)")
     on_poison: str = _setting("stop", "a poison event (malformed, not encodable, too large): stop, or dead-letter")

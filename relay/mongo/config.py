@@ -97,6 +97,7 @@ class MongoConfig:
     lease_collection: str
     connect_timeout_s: float
     max_await_ms: int  # the longest a getMore waits for new changes
+    read_linger_ms: int  # caught up, the least time from a read with events to the next read
 
     def __post_init__(self) -> None:
         hold_masked(self, uris=["uri"])
@@ -116,6 +117,8 @@ class MongoConfig:
             )
         for name in ("connect_timeout_s", "max_await_ms"):
             positive(getattr(self, name), env_name(name))
+        if self.read_linger_ms < 0:
+            raise ConfigError(env_name("read_linger_ms"), f"must be 0 or more, got {self.read_linger_ms}")
 
     def leases(self, client: MongoClient[Any]) -> Collection[Any]:
         """The collection of the lease documents (in the state database)."""

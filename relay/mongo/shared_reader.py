@@ -22,7 +22,11 @@ tests/integration/test_change_source.py):
   full), it reads again only once every member took all it was handed: at low rates a getMore
   returns at the first new event, so reading on would cost one getMore per event or two, while a
   read sent once the loops took theirs (it runs while they deliver) returns everything written
-  meanwhile: at most one read ahead of each loop, as the one-outbox reader had.
+  meanwhile: at most one read ahead of each loop, as the one-outbox reader had. And after a read
+  that returned events, the next one waits RELAY_READ_LINGER_MS (default 25) for more to gather,
+  as a producer's linger.ms does: at 500 one-event transactions a second that halves the reads and
+  the batches (each costs the relay a getMore and a delivery whatever its size) for about that much
+  more latency. After an empty read (an idle outbox) it does not wait: a lone event is read at once.
 - A drop or rename of an outbox ends its members' streams (after the inserts before it); a
   dropDatabase or an invalidate ends every member's.
 
@@ -52,6 +56,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,10 +129,16 @@ class SharedStream:
         read_events: int,
         await_s: float,
         oplog_start: Callable[[], Timestamp],
+        linger_s: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         """`cursor` makes a fresh cursor of the plan; `read_events` is one read's size and each
-        member's queue bound; `await_s` the longest a member waits for events (RELAY_MAX_AWAIT_MS)."""
+        member's queue bound; `await_s` the longest a member waits for events (RELAY_MAX_AWAIT_MS);
+        `linger_s` how long, caught up, the read after one that returned events waits for more
+        (RELAY_READ_LINGER_MS; the module docstring, "Reads")."""
         self.plan = plan
+        self._linger_s = linger_s
+        self._monotonic = monotonic
         self._new_cursor = cursor
         self._read_events = read_events
         self._await_s = await_s
@@ -143,6 +154,7 @@ class SharedStream:
         self._position: Token | None = None  # the last post-batch token read
         self._reopened = 0  # reopens after a resumable error since the last read that succeeded
         self._caught_up = False  # the last read was not full: the cursor is at the oplog's end
+        self._linger_until = 0.0  # caught up, no read before this time (`monotonic`)
 
     # ---- the loops' side ----------------------------------------------------------------------------
 
@@ -187,7 +199,8 @@ class SharedStream:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(self._has_work)
+                    while not self._has_work():
+                        self._cond.wait(self._lingering())  # None: until a loop or a join notifies
                     if self._closed:
                         return
                     joins, self._joins = self._joins, []
@@ -222,7 +235,12 @@ class SharedStream:
         if not self._members:
             return self._server_cursor is not None  # to release it
         bound = 1 if self._caught_up else self._read_events  # the module docstring, "Reads"
-        return all(m.mailbox.queued < bound for m in self._members.values())
+        return all(m.mailbox.queued < bound for m in self._members.values()) and not self._lingering()
+
+    def _lingering(self) -> float | None:
+        """How long the next read still waits for events to gather (None: it need not)."""
+        left = self._linger_until - self._monotonic()
+        return min(left, self._linger_s) if left > 0 else None
 
     def _release_cursor(self) -> None:
         cursor, self._server_cursor, self._position = self._server_cursor, None, None
@@ -361,6 +379,8 @@ class SharedStream:
         events, ended = self._split(read.changes)
         key = str(read.token["_data"])
         self._caught_up = len(read.changes) < self._read_events  # the probe's read counts too
+        lingers = self._caught_up and bool(read.changes)  # the module docstring, "Reads"
+        self._linger_until = self._monotonic() + self._linger_s if lingers else 0.0
         with self._cond:  # one pass over every mailbox: a member sees a read whole or not at all
             for route, member in list(self._members.items()):
                 mine = _after(events.get(route, []), member.skip)

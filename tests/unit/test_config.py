@@ -55,10 +55,11 @@ def test_flags_win_over_environment_which_wins_over_the_file(tmp_path):
     ({"RELAY_LEASE_TTL_S": "4", "RELAY_HEARTBEAT_INTERVAL_S": "3"}, "RELAY_HEARTBEAT_INTERVAL_S"),
     ({"RELAY_DATABSE": "typo"}, "RELAY_DATABSE"),
     ({"RELAY_LOG_LEVEL": "loud"}, "RELAY_LOG_LEVEL"),
+    ({"RELAY_READ_LINGER_MS": "-1"}, "RELAY_READ_LINGER_MS"),
 ])
 def test_invalid_configuration_names_the_setting(env, setting):
     with pytest.raises(ConfigError) as err:
-        Settings.load(env=env)
+        Settings.load(env=env).parts()
     assert err.value.setting == setting
     assert str(err.value).startswith(setting)
 

@@ -69,6 +69,7 @@ class FakeCursor:
     """A change stream cursor over the Oplog: opens at a time, reads from there."""
 
     opened: ClassVar[list[Timestamp | None]] = []  # every open, across cursors (class-wide, reset per test)
+    reads: ClassVar[int] = 0  # every read, across cursors
 
     def __init__(self, oplog: Oplog, fail: list[BaseException]) -> None:
         self.oplog, self.fail, self.at, self.alive = oplog, fail, 0, True
@@ -81,6 +82,7 @@ class FakeCursor:
             return {"_data": position_key(ClusterTime(1000, 2 * self.at))}
 
     def read(self, max_events: int, await_ms: int | None = None) -> Read:
+        FakeCursor.reads += 1
         if self.fail and (error := self.fail.pop(0)) is not None:  # None: this read succeeds
             raise error
         with self.oplog.lock:
@@ -200,6 +202,48 @@ def test_caught_up_the_reader_stays_one_read_ahead_of_a_loop_that_has_not_taken(
     got, batches = _drain(a, 3)
     assert got == later
     assert [len(b.changes) for b in batches if b.changes] == [3], "one read returned the three"
+
+
+class FrozenClock:
+    """The reader's monotonic clock, moved only by the test."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_caught_up_the_read_after_one_with_events_lingers_and_after_an_empty_read_none_does():
+    """RELAY_READ_LINGER_MS: after a read that returned events (not a full one), the next read waits
+    the linger for more to gather, so what is written meanwhile is one read and one batch; after an
+    empty read (an idle outbox) the next read does not wait, so a lone event is read at once. The
+    reader's clock stands still here until the test moves it."""
+    oplog, clock = Oplog(), FrozenClock()
+    FakeCursor.opened = []
+    stream = SharedStream(PLAN, lambda: FakeCursor(oplog, []), 10, 0.05, lambda: oplog.oldest, 0.02, clock)
+    try:
+        a = _subscription(stream, A)
+        a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+        first = oplog.insert(A, 1)
+        assert _drain(a, 1)[0] == first  # that read returned an event: the next one lingers
+        read = stream._position
+        later = oplog.insert(A, 2)
+        time.sleep(0.2)  # ten lingers of real time, none of the reader's
+        assert stream._position == read, "no read before the linger is over"
+        clock.now += 0.02
+        got, batches = _drain(a, 2)
+        assert got == later and [len(b.changes) for b in batches if b.changes] == [2], "one read, one batch"
+        reads = FakeCursor.reads
+        clock.now += 0.02  # the next read is empty (the outbox is idle): no linger after it
+        deadline = time.monotonic() + 10
+        while FakeCursor.reads < reads + 2:  # that read and one more
+            assert time.monotonic() < deadline, "the reader did not read on"
+            time.sleep(0.005)
+        lone = oplog.insert(A, 1)
+        assert _drain(a, 1)[0] == lone, "read at once, the clock standing still"
+    finally:
+        stream.close()
 
 
 def test_reads_queued_in_a_catch_up_are_taken_as_one_batch(small_reads):
