@@ -27,7 +27,9 @@ namespace `<db>.<collection>`; with N > 1 partition k has its own, `<db>.<collec
 with its own fencing token and checkpoint), its lease document's fields, its metric label values
 (`label_names`) and its log fields; `Partition` answers which documents and change events it holds
 (`selection`, `change_match`: the whole outbox's change stream keeps the pipeline, and so the
-fingerprint, it always had).
+fingerprint, it always had). A stream that reads several scopes tells them apart by their index in
+`scopes` (`route_of`), which the server computes for each insert (`route_expression`: with one
+partition, no hash).
 """
 
 from __future__ import annotations
@@ -164,6 +166,24 @@ def described(namespace: Namespace | str, count: int) -> str:
 def scopes(namespaces: Sequence[Namespace], count: int) -> list[Scope]:
     """Every scope of the outboxes `namespaces` split into `count` partitions, outbox by outbox."""
     return [Scope(namespace, p) for namespace in namespaces for p in partitions(count)]
+
+
+def route_of(outbox_index: int, partitions: int, partition: int) -> int:
+    """The route of a scope in a stream that reads several (relay.mongo.pipeline.StreamPlan): its
+    index in `scopes(outboxes, partitions)`, outbox index x N + partition. The one statement of the
+    formula; `route_expression` has the server compute the same."""
+    return outbox_index * partitions + partition
+
+
+def route_expression(outbox: dict[str, Any] | int, path: str, count: int) -> dict[str, Any]:
+    """`route_of` computed by the server for an insert, `$add: [$multiply: [outbox, N], partition]`:
+    `outbox` is its outbox's index (an aggregation expression, or a number), its aggregate id is
+    at `path`. With one partition the route is the outbox's index alone: nothing is hashed
+    (`$toHashedIndexKey` needs MongoDB 6.0)."""
+    if count == 1:
+        return outbox if isinstance(outbox, dict) else {"$literal": outbox}
+    partition = {"$mod": [{"$add": [partition_expression(path, count), count]}, count]}  # in [0, N)
+    return {"$add": [{"$multiply": [outbox, count]}, partition]}
 
 
 def hashed_index_key(value: str | None) -> int:

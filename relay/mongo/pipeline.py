@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay.core.namespace import Namespace
-from relay.core.partitions import Partition, Scope, partition_expression
+from relay.core.partitions import Partition, Scope, route_expression, route_of
 
 WATCHED_OPERATIONS = ["insert", "drop", "rename", "dropDatabase", "invalidate"]
 PIPELINE: list[dict[str, Any]] = [
@@ -59,13 +59,6 @@ def fingerprint(scope: Scope, aggregate_id_field: str) -> str:
 
 WHOLE_DATABASE = ["dropDatabase", "invalidate"]  # end every scope of the stream (they carry no collection)
 EVERY_ROUTE = -1  # what a dropDatabase or an invalidate ends: every route of the stream
-
-
-def route_of(outbox_index: int, partitions: int, partition: int) -> int:
-    """The route of the scope (outbox `outbox_index` of the plan, `partition` of `partitions`):
-    outbox index x N + partition. The one statement of the formula; `StreamPlan._route_expression`
-    has the server compute the same, `$add: [$multiply: [outbox, N], partition]`."""
-    return outbox_index * partitions + partition
 
 
 @dataclass(frozen=True)
@@ -127,8 +120,7 @@ class StreamPlan:
         return [{"$match": match}, {"$project": projection}]
 
     def _route_expression(self, path: str) -> dict[str, Any]:
-        """`route_of` computed by the server for each insert."""
-        n = self.partitions
+        """`route_of` computed by the server for each insert (relay.core.partitions.route_expression)."""
         if self.database is None:
             name: Any = {"$concat": ["$ns.db", ".", "$ns.coll"]}
             outbox: Any = {"$indexOfArray": [[str(o) for o in self.outboxes], name]}
@@ -136,7 +128,4 @@ class StreamPlan:
             outbox = {"$indexOfArray": [[o.collection for o in self.outboxes], "$ns.coll"]}
         else:
             outbox = 0
-        if n == 1:
-            return outbox if isinstance(outbox, dict) else {"$literal": 0}
-        partition = {"$mod": [{"$add": [partition_expression(path, n), n]}, n]}  # in [0, N)
-        return {"$add": [{"$multiply": [outbox, n]}, partition]}
+        return route_expression(outbox, path, self.partitions)
