@@ -141,7 +141,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
         self._fingerprint = fingerprint
         self._key = lease_id.encode()
         self._grant: Grant | None = None
-        self._partition = 0
+        self._record_partition = 0  # the offsets topic's partition of this lease's records
         self._in_transaction = False
         self._unusable = False  # after a fatal error: no abort, no further call
         # The open transaction: its parcels (held until it ends), their events and bytes, and
@@ -159,7 +159,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
         transaction is aborted and it can commit nothing more), for the session of `grant`."""
         self._init_transactions(heartbeat)
         self._grant = grant
-        self._partition = self._offsets.partition(self._lease_id)
+        self._record_partition = self._offsets.record_partition(self._lease_id)
 
     def forget_record(self, heartbeat: Heartbeat) -> None:
         """Tombstone the lease's offsets record, in a transaction of its own, so that a record from
@@ -283,7 +283,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
             d.release()
 
     def _produce_record(self, value: bytes | None) -> None:
-        self._producer.produce(self._offsets.topic, value, self._key, partition=self._partition)
+        self._producer.produce(self._offsets.topic, value, self._key, partition=self._record_partition)
 
     def _run_transaction(self, produce: Callable[[], None], while_waiting: Heartbeat) -> None:
         """One transaction of its own (the tombstone at start), outside the parcels'."""
