@@ -4,14 +4,14 @@ Run: `.venv/bin/python -m bench.tail [--rate 1000] [--batch 1] [--seconds 20] [-
 [--delivery exactly-once] [--live-reader off|on|both]`.
 
 The relay runs in this process on a fresh local stack while the writer (bench.writer, a child
-process) commits at `--rate`, `--batch` events per transaction. Each delivery's own share
+process) commits at `--rate`, `--batch` events per transaction. Each parcel's own share
 (`relay_read_to_ack_seconds`, read -> acknowledged) is split, from the relay's own observer hooks and
 each message's delivery report (librdkafka's `latency()`, produce() -> the broker's ack reaching the
-client), into: `before` (read -> delivery created: encoding, a lease renewal when due), `send`
+client), into: `before` (read -> parcel created: encoding, a lease renewal when due), `send`
 (handing the messages to librdkafka), `ack` (until the last acknowledgement reached librdkafka:
 the produce request's trip and the broker), `report` (until the loop served that report: the loop
 thread waiting for the interpreter or a core), `notice` (until the loop went on). The report names
-the part that dominates the deliveries at or above p99. `--live-reader on` also runs, in this
+the part that dominates the parcels at or above p99. `--live-reader on` also runs, in this
 process, the live read_committed consumer the benchmark's in-process latency step ran beside the
 relay from ade8617 on (`both`: rounds alternate without and with it), to show what it costs.
 """
@@ -33,7 +33,7 @@ from bench.common import percentile, progress
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.stack import bench_stack
 from bench.writer import receive, writer_child
-from relay.core.window import Delivery
+from relay.core.window import Parcel
 from relay.dev.stack import LocalStack
 
 PARTS = ("before", "send", "ack", "report", "notice")
@@ -41,7 +41,7 @@ PARTS = ("before", "send", "ack", "report", "notice")
 
 @dataclass
 class Sample:
-    """One delivery's own share and its parts, ms."""
+    """One parcel's own share and its parts, ms."""
 
     events: int
     own: float
@@ -50,7 +50,7 @@ class Sample:
 
 @dataclass
 class _Reports:
-    """The delivery reports of one delivery: when the last ack reached librdkafka, when the last
+    """The delivery reports of one parcel: when the last ack reached librdkafka, when the last
     report was served (Unix seconds)."""
 
     last_ack: float = 0.0
@@ -59,7 +59,7 @@ class _Reports:
 
 @dataclass
 class Timed:
-    """Wraps one relay loop's observer hooks and the deliveries' report callback (see above)."""
+    """Wraps one relay loop's observer hooks and the parcels' report callback (see above)."""
 
     samples: list[Sample] = field(default_factory=list)
     recording: bool = False
@@ -78,34 +78,34 @@ class Timed:
             watch(publisher)
             send = publisher.send
 
-            def timed_send(delivery: Any, while_waiting: Any) -> None:
+            def timed_send(parcel: Any, while_waiting: Any) -> None:
                 started = time.time()
                 try:
-                    send(delivery, while_waiting)
+                    send(parcel, while_waiting)
                 finally:
-                    self.sent(delivery.messages, started, time.time())
+                    self.sent(parcel.messages, started, time.time())
 
             publisher.send = timed_send
 
         observer.published, observer.watch_publisher = on_published, on_watch
 
     def sent(self, messages: Any, started: float, ended: float) -> None:
-        """A delivery's messages were handed to librdkafka between `started` and `ended` (Unix s)."""
+        """A parcel's messages were handed to librdkafka between `started` and `ended` (Unix s)."""
         self._sends[id(messages)] = (started, ended)
 
-    def report(self, delivery: Delivery, msg: Any, served: float | None = None) -> None:
+    def report(self, parcel: Parcel, msg: Any, served: float | None = None) -> None:
         """A delivery report (on the loop's thread, inside poll/flush): note its ack and serve time."""
         served = time.time() if served is None else served
         _kind, ms = msg.timestamp()
         latency = msg.latency()
         with self._lock:
-            r = self._reports.setdefault(id(delivery.messages), _Reports())
+            r = self._reports.setdefault(id(parcel.messages), _Reports())
             r.last_served = max(r.last_served, served)
             if latency is not None and ms > 0:
                 r.last_ack = max(r.last_ack, ms / 1000 + latency)
 
     def delivered(self, messages: Any, seconds: float, read_seconds: float, done: float) -> None:
-        """Every report of the delivery holding `messages` was served; the loop went on at `done`
+        """Every report of the parcel holding `messages` was served; the loop went on at `done`
         (`seconds` since it was created, `read_seconds` since its changes were read)."""
         start, end = self._sends.pop(id(messages), (done - seconds, done - seconds))
         with self._lock:
@@ -121,18 +121,18 @@ class Timed:
 
 @contextmanager
 def report_hook(timed: Timed) -> Iterator[None]:
-    """Every delivery's report callback also tells `timed` (the class's method, for this run)."""
-    original = Delivery.on_delivery
+    """Every parcel's report callback also tells `timed` (the class's method, for this run)."""
+    original = Parcel.on_delivery
 
-    def on_delivery(self: Delivery, err: Any, msg: Any) -> None:
+    def on_delivery(self: Parcel, err: Any, msg: Any) -> None:
         timed.report(self, msg)
         original(self, err, msg)
 
-    Delivery.on_delivery = on_delivery  # type: ignore[method-assign]
+    Parcel.on_delivery = on_delivery  # type: ignore[method-assign]
     try:
         yield
     finally:
-        Delivery.on_delivery = original  # type: ignore[method-assign]
+        Parcel.on_delivery = original  # type: ignore[method-assign]
 
 
 @contextmanager
@@ -154,17 +154,17 @@ def _share(samples: list[Sample], part: str) -> float:
 
 
 def summary(samples: list[Sample], title: str) -> list[str]:
-    """Own-share percentiles over events; the parts of the deliveries at or above p99, of the median
-    delivery; the worst deliveries; and which part the tail waits for."""
+    """Own-share percentiles over events; the parts of the parcels at or above p99, of the median
+    parcel; the worst parcels; and which part the tail waits for."""
     own = sorted(x for s in samples for x in [s.own] * s.events)
     if not own:
-        return [f"{title}: no delivery recorded"]
+        return [f"{title}: no parcel recorded"]
     p99 = percentile(own, 99)
     tail = [s for s in samples if s.own >= p99]
     middle = sorted(samples, key=lambda s: s.own)[len(samples) // 2:][:1]
-    lines = [f"{title}: {len(samples)} deliveries ({sum(s.events for s in samples) / len(samples):.1f} events each); "
+    lines = [f"{title}: {len(samples)} parcels ({sum(s.events for s in samples) / len(samples):.1f} events each); "
              f"own share p50 {percentile(own, 50):.1f} ms, p99 {p99:.1f} ms, max {own[-1]:.1f} ms"]
-    for label, group in (("deliveries at or above p99", tail), ("the median delivery", middle)):
+    for label, group in (("parcels at or above p99", tail), ("the median parcel", middle)):
         lines.append(f"  {label} ({len(group)}): " + ", ".join(f"{p} {_share(group, p):.2f}" for p in PARTS) + " ms")
     worst = sorted(samples, key=lambda s: -s.own)[:6]
     lines.append("  worst: " + "; ".join(f"{s.own:.0f} = " + "+".join(f"{s.parts[p]:.0f}" for p in PARTS)
@@ -185,7 +185,7 @@ MEANING = {
 
 
 def one_round(stack: LocalStack, args: argparse.Namespace, live: bool) -> tuple[Timed, float]:
-    """One relay, one writer, one database of its own; (the timed deliveries, the writer's rate)."""
+    """One relay, one writer, one database of its own; (the timed parcels, the writer's rate)."""
     timed = Timed()
     run_id = uuid.uuid4().hex[:6]
     database = f"tail_{run_id}"

@@ -109,8 +109,8 @@ class Settings:
     )
     batch_max_bytes: int = _setting(
         4 * 1024 * 1024,
-        "bytes of encoded messages at which a delivery to the producer closes (a larger read is split; "
-        "the message that reaches it is the delivery's last)",
+        "bytes of encoded messages at which a parcel (messages handed to the producer together) closes "
+        "(a larger read is split; the message that reaches it is the parcel's last)",
     )
     # Measured on 2 cores shared with mongod and Kafka, depth 1 drained a backlog fastest
     # (README, Benchmarks); deeper pipelines pay off when round trips to remote servers dominate.
@@ -163,7 +163,7 @@ class Settings:
     )
     transaction_max_bytes: int = _setting(
         16 * 1024 * 1024,
-        "exactly-once: bytes of encoded messages at which a Kafka transaction commits (the delivery that "
+        "exactly-once: bytes of encoded messages at which a Kafka transaction commits (the parcel that "
         "reaches it is the transaction's last)",
     )
     transaction_max_ms: int = _setting(
@@ -294,7 +294,7 @@ class Settings:
 
     def validate(self) -> None:
         """Check every part's configuration (each failure names the setting), the logging
-        settings, and what no single part can: exactly-once mode needs one delivery in flight."""
+        settings, and what no single part can: exactly-once mode needs one read in flight."""
         self.parts()
         check_logging(self.log_level, self.log_format)
         if self.delivery == EXACTLY_ONCE and self.pipeline_depth != 1:

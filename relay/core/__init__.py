@@ -1,6 +1,6 @@
 """The loop and what it is made of, free of drivers and codecs.
 
-`loop` (the one place that knows the order of steps), `window` (deliveries in flight), `poison`
+`loop` (the one place that knows the order of steps), `window` (parcels in flight), `poison`
 (the poison policy), `boundaries` (the protocols the loop is given), `errors` (the error tree,
 each kind with its action), `positions` (tokens, cluster times, start points, checkpoints,
 grants), `change` (the `Change` values and `Batch` the source hands the loop), `resume` (where a

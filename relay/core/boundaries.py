@@ -18,7 +18,7 @@ from relay.core.change import Batch, Change
 from relay.core.message import OutgoingMessage
 from relay.core.positions import Grant, PositionWrite, StartPoint, Token
 from relay.core.resume import Committed
-from relay.core.window import Delivery
+from relay.core.window import Parcel
 
 
 class ChangeSource(Protocol):
@@ -49,11 +49,11 @@ class ChangeSource(Protocol):
 
 class Publisher(Protocol):
     """One producer instance of one leading session (relay.kafka.producer.IdempotentPublisher, or in
-    exactly-once mode relay.kafka.transactions.TransactionalPublisher, which adds each delivery to
+    exactly-once mode relay.kafka.transactions.TransactionalPublisher, which adds each parcel to
     the open Kafka transaction and reports it only once that transaction committed)."""
 
-    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
-        """Hand every message of `delivery` to the producer, its reports to `delivery.on_delivery`
+    def send(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
+        """Hand every message of `parcel` to the producer, its reports to `parcel.on_delivery`
         (blocking, and calling `while_waiting`, only while the producer's queue is full)."""
 
     def poll(self, timeout: float) -> None:
@@ -67,8 +67,8 @@ class Publisher(Protocol):
         """Seconds until the producer must deliver what it holds open (exactly-once: the open
         transaction's time bound, RELAY_TRANSACTION_MAX_MS); None when nothing is open."""
 
-    def failure(self, delivery: Delivery) -> Exception:
-        """The error for the first failed report of `delivery` (it carries its action)."""
+    def failure(self, parcel: Parcel) -> Exception:
+        """The error for the first failed report of `parcel` (it carries its action)."""
 
     @property
     def queued(self) -> int:
@@ -168,7 +168,7 @@ class LoopObserver(Protocol):
         token: Token | None,
         read_seconds: float,
     ) -> None:
-        """Kafka acknowledged a delivery: its changes' commit times, its messages, the seconds
+        """Kafka acknowledged a parcel: its changes' commit times, its messages, the seconds
         since it was handed to the producer and since its changes were read, its token."""
 
     def checkpoint_stored(self, token: Any) -> None: ...

@@ -12,7 +12,7 @@ through the outcome table, by the action its kind carries (relay.core.errors.cla
 | FENCED  | drop the stream and the producer (never release a lease that is not ours), poll as a standby; with RELAY_ON_LEASE_LOST=exit, stop |
 | STOP    | raise: `run()` writes the stop line and shuts down |
 
-Shutdown order, on `stop()`: finish the deliveries in flight and store their checkpoint at once
+Shutdown order, on `stop()`: finish the parcels in flight and store their checkpoint at once
 (with whatever the session still holds: relay.core.coalescer); close the change stream; drop the producer (it holds nothing undelivered); release the lease so a standby
 takes over at once. The process (relay.group.runner) closes the shared clients after every loop.
 """
@@ -56,7 +56,7 @@ from relay.core.poison import Decision, PoisonPolicy, encode
 from relay.core.positions import Grant, short_token
 from relay.core.restarts import RestartPolicy
 from relay.core.resume import IfLost, Resume, Rules, Store, resume
-from relay.core.window import Delivery, Window, split
+from relay.core.window import Parcel, Window, split
 
 log = logging.getLogger("relay")
 
@@ -126,7 +126,7 @@ class Relay(Generic[ObserverT]):
     # ---- public -----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask the loop to finish the deliveries in flight and shut down (thread- and signal-safe)."""
+        """Ask the loop to finish the parcels in flight and shut down (thread- and signal-safe)."""
         self._stopping.set()
 
     @property
@@ -186,7 +186,7 @@ class Relay(Generic[ObserverT]):
 
     def _window(self) -> Window:
         """At-least-once: up to RELAY_PIPELINE_DEPTH reads in flight. Exactly-once: the reads of the
-        open Kafka transaction, whose deliveries are acknowledged only once it commits, so no
+        open Kafka transaction, whose parcels are acknowledged only once it commits, so no
         token is stored before its commit (window.Window.transaction)."""
         c = self.config
         if c.transaction_max_events is None:
@@ -280,7 +280,7 @@ class Relay(Generic[ObserverT]):
         self._settle(s, keep=window.keep)
 
     def _publish(self, s: Session, batch: Batch, read_at: float) -> None:
-        """Hand the batch's messages to the producer, each delivery with the token covering it.
+        """Hand the batch's messages to the producer, each parcel with the token covering it.
 
         Under the stop policy a poison event ends the batch: the events before it are published
         and stored, then its error is raised (a restart stops at the same event again).
@@ -290,7 +290,7 @@ class Relay(Generic[ObserverT]):
         )
         start = 0
         for end, alone in split([len(m.value) for m in messages], self.config.batch_max_bytes, self._poison.one_by_one):
-            delivery = Delivery(
+            parcel = Parcel(
                 batch.wall_ms(start, end),
                 messages[start:end],
                 batch.token_after(end),
@@ -298,8 +298,8 @@ class Relay(Generic[ObserverT]):
                 alone,
                 read_at,
             )
-            s.publisher.send(delivery, self._heartbeat)
-            s.window.add(delivery)
+            s.publisher.send(parcel, self._heartbeat)
+            s.window.add(parcel)
             start = end
             if alone:
                 self._settle(s, keep=0)  # its own request: the broker's answer names it
@@ -310,35 +310,35 @@ class Relay(Generic[ObserverT]):
             raise poison
 
     def _settle(self, s: Session, keep: int) -> None:
-        """Store the token of the newest delivery that Kafka acknowledged along with every one
-        before it, after waiting until at most `keep` deliveries remain in flight.
+        """Store the token of the newest parcel that Kafka acknowledged along with every one
+        before it, after waiting until at most `keep` parcels remain in flight.
 
         This is where guarantee 1 holds: a token is stored only once every delivery report up
         to it succeeded. A failed report raises its error, after storing what was acknowledged
         before it (the caller replays from there).
 
-        Guarantee 7 holds here too: every settle that saw a delivery acknowledged writes the lease,
-        fenced. Rescanned documents have no position, so a rescan's deliveries store nothing; the
+        Guarantee 7 holds here too: every settle that saw a parcel acknowledged writes the lease,
+        fenced. Rescanned documents have no position, so a rescan's parcels store nothing; the
         lease is renewed instead, so a replica that lost it stops after one batch in a rescan too.
         """
         s.publisher.poll(0)
         window, newest, acknowledged = s.window, None, False
         try:
-            while (delivery := window.oldest) is not None:
-                if not delivery.done:
+            while (parcel := window.oldest) is not None:
+                if not parcel.done:
                     if len(window) <= keep:
                         break
-                    self._await(s, delivery, everything=keep == 0)
-                if delivery.failure is not None:
-                    raise s.publisher.failure(delivery)
+                    self._await(s, parcel, everything=keep == 0)
+                if parcel.failure is not None:
+                    raise s.publisher.failure(parcel)
                 window.pop_acknowledged()
-                if delivery.one_by_one:
+                if parcel.one_by_one:
                     self._poison.sent_alone()
                 now = self._clock.monotonic()
                 self.observer.published(
-                    delivery.wall_ms, delivery.messages, now - delivery.sent_at, delivery.token, now - delivery.read_at
+                    parcel.wall_ms, parcel.messages, now - parcel.sent_at, parcel.token, now - parcel.read_at
                 )
-                newest = delivery.token or newest
+                newest = parcel.token or newest
                 acknowledged = True
         finally:
             if newest is not None:
@@ -347,11 +347,11 @@ class Relay(Generic[ObserverT]):
             elif acknowledged:
                 self._checkpoints.renew()  # rescanned documents: nothing to store, the lease still fenced
 
-    def _await(self, s: Session, delivery: Delivery, everything: bool) -> None:
-        """Serve reports until `delivery`'s are in (`everything`: the loop waits for every
-        delivery in flight, so the producer need not hold anything back: Publisher.drain)."""
+    def _await(self, s: Session, parcel: Parcel, everything: bool) -> None:
+        """Serve reports until `parcel`'s are in (`everything`: the loop waits for every
+        parcel in flight, so the producer need not hold anything back: Publisher.drain)."""
         wait = s.publisher.drain if everything else s.publisher.poll
-        while not delivery.done:
+        while not parcel.done:
             wait(WAIT_SLICE_S)
             self._heartbeat()
 
@@ -435,7 +435,7 @@ class Relay(Generic[ObserverT]):
             self._checkpoints.flush()
         except Exception as exc:  # noqa: BLE001 - the next leader replays from the last checkpoint
             log.warning(
-                "stopping without storing the last deliveries (%s); the next leader replays them from the checkpoint",
+                "stopping without storing the last parcels (%s); the next leader replays them from the checkpoint",
                 exc,
             )
 

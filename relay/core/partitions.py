@@ -1,6 +1,6 @@
 """Partitions of one outbox (RELAY_PARTITIONS): which events a partition holds and its lease id.
-Pure: no I/O. (The server-side predicate is relay.mongo.pipeline's; how replicas share the
-partitions, relay.group.balance.)
+Pure: no I/O. (The change stream pipelines built on `Partition.change_match` are relay.mongo.pipeline's;
+how replicas share the partitions, relay.group.balance.)
 
 **The partition of an event** is computed by MongoDB in each partition's change stream, so
 outboxes written by any service work unchanged:
@@ -17,7 +17,7 @@ such an event still falls in exactly one partition, where the relay stops on it 
 (or dead-letters it), as it does without partitions. `hashed_index_key` and `partition_of`
 compute the same in Python (tests/integration/test_partitions.py checks them against the
 server); consumers can use them to find the partition of a key. MongoDB's `$mod` keeps the
-sign of the dividend, so the stage matches `h mod N` in {k, k - N}.
+sign of the dividend, so a partition's predicate (`Partition.selection`) matches `h mod N` in {k, k - N}.
 
 **Scopes and leases**: a relay loop publishes one `Scope`, the events of one outbox in one
 partition of it (Partition(0, 1): all of them), under one lease. The unpartitioned outbox is
@@ -25,7 +25,11 @@ partition of it (Partition(0, 1): all of them), under one lease. The unpartition
 answers for it in one place each (`partitioned` is the one test): its lease id (with N = 1 the
 namespace `<db>.<collection>`; with N > 1 partition k has its own, `<db>.<collection>#<k>/<N>`,
 with its own fencing token and checkpoint), its lease document's fields, its metric label values
-(`label_names`), its log fields and its name in a reason (`named`).
+(`label_names`) and its log fields; `Partition` answers which documents and change events it holds
+(`selection`, `change_match`: the whole outbox's change stream keeps the pipeline, and so the
+fingerprint, it always had). A stream that reads several scopes tells them apart by their index in
+`scopes` (`route_of`), which the server computes for each insert (`route_expression`: with one
+partition, no hash).
 """
 
 from __future__ import annotations
@@ -60,8 +64,35 @@ class Partition:
     def __str__(self) -> str:
         return f"{self.index}/{self.count}"
 
+    def selection(self, path: str) -> dict[str, Any] | None:
+        """The query predicate (`$expr`) true for exactly the documents of this partition, their
+        aggregate id at `path` (e.g. "$aggregateId"); None for WHOLE, which holds every document."""
+        if self.count == 1:
+            return None
+        k, n = self.index, self.count
+        return {"$expr": {"$in": [partition_expression(path, n), [k, k - n] if k else [0]]}}
+
+    def change_match(self, operations: Sequence[str], path: str) -> dict[str, Any]:
+        """The `$match` filter of this partition's change stream over the change events of
+        `operations`, the aggregate id of an insert at `path` (e.g. "$fullDocument.aggregateId"):
+        every one of them for WHOLE (the unpartitioned stream's filter, as it always was); for one
+        partition, its own inserts (`selection`) and every other operation (those end the stream,
+        so every partition sees them)."""
+        watched = {"operationType": {"$in": operations}}
+        own = self.selection(path)
+        if own is None:
+            return watched
+        ending = [op for op in operations if op != "insert"]
+        return {"$or": [{"operationType": {"$in": ending}}, {"operationType": "insert", **own}]}
+
 
 WHOLE = Partition(0, 1)  # the unpartitioned outbox: every event
+
+
+def partition_expression(path: str, count: int) -> dict[str, Any]:
+    """The aggregation expression for `h mod N` of the field at `path` (e.g. "$fullDocument.aggregateId");
+    its value lies in (-N, N) since MongoDB's $mod keeps the dividend's sign."""
+    return {"$mod": [{"$toHashedIndexKey": path}, count]}
 
 
 def partitions(count: int) -> list[Partition]:
@@ -135,6 +166,24 @@ def described(namespace: Namespace | str, count: int) -> str:
 def scopes(namespaces: Sequence[Namespace], count: int) -> list[Scope]:
     """Every scope of the outboxes `namespaces` split into `count` partitions, outbox by outbox."""
     return [Scope(namespace, p) for namespace in namespaces for p in partitions(count)]
+
+
+def route_of(outbox_index: int, partitions: int, partition: int) -> int:
+    """The route of a scope in a stream that reads several (relay.mongo.pipeline.StreamPlan): its
+    index in `scopes(outboxes, partitions)`, outbox index x N + partition. The one statement of the
+    formula; `route_expression` has the server compute the same."""
+    return outbox_index * partitions + partition
+
+
+def route_expression(outbox: dict[str, Any] | int, path: str, count: int) -> dict[str, Any]:
+    """`route_of` computed by the server for an insert, `$add: [$multiply: [outbox, N], partition]`:
+    `outbox` is its outbox's index (an aggregation expression, or a number), its aggregate id is
+    at `path`. With one partition the route is the outbox's index alone: nothing is hashed
+    (`$toHashedIndexKey` needs MongoDB 6.0)."""
+    if count == 1:
+        return outbox if isinstance(outbox, dict) else {"$literal": outbox}
+    partition = {"$mod": [{"$add": [partition_expression(path, count), count]}, count]}  # in [0, N)
+    return {"$add": [{"$multiply": [outbox, count]}, partition]}
 
 
 def hashed_index_key(value: str | None) -> int:

@@ -1,7 +1,8 @@
-"""The in-flight window: batches handed to the producer and not yet checkpointed.
+"""The in-flight window: parcels handed to the producer and not yet checkpointed.
 
-Pure bookkeeping, no I/O: `Delivery` counts the delivery reports of one batch; `Window` keeps
-the deliveries in send order and says which of them may be checkpointed. The loop
+Pure bookkeeping, no I/O: a `Parcel` is the messages the loop hands to the producer together (a
+read, or a part of one: `split`) and counts their delivery reports; `Window` keeps the parcels in
+send order and says which of them may be checkpointed. The loop
 (`relay.core.loop`) owns one window per leading session and consults it; the fast loop tests drive
 it through in-memory fakes of the producer.
 """
@@ -15,12 +16,13 @@ from typing import Any
 from relay.core.positions import Token
 
 
-class Delivery:
-    """One batch handed to the producer: its changes' commit times, its messages, the token that covers them
-    (None for rescanned documents, which have no token of their own), and its delivery reports.
+class Parcel:
+    """Messages handed to the producer together: their changes' commit times, the messages, the
+    token that covers them (None for rescanned documents, which have no token of their own), and
+    their delivery reports.
 
-    `on_delivery` is the delivery callback of every message of the batch (bound once per batch,
-    no closure per message). Reports for one partition arrive in send order; a batch is
+    `on_delivery` is the delivery callback of every message of the parcel (bound once per parcel,
+    no closure per message). Reports for one Kafka partition arrive in send order; a parcel is
     acknowledged when every report came back without an error.
     """
 
@@ -54,15 +56,15 @@ class Delivery:
         self.read_at = sent_at if read_at is None else read_at  # when its changes were read
         self.one_by_one = one_by_one  # its one message was sent alone (a request of its own)
         # Where the first failed report is announced (the publisher's list; it drops its queue).
-        self.failures: list[Delivery] | None = None
+        self.failures: list[Parcel] | None = None
 
     def hold(self) -> None:
-        """One more report to wait for: the commit of the transaction holding this delivery
-        (exactly-once mode). Until `release()`, the delivery is neither done nor acknowledged."""
+        """One more report to wait for: the commit of the transaction holding this parcel
+        (exactly-once mode). Until `release()`, the parcel is neither done nor acknowledged."""
         self.pending += 1
 
     def release(self, failure: tuple[bytes, Any] | None = None) -> None:
-        """The transaction holding this delivery ended: committed (no `failure`), or aborted, with
+        """The transaction holding this parcel ended: committed (no `failure`), or aborted, with
         the error standing for it when no report failed already (nothing of it is visible)."""
         self.pending -= 1
         if failure is not None and self.failure is None:
@@ -105,16 +107,16 @@ class Delivery:
 
 
 class Window:
-    """Deliveries in send order, not yet checkpointed.
+    """Parcels in send order, not yet checkpointed.
 
     Invariants (enforced by the loop through `room` and `pop_acknowledged`):
     - at most `max_events` messages are unacknowledged at once (RELAY_BATCH_MAX_EVENTS): this
       bounds memory and what a replica that lost its lease can still publish late;
-    - a token is handed out for storing only when its delivery and every delivery before it
+    - a token is handed out for storing only when its parcel and every parcel before it
       were acknowledged, so a stored token never covers an event whose report did not succeed.
 
     `Window.transaction(...)` is the window of exactly-once mode: one Kafka transaction spans
-    several reads, and a delivery is acknowledged only once the transaction holding it committed
+    several reads, and a parcel is acknowledged only once the transaction holding it committed
     (relay.kafka.transactions holds its report back until then). So the window holds the open
     transaction's reads, up to `max_events` (RELAY_TRANSACTION_MAX_EVENTS); the loop does not wait
     for them after a step (`keep`), and reads shrink to fit the room left (`full` only when none is).
@@ -126,9 +128,9 @@ class Window:
         # Reads in flight at once share the limit, so each read takes a slice of it.
         self.slice = read_size or max(1, -(-max_events // depth))
         self.fills = fills
-        # Deliveries left in flight after a step (more would make the loop wait for the oldest).
+        # Parcels left in flight after a step (more would make the loop wait for the oldest).
         self.keep = max_events if fills else depth - 1
-        self._deliveries: deque[Delivery] = deque()
+        self._parcels: deque[Parcel] = deque()
         self.unacknowledged = 0
 
     @classmethod
@@ -143,7 +145,7 @@ class Window:
         return self.room < (1 if self.fills else self.slice)
 
     def __len__(self) -> int:
-        return len(self._deliveries)
+        return len(self._parcels)
 
     @property
     def room(self) -> int:
@@ -151,36 +153,36 @@ class Window:
         return self.max_events - self.unacknowledged
 
     @property
-    def oldest(self) -> Delivery | None:
-        return self._deliveries[0] if self._deliveries else None
+    def oldest(self) -> Parcel | None:
+        return self._parcels[0] if self._parcels else None
 
-    def add(self, delivery: Delivery) -> None:
-        if len(delivery.messages) > self.room:
-            raise ValueError(f"{len(delivery.messages)} messages do not fit the window's room of {self.room}")
-        self._deliveries.append(delivery)
-        self.unacknowledged += len(delivery.messages)
+    def add(self, parcel: Parcel) -> None:
+        if len(parcel.messages) > self.room:
+            raise ValueError(f"{len(parcel.messages)} messages do not fit the window's room of {self.room}")
+        self._parcels.append(parcel)
+        self.unacknowledged += len(parcel.messages)
 
-    def pop_acknowledged(self) -> Delivery:
-        """Remove and return the oldest delivery, which must be acknowledged."""
-        delivery = self._deliveries[0]
-        if not delivery.acknowledged:
-            raise ValueError("the oldest delivery is not acknowledged")
-        self._deliveries.popleft()
-        self.unacknowledged -= len(delivery.messages)
-        return delivery
+    def pop_acknowledged(self) -> Parcel:
+        """Remove and return the oldest parcel, which must be acknowledged."""
+        parcel = self._parcels[0]
+        if not parcel.acknowledged:
+            raise ValueError("the oldest parcel is not acknowledged")
+        self._parcels.popleft()
+        self.unacknowledged -= len(parcel.messages)
+        return parcel
 
     def clear(self) -> None:
         """Forget everything in flight (the producer was dropped; the loop replays from the checkpoint)."""
-        self._deliveries.clear()
+        self._parcels.clear()
         self.unacknowledged = 0
 
 
 def split(sizes: Sequence[int], max_bytes: int, alone: int = 0) -> list[tuple[int, bool]]:
-    """How to hand messages of these value sizes to the producer: the end index of each delivery,
+    """How to hand messages of these value sizes to the producer: the end index of each parcel,
     and whether it is a message sent alone.
 
-    The first `alone` messages go one per delivery (after a refused record batch, so the broker's
-    answer names one event); the rest in deliveries that stop once they hold `max_bytes`
+    The first `alone` messages go one per parcel (after a refused record batch, so the broker's
+    answer names one event); the rest in parcels that stop once they hold `max_bytes`
     (RELAY_BATCH_MAX_BYTES), each with at least one message.
     """
     ends: list[tuple[int, bool]] = []

@@ -9,7 +9,7 @@ lease and whether it should hand it over at its next batch boundary (relay.group
 The coordinator (`Group.run`'s own loop) writes this replica's heartbeat every
 RELAY_STANDBY_POLL_S, reads the live replicas, and sets the target. Shutdown order, on `stop()`:
 mark this replica stopped (the others take its share at once), stop every relay (each finishes
-its deliveries, stores its final checkpoint and releases its lease), close the streams and the
+its parcels in flight, stores its final checkpoint and releases its lease), close the streams and the
 client. A relay that stops on an error stops the group the same way, and `run()` raises that
 error (the process exits with its code).
 """

@@ -32,10 +32,11 @@ def transactional_id(lease_id: str) -> str:
     return f"outbox-relay:{lease_id}"
 
 
-def partition_for(lease_id: str, partitions: int) -> int:
-    """The offsets topic partition a lease's records go to (and are read from): CRC-32 of the key
-    modulo the partition count, chosen by the relay on both sides, never by a client's partitioner."""
-    return zlib.crc32(lease_id.encode()) % max(1, partitions)
+def partition_for(lease_id: str, topic_partitions: int) -> int:
+    """The offsets topic's (Kafka) partition a lease's records go to (and are read from): CRC-32
+    of the key modulo the topic's partition count, chosen by the relay on both sides, never by a
+    client's partitioner."""
+    return zlib.crc32(lease_id.encode()) % max(1, topic_partitions)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ class OffsetsTopic:
     def __init__(self, config: KafkaConfig) -> None:
         self._config = config
         self.topic = config.offsets_topic
-        self._partitions: int | None = None
+        self._topic_partitions: int | None = None
         self._admin_client: AdminClient | None = None
 
     def _admin(self) -> AdminClient:
@@ -119,17 +119,17 @@ class OffsetsTopic:
 
         return retrying(unknown, give_up_after_s=timeout, wait=wait_fixed(0.2))(describe)
 
-    def partition(self, lease_id: str) -> int:
-        """The partition holding `lease_id`'s records (relay.kafka.offsets_record.partition_for)."""
-        if self._partitions is None:
+    def record_partition(self, lease_id: str) -> int:
+        """The topic's partition holding `lease_id`'s records (relay.kafka.offsets_record.partition_for)."""
+        if self._topic_partitions is None:
             meta = self._admin().list_topics(self.topic, timeout=self._config.connect_timeout_s)
             topic = meta.topics.get(self.topic)
             if topic is not None and treatment(topic.error) is Treat.DENIED:
                 raise translate(topic.error, self._step("describe the offsets topic", "DESCRIBE"))
             if topic is None or topic.error is not None or not topic.partitions:
                 raise TransientError(f"the offsets topic {self.topic!r} has no partitions in the metadata yet")
-            self._partitions = len(topic.partitions)
-        return partition_for(lease_id, self._partitions)
+            self._topic_partitions = len(topic.partitions)
+        return partition_for(lease_id, self._topic_partitions)
 
     def _end(self, partition: int, missing_ok: bool) -> int | None:
         """The partition's high watermark (every record, committed or not); None when the topic
@@ -161,9 +161,9 @@ class OffsetsTopic:
         was just initialized), so its newest committed record lies below it. Gives up after the
         transaction timeout plus 30 s (TransientError: the loop restarts and tries again).
         """
-        if missing_ok and self._partitions is None and self._end(0, missing_ok) is None:
+        if missing_ok and self._topic_partitions is None and self._end(0, missing_ok) is None:
             return None  # no offsets topic
-        partition = self.partition(lease_id)
+        partition = self.record_partition(lease_id)
         end = self._end(partition, missing_ok=False)
         if not end:
             return None

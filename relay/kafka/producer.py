@@ -2,14 +2,14 @@
 
 Idempotence, acks=all and the gapless guarantee are forced (relay.kafka.config.FORCED): librdkafka
 then keeps order per partition with up to 5 requests in flight, never duplicates on its own
-retries, and stops at a record batch the broker refuses for good. A timed-out delivery can
+retries, and stops at a record batch the broker refuses for good. A message that times out can
 still leave a gap while later messages succeed, and a fatal error makes the instance unusable,
 so after any failure the relay drops this producer, builds a new one and replays from the
 checkpoint (docs/faults.md, "Delivery errors").
 
 `LibrdkafkaProducer` holds what every producer of the relay shares: building the librdkafka instance,
 logging its client errors, and `_produce_all`, the one produce loop (each message with the
-delivery's bound callback, serving reports while the local queue is full). `IdempotentPublisher` is the
+parcel's bound callback, serving reports while the local queue is full). `IdempotentPublisher` is the
 at-least-once producer; relay.kafka.transactions builds the exactly-once one on the same base.
 """
 
@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from relay.core.config import WAIT_SLICE_S
 from relay.core.errors import BatchRefusedError, DeliveryError, ProducerFatalError
-from relay.core.window import Delivery
+from relay.core.window import Parcel
 from relay.kafka.config import FORCED
 from relay.kafka.errors import config_error, has_code, kafka_error, producing, translate
 
@@ -49,7 +49,7 @@ DRAIN_SLICE_S = 0.01  # longest a drain flushes before it checks for a failed re
 
 class ProduceRefused(Exception):
     """Raised when librdkafka refused a message in produce(): its error (`cause`), the event and
-    topic it was handed (what a refusal names), and how many messages of the delivery it had
+    topic it was handed (what a refusal names), and how many messages of the parcel it had
     taken before (`handed`)."""
 
     def __init__(self, cause: KafkaException, event_id: str, topic: str, handed: int) -> None:
@@ -60,8 +60,8 @@ class ProduceRefused(Exception):
         self.handed = handed
 
 
-def delivery_failure(delivery: Delivery) -> Exception:
-    """The error for the first failed report of `delivery` (relay.kafka.errors.translate).
+def parcel_failure(parcel: Parcel) -> Exception:
+    """The error for the first failed report of `parcel` (relay.kafka.errors.translate).
 
     A permanent refusal (too large for the topic, invalid record) of a message sent alone names
     its event (PoisonEventError); in a batch it may be any message of the broker's record batch,
@@ -69,11 +69,11 @@ def delivery_failure(delivery: Delivery) -> Exception:
     names the failed message's topic. Anything else is a DeliveryError: drop the producer and
     replay from the checkpoint.
     """
-    assert delivery.failure is not None, "no failed report"
-    value, err = delivery.failure
-    topics = [m.topic for m in delivery.messages if m.value == value]
-    batch = 0 if delivery.one_by_one else len(delivery.messages)
-    return translate(err, producing(topics, delivery.failed_event_id(), batch, step="deliver"))
+    assert parcel.failure is not None, "no failed report"
+    value, err = parcel.failure
+    topics = [m.topic for m in parcel.messages if m.value == value]
+    batch = 0 if parcel.one_by_one else len(parcel.messages)
+    return translate(err, producing(topics, parcel.failed_event_id(), batch, step="deliver"))
 
 
 class LibrdkafkaProducer:
@@ -92,12 +92,12 @@ class LibrdkafkaProducer:
         important = err.fatal() or err.code() == KafkaError._ALL_BROKERS_DOWN
         log.log(logging.WARNING if important else logging.DEBUG, "kafka client: %s", err)
 
-    def _produce_all(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
-        """Hand every message of `delivery` to the producer with its bound report callback,
+    def _produce_all(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
+        """Hand every message of `parcel` to the producer with its bound report callback,
         blocking only while the local queue is full (then serving reports and `while_waiting`).
         Raises ProduceRefused naming the message produce() refused, or poll()'s KafkaException."""
-        produce, on_delivery, poll = self._producer.produce, delivery.on_delivery, self._poll
-        for handed, m in enumerate(delivery.messages):
+        produce, on_delivery, poll = self._producer.produce, parcel.on_delivery, self._poll
+        for handed, m in enumerate(parcel.messages):
             while True:
                 try:
                     produce(m.topic, m.value, m.key, headers=m.headers, on_delivery=on_delivery)
@@ -111,8 +111,8 @@ class LibrdkafkaProducer:
     def _poll(self, timeout: float) -> int:
         return int(self._producer.poll(timeout))
 
-    def failure(self, delivery: Delivery) -> Exception:
-        return delivery_failure(delivery)
+    def failure(self, parcel: Parcel) -> Exception:
+        return parcel_failure(parcel)
 
     def _refused(self, exc: KafkaException | ProduceRefused) -> Exception:
         """The relay's error for a refusal by produce() (naming its event and topic) or poll()/flush()."""
@@ -129,7 +129,7 @@ class LibrdkafkaProducer:
 class IdempotentPublisher(LibrdkafkaProducer):
     """One idempotent producer instance (relay.core.boundaries.Publisher).
 
-    `send()` hands a delivery's messages to the producer; `poll()` runs the callbacks that are
+    `send()` hands a parcel's messages to the producer; `poll()` runs the callbacks that are
     due. Reports arrive in send order per partition. After the first failed report everything
     still queued or in flight is purged (its reports fail next), so no later message of a
     partition is written before the replay of the failed one.
@@ -137,25 +137,25 @@ class IdempotentPublisher(LibrdkafkaProducer):
     A record batch the broker refuses for good stops the producer at once (the forced
     `enable.gapless.guarantee`: librdkafka raises _GAPLESS_GUARANTEE from poll or flush and sends
     nothing more). The publisher keeps that error (`_gap`) instead of raising it: the refused
-    batch's own report still comes, later deliveries fail with the gap without being handed
-    over, and a delivery that failed only as a consequence (its messages purged or refused out of
+    batch's own report still comes, later parcels fail with the gap without being handed
+    over, and a parcel that failed only as a consequence (its messages purged or refused out of
     sequence) is replayed one message per request (BatchRefusedError), which finds the cause.
     """
 
     def __init__(self, producer_config: dict[str, Any]) -> None:
         super().__init__(producer_config)
-        self._failed: list[Delivery] = []  # deliveries whose first failed report was served
+        self._failed: list[Parcel] = []  # parcels whose first failed report was served
         self._gap: KafkaError | None = None  # why librdkafka stopped the producer at a refused batch
 
-    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+    def send(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
         """Hand every message to the producer (blocking only while its queue is full); once the
-        producer stopped at a gap, none: the delivery fails with the gap."""
-        delivery.failures = self._failed
+        producer stopped at a gap, none: the parcel fails with the gap."""
+        parcel.failures = self._failed
         handed = 0
         try:
             if self._gap is None:
-                self._produce_all(delivery, while_waiting)
-                handed = len(delivery.messages)
+                self._produce_all(parcel, while_waiting)
+                handed = len(parcel.messages)
             self._poll(0)
         except ProduceRefused as exc:
             if not self._learned_gap():
@@ -163,17 +163,17 @@ class IdempotentPublisher(LibrdkafkaProducer):
             handed = exc.handed
         except KafkaException as exc:
             raise self._refused(exc) from exc
-        if self._gap is not None and handed < len(delivery.messages):
-            delivery.refuse(len(delivery.messages) - handed, (b"", self._gap))
+        if self._gap is not None and handed < len(parcel.messages):
+            parcel.refuse(len(parcel.messages) - handed, (b"", self._gap))
 
-    def failure(self, delivery: Delivery) -> Exception:
-        """The error for `delivery`'s first failed report (`delivery_failure`); after a gap, a report
-        that failed only as its consequence asks for the delivery to be replayed one by one."""
-        error = delivery_failure(delivery)
-        if self._gap is not None and not delivery.one_by_one and isinstance(error, DeliveryError | ProducerFatalError):
+    def failure(self, parcel: Parcel) -> Exception:
+        """The error for `parcel`'s first failed report (`parcel_failure`); after a gap, a report
+        that failed only as its consequence asks for the parcel to be replayed one by one."""
+        error = parcel_failure(parcel)
+        if self._gap is not None and not parcel.one_by_one and isinstance(error, DeliveryError | ProducerFatalError):
             return BatchRefusedError(
                 f"the broker refused a record batch ({self._gap.str()}); replaying it one message at a time",
-                len(delivery.messages),
+                len(parcel.messages),
             )
         return error
 

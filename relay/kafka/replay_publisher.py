@@ -22,11 +22,11 @@ from confluent_kafka import KafkaException
 
 from relay.core.errors import DeliveryError
 from relay.core.message import OutgoingMessage
-from relay.core.window import Delivery
+from relay.core.window import Parcel
 from relay.kafka.config import KafkaConfig
 from relay.kafka.errors import Attempt, kafka_error, translate
 from relay.kafka.offsets_record import transactional_id
-from relay.kafka.producer import LibrdkafkaProducer, ProduceRefused, delivery_failure
+from relay.kafka.producer import LibrdkafkaProducer, ProduceRefused, parcel_failure
 from relay.kafka.transactions import transactional_config
 
 
@@ -47,7 +47,7 @@ class ReplayPublisher(LibrdkafkaProducer):
             else config.producer_config()
         )
         self._timeout_s = max(timeout_s, config.transaction_timeout_ms / 1000 if self._transactional else 0)
-        self._deliveries: list[Delivery] = []
+        self._parcels: list[Parcel] = []
         self._open = False
         if self._transactional:
             self._call("init_transactions", lambda: self._producer.init_transactions(self._timeout_s))
@@ -61,10 +61,10 @@ class ReplayPublisher(LibrdkafkaProducer):
             self._call("begin_transaction", self._producer.begin_transaction)
             self._open = True
         now = time.monotonic()
-        delivery = Delivery([-1] * len(messages), list(messages), None, now)
-        self._deliveries.append(delivery)
+        parcel = Parcel([-1] * len(messages), list(messages), None, now)
+        self._parcels.append(parcel)
         try:
-            self._produce_all(delivery, _nothing)
+            self._produce_all(parcel, _nothing)
             self._poll(0)
         except (KafkaException, ProduceRefused) as exc:
             raise self._refused(exc) from exc
@@ -85,7 +85,7 @@ class ReplayPublisher(LibrdkafkaProducer):
         self._raise_failure()
         if len(self._producer):
             raise DeliveryError("?", f"{len(self._producer)} messages not acknowledged within {self._timeout_s:.0f} s")
-        self._deliveries.clear()
+        self._parcels.clear()
 
     def close(self) -> None:
         """Drop what was not confirmed (its progress was not recorded: a resume sends it again);
@@ -98,9 +98,9 @@ class ReplayPublisher(LibrdkafkaProducer):
         self._producer.flush(0)
 
     def _raise_failure(self) -> None:
-        for delivery in self._deliveries:
-            if delivery.failure is not None:
-                raise delivery_failure(delivery)
+        for parcel in self._parcels:
+            if parcel.failure is not None:
+                raise parcel_failure(parcel)
 
     def _call(self, step: str, call: Callable[[], object]) -> None:
         """Run a transaction step; a refusal names the replay's transactional id."""

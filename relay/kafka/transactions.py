@@ -2,14 +2,14 @@
 
 `TransactionalPublisher` implements the loop's Publisher boundary (relay.core.boundaries) with a
 transactional producer (`transactional.id` = `outbox-relay:<lease id>`, relay.kafka.offsets_record).
-`send()` adds a delivery (a read, or a part of one) to the open transaction, beginning one when
+`send()` adds a parcel (a read, or a part of one) to the open transaction, beginning one when
 none is open. The transaction commits once it holds RELAY_TRANSACTION_MAX_EVENTS events or
 RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago (checked by `send` and
-`poll`), or when the loop waits for every delivery (`drain`: an idle stream, a stop, a read that
+`poll`), or when the loop waits for every parcel (`drain`: an idle stream, a stop, a read that
 would keep the transaction waiting); before the commit, one record to the compacted offsets topic
 (RELAY_OFFSETS_TOPIC, key = the lease id, value = the newest token of the transaction:
-relay.kafka.offsets_record.OffsetsRecord). Each delivery is held (relay.core.window.Delivery.hold)
-until its transaction ends, so a delivery the loop sees acknowledged is visible to read_committed
+relay.kafka.offsets_record.OffsetsRecord). Each parcel is held (relay.core.window.Parcel.hold)
+until its transaction ends, so a parcel the loop sees acknowledged is visible to read_committed
 consumers, and the MongoDB checkpoint (handed over by the loop right after, relay.core.coalescer)
 never covers an event that is not. One transaction is open at a time (RELAY_PIPELINE_DEPTH must be 1).
 
@@ -25,7 +25,7 @@ Errors, translated by relay.kafka.errors.translate (one table of codes) for the 
 (relay.core.errors.classify), this module saying what the producer was doing (`_attempt`):
 - fenced (`_FENCED`, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH): ProducerFencedError -> standby;
 - a refused ACL: PermissionDeniedError naming the transactional id or the topics -> stop;
-- abortable (`txn_requires_abort()`): the transaction is aborted, then the delivery's failed
+- abortable (`txn_requires_abort()`): the transaction is aborted, then the parcel's failed
   report decides as for the idempotent producer (a refused record batch is replayed one message
   per transaction to name the poison event), else TransactionAbortedError -> restart;
 - fatal: ProducerFatalError -> restart with a new producer (which fences this one);
@@ -52,12 +52,12 @@ from relay.core.errors import (
 )
 from relay.core.positions import Grant
 from relay.core.retry import retrying
-from relay.core.window import Delivery
+from relay.core.window import Parcel
 from relay.kafka.config import KafkaConfig
 from relay.kafka.errors import Attempt, Treat, config_error, fenced, kafka_error, translate, treatment
 from relay.kafka.offsets_record import OffsetsRecord, transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
-from relay.kafka.producer import LibrdkafkaProducer, ProduceRefused, delivery_failure
+from relay.kafka.producer import LibrdkafkaProducer, ProduceRefused, parcel_failure
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _nothing() -> None:
 
 def transactional_config(config: KafkaConfig, lease_id: str) -> dict[str, Any]:
     """The producer configuration of exactly-once mode: the relay's (idempotence, acks=all forced)
-    plus the lease's transactional.id and a transaction timeout no shorter than the delivery
+    plus the lease's transactional.id and a transaction timeout no shorter than the parcel
     timeout (librdkafka refuses otherwise)."""
     return {
         **config.producer_config(),
@@ -110,27 +110,27 @@ def _still_working(abortable: bool) -> Callable[[BaseException], bool]:
     return retriable
 
 
-def aborted_failure(deliveries: list[Delivery]) -> Exception | None:
+def aborted_failure(parcels: list[Parcel]) -> Exception | None:
     """The error an aborted transaction's first failed report stands for (as without
-    transactions: relay.kafka.producer.delivery_failure), or None when no report failed.
+    transactions: relay.kafka.producer.parcel_failure), or None when no report failed.
 
     A refused record batch is replayed one message per transaction from where the aborted
     transaction began (the checkpoint), so every event up to the refused batch is isolated."""
-    failed = next((i for i, d in enumerate(deliveries) if d.failure is not None), None)
+    failed = next((i for i, d in enumerate(parcels) if d.failure is not None), None)
     if failed is None:
         return None
-    refusal = delivery_failure(deliveries[failed])
+    refusal = parcel_failure(parcels[failed])
     if isinstance(refusal, BatchRefusedError):
-        return BatchRefusedError(str(refusal), sum(len(d.messages) for d in deliveries[: failed + 1]))
+        return BatchRefusedError(str(refusal), sum(len(d.messages) for d in parcels[: failed + 1]))
     return refusal
 
 
 class TransactionalPublisher(LibrdkafkaProducer):
     """One transactional producer for one lease (relay.core.boundaries.Publisher); a transaction
-    spans deliveries (reads) until RELAY_TRANSACTION_MAX_EVENTS / _BYTES / _MS says to commit, or
+    spans parcels (reads) until RELAY_TRANSACTION_MAX_EVENTS / _BYTES / _MS says to commit, or
     the loop waits for everything (`drain`). `fence()` must be called once before `send()`.
 
-    Invariant: a delivery is acknowledged (every report in, no failure) only after the commit of
+    Invariant: a parcel is acknowledged (every report in, no failure) only after the commit of
     the transaction holding it, which also wrote the offsets record of its newest token."""
 
     def __init__(self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic, fingerprint: str) -> None:
@@ -141,12 +141,12 @@ class TransactionalPublisher(LibrdkafkaProducer):
         self._fingerprint = fingerprint
         self._key = lease_id.encode()
         self._grant: Grant | None = None
-        self._partition = 0
+        self._record_partition = 0  # the offsets topic's partition of this lease's records
         self._in_transaction = False
         self._unusable = False  # after a fatal error: no abort, no further call
-        # The open transaction: its deliveries (held until it ends), their events and bytes, and
+        # The open transaction: its parcels (held until it ends), their events and bytes, and
         # when it began; the heartbeat of the last `send`, for commits from `poll` and `drain`.
-        self._open: list[Delivery] = []
+        self._open: list[Parcel] = []
         self._open_events = 0
         self._open_bytes = 0
         self._opened_at = 0.0
@@ -159,7 +159,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
         transaction is aborted and it can commit nothing more), for the session of `grant`."""
         self._init_transactions(heartbeat)
         self._grant = grant
-        self._partition = self._offsets.partition(self._lease_id)
+        self._record_partition = self._offsets.record_partition(self._lease_id)
 
     def forget_record(self, heartbeat: Heartbeat) -> None:
         """Tombstone the lease's offsets record, in a transaction of its own, so that a record from
@@ -208,36 +208,36 @@ class TransactionalPublisher(LibrdkafkaProducer):
 
     # ---- relay.core.boundaries.Publisher -----------------------------------------------------------
 
-    def send(self, delivery: Delivery, while_waiting: Heartbeat) -> None:
-        """Add the delivery to the open transaction (beginning one when none is open), and commit
+    def send(self, parcel: Parcel, while_waiting: Heartbeat) -> None:
+        """Add the parcel to the open transaction (beginning one when none is open), and commit
         that transaction once it holds RELAY_TRANSACTION_MAX_EVENTS events or
         RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago.
 
-        The delivery is held (relay.core.window.Delivery.hold) until its transaction ends: the loop
+        The parcel is held (relay.core.window.Parcel.hold) until its transaction ends: the loop
         sees it acknowledged only once the transaction committed, with the offsets record of its
         newest token, so neither position ever covers an event read_committed consumers cannot see.
 
         Raises (nothing of the open transaction is then visible to read_committed consumers):
         ProducerFencedError, ProducerFatalError, TransactionAbortedError, or the first failed
-        report's own failure (relay.kafka.producer.delivery_failure: a refused record batch, a
+        report's own failure (relay.kafka.producer.parcel_failure: a refused record batch, a
         poison event, a failed delivery).
         """
         assert self._grant is not None, "fence() first"
         self._while_waiting = while_waiting
-        delivery.hold()
-        self._open.append(delivery)
+        parcel.hold()
+        self._open.append(parcel)
         try:
             if not self._in_transaction:
                 self._producer.begin_transaction()
                 self._in_transaction = True
                 self._opened_at = time.monotonic()
-            self._produce_all(delivery, while_waiting)
+            self._produce_all(parcel, while_waiting)
         except ProduceRefused as exc:
             raise self._failed(kafka_error(exc.cause), while_waiting, exc.event_id) from exc
         except KafkaException as exc:
             raise self._failed(kafka_error(exc), while_waiting) from exc
-        self._open_events += len(delivery.messages)
-        self._open_bytes += sum(len(m.value) for m in delivery.messages)
+        self._open_events += len(parcel.messages)
+        self._open_bytes += sum(len(m.value) for m in parcel.messages)
         c = self._config
         if self._open_events >= c.transaction_max_events or self._open_bytes >= c.transaction_max_bytes:
             self._commit_open(while_waiting)
@@ -246,7 +246,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
 
     def due_in(self) -> float | None:
         """Seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS); None when
-        no delivery is open."""
+        no parcel is open."""
         if not self._open:
             return None
         return self._opened_at + self._config.transaction_max_ms / 1000 - time.monotonic()
@@ -258,7 +258,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
 
     def _commit_open(self, while_waiting: Heartbeat) -> None:
         """Write the offsets record of the open transaction's newest token, commit, then release
-        its deliveries: acknowledged, every report in (commit_transaction flushes)."""
+        its parcels: acknowledged, every report in (commit_transaction flushes)."""
         if not self._open:
             return
         grant = self._grant
@@ -272,21 +272,21 @@ class TransactionalPublisher(LibrdkafkaProducer):
             self._commit(while_waiting)
         except KafkaException as exc:
             raise self._failed(kafka_error(exc), while_waiting) from exc
-        deliveries, self._open = self._open, []
+        parcels, self._open = self._open, []
         self._open_events = self._open_bytes = 0
         deadline = time.monotonic() + self._config.connect_timeout_s
-        while any(d.pending > 1 for d in deliveries):  # a safety net: the commit served every report
+        while any(d.pending > 1 for d in parcels):  # a safety net: the commit served every report
             if time.monotonic() > deadline:
                 raise DeliveryError("?", "committed, but not every delivery report came back")
             self._producer.poll(0.1)
-        for d in deliveries:
+        for d in parcels:
             d.release()
 
     def _produce_record(self, value: bytes | None) -> None:
-        self._producer.produce(self._offsets.topic, value, self._key, partition=self._partition)
+        self._producer.produce(self._offsets.topic, value, self._key, partition=self._record_partition)
 
     def _run_transaction(self, produce: Callable[[], None], while_waiting: Heartbeat) -> None:
-        """One transaction of its own (the tombstone at start), outside the deliveries'."""
+        """One transaction of its own (the tombstone at start), outside the parcels'."""
         try:
             self._producer.begin_transaction()
             self._in_transaction = True
@@ -305,18 +305,18 @@ class TransactionalPublisher(LibrdkafkaProducer):
 
     def _failed(self, err: KafkaError | None, while_waiting: Heartbeat, event_id: str = "?") -> Exception:
         """The error a failed transaction is reported as, after aborting it where that is possible;
-        every delivery it held is released as failed (none of it is visible)."""
-        deliveries, self._open = self._open, []
+        every parcel it held is released as failed (none of it is visible)."""
+        parcels, self._open = self._open, []
         self._open_events = self._open_bytes = 0
         try:
-            return self._failure(err, deliveries, while_waiting, event_id)
+            return self._failure(err, parcels, while_waiting, event_id)
         finally:
             stand_in = (b"", err if err is not None else KafkaError(KafkaError._PURGE_QUEUE, "transaction aborted"))
-            for d in deliveries:
+            for d in parcels:
                 d.release(stand_in)
 
     def _failure(
-        self, err: KafkaError | None, deliveries: list[Delivery], while_waiting: Heartbeat, event_id: str
+        self, err: KafkaError | None, parcels: list[Parcel], while_waiting: Heartbeat, event_id: str
     ) -> Exception:
         if err is not None and err.fatal():
             self._unusable = True
@@ -332,7 +332,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
                 f"could not abort the failed transaction ({abort_err}); the next producer "
                 f"of this lease aborts it when it starts. The failure: {err}"
             )
-        refusal = aborted_failure(deliveries)
+        refusal = aborted_failure(parcels)
         if refusal is not None:
             return refusal
         if err is not None and not err.txn_requires_abort() and not err.retriable():
@@ -366,7 +366,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
         self._commit_if_due()
 
     def drain(self, timeout: float) -> None:
-        """The loop waits for every delivery: commit the open transaction now (commit_transaction
+        """The loop waits for every parcel: commit the open transaction now (commit_transaction
         flushes what linger.ms holds back), then serve what is due."""
         self._commit_open(self._while_waiting)
         self.poll(0)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from relay.core.namespace import Namespace
-from relay.core.partitions import Partition, Scope
+from relay.core.partitions import Partition, Scope, route_expression, route_of
 
 WATCHED_OPERATIONS = ["insert", "drop", "rename", "dropDatabase", "invalidate"]
 PIPELINE: list[dict[str, Any]] = [
@@ -32,34 +32,17 @@ PIPELINE: list[dict[str, Any]] = [
 ]
 
 
-def partition_expression(path: str, count: int) -> dict[str, Any]:
-    """The aggregation expression for `h mod N` of the field at `path` (e.g. "$fullDocument.aggregateId");
-    its value lies in (-N, N) since MongoDB's $mod keeps the dividend's sign."""
-    return {"$mod": [{"$toHashedIndexKey": path}, count]}
-
-
-def partition_predicate(partition: Partition, path: str) -> dict[str, Any]:
-    """A query predicate (`$expr`) true for exactly the documents of `partition`."""
-    k, n = partition.index, partition.count
-    return {"$expr": {"$in": [partition_expression(path, n), [k, k - n] if k else [0]]}}
-
-
 def pipeline(partition: Partition, aggregate_id_field: str = "aggregateId") -> list[dict[str, Any]]:
-    """A scope's selection as a collection's change stream pipeline: PIPELINE for the whole outbox,
-    or, for one partition, the same with inserts kept only when their aggregate id hashes to it.
-    Every partition still sees the operations that end the stream."""
-    if partition.count == 1:
-        return PIPELINE
-    ending = [op for op in WATCHED_OPERATIONS if op != "insert"]
-    own = {"operationType": "insert", **partition_predicate(partition, f"$fullDocument.{aggregate_id_field}")}
-    return [{"$match": {"$or": [{"operationType": {"$in": ending}}, own]}}, *PIPELINE[1:]]
+    """A scope's selection as a collection's change stream pipeline: PIPELINE's stages for the whole
+    outbox, or, for one partition, the same with inserts kept only when their aggregate id hashes
+    to it (`Partition.change_match`). Every partition still sees the operations that end the stream."""
+    match = partition.change_match(WATCHED_OPERATIONS, f"$fullDocument.{aggregate_id_field}")
+    return [{"$match": match}, *PIPELINE[1:]]
 
 
 def scan_filter(partition: Partition, aggregate_id_field: str = "aggregateId") -> dict[str, Any] | None:
     """The documents of the outbox a rescan serves for `partition` (None: all of them)."""
-    if partition.count == 1:
-        return None
-    return partition_predicate(partition, f"${aggregate_id_field}")
+    return partition.selection(f"${aggregate_id_field}")
 
 
 def pipeline_fingerprint(namespace: Namespace | str, stages: list[dict[str, Any]] = PIPELINE) -> str:
@@ -76,13 +59,6 @@ def fingerprint(scope: Scope, aggregate_id_field: str) -> str:
 
 WHOLE_DATABASE = ["dropDatabase", "invalidate"]  # end every scope of the stream (they carry no collection)
 EVERY_ROUTE = -1  # what a dropDatabase or an invalidate ends: every route of the stream
-
-
-def route_of(outbox_index: int, partitions: int, partition: int) -> int:
-    """The route of the scope (outbox `outbox_index` of the plan, `partition` of `partitions`):
-    outbox index x N + partition. The one statement of the formula; `StreamPlan._route_expression`
-    has the server compute the same, `$add: [$multiply: [outbox, N], partition]`."""
-    return outbox_index * partitions + partition
 
 
 @dataclass(frozen=True)
@@ -107,8 +83,8 @@ class StreamPlan:
 
     @property
     def routed(self) -> bool:
-        """Whether it serves several scopes, so each insert carries its route."""
-        return len(self.outboxes) > 1 or self.partitions > 1
+        """Whether it serves several scopes (outboxes times partitions), so each insert carries its route."""
+        return len(self.outboxes) * self.partitions > 1
 
     def route(self, scope: Scope) -> int:
         """The route the server computes for `scope`'s inserts (`r`); 0 when not routed."""
@@ -144,8 +120,7 @@ class StreamPlan:
         return [{"$match": match}, {"$project": projection}]
 
     def _route_expression(self, path: str) -> dict[str, Any]:
-        """`route_of` computed by the server for each insert."""
-        n = self.partitions
+        """`route_of` computed by the server for each insert (relay.core.partitions.route_expression)."""
         if self.database is None:
             name: Any = {"$concat": ["$ns.db", ".", "$ns.coll"]}
             outbox: Any = {"$indexOfArray": [[str(o) for o in self.outboxes], name]}
@@ -153,7 +128,4 @@ class StreamPlan:
             outbox = {"$indexOfArray": [[o.collection for o in self.outboxes], "$ns.coll"]}
         else:
             outbox = 0
-        if n == 1:
-            return outbox if isinstance(outbox, dict) else {"$literal": 0}
-        partition = {"$mod": [{"$add": [partition_expression(path, n), n]}, n]}  # in [0, N)
-        return {"$add": [{"$multiply": [outbox, n]}, partition]}
+        return route_expression(outbox, path, self.partitions)

@@ -39,9 +39,15 @@ from pymongo.read_concern import ReadConcern
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
 from relay.core.namespace import Namespace
-from relay.core.partitions import Partition, Scope, lease_id_pattern, parse_lease_id, partitions
+from relay.core.partitions import (
+    Partition,
+    Scope,
+    lease_id_pattern,
+    parse_lease_id,
+    partition_expression,
+    partitions,
+)
 from relay.mongo.lease import MAJORITY
-from relay.mongo.pipeline import partition_expression
 
 log = logging.getLogger("relay")
 

@@ -204,14 +204,14 @@ def keys_on_several_partitions(firsts: DataFrame) -> DataFrame:
 
 
 def fencing_regressions(messages: DataFrame, per_key: bool = False) -> DataFrame:
-    """Messages whose fencing token is lower than one earlier in the same partition (with
-    `per_key`, earlier in the same partition for the same key: one writer's token sequence when
-    several outbox partitions, each with its own lease, write into one Kafka partition)."""
+    """Messages whose fencing token is lower than one earlier in the same Kafka partition (with
+    `per_key`, earlier in the same Kafka partition for the same key: one writer's token sequence
+    when several outbox partitions, each with its own lease, write into one Kafka partition)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    scope = ("topic", "partition", "key") if per_key else ("topic", "partition")
-    w = Window.partitionBy(*scope).orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
+    within = ("topic", "partition", "key") if per_key else ("topic", "partition")
+    w = Window.partitionBy(*within).orderBy("offset").rowsBetween(Window.unboundedPreceding, -1)
     return (
         messages.withColumn("highestEarlierToken", F.max("fencingToken").over(w))
         .where(F.col("fencingToken") < F.col("highestEarlierToken"))

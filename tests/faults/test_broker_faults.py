@@ -41,7 +41,7 @@ def test_broker_paused_past_the_delivery_timeout_replays_from_the_checkpoint(env
         wait_until(lambda: len(written.ids) > 800, 60, "writes under way")
         broker.process.pause()
         try:
-            # Deliveries time out (message.timeout.ms) and the relay restarts from the checkpoint.
+            # Messages time out (message.timeout.ms) and the relay restarts from the checkpoint.
             wait_until(lambda: relay.metric_labels("relay_restarts_total", "kind") & {"DeliveryError", "KafkaException"},
                        60, "a delivery timeout to restart the relay")
             stored = lease_doc(env.db, settings)["resumeToken"]
@@ -66,7 +66,7 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env,
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from relay.core.message import OutgoingMessage
-    from relay.core.window import Delivery
+    from relay.core.window import Parcel
     from relay.kafka.producer import IdempotentPublisher
 
     broker = needs_local_stack(env.servers).kafka
@@ -77,8 +77,8 @@ def test_a_timed_out_message_lets_no_later_message_of_its_partition_through(env,
     publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
     message = lambda i: OutgoingMessage(f"e{i}", topic, b"k", f"v{i}".encode(), [])  # noqa: E731
     publisher.poll(5)  # connected
-    first = Delivery([-1], [message(0)], None, 0.0)
-    later = Delivery([-1] * 9, [message(i) for i in range(1, 10)], None, 0.0)
+    first = Parcel([-1], [message(0)], None, 0.0)
+    later = Parcel([-1] * 9, [message(i) for i in range(1, 10)], None, 0.0)
     broker.process.pause()
     try:
         publisher.send(first, lambda: None)
@@ -107,7 +107,7 @@ def test_a_refused_record_batch_lets_no_later_message_of_its_partition_through(e
 
     from relay.core.errors import BatchRefusedError
     from relay.core.message import OutgoingMessage
-    from relay.core.window import Delivery
+    from relay.core.window import Parcel
     from relay.kafka.producer import IdempotentPublisher
 
     topic = env.topic()
@@ -118,16 +118,16 @@ def test_a_refused_record_batch_lets_no_later_message_of_its_partition_through(e
     publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
     values = [b"v0", os.urandom(50_000), *(f"v{i}".encode() for i in range(2, 10))]
     messages = [OutgoingMessage(f"e{i}", topic, b"k", v, []) for i, v in enumerate(values)]
-    delivery = Delivery([-1] * len(values), messages, None, 0.0)
+    parcel = Parcel([-1] * len(values), messages, None, 0.0)
     publisher.poll(5)  # connected
-    publisher.send(delivery, lambda: None)
+    publisher.send(parcel, lambda: None)
     time.sleep(2)  # a busy loop: no report served, no purge
-    wait_until(lambda: publisher.poll(0.05) or delivery.done, 30, "every report")
-    later = Delivery([-1], [OutgoingMessage("e10", topic, b"k", b"v10", [])], None, 0.0)
+    wait_until(lambda: publisher.poll(0.05) or parcel.done, 30, "every report")
+    later = Parcel([-1], [OutgoingMessage("e10", topic, b"k", b"v10", [])], None, 0.0)
     publisher.send(later, lambda: None)  # a producer stopped at a gap takes nothing more
     publisher.close()
-    assert delivery.failure is not None, "the broker took a message larger than the topic accepts"
-    assert isinstance(publisher.failure(delivery), BatchRefusedError), publisher.failure(delivery)
+    assert parcel.failure is not None, "the broker took a message larger than the topic accepts"
+    assert isinstance(publisher.failure(parcel), BatchRefusedError), publisher.failure(parcel)
     assert later.done and isinstance(publisher.failure(later), BatchRefusedError), publisher.failure(later)
     written = [m.value() for m in read_messages(env.servers.kafka_bootstrap, topic, timeout=10)]
     assert written in ([], [b"v0"]), f"written behind the refused message: {written}"

@@ -44,7 +44,7 @@ from tests.support.writes import Written, write_events
 
 INTERVAL_MS = 2000
 # Room past the interval for a stored position's age at a kill: one read (RELAY_MAX_AWAIT_MS is 200
-# in the tests), the delivery in flight, and a busy machine. A relay that stored only on a stop
+# in the tests), the parcel in flight, and a busy machine. A relay that stored only on a stop
 # would be far past it.
 LEEWAY_S = 4.0
 CLEANUP = {"RELAY_OUTBOX_RETENTION": "0", "RELAY_OUTBOX_CHECK_INTERVAL_S": "0.3"}

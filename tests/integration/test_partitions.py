@@ -14,11 +14,11 @@ import urllib.request
 from bson import Timestamp
 
 from relay.commands.status import reset_checkpoint, status
-from relay.core.partitions import Partition, Scope, hashed_index_key, partition_of
+from relay.core.partitions import Partition, Scope, hashed_index_key, partition_expression, partition_of
 from relay.core.positions import token_cluster_time
 from relay.dev.stack import free_port
 from relay.mongo.lease import cluster_time
-from relay.mongo.pipeline import partition_expression, pipeline
+from relay.mongo.pipeline import pipeline
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.paths import ROOT
 from tests.support.relays import RelayThread, settings_env

@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from relay.core.message import OutgoingMessage
-from relay.core.window import Delivery
+from relay.core.window import Parcel
 from relay.kafka.producer import IdempotentPublisher
 from tests.support.topics import read_messages
 
@@ -21,12 +21,12 @@ def test_drain_sends_at_once_what_linger_holds_back(env):
     settings = env.settings.replace(kafka={"linger.ms": "60000", "message.timeout.ms": "300000"})
     publisher = IdempotentPublisher(settings.parts().kafka.producer_config())
     try:
-        delivery = Delivery([-1], [OutgoingMessage("e1", topic, b"k", b"v1", [])], None, 0.0)
-        publisher.send(delivery, lambda: None)
+        parcel = Parcel([-1], [OutgoingMessage("e1", topic, b"k", b"v1", [])], None, 0.0)
+        publisher.send(parcel, lambda: None)
         publisher.poll(2)
-        assert not delivery.done, "linger.ms held the message back while polling"
+        assert not parcel.done, "linger.ms held the message back while polling"
         publisher.drain(30)
-        assert delivery.done and delivery.failure is None
+        assert parcel.done and parcel.failure is None
     finally:
         publisher.close()
     assert [m.value() for m in read_messages(env.servers.kafka_bootstrap, topic, timeout=10)] == [b"v1"]

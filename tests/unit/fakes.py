@@ -36,8 +36,8 @@ from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
 from relay.core.partitions import Scope
 from relay.core.positions import Checkpoint, Grant, StartPoint
-from relay.core.window import Delivery
-from relay.kafka.producer import delivery_failure
+from relay.core.window import Parcel
+from relay.kafka.producer import parcel_failure
 from relay.ops.observe import ProcessObserver, ScopeObserver
 from relay.wiring import message_builder
 from tests.changes import change_value
@@ -257,17 +257,17 @@ class FakePublisher:
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.pending: dict[int, deque[tuple[Any, Delivery]]] = {}
+        self.pending: dict[int, deque[tuple[Any, Parcel]]] = {}
         self.draining: set[int] = set()
-        self.failed: list[Delivery] = []
+        self.failed: list[Parcel] = []
         self.closed = False
 
-    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+    def send(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
         w = self.world
-        delivery.failures = self.failed
-        for m in delivery.messages:
+        parcel.failures = self.failed
+        for m in parcel.messages:
             p = w.broker.partition(m.key)
-            self.pending.setdefault(p, deque()).append((m, delivery))
+            self.pending.setdefault(p, deque()).append((m, parcel))
             if int(dict(m.headers)[HEADER_FENCING]) != w.lease.fencing:
                 w.stale_sent += 1
                 if w.stale_sent > w.max_events:
@@ -281,12 +281,12 @@ class FakePublisher:
         for p in rng.sample(busy, rng.randint(1, len(busy))) if busy else []:
             queue = self.pending[p]
             for _ in range(rng.randint(1, len(queue))):
-                m, delivery = queue.popleft()
+                m, parcel = queue.popleft()
                 if (m.topic, m.event_id) in w.broker.refuse:
-                    delivery.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(m))
+                    parcel.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(m))
                     # The broker refuses the whole record batch: the rest of this partition's
                     # queue sent with it fails too.
-                    while queue and queue[0][1] is delivery:
+                    while queue and queue[0][1] is parcel:
                         other, d = queue.popleft()
                         d.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(other))
                     break
@@ -294,12 +294,12 @@ class FakePublisher:
                     w.broker.fail_next -= 1
                     if rng.random() < 0.5:
                         w.broker.append(p, m)  # written, but the report says it timed out
-                    delivery.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(m))
+                    parcel.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(m))
                     self.draining.add(p)
                     break
                 w.broker.append(p, m)
                 w.broker.acked.add(m.event_id)
-                delivery.on_delivery(None, _Report(m))
+                parcel.on_delivery(None, _Report(m))
         if self.failed:
             self.failed.clear()
             self.purge()
@@ -315,12 +315,12 @@ class FakePublisher:
         """Drop what is held: each message is reported as purged, and none is written."""
         for queue in self.pending.values():
             while queue:
-                m, delivery = queue.popleft()
-                delivery.on_delivery(KafkaError(KafkaError._PURGE_QUEUE), _Report(m))
+                m, parcel = queue.popleft()
+                parcel.on_delivery(KafkaError(KafkaError._PURGE_QUEUE), _Report(m))
         self.draining.clear()
 
-    def failure(self, delivery: Delivery) -> Exception:
-        return delivery_failure(delivery)
+    def failure(self, parcel: Parcel) -> Exception:
+        return parcel_failure(parcel)
 
     @property
     def queued(self) -> int:
@@ -332,7 +332,7 @@ class FakePublisher:
         for p, queue in self.pending.items():
             if p in self.draining:
                 continue
-            for m, _delivery in list(queue)[:self.world.rng.choice([0, 0, 1, 2])]:
+            for m, _parcel in list(queue)[:self.world.rng.choice([0, 0, 1, 2])]:
                 if (m.topic, m.event_id) in self.world.broker.refuse:
                     break
                 self.world.broker.append(p, m)

@@ -154,7 +154,7 @@ class RelayMachine(RuleBasedStateMachine):
         relay = self.handle.relay
         relay.stop()
         try:
-            relay.run()  # finishes the deliveries in flight, stores, releases
+            relay.run()  # finishes the parcels in flight, stores, releases
         except Crashed:
             pass
         self.replace_relay()

@@ -1,5 +1,5 @@
 """The latency harness's rules (no servers): steps, which rounds count, the goals drawn from them,
-and the tail tool's split of a delivery's own share. Timings are never asserted."""
+and the tail tool's split of a parcel's own share. Timings are never asserted."""
 
 from __future__ import annotations
 
@@ -87,21 +87,21 @@ class _Message:
         return self._latency
 
 
-class _Delivery:
+class _Parcel:
     def __init__(self, messages: list[Any]) -> None:
         self.messages = messages
 
 
-def test_the_tail_tool_splits_a_delivery_into_its_parts_and_names_what_the_tail_waits_for() -> None:
+def test_the_tail_tool_splits_a_parcel_into_its_parts_and_names_what_the_tail_waits_for() -> None:
     timed, messages = Timed(), ["m1", "m2"]
     timed.recording = True
     # Read at 99.0; created (send start) at 100.0, sent by 100.002; the last ack reached
     # librdkafka at 100.050 (produced at 100.002, 48 ms); its report was served at 100.080;
     # the loop went on at 100.081.
     timed.sent(messages, 100.0, 100.002)
-    delivery = _Delivery(messages)
-    timed.report(delivery, _Message(100_001, 0.040), served=100.060)  # type: ignore[arg-type]
-    timed.report(delivery, _Message(100_002, 0.048), served=100.080)  # type: ignore[arg-type]
+    parcel = _Parcel(messages)
+    timed.report(parcel, _Message(100_001, 0.040), served=100.060)  # type: ignore[arg-type]
+    timed.report(parcel, _Message(100_002, 0.048), served=100.080)  # type: ignore[arg-type]
     timed.delivered(messages, seconds=0.081, read_seconds=1.081, done=100.081)
     [sample] = timed.samples
     assert sample.own == pytest.approx(1081.0)

@@ -148,13 +148,13 @@ def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
     """A refusal by produce() itself (here: a fatal error librdkafka raises from it) names the
     event's topic, not an empty resource."""
     from relay.core.message import OutgoingMessage
-    from relay.core.window import Delivery
+    from relay.core.window import Parcel
     from relay.kafka.producer import IdempotentPublisher
 
     class Refusing(IdempotentPublisher):
-        def _produce_all(self, delivery, while_waiting):
+        def _produce_all(self, parcel, while_waiting):
             self._producer = RefusingProducer()
-            super()._produce_all(delivery, while_waiting)
+            super()._produce_all(parcel, while_waiting)
 
     class RefusingProducer:
         def produce(self, *args, **kwargs):
@@ -167,19 +167,19 @@ def test_a_produce_refusal_names_the_topic_of_the_message_handed_over():
     real = publisher._producer
     message = OutgoingMessage("e9", "orders", b"k", b"v", [])
     with pytest.raises(Exception) as refused:
-        publisher.send(Delivery([1], [message], None, 0.0), lambda: None)
+        publisher.send(Parcel([1], [message], None, 0.0), lambda: None)
     assert refused.value.refused == [("WRITE, DESCRIBE (TOPIC_AUTHORIZATION_FAILED)", "TOPIC orders")]  # type: ignore[attr-defined]
     real.purge()
 
 
-def test_a_produce_refused_because_the_producer_stopped_at_a_gap_fails_the_delivery_for_a_replay_one_by_one():
+def test_a_produce_refused_because_the_producer_stopped_at_a_gap_fails_the_parcel_for_a_replay_one_by_one():
     """librdkafka stopped the producer at a refused record batch (the forced gapless guarantee)
     and produce() refuses with _FATAL before poll() raised the gap: the publisher learns the gap,
-    the messages not handed over fail with it, and the delivery is replayed one message per
+    the messages not handed over fail with it, and the parcel is replayed one message per
     request (not restarted as a fatal error, which would meet the same batch again)."""
     from relay.core.errors import BatchRefusedError
     from relay.core.message import OutgoingMessage
-    from relay.core.window import Delivery
+    from relay.core.window import Parcel
     from relay.kafka.producer import IdempotentPublisher
 
     gap = KafkaError(KafkaError._GAPLESS_GUARANTEE, "refused batch: unable to satisfy gap-less guarantee", fatal=True)
@@ -203,17 +203,17 @@ def test_a_produce_refused_because_the_producer_stopped_at_a_gap_fails_the_deliv
             pass
 
     class Stopped(IdempotentPublisher):
-        def _produce_all(self, delivery, while_waiting):
+        def _produce_all(self, parcel, while_waiting):
             self._producer = StoppedProducer()
-            super()._produce_all(delivery, while_waiting)
+            super()._produce_all(parcel, while_waiting)
 
     publisher = Stopped({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "1000"})
     real = publisher._producer
     messages = [OutgoingMessage(f"e{i}", "orders", b"k", f"v{i}".encode(), []) for i in range(3)]
-    delivery = Delivery([1, 2, 3], messages, None, 0.0)
-    publisher.send(delivery, lambda: None)
-    assert delivery.pending == 1 and delivery.failure == (b"", gap), "two never handed over, one awaits its report"
-    refused = publisher.failure(delivery)
+    parcel = Parcel([1, 2, 3], messages, None, 0.0)
+    publisher.send(parcel, lambda: None)
+    assert parcel.pending == 1 and parcel.failure == (b"", gap), "two never handed over, one awaits its report"
+    refused = publisher.failure(parcel)
     assert isinstance(refused, BatchRefusedError) and refused.events == 3, refused
     real.purge()
 

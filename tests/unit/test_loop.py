@@ -220,7 +220,7 @@ def test_lost_lease_stops_publishing_and_waits_as_a_standby():
 
 
 def test_hand_over_settles_what_is_in_flight_stores_the_final_checkpoint_and_releases_the_lease():
-    """A group asks its leader for the lease back at a batch boundary (relay.group.runner): the deliveries
+    """A group asks its leader for the lease back at a batch boundary (relay.group.runner): the parcels
     in flight are settled, their token stored, the lease released at once; then the relay waits
     as a standby until its assignment lets it try again."""
     world = World(random.Random(7))
@@ -372,7 +372,7 @@ def test_window_split_groups_by_bytes_and_isolates_first():
 
 
 def test_a_replica_that_lost_the_lease_during_a_rescan_sends_at_most_one_more_batch():
-    """Found by the state machine above: in a rescan (RELAY_ON_HISTORY_LOST=rescan) the deliveries
+    """Found by the state machine above: in a rescan (RELAY_ON_HISTORY_LOST=rescan) the parcels
     carry no position and store nothing, so without a lease write per batch a replica that lost
     the lease went on sending. Its steps, replayed as hypothesis printed them; the fakes count
     messages sent with a stale fencing token after the takeover (at most one batch of 1)."""

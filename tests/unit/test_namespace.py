@@ -7,8 +7,8 @@ import pytest
 from relay.config import Settings
 from relay.core.errors import ConfigError
 from relay.core.namespace import Namespace, NamespaceError
-from relay.core.partitions import Partition, Scope
-from relay.mongo.pipeline import StreamPlan, route_of
+from relay.core.partitions import Partition, Scope, route_of
+from relay.mongo.pipeline import StreamPlan
 
 
 def test_a_namespace_parses_at_the_first_dot_and_shows_as_its_text():

@@ -28,7 +28,7 @@ from relay.core.partitions import (
     partition_of,
 )
 from relay.group.balance import Balance, EveryLease, balance_for, targets
-from relay.mongo.pipeline import PIPELINE, fingerprint, partition_predicate, pipeline, pipeline_fingerprint
+from relay.mongo.pipeline import PIPELINE, fingerprint, pipeline, pipeline_fingerprint, scan_filter
 
 
 def test_hashed_index_key_matches_the_value_in_mongodbs_manual():
@@ -49,7 +49,8 @@ def test_one_partition_keeps_todays_lease_id_pipeline_and_fingerprint():
     """RELAY_PARTITIONS=1: the lease document, the pipeline and the stored fingerprint are those
     of earlier releases, so a running deployment upgrades without a checkpoint reset."""
     assert Scope("app.outbox").lease_id == Scope("app.outbox", Partition(0, 1)).lease_id == "app.outbox"
-    assert pipeline(Partition(0, 1)) is PIPELINE
+    assert pipeline(Partition(0, 1)) == PIPELINE
+    assert scan_filter(Partition(0, 1)) is None
     assert pipeline_fingerprint("app.outbox", pipeline(Partition(0, 1))) == "d225fb2ff19aa6b2"  # 0.1's fingerprint
     assert fingerprint(Scope("app.outbox"), "aggregateId") == "d225fb2ff19aa6b2"
     assert Settings().partitions == 1
@@ -63,10 +64,10 @@ def test_partition_pipelines_have_fingerprints_of_their_own():
         pipeline_fingerprint("app.outbox", pipeline(Partition(1, 4)))
 
 
-def test_partition_predicate_matches_both_signs_of_mongodbs_mod():
-    assert partition_predicate(Partition(0, 4), "$a") == \
+def test_partition_selection_matches_both_signs_of_mongodbs_mod():
+    assert Partition(0, 4).selection("$a") == scan_filter(Partition(0, 4), "a") == \
         {"$expr": {"$in": [{"$mod": [{"$toHashedIndexKey": "$a"}, 4]}, [0]]}}
-    assert partition_predicate(Partition(3, 4), "$a")["$expr"]["$in"][1] == [3, -1]
+    assert Partition(3, 4).selection("$a")["$expr"]["$in"][1] == [3, -1]
 
 
 def test_lease_ids_of_partitions_round_trip_and_stay_within_their_outbox():

@@ -8,6 +8,7 @@ strings in stream order, as the server's do."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, ClassVar
@@ -505,3 +506,14 @@ def test_routes_of_a_partitioned_plan_are_outbox_times_partitions_plus_partition
     single = StreamPlan((A,), 1, "app")
     assert not single.routed and single.collection == "a"
     assert single.stages("aggregateId")[0] == {"$match": {"operationType": {"$in": ["insert", "drop", "rename", "dropDatabase", "invalidate"]}}}
+
+
+def test_without_partitions_the_server_routes_by_outbox_alone_and_hashes_nothing():
+    """One partition: an insert's route is its outbox's index, so the stream's stages never use
+    `$toHashedIndexKey` (MongoDB before 6.0 has none); with partitions they hash the aggregate id
+    (relay.core.partitions.route_expression)."""
+    two = StreamPlan((A, B), 1, "app")
+    assert two.routed
+    assert two.stages("aggregateId")[1]["$project"]["r"] == {"$indexOfArray": [["a", "b"], "$ns.coll"]}
+    assert "$toHashedIndexKey" not in json.dumps(two.stages("aggregateId"))
+    assert "$toHashedIndexKey" in json.dumps(StreamPlan((A, B), 2, "app").stages("aggregateId"))

@@ -5,13 +5,13 @@ read_uncommitted consumer sees), which transactions committed (what a read_commi
 sees), the offsets topic's records (visible once their transaction committed) and the producer
 epoch (each `init_transactions` bumps it; a producer of an older epoch can commit nothing).
 
-`FakeTxnPublisher` is a transactional producer on it: `send()` adds a delivery to the open
+`FakeTxnPublisher` is a transactional producer on it: `send()` adds a parcel to the open
 transaction (append the messages; at commit the offsets record, checking the epoch), `fence()`
 bumps the epoch and `forget_record()` commits a tombstone, like
 relay.kafka.transactions.TransactionalPublisher; where to resume is the loop's own decision
 (relay.core.resume), with the record `FakeTxnDeliveryMode.committed` reads.
-A transaction spans deliveries (reads) until its bounds or a drain commit it, as in the real one.
-Faults: `crash_inside` kills the process halfway through a delivery's messages (the open
+A transaction spans parcels (reads) until its bounds or a drain commit it, as in the real one.
+Faults: `crash_inside` kills the process halfway through a parcel's messages (the open
 transaction may hold earlier reads), `crash_between_reads` as a read joins a transaction that
 holds earlier reads, `crash_after_commit` right after a commit (before the MongoDB write); all raise `Crashed`, a
 BaseException that no `except Exception` of the loop catches, as a SIGKILL would end it.
@@ -31,9 +31,9 @@ from relay.core.errors import ProducerFencedError, TransactionAbortedError
 from relay.core.loop import Relay
 from relay.core.message import HEADER_FENCING
 from relay.core.positions import Checkpoint, Grant
-from relay.core.window import Delivery
+from relay.core.window import Parcel
 from relay.kafka.offsets_record import OffsetsRecord
-from relay.kafka.producer import delivery_failure
+from relay.kafka.producer import parcel_failure
 from relay.kafka.transactions import aborted_failure
 from relay.ops.observe import ScopeObserver
 from tests.unit.fakes import (
@@ -100,8 +100,8 @@ def txn_log(world: World) -> TxnLog:
 
 class FakeTxnPublisher:
     """A transactional producer on the world's TxnLog (relay.core.boundaries.Publisher), with
-    transactions spanning deliveries like relay.kafka.transactions.TransactionalPublisher: a
-    delivery joins the open transaction and is held (not acknowledged) until that transaction
+    transactions spanning parcels like relay.kafka.transactions.TransactionalPublisher: a
+    parcel joins the open transaction and is held (not acknowledged) until that transaction
     commits, once it holds `max_events` events or `max_bytes` bytes, was open `max_ms` on the
     world's clock, or the loop drains."""
 
@@ -113,7 +113,7 @@ class FakeTxnPublisher:
         self.max_bytes = settings.transaction_max_bytes
         self.max_ms = settings.transaction_max_ms
         self.txn: int | None = None  # the open transaction
-        self.open: list[Delivery] = []
+        self.open: list[Parcel] = []
         self.appended: list[TxnMessage] = []
         self.events = self.bytes = 0
         self.opened_at = 0.0
@@ -143,26 +143,26 @@ class FakeTxnPublisher:
         if any(m.fencing != w.lease.fencing for m in messages):
             t.commits_by_stale_fencing += 1
 
-    def send(self, delivery: Delivery, while_waiting: Callable[[], None]) -> None:
+    def send(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
         assert self.grant is not None, "fence() first"
         w, t = self.world, txn_log(self.world)
-        delivery.hold()
+        parcel.hold()
         if self.txn is None:
             self.txn, self.opened_at = self._begin(), w.clock.monotonic()
         if t.crash_between_reads and self.open:
             t.crash_between_reads = False
             raise Crashed("killed after some reads of an open transaction")
-        self.open.append(delivery)
+        self.open.append(parcel)
         failed = False
-        for i, m in enumerate(delivery.messages):
-            if t.crash_inside and i >= len(delivery.messages) // 2:
+        for i, m in enumerate(parcel.messages):
+            if t.crash_inside and i >= len(parcel.messages) // 2:
                 t.crash_inside = False
                 raise Crashed("killed inside a transaction")
             if failed:  # the rest of a failed transaction is purged by the abort
-                delivery.on_delivery(KafkaError(KafkaError._PURGE_QUEUE), _Report(m))
+                parcel.on_delivery(KafkaError(KafkaError._PURGE_QUEUE), _Report(m))
                 continue
             if (m.topic, m.event_id) in w.broker.refuse:
-                delivery.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(m))
+                parcel.on_delivery(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE), _Report(m))
                 failed = True
                 continue
             fencing = int(dict(m.headers)[HEADER_FENCING])
@@ -170,14 +170,14 @@ class FakeTxnPublisher:
             t.log.append(self.appended[-1])
             if w.broker.fail_next:
                 w.broker.fail_next -= 1
-                delivery.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(m))
+                parcel.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(m))
                 failed = True
                 continue
-            delivery.on_delivery(None, _Report(m))
+            parcel.on_delivery(None, _Report(m))
         if failed:  # abortable: abort (nothing of it visible), then the first failed report decides
             raise self._aborted()
-        self.events += len(delivery.messages)
-        self.bytes += sum(len(m.value) for m in delivery.messages)
+        self.events += len(parcel.messages)
+        self.bytes += sum(len(m.value) for m in parcel.messages)
         if self.events > self.max_events:
             w.violate(f"{self.events} events in one transaction, more than {self.max_events}")
         if self.events >= self.max_events or self.bytes >= self.max_bytes:
@@ -186,8 +186,8 @@ class FakeTxnPublisher:
             self.poll(0)
 
     def _aborted(self) -> Exception:
-        deliveries = self.open
-        error = aborted_failure(deliveries) or TransactionAbortedError("aborted")
+        parcels = self.open
+        error = aborted_failure(parcels) or TransactionAbortedError("aborted")
         self._forget(failed=True)
         return error
 
@@ -228,8 +228,8 @@ class FakeTxnPublisher:
     def drain(self, timeout: float) -> None:
         self._commit_open()
 
-    def failure(self, delivery: Delivery) -> Exception:
-        return delivery_failure(delivery)
+    def failure(self, parcel: Parcel) -> Exception:
+        return parcel_failure(parcel)
 
     @property
     def queued(self) -> int:
