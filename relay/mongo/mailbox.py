@@ -92,7 +92,7 @@ class Mailbox:
 
         Everything queued that fits is taken at once: the reads queued while the loop delivered
         are joined into one batch under the last one's token (a steady stream of small reads,
-        one per getMore, would otherwise cost the loop a delivery and a checkpoint each, and a
+        one per getMore, would otherwise cost the loop a parcel and a checkpoint each, and a
         loop that falls behind never catches up)."""
         with self._cond:
             deadline = time.monotonic() + self._await_s
