@@ -5,7 +5,9 @@ compiler (`rustc-web`, with `libstd-rust-web-dev:arm64`). Unpacked into one fold
 sysroot holds both targets: `tools/build_wheel.py --arch aarch64` builds with it (cargo-zigbuild
 and zig link for glibc 2.17 on aarch64, as they do for x86_64). To test the wheel, Debian's arm64
 Python 3.11 runs under `qemu-aarch64-static` (user-mode emulation, no binfmt_misc: every arm64
-process is started through qemu by its x86_64 parent, `Emulated.argv`).
+process is started through qemu by its x86_64 parent, `Emulated.argv`). The wheel's dependencies
+(PyPI's aarch64 wheels) are installed under emulation once per key into a cached virtual
+environment (`Emulated.venv_with`); a test installs the wheel alone into a copy of it.
 
 Every package is pinned by file name and SHA-256 (relay.dev.debian); each folder is complete only
 with its `.complete` marker. They are Debian 12's current builds: a security update replaces
@@ -22,14 +24,13 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from relay.cachedir import cache_dir
-from relay.dev import debian
+from relay.dev import cached, debian
 from relay.dev.debian import DebianPackage
-from relay.dev.maven import COMPLETE, is_resolved
-from relay.dev.processes import DevStackError
 
 MAIN = ("https://deb.debian.org/debian",)
 SECURITY = ("https://deb.debian.org/debian-security", "https://security.debian.org/debian-security")
@@ -210,28 +211,18 @@ PYTHON = (
 
 def _unpacked(name: str, packages: tuple[DebianPackage, ...]) -> Path:
     """`packages` unpacked into one folder of the cache (fetched and checked once)."""
-    home = cache_dir() / "aarch64" / name
-    if is_resolved(home):
-        return home
-    staging = home.parent / f"{name}.partial-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    downloads = staging.parent / f"{name}.downloads-{os.getpid()}"
-    try:
-        for package in packages:
-            mirrors = SECURITY if package.pool.startswith("updates/") else MAIN
-            debian.unpack(debian.download(package, downloads, mirrors), staging)
-    except DevStackError:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    finally:
-        shutil.rmtree(downloads, ignore_errors=True)
-    (staging / COMPLETE).write_text(" ".join(p.filename for p in packages))
-    if is_resolved(home):  # another process finished first: keep its copy
-        shutil.rmtree(staging, ignore_errors=True)
-        return home
-    shutil.rmtree(home, ignore_errors=True)
-    staging.rename(home)
-    return home
+
+    def make(staging: Path) -> str:
+        downloads = staging.parent / f"{name}.downloads-{os.getpid()}"
+        try:
+            for package in packages:
+                mirrors = SECURITY if package.pool.startswith("updates/") else MAIN
+                debian.unpack(debian.download(package, downloads, mirrors), staging)
+        finally:
+            shutil.rmtree(downloads, ignore_errors=True)
+        return " ".join(p.filename for p in packages)
+
+    return cached.made_once(cache_dir() / "aarch64" / name, make)
 
 
 @dataclass(frozen=True)
@@ -294,6 +285,22 @@ class Emulated:
             timeout=900,
         )
         return python
+
+    def venv_with(self, requirements: Sequence[str], constraints: Path) -> Path:
+        """The cached virtual environment (`venv`) holding `requirements` as pip resolves them
+        under `constraints` from PyPI's aarch64 wheels (binaries only), made once under emulation
+        (about a minute) into `<cache>/aarch64/venv-<digest>`. Its key is the Debian packages the
+        Python comes from (their pinned file names), constraints.txt's text and `requirements`;
+        it is complete only with its marker (relay.dev.cached). Install into a `fresh_copy`."""
+        return cached.venv_with(
+            cache_dir() / "aarch64" / "venv",
+            " ".join(p.filename for p in PYTHON),
+            lambda home: self.argv(self.venv(home)),
+            requirements,
+            constraints,
+            self.environ(),
+            ["--only-binary=:all:"],
+        )
 
 
 def emulated() -> Emulated:

@@ -7,8 +7,11 @@ publishes them with the wheel's compiled module, and a shipping service consumes
 the session's (x86_64) servers.
 
 Cost: the first build compiles the crate for aarch64 (about 3 minutes of CPU, then kept in the
-cache's cargo-target-aarch64); pip under emulation takes about a minute; the packages (about
-150 MB of Debian's) are fetched once into the cache."""
+cache's cargo-target-aarch64); the packages (about 150 MB of Debian's) are fetched once into the
+cache. The dependencies' aarch64 wheels are installed under emulation (a venv and pip, about 1.5
+minutes) once per Debian Python, constraints.txt and the wheel's Requires-Dist, into a cached
+virtual environment (`Emulated.venv_with`); each run copies it and installs only the wheel built
+now (`--no-deps --no-index`), so the wheel still installs and the compiled module is the wheel's."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from relay.dev import aarch64
+from relay.dev import aarch64, cached
 from relay.dev.processes import spawn
 from tests.support.paths import ROOT
 from tests.support.relays import settings_env
@@ -34,11 +37,12 @@ PYTHON_PATH_LINE = "relay._native is not installed"
 def emulated_python(tmp_path_factory: pytest.TempPathFactory) -> tuple[aarch64.Emulated, Path, Path]:
     wheel = aarch64.build(tmp_path_factory.mktemp("dist-aarch64"))
     emulated = aarch64.emulated()
-    python = emulated.venv(tmp_path_factory.mktemp("arm64") / "venv")
-    # From outside the checkout and without PYTHONPATH: pip must not take the checkout's package
-    # (its egg-info) for an installed one.
+    dependencies = emulated.venv_with(cached.requires_dist(wheel), ROOT / "constraints.txt")
+    python = cached.fresh_copy(dependencies, tmp_path_factory.mktemp("arm64") / "venv")
+    # The wheel alone (its dependencies are the copy's); from outside the checkout and without
+    # PYTHONPATH: pip must not take the checkout's package (its egg-info) for an installed one.
     subprocess.run(emulated.argv(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                                 "--only-binary=:all:", "-c", str(ROOT / "constraints.txt"), str(wheel)),
+                                 "--no-deps", "--no-index", str(wheel)),
                    check=True, capture_output=True, timeout=1200, env=emulated.environ(), cwd=python.parent)
     return emulated, python, wheel
 

@@ -11,8 +11,10 @@ The base install is the light client: a command whose extra is missing names it 
 
 Cost: the first build on a machine installs the build tools and compiles the crate for its
 glibc 2.17 target (minutes; kept in RELAY_CACHE_DIR, build tools and cargo's build folder, then
-reused by every clone); each
-environment is a pip install from pip's cache (tens of seconds on a quiet machine).
+reused by every clone). The dependencies are installed once per Python, constraints.txt and the
+wheel's Requires-Dist into a cached virtual environment (relay.dev.cached, about 15 s); each
+environment here is a copy of it into which the wheel or the sdist alone is installed
+(`--no-deps`; a few seconds).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from relay.cachedir import cache_dir
+from relay.dev import cached
 from relay.dev.processes import spawn
 from tests.support.paths import ROOT
 from tests.support.relays import settings_env
@@ -52,22 +56,24 @@ def _bare_path(*first: Path) -> str:
     return path
 
 
-def _bare_env(bindir: Path) -> dict[str, str]:
+def _bare_env(*first: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CARGO", "RUST", "JAVA", "MAVEN", "PYTHON", "VIRTUAL_ENV", "PIP_REQUIRE"))}
-    return env | {"PATH": _bare_path(bindir)}
+    return env | {"PATH": _bare_path(*first)}
 
 
 class Installed:
     """A fresh virtual environment holding one install of the package, used from `cwd`."""
 
-    def __init__(self, home: Path, artifact: Path) -> None:
+    def __init__(self, home: Path, artifact: Path, dependencies: Path) -> None:
         self.home, self.bin, self.cwd = home, home / "bin", home.parent / f"{home.name}-cwd"
         self.cwd.mkdir()
-        venv.create(home, with_pip=True)
-        # The dependencies at the suite's versions (constraints.txt), from pip's cache or PyPI.
-        self.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                 "-c", str(ROOT / "constraints.txt"), str(artifact), timeout=900)
+        cached.fresh_copy(dependencies, home)
+        # The artifact alone: its dependencies are the copy's. A wheel needs no index; an sdist's
+        # build (setuptools, setuptools-rust) comes from pip's cache or PyPI, as for any install.
+        no_index = ["--no-index"] if artifact.suffix == ".whl" else []
+        self.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
+                 *no_index, str(artifact), timeout=900)
 
     def env(self) -> dict[str, str]:
         return _bare_env(self.bin)
@@ -98,14 +104,28 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"wheel": wheel, "sdist": sdist}
 
 
-@pytest.fixture(scope="module")
-def from_wheel(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    return Installed(tmp_path_factory.mktemp("wheel") / "venv", built["wheel"])
+def _venv(home: Path) -> list[str]:
+    venv.create(home, with_pip=True)
+    return [str(home / "bin" / "python")]
 
 
 @pytest.fixture(scope="module")
-def from_sdist(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    return Installed(tmp_path_factory.mktemp("sdist") / "venv", built["sdist"])
+def dependencies(built: dict[str, Path]) -> Path:
+    """The wheel's dependencies at the suite's versions (constraints.txt), from pip's cache or
+    PyPI, in a virtual environment of this Python kept in the cache (relay.dev.cached)."""
+    return cached.venv_with(cache_dir() / "venvs" / "x86_64", f"{sys.version} {sys.base_prefix}", _venv,
+                            cached.requires_dist(built["wheel"]), ROOT / "constraints.txt",
+                            _bare_env())
+
+
+@pytest.fixture(scope="module")
+def from_wheel(built: dict[str, Path], dependencies: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return Installed(tmp_path_factory.mktemp("wheel") / "venv", built["wheel"], dependencies)
+
+
+@pytest.fixture(scope="module")
+def from_sdist(built: dict[str, Path], dependencies: Path, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return Installed(tmp_path_factory.mktemp("sdist") / "venv", built["sdist"], dependencies)
 
 
 def _serve(installed: Installed, env: Any, tmp_path: Path) -> str:
