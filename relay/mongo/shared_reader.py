@@ -199,8 +199,8 @@ class SharedStream:
         try:
             while True:
                 with self._cond:
-                    while not self._has_work():
-                        self._cond.wait(self._lingering())  # None: until a loop or a join notifies
+                    while (wait := self._until_turn()) != 0:
+                        self._cond.wait(wait)
                     if self._closed:
                         return
                     joins, self._joins = self._joins, []
@@ -226,21 +226,22 @@ class SharedStream:
         else:
             self._release_cursor()
 
-    def _has_work(self) -> bool:
-        """Whether the reader has a turn to take (it runs under the condition, in the reader)."""
+    def _until_turn(self) -> float | None:
+        """How long the reader waits before its next turn (it runs under the condition, in the
+        reader): 0, none; None, until a loop or a join notifies it; else what is left of the linger,
+        read from the clock once (a linger ending between two readings must not become a wait for
+        a notification that never comes: the loops wait for events, not the other way round)."""
         if self._closed or self._joins:
-            return True
+            return 0
         for route in [r for r, m in self._members.items() if m.mailbox.closed]:
             del self._members[route]  # the member left
         if not self._members:
-            return self._server_cursor is not None  # to release it
+            return 0 if self._server_cursor is not None else None  # to release it
         bound = 1 if self._caught_up else self._read_events  # the module docstring, "Reads"
-        return all(m.mailbox.queued < bound for m in self._members.values()) and not self._lingering()
-
-    def _lingering(self) -> float | None:
-        """How long the next read still waits for events to gather (None: it need not)."""
+        if any(m.mailbox.queued >= bound for m in self._members.values()):
+            return None
         left = self._linger_until - self._monotonic()
-        return min(left, self._linger_s) if left > 0 else None
+        return min(left, self._linger_s) if left > 0 else 0
 
     def _release_cursor(self) -> None:
         cursor, self._server_cursor, self._position = self._server_cursor, None, None

@@ -247,6 +247,36 @@ def test_caught_up_the_read_after_one_with_events_lingers_and_after_an_empty_rea
         stream.close()
 
 
+class TickingClock:
+    """A clock that moves on by `step` at every reading."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 100.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.mark.parametrize("step", [0.01, 0.02 / 3, 0.005, 0.004])
+def test_a_linger_that_ends_between_two_readings_of_the_clock_never_stalls_the_reader(step):
+    """The reader decides how long to wait from one reading of its clock: had it read the clock
+    twice (lingering: yes; then how long: no longer), it would wait for a notification, and none
+    comes (the loops wait for events, not the reader). Found by bench.ab: a relay that stopped
+    publishing at 500 events/s."""
+    oplog = Oplog()
+    FakeCursor.opened = []
+    stream = SharedStream(PLAN, lambda: FakeCursor(oplog, []), 10, 0.05, lambda: oplog.oldest, 0.02, TickingClock(step))
+    try:
+        a = _subscription(stream, A)
+        a.open(StartPoint(at_time=ClusterTime(1000, 0)))
+        for _ in range(5):
+            wrote = oplog.insert(A, 1)
+            assert _drain(a, 1)[0] == wrote
+    finally:
+        stream.close()
+
+
 def test_reads_queued_in_a_catch_up_are_taken_as_one_batch(small_reads):
     """Behind the oplog's end the reader reads ahead (full reads, up to one read's worth not taken
     per member); what queued meanwhile is one batch (as much as fits), under the last read's token."""
