@@ -119,7 +119,7 @@ class Settings:
     )
     max_await_ms: int = _setting(500, "longest a change stream getMore waits for new events (ms)")
     read_linger_ms: int = _setting(
-        25,
+        10,
         "after a read that returned events but did not fill, how long the next read waits for more to gather "
         "(ms; 0: at once); fewer reads and batches at low rates, for about this much more latency",
     )

@@ -23,10 +23,10 @@ tests/integration/test_change_source.py):
   returns at the first new event, so reading on would cost one getMore per event or two, while a
   read sent once the loops took theirs (it runs while they deliver) returns everything written
   meanwhile: at most one read ahead of each loop, as the one-outbox reader had. And after a read
-  that returned events, the next one waits RELAY_READ_LINGER_MS (default 25) for more to gather,
-  as a producer's linger.ms does: at 500 one-event transactions a second that halves the reads and
-  the batches (each costs the relay a getMore and a delivery whatever its size) for about that much
-  more latency. After an empty read (an idle outbox) it does not wait: a lone event is read at once.
+  that returned events, the next one waits RELAY_READ_LINGER_MS (default 10) for more to gather,
+  as a producer's linger.ms does: each read and each parcel cost the relay about the same whatever
+  their size, so at 500 one-event transactions a second fewer, larger ones cut its CPU per event
+  from 436 to 237 us for about 5 ms more at the median (BENCHMARKS.md, issue 44). After an empty read (an idle outbox) it does not wait: a lone event is read at once.
 - A drop or rename of an outbox ends its members' streams (after the inserts before it); a
   dropDatabase or an invalidate ends every member's.
 
