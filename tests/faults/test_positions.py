@@ -181,6 +181,10 @@ def test_a_relay_of_three_outboxes_killed_inside_the_interval_loses_nothing_and_
                 time.sleep(0.5)  # the writers go on while no relay runs
             final = RelayProcess(settings.replace(instance_id="final"), tmp_path, "final", CLEANUP).start()
             runs.append(final)
+            # It takes over from the stored positions, and is past its start-up when it is stopped
+            # (a SIGTERM while Python still imports it would end it by the signal, not exit 0).
+            wait_until(lambda: all(d.get("owner") == "final" for d in box.leases().values())
+                       and len(box.leases()) == 3, 60, "the final run to lead every outbox")
             for t in writers:
                 t.join()
             verdicts = {c: assert_complete_and_ordered(box.published(c, written[c], "read_uncommitted"), written[c])
@@ -294,6 +298,9 @@ def test_a_process_that_loses_one_scopes_lease_keeps_storing_the_others(box, tmp
 
 # ---- upgraded in place -------------------------------------------------------------------------------
 
+NEWER_SETTINGS = ("checkpoint_interval_ms", "read_linger_ms")  # settings the earlier release did not have
+
+
 class EarlierRelay(ChildProcess):
     """`outbox-relay run` of the release before this change (`tree`: its files from git; no compiled
     module there, so it reads with pymongo's bson), with the settings it knew."""
@@ -307,7 +314,8 @@ class EarlierRelay(ChildProcess):
 
     def environ(self) -> dict[str, str]:
         env = settings_env(self.settings)
-        env.pop(env_name("checkpoint_interval_ms"))
+        for newer in NEWER_SETTINGS:  # it would refuse them as unknown
+            env.pop(env_name(newer))
         return env | {"PYTHONPATH": str(self.tree)}
 
 
@@ -345,6 +353,8 @@ def test_a_relay_upgraded_in_place_resumes_from_the_positions_the_earlier_releas
             stored = {lid: d["resumeToken"]["_data"] for lid, d in box.leases().items()}
             new = RelayProcess(settings.replace(instance_id="new", checkpoint_interval_ms=INTERVAL_MS), tmp_path,
                                "new").start()
+            wait_until(lambda: all(d.get("owner") == "new" for d in box.leases().values()), 60,
+                       "the new release to lead every outbox")  # past its start-up when stopped
             for t in writers:
                 t.join()
             verdicts = {c: assert_complete_and_ordered(box.published(c, written[c], isolation), written[c])
