@@ -119,18 +119,19 @@ def test_sigterm_hands_over_at_once_and_sigkill_after_the_lease_expires(env, tmp
 def test_relay_killed_inside_a_large_transaction_publishes_all_of_it_in_order(env, tmp_path):
     """N events of one transaction; the relay is killed while publishing them (docs/faults.md row 2)."""
     n = 3000
-    settings = env.settings.replace(batch_max_events=50)
+    settings = env.settings.replace(batch_max_events=10)
     events = [OutboxEvent.new("order", f"tx-{i % 7}", "Line", {"seq": i}) for i in range(n)]
     with env.client.start_session() as session, session.start_transaction():
         Outbox(env.outbox).add_many(events, session=session)
     written = Written()
     written.add(events)
-    # The first run lingers 100 ms per batch of 50 (at least 6 s for all of them), so the kill
-    # lands inside the transaction however slowly the test polls.
-    first = RelayProcess(settings.replace(instance_id="first"), tmp_path, "first",
-                         extra_env={"RELAY_KAFKA_LINGER_MS": "100"}).start()
+    # The first run hands Kafka 10 events at a time and waits for each acknowledgement (300 round
+    # trips: about a second on an idle machine), and it is killed at its first published events.
+    # (A long linger.ms no longer slows it: the relay flushes once it waits for every report.)
+    first = RelayProcess(settings.replace(instance_id="first"), tmp_path, "first").start()
     try:
-        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 200, 60, "part of the transaction")
+        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= 10, 60, "part of the transaction",
+                   interval=0.01)
         first.kill()
         part = topic_size(env.servers.kafka_bootstrap, env.topic())
         second = RelayProcess(settings.replace(instance_id="second"), tmp_path, "second").start()
