@@ -3,10 +3,11 @@
 A change stream reply is split with `cursor_batch` into its cursor id, its change events left
 undecoded (each its own `bytes`: no pymongo RawBSONDocument per event) and its post-batch token.
 `read_changes` turns the events into the loop's values (relay.core.change.Change) in one pass
-over each raw event, in the compiled reader (relay._native.ChangeReader), without decoding them: the event id, the
-position (its resume token), the cluster and wall times, and the outbox document's raw BSON. Only
-the Python path of the encoder decodes a document, with the outbox's codec (relay.outbox.decode:
-dates outside years 1-9999 as DatetimeMS, so one such date does not fail a whole batch).
+over each raw event, in the compiled reader (relay._native.ChangeReader), without decoding them:
+the event id, the position (its resume token), the cluster and wall times, and the outbox
+document's raw BSON. Only the Python path of the encoder decodes a document, with the outbox's
+codec (relay.outbox.decode: dates outside years 1-9999 as DatetimeMS, so one such date does not
+fail a whole batch).
 
 An install without the compiled module (a source install without Rust) reads them with
 `read_in_python`, which gives the same values and routes (tests/unit/test_python_reader.py), more

@@ -26,7 +26,8 @@ tests/integration/test_change_source.py):
   that returned events, the next one waits RELAY_READ_LINGER_MS (default 10) for more to gather,
   as a producer's linger.ms does: each read and each parcel cost the relay about the same whatever
   their size, so at 500 one-event transactions a second fewer, larger ones cut its CPU per event
-  from 436 to 237 us for about 5 ms more at the median (BENCHMARKS.md, issue 44). After an empty read (an idle outbox) it does not wait: a lone event is read at once.
+  from 436 to 237 us for about 5 ms more at the median (BENCHMARKS.md, issue 44). After an empty
+  read (an idle outbox) it does not wait: a lone event is read at once.
 - A drop or rename of an outbox ends its members' streams (after the inserts before it); a
   dropDatabase or an invalidate ends every member's.
 
@@ -241,7 +242,7 @@ class SharedStream:
         if any(m.mailbox.queued >= bound for m in self._members.values()):
             return None
         left = self._linger_until - self._monotonic()
-        return min(left, self._linger_s) if left > 0 else 0
+        return left if left > 0 else 0
 
     def _release_cursor(self) -> None:
         cursor, self._server_cursor, self._position = self._server_cursor, None, None
