@@ -46,6 +46,22 @@ def _inside_a_transaction(env, timeout: float = 30) -> None:
                "an open transaction with messages in the log", interval=0.05)
 
 
+def _pause_inside_a_transaction(env, relay: RelayProcess, attempts: int = 5) -> None:
+    """SIGSTOP `relay` while its Kafka transaction is open with messages in the log.
+
+    Paused as soon as its log shows MARKER (printed after the flush, before the commit's delay),
+    then checked: if the commit got in first (the check of the log came late), resumed and tried
+    on the next transaction."""
+    for _ in range(attempts):
+        seen = relay.log().count(MARKER)
+        wait_until(lambda: relay.log().count(MARKER) > seen, 30, "a transaction open", interval=0.02)
+        relay.pause()
+        if uncommitted_messages(env.servers.kafka_bootstrap, env.topic()) > 0:
+            return
+        relay.resume()
+    raise AssertionError(f"no pause landed inside a transaction in {attempts} attempts")
+
+
 def _all_visible(env, written: Written, timeout: float = 180):
     def done():
         records = read_topic(env.servers.kafka_bootstrap, env.topic())
@@ -168,8 +184,7 @@ def test_zombie_leader_is_fenced_by_the_broker_and_nothing_it_sends_after_the_ta
         b.start()
         writer = background_writes(env, written, 3000)
         wait_until(lambda: len(written.ids) > 500, 60, "writes under way")
-        _inside_a_transaction(env)
-        a.pause()
+        _pause_inside_a_transaction(env, a)
         b_token = _leader(env, "B", timeout=60)["fencingToken"]
         wait_until(lambda: any(r.fencing == b_token for r in read_topic(env.servers.kafka_bootstrap, env.topic())),
                    60, "B's first commit")
