@@ -70,13 +70,19 @@ def test_non_resumable_getmore_error_that_repeats_stops_the_relay_with_the_code(
 @pytest.mark.parametrize("fault, write_applied", [
     # failCommand applies the write, then reports the write concern error: stored, not acknowledged.
     ({"writeConcernError": {"code": 64, "errmsg": "waiting for replication timed out"}}, True),
-    pytest.param({"closeConnection": True}, False, marks=pytest.mark.skip(
-        reason="quarantined 2026-11-27: on this machine it now fails most runs on every commit, also on "
-               "20327bf, which passed it in that day's suites (no new event published while every update "
-               "closes its connection); under investigation, see the closing note of that day")),
+    ({"closeConnection": True}, False),
 ], ids=["write-concern-error", "close-connection"])
 def test_failing_checkpoint_write_advances_nothing_until_acknowledged(env, fault, write_applied):
-    with RelayThread(env.settings) as relay:
+    """Every update fails (the checkpoint stores, the lease renewals): events are still published by
+    each session, and the stored checkpoint does not move until an update is acknowledged again.
+
+    A session publishes only if its first read comes before its first renewal is due (one heartbeat
+    interval after taking the lease, which is a findAndModify and succeeds). With closeConnection
+    each failure clears pymongo's pool and marks the primary unknown until its monitor checks it
+    again, so on this machine a session's first read often came after the suite's 1 s interval and
+    no session ever published: hence 3 s here (and a lease that outlives it)."""
+    settings = env.settings.replace(heartbeat_interval_s=3.0, lease_ttl_s=10.0)
+    with RelayThread(settings) as relay:
         [observer] = relay.relay.observer.loops.values()  # the loop of the one outbox
         written = write_events(env.db, env.settings.outbox_collection, total=200, writers=2)
         _published(env, 200)
@@ -84,7 +90,7 @@ def test_failing_checkpoint_write_advances_nothing_until_acknowledged(env, fault
         # A lower bound for the replay check below: later idle passes only move the checkpoint on.
         stored = lease_doc(env.db, env.settings)["resumeToken"]
         with failpoint(env.client, "alwaysOn", failCommands=["update"], **fault):
-            # The idle pass writes the lease about once a second. Snapshot only once a write has
+            # The idle pass writes the lease every 3 s (above). Snapshot only once a write has
             # failed: the loop is single-threaded, so after that restart nothing can still land.
             wait_until(lambda: _restarts(relay) >= 1, 30, "a refused checkpoint or lease write")
             acknowledged = observer.checkpoint
