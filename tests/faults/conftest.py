@@ -7,6 +7,8 @@ from typing import Any
 
 import pymongo
 import pytest
+from pymongo.errors import AutoReconnect, WriteConcernError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from tests.conftest import Env
 from tests.support.servers import replica_set
@@ -28,5 +30,13 @@ def env3(env: Env, rs3: Any) -> Iterator[Env]:
     try:
         yield Env(env.servers, settings, client)
     finally:
-        client.drop_database(settings.database)
-        client.close()
+        # A test that stepped the primary down may leave an election settling: the drop (idempotent)
+        # is interrupted (InterruptedDueToReplStateChange, a write concern error) or finds no
+        # primary for a moment, so it is tried again for up to 30 s.
+        try:
+            for attempt in Retrying(stop=stop_after_delay(30), wait=wait_fixed(0.5), reraise=True,
+                                    retry=retry_if_exception_type((AutoReconnect, WriteConcernError))):
+                with attempt:
+                    client.drop_database(settings.database)
+        finally:
+            client.close()
