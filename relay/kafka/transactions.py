@@ -6,7 +6,10 @@ transactional producer (`transactional.id` = `outbox-relay:<lease id>`, relay.ka
 none is open. The transaction commits once it holds RELAY_TRANSACTION_MAX_EVENTS events or
 RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago (checked by `send` and
 `poll`), or when the loop waits for every parcel (`drain`: an idle stream, a stop, a read that
-would keep the transaction waiting); before the commit, one record to the compacted offsets topic
+would keep the transaction waiting). The commit runs on a thread of its own (a fixed wait of
+~18 ms, docs/exactly-once.md#cost) while the loop reads and encodes the next parcels; those wait,
+held and not produced yet, and begin the next transaction once the commit ended (one
+transaction at a time, as the producer allows). Before the commit, one record to the compacted offsets topic
 (RELAY_OFFSETS_TOPIC, key = the lease id, value = the newest token of the transaction:
 relay.kafka.offsets_record.OffsetsRecord). Each parcel is held (relay.core.window.Parcel.hold)
 until its transaction ends, so a parcel the loop sees acknowledged is visible to read_committed
@@ -36,8 +39,12 @@ Errors, translated by relay.kafka.errors.translate (one table of codes) for the 
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -144,13 +151,19 @@ class TransactionalPublisher(LibrdkafkaProducer):
         self._record_partition = 0  # the offsets topic's partition of this lease's records
         self._in_transaction = False
         self._unusable = False  # after a fatal error: no abort, no further call
-        # The open transaction: its parcels (held until it ends), their events and bytes, and
-        # when it began; the heartbeat of the last `send`, for commits from `poll` and `drain`.
+        # The transaction: its parcels (held until it ends), their events and bytes, and when it
+        # began; the heartbeat of the last `send`, for commits from `poll` and `drain`.
         self._open: list[Parcel] = []
         self._open_events = 0
         self._open_bytes = 0
         self._opened_at = 0.0
         self._while_waiting: Heartbeat = _nothing
+        # Its commit, when one is in flight on the commit thread, and the parcels handed over
+        # meanwhile (held, not produced yet: they begin the next transaction once it ended).
+        self._committing: Future[None] | None = None
+        self._next: deque[Parcel] = deque()
+        self._closing = threading.Event()  # close(): a commit in flight stops retrying
+        self._commits = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
 
     # ---- a new leading session -------------------------------------------------------------
 
@@ -209,22 +222,58 @@ class TransactionalPublisher(LibrdkafkaProducer):
     # ---- relay.core.boundaries.Publisher -----------------------------------------------------------
 
     def send(self, parcel: Parcel, while_waiting: Heartbeat) -> None:
-        """Add the parcel to the open transaction (beginning one when none is open), and commit
-        that transaction once it holds RELAY_TRANSACTION_MAX_EVENTS events or
-        RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago.
+        """Add the parcel to the open transaction (beginning one when none is open), and start
+        that transaction's commit once it holds RELAY_TRANSACTION_MAX_EVENTS events or
+        RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago. While a
+        commit is in flight the parcel waits, held and not produced yet, and begins the next
+        transaction once that commit ended (`_advance`): the loop reads and encodes meanwhile.
 
         The parcel is held (relay.core.window.Parcel.hold) until its transaction ends: the loop
         sees it acknowledged only once the transaction committed, with the offsets record of its
         newest token, so neither position ever covers an event read_committed consumers cannot see.
 
-        Raises (nothing of the open transaction is then visible to read_committed consumers):
-        ProducerFencedError, ProducerFatalError, TransactionAbortedError, or the first failed
-        report's own failure (relay.kafka.producer.parcel_failure: a refused record batch, a
-        poison event, a failed delivery).
+        Raises (nothing of the failed transaction, nor of the parcels waiting for it, is then
+        visible to read_committed consumers): ProducerFencedError, ProducerFatalError,
+        TransactionAbortedError, or the first failed report's own failure
+        (relay.kafka.producer.parcel_failure: a refused record batch, a poison event, a failed
+        delivery). `poll` and `drain` raise the same, for the parcels they produce or commit.
         """
         assert self._grant is not None, "fence() first"
         self._while_waiting = while_waiting
         parcel.hold()
+        self._next.append(parcel)
+        self._advance(while_waiting)
+
+    def due_in(self) -> float | None:
+        """Seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS); 0 while a
+        commit is in flight (its parcels are released once the loop serves it); None when no
+        parcel is open."""
+        if self._committing is not None:
+            return 0.0
+        if not self._open:
+            return None
+        return self._opened_at + self._config.transaction_max_ms / 1000 - time.monotonic()
+
+    def _advance(self, while_waiting: Heartbeat) -> None:
+        """Move on as far as possible without waiting: end a commit that finished, then produce
+        the parcels that waited for it into the next transaction (starting its commit when a
+        bound is reached; the rest wait for that one), then start a commit that is due.
+
+        Invariant: parcels wait in `_next` only while a commit is in flight; while one is, the
+        producer is left to the commit thread (its reports are served there)."""
+        if self._committing is not None:
+            if not self._committing.done():
+                return
+            self._finish_commit(while_waiting)
+        while self._next and self._committing is None:
+            self._add(self._next.popleft(), while_waiting)
+        due = self.due_in()
+        if self._committing is None and due is not None and due <= 0:
+            self._start_commit(while_waiting)
+
+    def _add(self, parcel: Parcel, while_waiting: Heartbeat) -> None:
+        """Produce the parcel into the open transaction (begun here when none is); start the
+        commit when the transaction reached RELAY_TRANSACTION_MAX_EVENTS or _BYTES."""
         self._open.append(parcel)
         try:
             if not self._in_transaction:
@@ -237,39 +286,36 @@ class TransactionalPublisher(LibrdkafkaProducer):
         except KafkaException as exc:
             raise self._failed(kafka_error(exc), while_waiting) from exc
         self._open_events += len(parcel.messages)
-        self._open_bytes += sum(len(m.value) for m in parcel.messages)
+        self._open_bytes += parcel.size
         c = self._config
         if self._open_events >= c.transaction_max_events or self._open_bytes >= c.transaction_max_bytes:
-            self._commit_open(while_waiting)
-        else:
-            self._commit_if_due()
+            self._start_commit(while_waiting)
 
-    def due_in(self) -> float | None:
-        """Seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS); None when
-        no parcel is open."""
-        if not self._open:
-            return None
-        return self._opened_at + self._config.transaction_max_ms / 1000 - time.monotonic()
-
-    def _commit_if_due(self) -> None:
-        due = self.due_in()
-        if due is not None and due <= 0:
-            self._commit_open(self._while_waiting)
-
-    def _commit_open(self, while_waiting: Heartbeat) -> None:
-        """Write the offsets record of the open transaction's newest token, commit, then release
-        its parcels: acknowledged, every report in (commit_transaction flushes)."""
-        if not self._open:
-            return
+    def _start_commit(self, while_waiting: Heartbeat) -> None:
+        """Write the offsets record of the transaction's newest token, then hand its commit to the
+        commit thread (`_finish_commit` releases its parcels once it ended)."""
         grant = self._grant
         assert grant is not None
+        assert self._committing is None
         token = next((d.token for d in reversed(self._open) if d.token is not None), None)
         try:
             if token is not None:
                 self._produce_record(
                     OffsetsRecord(self._lease_id, token, self._fingerprint, grant.fencing_token, grant.owner).encode()
                 )
-            self._commit(while_waiting)
+        except KafkaException as exc:
+            raise self._failed(kafka_error(exc), while_waiting) from exc
+        # The commit thread serves no heartbeat: the loop goes on (and beats) meanwhile.
+        self._committing = self._commits.submit(self._commit, _nothing)
+
+    def _finish_commit(self, while_waiting: Heartbeat) -> None:
+        """The commit in flight ended: release its parcels, acknowledged (every report in:
+        commit_transaction flushes), or raise its failure (`_failed`)."""
+        committing, self._committing = self._committing, None
+        assert committing is not None
+        assert committing.done()
+        try:
+            committing.result()
         except KafkaException as exc:
             raise self._failed(kafka_error(exc), while_waiting) from exc
         parcels, self._open = self._open, []
@@ -281,6 +327,12 @@ class TransactionalPublisher(LibrdkafkaProducer):
             self._producer.poll(0.1)
         for d in parcels:
             d.release()
+
+    def _await_commit(self, timeout: float) -> None:
+        """Wait up to `timeout` for the commit in flight, then move on (`_advance`)."""
+        if self._committing is not None:
+            wait_for([self._committing], timeout)
+        self._advance(self._while_waiting)
 
     def _produce_record(self, value: bytes | None) -> None:
         self._producer.produce(self._offsets.topic, value, self._key, partition=self._record_partition)
@@ -297,8 +349,9 @@ class TransactionalPublisher(LibrdkafkaProducer):
 
     def _commit(self, while_waiting: Heartbeat) -> None:
         """`commit_transaction`, retried while it is still flushing (a retriable error that needs no
-        abort), serving the lease heartbeat; the delivery timeout bounds it."""
-        retrying(_still_working(abortable=False), before_wait=_serving(while_waiting))(
+        abort), serving `while_waiting`, until the delivery timeout ends it or `close()` is called.
+        Runs on the commit thread for the parcels' transactions (`_start_commit`)."""
+        retrying(_still_working(abortable=False), until=self._closing.is_set, before_wait=_serving(while_waiting))(
             self._producer.commit_transaction, WAIT_SLICE_S
         )
         self._in_transaction = False
@@ -306,7 +359,9 @@ class TransactionalPublisher(LibrdkafkaProducer):
     def _failed(self, err: KafkaError | None, while_waiting: Heartbeat, event_id: str = "?") -> Exception:
         """The error a failed transaction is reported as, after aborting it where that is possible;
         every parcel it held is released as failed (none of it is visible)."""
-        parcels, self._open = self._open, []
+        assert self._committing is None, "the commit thread has ended"
+        parcels, self._open = [*self._open, *self._next], []
+        self._next.clear()
         self._open_events = self._open_bytes = 0
         try:
             return self._failure(err, parcels, while_waiting, event_id)
@@ -354,7 +409,11 @@ class TransactionalPublisher(LibrdkafkaProducer):
 
     def poll(self, timeout: float) -> None:
         """Serve reports, waiting up to `timeout` but not past the open transaction's time bound,
-        then commit that transaction if it is due."""
+        then start that transaction's commit if it is due; while a commit is in flight, wait up
+        to `timeout` for it instead, then produce what waited for it."""
+        if self._committing is not None:
+            self._await_commit(timeout)
+            return
         due = self.due_in()
         try:
             self._producer.poll(timeout if due is None else max(0.0, min(timeout, due)))
@@ -363,24 +422,39 @@ class TransactionalPublisher(LibrdkafkaProducer):
             if self._open:
                 raise self._failed(err, self._while_waiting) from exc
             raise translate(err, self._attempt("poll")) from exc
-        self._commit_if_due()
+        self._advance(self._while_waiting)
 
     def drain(self, timeout: float) -> None:
-        """The loop waits for every parcel: commit the open transaction now (commit_transaction
-        flushes what linger.ms holds back), then serve what is due."""
-        self._commit_open(self._while_waiting)
+        """The loop waits for every parcel: commit everything now (the commit in flight, the
+        parcels waiting for it, the open transaction; commit_transaction flushes what linger.ms
+        holds back), serving the heartbeat every slice, then serve what is due."""
+        while self._committing is not None or self._open:
+            if self._committing is None:
+                self._start_commit(self._while_waiting)
+            self._await_commit(WAIT_SLICE_S)
+            if self._committing is not None:
+                self._while_waiting()
         self.poll(0)
 
     def close(self) -> None:
-        """Abort a transaction left open (best effort: the next leader's `init_transactions` aborts
-        it anyway, or the broker after `transaction.timeout.ms`), drop anything queued."""
-        if self._in_transaction and not self._unusable:
+        """Stop a commit in flight from retrying and wait for it briefly, abort a transaction left
+        open (best effort: the next leader's `init_transactions` aborts it anyway, or the broker
+        after `transaction.timeout.ms`), drop anything queued. A commit that still lands is
+        safe: the offsets record it carries is where the next leader resumes."""
+        self._closing.set()
+        if self._committing is not None:
+            wait_for([self._committing], 2.0)
+            if self._committing.done():
+                self._committing = None
+        if self._in_transaction and not self._unusable and self._committing is None:
             try:
                 self._producer.abort_transaction(2.0)
             except KafkaException as exc:
                 log.debug("could not abort the open transaction on close: %s", exc)
         self._in_transaction = False
         self._open, self._open_events, self._open_bytes = [], 0, 0
+        self._next.clear()
+        self._commits.shutdown(wait=False)
         try:
             self._producer.purge(in_queue=True, in_flight=True)
             self._producer.flush(0)
