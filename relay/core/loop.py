@@ -288,8 +288,8 @@ class Relay(Generic[ObserverT]):
         messages, poison = encode(
             batch.changes, s.grant.fencing_token, self._encoder, self._poison, self.observer.dead_lettered
         )
-        start = 0
-        for end, alone in split([len(m.value) for m in messages], self.config.batch_max_bytes, self._poison.one_by_one):
+        start, sizes = 0, [len(m.value) for m in messages]
+        for end, alone in split(sizes, self.config.batch_max_bytes, self._poison.one_by_one):
             parcel = Parcel(
                 batch.wall_ms(start, end),
                 messages[start:end],
@@ -297,6 +297,7 @@ class Relay(Generic[ObserverT]):
                 self._clock.monotonic(),
                 alone,
                 read_at,
+                sum(sizes[start:end]),
             )
             s.publisher.send(parcel, self._heartbeat)
             s.window.add(parcel)

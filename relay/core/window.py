@@ -34,6 +34,7 @@ class Parcel:
         "pending",
         "read_at",
         "sent_at",
+        "size",
         "token",
         "wall_ms",
     )
@@ -46,6 +47,7 @@ class Parcel:
         sent_at: float,
         one_by_one: bool = False,
         read_at: float | None = None,
+        size: int | None = None,
     ) -> None:
         self.wall_ms = wall_ms  # each change's commit time (Unix ms, -1: unknown), for latency
         self.messages = messages
@@ -55,6 +57,8 @@ class Parcel:
         self.sent_at = sent_at
         self.read_at = sent_at if read_at is None else read_at  # when its changes were read
         self.one_by_one = one_by_one  # its one message was sent alone (a request of its own)
+        # Bytes of its messages' values (the loop knows them from `split`; counted here if not).
+        self.size = sum(len(m.value) for m in messages) if size is None else size
         # Where the first failed report is announced (the publisher's list; it drops its queue).
         self.failures: list[Parcel] | None = None
 
