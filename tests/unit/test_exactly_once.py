@@ -96,12 +96,14 @@ class ExactlyOnceMachine(RelayMachine):
     @initialize(seed=st.integers(0, 2**32 - 1), max_events=st.integers(1, 12),
                 max_bytes=st.sampled_from([150, 600, 4 * 1024 * 1024]), txn_events=st.integers(1, 40),
                 txn_bytes=st.sampled_from([300, 2000, 16 * 1024 * 1024]), txn_ms=st.sampled_from([1, 100, 5000]),
-                interval_ms=st.sampled_from(INTERVALS_MS))
+                interval_ms=st.sampled_from(INTERVALS_MS), background=st.booleans())
     def start(self, seed: int, max_events: int, max_bytes: int,  # type: ignore[override]
-              txn_events: int, txn_bytes: int, txn_ms: int, interval_ms: int) -> None:
+              txn_events: int, txn_bytes: int, txn_ms: int, interval_ms: int, background: bool) -> None:
         """As the base, plus the transaction bounds: a transaction spans several reads (events
-        bound 1-40 over reads of 1-12 events, bytes, a time bound the clock jumps pass)."""
+        bound 1-40 over reads of 1-12 events, bytes, a time bound the clock jumps pass), and
+        commits that end in the background (seen at the next poll; reads sent meanwhile wait)."""
         self.world = World(random.Random(seed))
+        txn_log(self.world).background_commits = background
         self.base = self.settings(batch_max_events=max_events, batch_max_bytes=max_bytes, on_poison="dead-letter",
                                   dead_letter_topic="dlq", on_history_lost="rescan",
                                   transaction_max_events=txn_events, transaction_max_bytes=txn_bytes,
@@ -179,6 +181,29 @@ def test_a_leader_killed_between_its_kafka_commit_and_its_mongodb_write_is_resum
     _turn(second, lambda: set(more) <= set(_visible(world)))
     assert covered_by(world.opens[-1].resume_after) == 10, "resumed after the offsets record, not the checkpoint"
     _exactly_once_in_commit_order(world, complete=True)
+    assert not world.violations
+
+
+def test_reads_sent_during_a_background_commit_wait_for_it_and_are_stored_only_once_committed():
+    """As with the real publisher's commit thread: the loop reads on while a commit is in flight;
+    those reads wait (not appended) and begin the next transaction once the commit ended, and
+    the MongoDB checkpoint never covers an event a read_committed consumer cannot see."""
+    world = calm_world()
+    ids = _write(world, 30)
+    t = txn_log(world)
+    t.background_commits = True
+    tr = txn_relay(world, eos_settings(batch_max_events=2, transaction_max_bytes=1))  # a commit per read
+    waited = 0
+    for _ in range(500):
+        if set(ids) <= set(_visible(world)) and covered_by(world.lease.token) == 30:
+            break
+        tr.relay.turn()
+        publisher = tr.publishers[-1]
+        waited = max(waited, len(publisher.waiting))
+        assert covered_by(world.lease.token) <= len(_visible(world)), "stored past what is committed"
+    assert waited > 0, "no read waited for a commit in flight"
+    _exactly_once_in_commit_order(world, complete=True)
+    assert covered_by(world.lease.token) == 30
     assert not world.violations
 
 

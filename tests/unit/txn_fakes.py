@@ -11,6 +11,8 @@ bumps the epoch and `forget_record()` commits a tombstone, like
 relay.kafka.transactions.TransactionalPublisher; where to resume is the loop's own decision
 (relay.core.resume), with the record `FakeTxnDeliveryMode.committed` reads.
 A transaction spans parcels (reads) until its bounds or a drain commit it, as in the real one.
+With `background_commits`, a commit's end is seen at the loop's second poll after it (or a drain),
+and parcels sent meanwhile wait for it, as with the real publisher's commit thread.
 Faults: `crash_inside` kills the process halfway through a parcel's messages (the open
 transaction may hold earlier reads), `crash_between_reads` as a read joins a transaction that
 holds earlier reads, `crash_after_commit` right after a commit (before the MongoDB write); all raise `Crashed`, a
@@ -72,6 +74,9 @@ class TxnLog:
     crash_inside: bool = False
     crash_after_commit: bool = False
     crash_between_reads: bool = False  # killed as a read joins a transaction that holds earlier reads
+    # Commits end in the background, as the real publisher's do: the broker commits at once, the
+    # loop sees it at its second poll after (or a drain); parcels sent meanwhile wait, not appended.
+    background_commits: bool = False
     commits_by_stale_fencing: int = 0  # commits whose messages carry a fencing token older than the lease's
 
     def committed(self) -> list[TxnMessage]:
@@ -117,6 +122,11 @@ class FakeTxnPublisher:
         self.appended: list[TxnMessage] = []
         self.events = self.bytes = 0
         self.opened_at = 0.0
+        # A commit the broker ended that the loop has not seen yet (None: none; True: committed;
+        # or its error), and the parcels sent meanwhile.
+        self.ending: bool | Exception | None = None
+        self.unseen_polls = 0  # polls that still find that commit in flight
+        self.waiting: list[Parcel] = []
 
     def fence(self, grant: Grant) -> None:
         t = txn_log(self.world)
@@ -145,8 +155,14 @@ class FakeTxnPublisher:
 
     def send(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
         assert self.grant is not None, "fence() first"
-        w, t = self.world, txn_log(self.world)
         parcel.hold()
+        if self.ending is not None:  # a commit in flight: the parcel waits, held, not appended
+            self.waiting.append(parcel)
+            return
+        self._add(parcel)
+
+    def _add(self, parcel: Parcel) -> None:
+        w, t = self.world, txn_log(self.world)
         if self.txn is None:
             self.txn, self.opened_at = self._begin(), w.clock.monotonic()
         if t.crash_between_reads and self.open:
@@ -181,9 +197,9 @@ class FakeTxnPublisher:
         if self.events > self.max_events:
             w.violate(f"{self.events} events in one transaction, more than {self.max_events}")
         if self.events >= self.max_events or self.bytes >= self.max_bytes:
-            self._commit_open()
+            self._commit_open(t.background_commits)
         else:
-            self.poll(0)
+            self._commit_if_due()
 
     def _aborted(self) -> Exception:
         parcels = self.open
@@ -196,37 +212,72 @@ class FakeTxnPublisher:
         for d in self.open:
             d.release(stand_in)
         self.txn, self.open, self.appended, self.events, self.bytes = None, [], [], 0, 0
+        if failed:  # nothing waiting for a failed commit is appended either
+            for d in self.waiting:
+                d.release(stand_in)
+            self.waiting, self.ending = [], None
 
-    def _commit_open(self) -> None:
+    def _commit_open(self, background: bool = False) -> None:
         if self.txn is None or not self.open:
             return
         assert self.grant is not None
-        t = txn_log(self.world)
         newest = next((d.token for d in reversed(self.open) if d.token is not None), None)
         records: list[bytes | None] = [] if newest is None else [OffsetsRecord(
             LEASE_ID, newest, FINGERPRINT, self.grant.fencing_token, self.grant.owner).encode()]
         try:
             self._commit(self.txn, self.appended, records)
-        except ProducerFencedError:
-            self._forget(failed=True)
-            raise
+        except ProducerFencedError as exc:
+            if not background:
+                self._forget(failed=True)
+                raise
+            self.ending, self.unseen_polls = exc, 1
+            return
+        self.ending = True
+        self.unseen_polls = 1  # the loop's next poll still finds it in flight
+        if not background:
+            self._end()
+
+    def _end(self) -> None:
+        """The loop sees the commit end: release its parcels (or raise its error), then append the
+        parcels that waited for it to the next transaction."""
+        ending, self.ending = self.ending, None
+        if isinstance(ending, Exception):
+            self._forget(failed=True)  # the waiting parcels too
+            raise ending
         self._forget(failed=False)
+        t = txn_log(self.world)
         if t.crash_after_commit:
             t.crash_after_commit = False
             raise Crashed("killed between the Kafka commit and the MongoDB write")
+        while self.waiting and self.ending is None:  # a bound reached: the rest wait for that one
+            self._add(self.waiting.pop(0))
 
     def due_in(self) -> float | None:
+        if self.ending is not None:
+            return 0.0
         if not self.open:
             return None
         return self.opened_at + self.max_ms / 1000 - self.world.clock.monotonic()
 
-    def poll(self, timeout: float) -> None:
+    def _commit_if_due(self) -> None:
         due = self.due_in()
-        if due is not None and due <= 0:
-            self._commit_open()
+        if self.ending is None and due is not None and due <= 0:
+            self._commit_open(txn_log(self.world).background_commits)
+
+    def poll(self, timeout: float) -> None:
+        if self.ending is not None:
+            if self.unseen_polls > 0:  # still in flight for this poll
+                self.unseen_polls -= 1
+                return
+            self._end()
+        self._commit_if_due()
 
     def drain(self, timeout: float) -> None:
-        self._commit_open()
+        while self.ending is not None or self.open:
+            if self.ending is not None:
+                self._end()
+            else:
+                self._commit_open()
 
     def failure(self, parcel: Parcel) -> Exception:
         return parcel_failure(parcel)
