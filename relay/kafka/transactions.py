@@ -162,6 +162,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
         # meanwhile (held, not produced yet: they begin the next transaction once it ended).
         self._committing: Future[None] | None = None
         self._next: deque[Parcel] = deque()
+        self._next_since = 0.0  # when the first of them was handed over
         self._closing = threading.Event()  # close(): a commit in flight stops retrying
         self._commits = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
 
@@ -241,18 +242,23 @@ class TransactionalPublisher(LibrdkafkaProducer):
         assert self._grant is not None, "fence() first"
         self._while_waiting = while_waiting
         parcel.hold()
+        if not self._next:
+            self._next_since = time.monotonic()
         self._next.append(parcel)
         self._advance(while_waiting)
 
     def due_in(self) -> float | None:
-        """Seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS); 0 while a
-        commit is in flight (its parcels are released once the loop serves it); None when no
-        parcel is open."""
+        """Seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS), None when no
+        parcel is open. While a commit is in flight: until the parcels waiting for it (or the next
+        one handed over) have waited that long, so the loop goes on reading rather than draining
+        (which would end their wait with a transaction of their own); the commit's parcels are
+        released at the loop's next poll."""
+        max_s = self._config.transaction_max_ms / 1000
         if self._committing is not None:
-            return 0.0
+            return self._next_since + max_s - time.monotonic() if self._next else max_s
         if not self._open:
             return None
-        return self._opened_at + self._config.transaction_max_ms / 1000 - time.monotonic()
+        return self._opened_at + max_s - time.monotonic()
 
     def _advance(self, while_waiting: Heartbeat) -> None:
         """Move on as far as possible without waiting: end a commit that finished, then produce
@@ -279,7 +285,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
             if not self._in_transaction:
                 self._producer.begin_transaction()
                 self._in_transaction = True
-                self._opened_at = time.monotonic()
+                self._opened_at = self._next_since  # its time bound counts its parcels' wait
             self._produce_all(parcel, while_waiting)
         except ProduceRefused as exc:
             raise self._failed(kafka_error(exc.cause), while_waiting, exc.event_id) from exc
