@@ -25,20 +25,23 @@ from pymongo import monitoring
 
 from relay.avro.encoding import MessageBuilder
 from relay.kafka.producer import IdempotentPublisher
+from relay.kafka.transactions import TransactionalPublisher
 from relay.mongo.lease import LeaseStore
 from relay.mongo.subscription import Subscription
 
 LOOP_PARTS = {  # what each timed call is, in the report
     "next_batch": "waiting for a read (the read-ahead not back yet) and reading its changes",
     "build_many": "encoding",
-    "send": "handing messages to librdkafka",
-    "wait": "waiting for Kafka's acknowledgements (drain, poll)",
+    "send": "handing messages to librdkafka (exactly-once: also ending a finished commit)",
+    "wait": "waiting for Kafka's acknowledgements (drain, poll; exactly-once: for commits)",
     "store_checkpoint": "storing the checkpoint (fenced majority write)",
 }
 
 HOOKS = [(Subscription, "next_batch", "next_batch"), (MessageBuilder, "build_many", "build_many"),
          (IdempotentPublisher, "send", "send"), (IdempotentPublisher, "drain", "wait"),
-         (IdempotentPublisher, "poll", "wait"), (LeaseStore, "store_checkpoint", "store_checkpoint")]
+         (IdempotentPublisher, "poll", "wait"), (TransactionalPublisher, "send", "send"),
+         (TransactionalPublisher, "drain", "wait"), (TransactionalPublisher, "poll", "wait"),
+         (LeaseStore, "store_checkpoint", "store_checkpoint")]
 
 
 class _Reads(monitoring.CommandListener):
