@@ -144,11 +144,13 @@ def stream_plans(parts: PartConfigs) -> list[StreamPlan]:
 
 def process_positions(parts: PartConfigs, client: MongoClient[Any], leases: Iterable[LeaseStore]) -> Coalescer:
     """Where the process's loops store their positions: together, in one MongoDB transaction over
-    their lease documents, at most once per RELAY_CHECKPOINT_INTERVAL_MS (relay.core.coalescer).
+    their lease documents, at most once per RELAY_CHECKPOINT_INTERVAL_MS or every
+    RELAY_CHECKPOINT_MAX_EVENTS acknowledged events (relay.core.coalescer).
     The lease documents of every outbox live in one collection (the state database), so one
     write covers every database the process reads."""
     store = MongoPositionStore(client, {lease.lease_id: lease for lease in leases})
-    return Coalescer(store, parts.loop.checkpoint_interval_ms / 1000, SystemClock())
+    loop = parts.loop
+    return Coalescer(store, loop.checkpoint_interval_ms / 1000, SystemClock(), loop.checkpoint_max_events)
 
 
 def shared_streams(parts: PartConfigs, client: MongoClient[Any]) -> dict[str | None, SharedStream]:

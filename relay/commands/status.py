@@ -49,11 +49,13 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
         members = membership.replicas()
     holders: dict[str, list[dict[str, Any]]] = {}
     outboxes = {str(n): _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
-    interval = settings.checkpoint_interval_ms
+    interval, count = settings.checkpoint_interval_ms, settings.checkpoint_max_events
     common = {
         "checkpointIntervalMs": interval,
+        "checkpointMaxEvents": count,
         "duplicateWindow": (
-            f"after a crash, the events delivered in its last {interval / 1000:g} s and those in flight are published again"
+            f"after a crash, the events delivered in its last {interval / 1000:g} s (at most {count:,} of them) "
+            "and those in flight are published again"
             if interval
             else "after a crash, the events in flight are published again (positions stored after every batch)"
         ),

@@ -96,6 +96,7 @@ def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
         pipeline_depth=s.pipeline_depth,
         restart_backoff_max_s=s.restart_backoff_max_s,
         checkpoint_interval_ms=s.checkpoint_interval_ms,
+        checkpoint_max_events=s.checkpoint_max_events,
         on_poison=s.on_poison,
         on_history_lost=s.on_history_lost,
         on_lease_lost=s.on_lease_lost,

@@ -99,6 +99,11 @@ class Settings:
         "most often the positions one process leads are stored, together in one write, after delivered "
         "batches (ms; 0: after every batch); after a crash the events of about this long are published again",
     )
+    checkpoint_max_events: int = _setting(
+        10_000,
+        "most events acknowledged before the positions are stored, whatever RELAY_CHECKPOINT_INTERVAL_MS says "
+        "(bounds the duplicates after a crash during a catch-up)",
+    )
     standby_poll_s: float = _setting(
         2.0,
         "how often a standby replica tries to take the lease, and every replica writes its heartbeat (seconds)",

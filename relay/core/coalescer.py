@@ -1,17 +1,20 @@
 """The positions of every scope one process leads, stored together, at most once per
-RELAY_CHECKPOINT_INTERVAL_MS (docs/architecture.md, "Positions").
+RELAY_CHECKPOINT_INTERVAL_MS or every RELAY_CHECKPOINT_MAX_EVENTS acknowledged events, whichever
+comes first (docs/architecture.md, "Positions").
 
 Each leading loop hands its newest acknowledged token to the process's one `Coalescer` (`hold`),
-which keeps one position per lease and writes all it holds in ONE fenced write through its
-PositionStore (relay.mongo.positions: one MongoDB transaction) once the interval has passed since
-the last write. Every loop asks at each step (`write`), so a held position waits at most about one
-interval plus one read; with an interval of 0 each hold is written at once, after every batch.
+with how many events were acknowledged since its last hand-over, which keeps one position per
+lease and writes all it holds in ONE fenced write through its PositionStore (relay.mongo.positions:
+one MongoDB transaction) once the interval has passed since the last write, or once the events
+held by every loop together reach the count. Every loop asks at each step (`write`), so a held
+position waits at most about one interval plus one read, and during a catch-up at most about the
+count; with an interval of 0 each hold is written at once, after every batch.
 
 Rules, each enforced here (tests/unit/test_coalescer.py):
 - Only what a loop hands over is written, and a loop hands over a token only once Kafka
   acknowledged every event it covers (relay.core.loop `_settle`): a stored position never covers
   an unacknowledged event. What is held and not yet written is lost on a crash: the duplicate
-  window grows by at most the interval, nothing is lost.
+  window grows by at most the interval or the count (plus one read), nothing is lost.
 - Each position is written under its own grant (owner and fencing token): a lease found lost
   refuses its own position only; the others are stored by the same write, and the lost lease's
   loop learns it (LeaseLostError) at its next call, whichever loop made the write.
@@ -19,8 +22,12 @@ Rules, each enforced here (tests/unit/test_coalescer.py):
   a session starts (`begin`) with nothing held for its lease and ends (`end`) by writing what it
   holds or dropping it, after any write in flight, so nothing of an earlier session is written
   once a later session has read its grant.
-- A write that fails keeps its positions held for the next one (a newer hold meanwhile wins); its
-  error reaches the loop that made it. The interval still counts from that attempt.
+- A write that fails keeps its positions held for the next one (a newer hold meanwhile wins), and
+  their events count towards the next; its error reaches the loop that made it. The interval
+  still counts from that attempt.
+- A write renews every lease it stores (relay.mongo.positions): `renewed_at` gives, per lease,
+  when the last write that stored it began (its lease is valid for a TTL from then, by the server's
+  clock: relay.core.checkpoints).
 """
 
 from __future__ import annotations
@@ -36,9 +43,10 @@ from relay.core.positions import PositionWrite, Token, newer
 class Coalescer:
     """The process's positions on their way to `store`, written together every `interval_s`."""
 
-    def __init__(self, store: PositionStore, interval_s: float, clock: Clock) -> None:
+    def __init__(self, store: PositionStore, interval_s: float, clock: Clock, max_events: int | None = None) -> None:
         self._store = store
         self.interval_s = interval_s
+        self.max_events = max_events  # None: the interval alone decides
         self._clock = clock
         self._lock = threading.Lock()  # guards the fields below, never held across a write
         self._writing = threading.Lock()  # one write at a time; `begin` and `end` wait for it
@@ -46,17 +54,22 @@ class Coalescer:
         self._stored: dict[str, Token] = {}  # written, not yet reported to its loop
         self._lost: dict[str, LeaseLostError] = {}  # refused, not yet reported to its loop
         self._last_write: float | None = None  # monotonic time the last write began
+        self._events = 0  # events acknowledged in the positions held, since the last write began
+        self._renewed: dict[str, float] = {}  # monotonic time the last write storing a lease began
 
     def begin(self, lease_id: str) -> None:
         """A session of `lease_id` starts (its grant was just read): nothing of an earlier one is held."""
         with self._writing, self._lock:
             self._forget(lease_id)
 
-    def hold(self, position: PositionWrite) -> None:
+    def hold(self, position: PositionWrite, events: int = 0) -> None:
         """Keep `position` as its lease's next position (every event its token covers acknowledged
-        by Kafka), unless one held is newer. Raises LeaseLostError if a write refused that lease."""
+        by the broker), unless one held is newer; `events` were acknowledged since the lease's last
+        hold (they count towards RELAY_CHECKPOINT_MAX_EVENTS). Raises LeaseLostError if a write
+        refused that lease."""
         with self._lock:
             self._raise_lost(position.lease_id)
+            self._events += events
             held = self._held.get(position.lease_id)
             if held is None or held.grant != position.grant or newer(position.token, held.token):
                 self._held[position.lease_id] = position
@@ -76,6 +89,12 @@ class Coalescer:
             self._raise_lost(lease_id)
             return self._stored.pop(lease_id, None)
 
+    def renewed_at(self, lease_id: str) -> float | None:
+        """The monotonic time the last write that stored `lease_id`'s position began (None: none
+        yet): that write renewed its lease."""
+        with self._lock:
+            return self._renewed.get(lease_id)
+
     def end(self, lease_id: str, *, store: bool) -> Token | None:
         """The session of `lease_id` ends: write what it holds (`store`; a failure only logs in the
         caller, who replays from the stored checkpoint) or drop it; either way nothing of it stays.
@@ -93,6 +112,8 @@ class Coalescer:
 
     def _due(self) -> bool:
         last = self._last_write
+        if self.max_events is not None and self._events >= self.max_events:
+            return True
         return last is None or self._clock.monotonic() - last >= self.interval_s
 
     def _write(self, due: bool) -> None:
@@ -104,13 +125,15 @@ class Coalescer:
                 if not self._held or (due and not self._due()):
                     return  # another loop's write took them meanwhile
                 batch, self._held = self._held, {}
-                self._last_write = self._clock.monotonic()
+                events, self._events = self._events, 0
+                began = self._last_write = self._clock.monotonic()
             try:
                 refused = self._store.store(list(batch.values()))
             except BaseException:
                 with self._lock:
                     for lid, position in batch.items():
                         self._held.setdefault(lid, position)
+                    self._events += events
                 raise
             with self._lock:
                 for lid, position in batch.items():
@@ -120,6 +143,7 @@ class Coalescer:
                         self._stored.pop(lid, None)
                     else:
                         self._stored[lid] = position.token
+                        self._renewed[lid] = began
 
     def _raise_lost(self, lease_id: str) -> None:
         lost = self._lost.pop(lease_id, None)
@@ -129,6 +153,7 @@ class Coalescer:
 
     def _forget(self, lease_id: str) -> None:
         self._held.pop(lease_id, None)
+        self._renewed.pop(lease_id, None)
         self._stored.pop(lease_id, None)
         self._lost.pop(lease_id, None)
 

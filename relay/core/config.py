@@ -86,6 +86,9 @@ class LoopConfig:
     restart_backoff_max_s: float
     # RELAY_CHECKPOINT_INTERVAL_MS: most often the process's positions are written (relay.core.coalescer).
     checkpoint_interval_ms: int
+    # RELAY_CHECKPOINT_MAX_EVENTS: most events acknowledged, by all the process's loops, before
+    # the positions are written, whether or not the interval has passed (relay.core.coalescer).
+    checkpoint_max_events: int
     on_poison: str
     on_history_lost: str
     on_lease_lost: str
@@ -104,7 +107,7 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         positive(self.max_in_flight_events, env_name("batch_max_events"))
-        for name in ("batch_max_bytes", "pipeline_depth", "restart_backoff_max_s"):
+        for name in ("batch_max_bytes", "pipeline_depth", "restart_backoff_max_s", "checkpoint_max_events"):
             positive(getattr(self, name), env_name(name))
         if self.checkpoint_interval_ms < 0:
             raise ConfigError(

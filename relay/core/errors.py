@@ -177,6 +177,12 @@ class TransactionAbortedError(TransientError):
     restarts from its resume point."""
 
 
+class LeaseUnrenewedError(TransientError):
+    """Raised when a leader's lease writes kept failing until the lease is about to expire (by the
+    server's clock, less a margin): the session stops publishing before another replica may take
+    the lease, and the loop restarts from its stored position."""
+
+
 class SchemaRegistryUnavailableError(TransientError):
     """Raised when the Schema Registry cannot be reached or answers with a transient error."""
 

@@ -117,7 +117,7 @@ class Relay(Generic[ObserverT]):
         self._session: Session | None = None
         self._role = "starting"
         self._checkpoints = CheckpointWriter(
-            lease, fingerprint, self._clock, config.timing.heartbeat_interval_s, observer.checkpoint_stored, positions
+            lease, fingerprint, self._clock, config.timing, observer.checkpoint_stored, positions, self._transient
         )
         self._restarts = RestartPolicy(
             config.restart_backoff_max_s, lambda s: self._clock.wait(s, self._stopping), observer.restart
@@ -168,12 +168,13 @@ class Relay(Generic[ObserverT]):
         if not self._assignment.may_lead():
             self._wait_as_standby("the lease is above this replica's share")
             return
+        asked_at = self._clock.monotonic()
         grant = self._lease.try_acquire()
         self._assignment.led(grant is not None)
         if grant is None:
             self._wait_as_standby(f"another replica holds the lease on {self.config.name}")
             return
-        self._checkpoints.begin(grant)  # acquiring renewed the lease
+        self._checkpoints.begin(grant, asked_at)  # acquiring renewed the lease
         self.observer.role("leader", grant.fencing_token)
         if self._role != "leader":
             log.info("holding the lease, fencing token %d", grant.fencing_token)
@@ -323,7 +324,7 @@ class Relay(Generic[ObserverT]):
         lease is renewed instead, so a replica that lost it stops after one batch in a rescan too.
         """
         s.publisher.poll(0)
-        window, newest, acknowledged = s.window, None, False
+        window, newest, acknowledged, events = s.window, None, False, 0
         try:
             while (parcel := window.oldest) is not None:
                 if not parcel.done:
@@ -341,9 +342,10 @@ class Relay(Generic[ObserverT]):
                 )
                 newest = parcel.token or newest
                 acknowledged = True
+                events += len(parcel.messages)
         finally:
             if newest is not None:
-                self._checkpoints.store(newest)
+                self._checkpoints.store(newest, events=events)
                 self._restarts.progressed()
             elif acknowledged:
                 self._checkpoints.renew()  # rescanned documents: nothing to store, the lease still fenced
@@ -362,6 +364,10 @@ class Relay(Generic[ObserverT]):
         self._checkpoints.beat()
 
     # ---- outcomes -------------------------------------------------------------------------------
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether `exc` is an error a restart would cure (a lease write may survive it)."""
+        return classify(exc, self._foreign_errors) is Action.RESTART
 
     def _outcome(self, exc: Exception) -> None:
         """What an error that ended a pass leads to (the table in the module docstring)."""

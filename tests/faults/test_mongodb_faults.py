@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import time
+
 import pytest
 
 from relay.core.errors import RepeatedStreamError
@@ -130,3 +133,52 @@ def test_mongodb_paused_makes_the_relay_unready_then_it_recovers_without_loss(en
     assert relay.error is None, relay.error
     assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
     watcher.assert_never_went_backwards()
+
+
+def test_renewals_failing_for_less_than_the_lease_leave_the_session_publishing(env, logs):
+    """Issue 50: every lease write fails (renewals and positions: `update`) for a few seconds, less
+    than the lease lasts: the session is kept, events written meanwhile are published, nothing
+    restarts; once writes succeed again the position moves on."""
+    settings = env.settings.replace(heartbeat_interval_s=2.0, lease_ttl_s=14.0)  # provably valid 12 s
+    captured = logs("json")
+    with RelayThread(settings) as relay:
+        written = write_events(env.db, env.settings.outbox_collection, total=100, writers=2)
+        _published(env, 100)
+        with failpoint(env.client, "alwaysOn", failCommands=["update"], closeConnection=True):
+            wait_until(lambda: "could not write the lease" in captured.text, 30, "a refused lease write")
+            write_events(env.db, env.settings.outbox_collection, total=100, writers=2, seed=5, written=written)
+            _published(env, 200)  # published while every lease write fails
+            assert _restarts(relay) == 0, "the session survived the refused writes"
+        stored = lease_doc(env.db, env.settings)["resumeToken"]
+        wait_until(lambda: lease_doc(env.db, env.settings)["resumeToken"] != stored, 30,
+                   "the position to be stored again")
+    assert relay.error is None, relay.error
+    assert _restarts(relay) == 0
+    assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)
+
+
+def test_renewals_failing_for_longer_stop_publishing_before_the_lease_expires(env, logs):
+    """Every lease write fails (taking it again too: findAndModify) for longer than the lease: the
+    session stops publishing before the lease's expiry by the server's clock, says so in one line,
+    and nothing written after that is published until writes succeed again; then nothing is lost."""
+    settings = env.settings.replace(heartbeat_interval_s=2.0, lease_ttl_s=8.0)
+    captured = logs("json")
+    with RelayThread(settings) as relay:
+        written = write_events(env.db, env.settings.outbox_collection, total=100, writers=2)
+        _published(env, 100)
+        with failpoint(env.client, "alwaysOn", failCommands=["update", "findAndModify"], closeConnection=True):
+            wait_until(lambda: "stopped publishing" in captured.text, 60, "the session to stop publishing")
+            stop = next(line for line in captured.lines() if "stopped publishing" in line.get("message", ""))
+            expires = lease_doc(env.db, env.settings)["expiresAt"]  # the server's, from the last write that landed
+            stopped_at = dt.datetime.fromisoformat(stop["time"].replace("Z", "+00:00"))
+            assert stopped_at < expires, f"stopped at {stopped_at}, the lease expired at {expires}"
+            published = len(read_topic(env.servers.kafka_bootstrap, env.topic()))
+            more = write_events(env.db, env.settings.outbox_collection, total=50, writers=1, seed=7)
+            written.add_from(more)
+            time.sleep(3)
+            assert not {r.id for r in read_topic(env.servers.kafka_bootstrap, env.topic())} & more.ids, \
+                "nothing published without a lease"
+            assert len(read_topic(env.servers.kafka_bootstrap, env.topic())) == published
+        _published(env, 150)
+    assert relay.error is None, relay.error
+    assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)

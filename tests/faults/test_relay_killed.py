@@ -12,7 +12,7 @@ from tests.support.leases import lease_doc
 from tests.support.oracle import assert_complete_and_ordered
 from tests.support.relays import RelayProcess
 from tests.support.soak import size
-from tests.support.topics import read_topic
+from tests.support.topics import read_topic, topic_size
 from tests.support.waiting import wait_until
 from tests.support.writes import Written, write_events
 
@@ -78,3 +78,33 @@ def test_relay_killed_five_times_during_a_run_loses_nothing_and_only_replays_aft
     fencing_tokens = sorted({r.fencing for r in records})
     print(f"\n{total} events, {kills} kills, {len(verdict.duplicates)} duplicates, runs {fencing_tokens}")
     assert len(fencing_tokens) >= 3, "the kills should have hit runs that were publishing"
+
+
+def test_a_relay_killed_during_a_catch_up_publishes_again_about_checkpoint_max_events_at_most(env, tmp_path):
+    """Issue 50: the duplicate window is bounded by count too. A backlog is published with an
+    interval too long to matter (60 s) and RELAY_CHECKPOINT_MAX_EVENTS=500; the relay is killed
+    early in the catch-up. The next run publishes again at most the count, plus what was in
+    flight (RELAY_BATCH_MAX_EVENTS) and one read past it; by the interval alone it would publish
+    again everything the first run had delivered."""
+    backlog, max_events, in_flight = 20_000, 500, 200
+    written = write_events(env.db, env.settings.outbox_collection, total=backlog, writers=4, max_per_txn=100)
+    settings = env.settings.replace(checkpoint_interval_ms=60_000, checkpoint_max_events=max_events,
+                                    batch_max_events=in_flight)
+    runs = [RelayProcess(settings.replace(instance_id="first"), tmp_path, "first").start()]
+    try:
+        wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= backlog // 8, 120,
+                   "an eighth of the backlog published", interval=0.02)
+        runs[0].kill()
+        delivered = topic_size(env.servers.kafka_bootstrap, env.topic())
+        assert delivered < backlog, "killed during the catch-up"
+        runs.append(RelayProcess(settings.replace(instance_id="second"), tmp_path, "second").start())
+        records = wait_until(lambda: (r := read_topic(env.servers.kafka_bootstrap, env.topic()))
+                             and {x.id for x in r} >= written.ids and r, 180, "every event in the topic", interval=1)
+        assert runs[1].terminate() == 0, runs[1].log()
+    finally:
+        for proc in runs:
+            proc.stop()
+    verdict = assert_complete_and_ordered(records, written)
+    bound = max_events + 2 * in_flight
+    print(f"\n{backlog} events, killed after {delivered} delivered: {len(verdict.duplicates)} duplicates (bound {bound})")
+    assert len(verdict.duplicates) <= bound, f"{len(verdict.duplicates)} published again after the kill"

@@ -135,6 +135,7 @@ class LeaseDoc:
     fingerprint: str | None = None
     stored: list[int] = field(default_factory=list)  # positions of every stored token, in order
     released: bool = False
+    failing: Exception | None = None  # renewals and stores raise it (the server refuses writes)
 
 
 class World:
@@ -268,7 +269,10 @@ class FakePublisher:
         for m in parcel.messages:
             p = w.broker.partition(m.key)
             self.pending.setdefault(p, deque()).append((m, parcel))
-            if int(dict(m.headers)[HEADER_FENCING]) != w.lease.fencing:
+            fencing = int(dict(m.headers)[HEADER_FENCING])
+            if fencing == w.lease.fencing and w.clock.now >= w.lease.expires_at:
+                w.violate(f"event {m.event_id} sent after its sender's lease expired (server time)")
+            if fencing != w.lease.fencing:
                 w.stale_sent += 1
                 if w.stale_sent > w.max_events:
                     w.violate(f"{w.stale_sent} messages sent with a stale fencing token after a takeover")
@@ -363,6 +367,8 @@ class FakeLease:
 
     def _fence(self, grant: Grant) -> None:
         d = self.world.lease
+        if d.failing is not None:
+            raise d.failing
         if (d.owner, d.fencing) != (grant.owner, grant.fencing_token):
             raise LeaseLostError(f"lease lost: fencing token {grant.fencing_token} of {grant.owner} is "
                                  f"no longer current")
@@ -467,7 +473,9 @@ def relay_on(world: World, settings: Settings, producers: Any, source: Callable[
     world.max_events = settings.batch_max_events
     parts = settings.parts()
     if positions is None:
-        positions = Coalescer(LeaseByLease(lease), settings.checkpoint_interval_ms / 1000, world.clock)
+        positions = Coalescer(
+            LeaseByLease(lease), settings.checkpoint_interval_ms / 1000, world.clock, settings.checkpoint_max_events
+        )
     return Relay(parts.loop, source=source, mode=producers, lease=lease,
                  encoder=message_builder(parts, FOLDER), observer=observer or loop_observer(settings),
                  fingerprint=FINGERPRINT, clock=world.clock, positions=positions,

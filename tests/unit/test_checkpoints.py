@@ -9,7 +9,8 @@ import pytest
 
 from relay.core.checkpoints import CheckpointWriter
 from relay.core.coalescer import Coalescer, LeaseByLease
-from relay.core.errors import LeaseLostError
+from relay.core.config import LeaseTiming
+from relay.core.errors import LeaseLostError, LeaseUnrenewedError, ServerError
 from relay.core.positions import Checkpoint, Grant
 from tests.unit.fakes import Clock
 
@@ -25,6 +26,7 @@ class Lease:
         self.grant = grant
         self.writes: list[tuple[Any, ...]] = []
         self.lost = False
+        self.failing: Exception | None = None  # every write raises it
 
     def store_checkpoint(self, grant: Grant, token: Any, fingerprint: str) -> None:
         self._fenced(grant)
@@ -38,11 +40,24 @@ class Lease:
         assert grant is self.grant
         if self.lost:
             raise LeaseLostError("lost")
+        if self.failing is not None:
+            raise self.failing
+
+
+TTL = 20.0
+
+
+def _timing(interval: float) -> LeaseTiming:
+    return LeaseTiming(lease_ttl_s=max(TTL, 2 * interval), heartbeat_interval_s=interval, standby_poll_s=1.0)
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, ServerError)
 
 
 def _writer(interval: float = 5.0, grant: Grant = GRANT) -> tuple[CheckpointWriter, Lease, Clock, list[Any]]:
     lease, clock, stored = Lease(grant), Clock(), []
-    writer = CheckpointWriter(lease, "fp", clock, interval, stored.append)  # type: ignore[arg-type]
+    writer = CheckpointWriter(lease, "fp", clock, _timing(interval), stored.append, transient=_transient)  # type: ignore[arg-type]
     writer.begin(grant)
     return writer, lease, clock, stored
 
@@ -130,7 +145,7 @@ def test_with_an_interval_idle_tokens_move_forward_only_and_are_written_at_most_
     heartbeat (never an older one), and the coalescer writes the newest at most every 3 s."""
     lease, clock, stored = Lease(GRANT), Clock(), []
     positions = Coalescer(LeaseByLease(lease), 3.0, clock)  # type: ignore[arg-type]
-    writer = CheckpointWriter(lease, "fp", clock, 1.0, stored.append, positions)  # type: ignore[arg-type]
+    writer = CheckpointWriter(lease, "fp", clock, _timing(1.0), stored.append, positions)  # type: ignore[arg-type]
     writer.begin(GRANT)
     writes_at = []
     for step in range(1, 41):  # 10 s of idle reads, 4 a second, the token moving on (or back, every 5th)
@@ -144,3 +159,65 @@ def test_with_an_interval_idle_tokens_move_forward_only_and_are_written_at_most_
     assert all(b - a >= 3.0 for a, b in zip(writes_at, writes_at[1:], strict=False)), writes_at
     assert 3 <= len(tokens) <= 4, "about one write per interval over 10 s"
     assert stored == [{"_data": t} for t in tokens], "each stored token reported once"
+
+
+# ---- a valid lease keeps its session (issue 50) ----------------------------------------------------
+
+
+def test_a_failed_renewal_keeps_the_session_while_the_lease_is_provably_valid():
+    writer, lease, clock, _ = _writer(interval=5.0)
+    start = clock.monotonic()
+    assert writer.valid_until == start + TTL - 5.0, "TTL from when the lease was taken, less one heartbeat"
+    lease.failing = ServerError("connection closed")
+    clock.advance(5.0)
+    writer.beat()  # the renewal fails: the lease is still valid for 15 s less a margin
+    clock.advance(9.9)
+    writer.beat()
+    writer.idle(None)
+    lease.failing = None
+    clock.advance(1.0)
+    writer.beat()
+    assert lease.writes == [("renew",)], "the next attempt renewed it"
+    assert writer.valid_until == start + 15.9 + TTL - 5.0, "extended from when that renewal began"
+
+
+def test_renewals_failing_until_near_the_expiry_stop_the_session_before_it():
+    writer, lease, clock, _ = _writer(interval=5.0)
+    lease.failing = ServerError("connection closed")
+    clock.advance(5.0)
+    writer.beat()
+    clock.advance(9.9)  # 14.9 s: valid until 15
+    writer.beat()
+    clock.advance(0.1)
+    with pytest.raises(LeaseUnrenewedError, match="db.outbox could not be renewed .*stopped publishing 5 s before"):
+        writer.beat()
+
+
+def test_a_failed_position_write_keeps_the_position_held_while_the_lease_is_valid():
+    writer, lease, clock, stored = _writer(interval=5.0)
+    lease.failing = ServerError("write concern timed out")
+    writer.store({"_data": "01"})  # written at once (nothing written yet) and failed: held
+    assert lease.writes == [] and stored == []
+    lease.failing = None
+    clock.advance(1.0)
+    writer.beat()
+    assert lease.writes == [("store", "01", "fp")] and stored == [{"_data": "01"}]
+
+
+def test_an_error_a_restart_would_not_cure_and_the_opening_position_fail_at_once():
+    writer, lease, clock, _ = _writer(interval=5.0)
+    lease.failing = RuntimeError("BadValue")
+    clock.advance(5.0)
+    with pytest.raises(RuntimeError):
+        writer.beat()
+    lease.failing = ServerError("connection closed")
+    with pytest.raises(ServerError):
+        writer.store({"_data": "01"}, now=True)  # the opening position: a crash must not lose it
+
+
+def test_a_paused_holder_past_its_lease_does_not_survive_a_failed_renewal():
+    writer, lease, clock, _ = _writer(interval=5.0)
+    lease.failing = ServerError("no primary")
+    clock.advance(TTL)  # paused past the lease: nothing proves it is still held
+    with pytest.raises(LeaseUnrenewedError, match="stopped publishing as it may have expired"):
+        writer.beat()

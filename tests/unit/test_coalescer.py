@@ -28,13 +28,13 @@ from tests.unit.machine import write as _write
 LEASES = ("db.a", "db.b", "db.c")
 
 
-def _coalescer(interval_s: float = 1.0) -> tuple[Coalescer, MemoryPositionStore, Clock]:
+def _coalescer(interval_s: float = 1.0, max_events: int | None = None) -> tuple[Coalescer, MemoryPositionStore, Clock]:
     store, clock = MemoryPositionStore(*LEASES), Clock()
-    return Coalescer(store, interval_s, clock), store, clock
+    return Coalescer(store, interval_s, clock, max_events), store, clock
 
 
-def _hold(c: Coalescer, store: MemoryPositionStore, lease_id: str, covered: int) -> None:
-    c.hold(PositionWrite(lease_id, store.grant(lease_id), token(covered), FINGERPRINT))
+def _hold(c: Coalescer, store: MemoryPositionStore, lease_id: str, covered: int, events: int = 0) -> None:
+    c.hold(PositionWrite(lease_id, store.grant(lease_id), token(covered), FINGERPRINT), events)
 
 
 def test_the_positions_of_every_scope_are_written_together_at_most_once_per_interval():
@@ -52,6 +52,35 @@ def test_the_positions_of_every_scope_are_written_together_at_most_once_per_inte
     assert store.writes == [["db.a"], ["db.a", "db.b", "db.c"]], "one write for every scope, the newest of each"
     assert [store.stored(lid) for lid in LEASES] == [token(3)] * 3
     assert c.write("db.a") == token(3) and c.write("db.a") is None, "each loop learns its stored token once"
+
+
+def test_the_events_of_every_scope_together_reaching_the_count_make_the_write_due_before_the_interval():
+    c, store, clock = _coalescer(interval_s=1.0, max_events=100)
+    _hold(c, store, "db.a", 1, events=1)
+    c.write("db.a")  # the first write is due at once
+    _hold(c, store, "db.a", 41, events=40)
+    _hold(c, store, "db.b", 50, events=50)
+    c.write("db.b")
+    assert store.writes == [["db.a"]], "90 events since the last write, 0 s: not due"
+    _hold(c, store, "db.c", 10, events=10)
+    assert c.write("db.c") == token(10) and store.writes[-1] == ["db.a", "db.b", "db.c"]
+    _hold(c, store, "db.a", 141, events=99)
+    c.write("db.a")
+    assert len(store.writes) == 2, "the count starts again at each write"
+    clock.advance(1.0)
+    c.write("db.a")
+    assert len(store.writes) == 3, "whichever comes first: the interval"
+
+
+def test_the_events_of_a_failed_write_count_towards_the_next():
+    c, store, _ = _coalescer(interval_s=60.0, max_events=100)
+    _hold(c, store, "db.a", 1, events=1)
+    c.write("db.a")
+    _hold(c, store, "db.a", 101, events=100)
+    store.fail_next = 1
+    with pytest.raises(Exception):  # noqa: B017 - whatever the store raised
+        c.write("db.a")
+    assert c.write("db.a") == token(101), "still due by count: written at the next ask"
 
 
 def test_an_interval_of_0_writes_after_every_batch():

@@ -34,6 +34,7 @@ from relay.core.errors import (
     PoisonEventError,
     ReopenableStreamError,
     RepeatedStreamError,
+    ServerError,
     StreamInvalidatedError,
 )
 from tests.support.logs import captured_logs
@@ -242,6 +243,49 @@ def test_hand_over_settles_what_is_in_flight_stores_the_final_checkpoint_and_rel
     _turn_until(fr, lambda: set(ids) <= world.broker.acked)
     assert world.lease.fencing == 2 and not world.violations
     _first_copies_in_commit_order(world)
+
+
+def test_renewals_failing_for_less_than_the_ttl_leave_the_session_publishing():
+    """Issue 50: a renewal that fails while the lease is provably valid does not end the session."""
+    world = World()
+    _write(world, 10)
+    fr = fake_relay(world, fake_settings(batch_max_events=5))  # TTL 4 s, heartbeat 1 s
+    _turn_until(fr, lambda: len(world.broker.acked) >= 10)
+    world.lease.failing = ServerError("update failed: connection closed")
+    with captured_logs() as logs:
+        for _ in range(4):  # 2 s without a write: the lease stays valid 3 s after the last one
+            world.clock.advance(0.5)
+            _write(world, 5)
+            acked = len(world.broker.acked)
+            _turn_until(fr, lambda: len(world.broker.acked) > acked)
+    world.lease.failing = None
+    ids = _write(world, 5)
+    _turn_until(fr, lambda: set(ids) <= world.broker.acked)
+    assert len(fr.publishers) == 1, "one session throughout: no restart"
+    assert logs.text.count("could not write the lease on db.outbox") == 1
+    assert not world.violations
+
+
+def test_renewals_failing_for_longer_stop_publishing_before_the_lease_expires():
+    world = World()
+    _write(world, 10)
+    fr = fake_relay(world, fake_settings(batch_max_events=5))
+    _turn_until(fr, lambda: len(world.broker.acked) >= 10)
+    world.lease.failing = ServerError("update failed: connection closed")
+    expires = world.lease.expires_at
+    with captured_logs() as logs:
+        while world.clock.now < expires + 2.0:
+            world.clock.advance(0.25)
+            _write(world, 2)
+            for _ in range(5):
+                fr.relay.turn()
+    assert not world.violations, "nothing sent once the lease could have expired"
+    sent_before_expiry = len(world.broker.messages())
+    assert "stopped publishing 1 s before it can expire" in logs.text
+    world.lease.failing = None
+    ids = _write(world, 3)
+    _turn_until(fr, lambda: set(ids) <= world.broker.acked)
+    assert len(world.broker.messages()) > sent_before_expiry and not world.violations
 
 
 def test_lease_lost_with_the_exit_policy_stops_the_relay():
