@@ -23,21 +23,18 @@ from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import Framing, framing_for
 from relay.config import PartConfigs, Settings
-from relay.core.boundaries import Assignment, SystemClock
+from relay.core.boundaries import Assignment, Broker, SystemClock
 from relay.core.change import Change
 from relay.core.coalescer import Coalescer
-from relay.core.errors import first_of
+from relay.core.config import DEAD_LETTER
+from relay.core.errors import ForeignClassifier, first_of
 from relay.core.loop import Relay
 from relay.core.namespace import Namespace
 from relay.core.partitions import Scope
 from relay.group.balance import LeaseAssignment, balance_for
 from relay.group.runner import Group
 from relay.kafka import errors as kafka_errors
-from relay.kafka.admin import check_kafka
-from relay.kafka.modes import AtLeastOnce, ExactlyOnce
-from relay.kafka.offsets_topic import OffsetsTopic
-from relay.kafka.producer import check_config
-from relay.kafka.transactions import check_transactional_config
+from relay.kafka.broker import Kafka
 from relay.mongo import errors as mongo_errors
 from relay.mongo.config import CLUSTER
 from relay.mongo.connection import check_mongodb, mongo_client
@@ -58,8 +55,26 @@ from relay.ops.health import Health
 from relay.ops.observe import ProcessObserver, ScopeObserver
 from relay.ops.outbox_checks import OutboxMetrics, OutboxSeries
 
-# What the loop does with the drivers' exceptions (relay.core.errors.classify).
+# What the loop does with the drivers' exceptions (relay.core.errors.classify), with Kafka.
 DRIVER_ERRORS = first_of(mongo_errors.action_for, kafka_errors.action_for)
+
+
+def broker_for(parts: PartConfigs) -> Broker:
+    """The process's broker, chosen here once (RELAY_BROKER): Kafka, or NATS JetStream (relay.nats
+    needs the `nats` extra: imported only when chosen)."""
+    scopes = parts.scopes()
+    if parts.broker == "nats":
+        from relay.nats.broker import JetStream
+
+        templates = [parts.encoding_for(n).event_topic_template for n in parts.mongo.outboxes]
+        dead_letter = parts.encoding.dead_letter_topic if parts.loop.on_poison == DEAD_LETTER else None
+        return JetStream(parts.nats, parts.loop, templates, dead_letter)
+    return Kafka(parts.kafka, [scope.lease_id for scope in scopes])
+
+
+def driver_errors(broker: Broker) -> ForeignClassifier:
+    """What the loop does with MongoDB's and `broker`'s exceptions (relay.core.errors.classify)."""
+    return first_of(mongo_errors.action_for, broker.action_for)
 
 
 def build(settings: Settings, folder: SchemaFolder | None = None, native: bool = True) -> Group:
@@ -74,6 +89,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     observer = ProcessObserver(parts.observer)
     scopes = parts.scopes()
     balance = balance_for(len(scopes), group.partitions)
+    broker = broker_for(parts)
     streams = shared_streams(parts, client)
     leases = {scope: lease_store(parts, client, scope) for scope in scopes}
     positions = process_positions(parts, client, leases.values())
@@ -81,14 +97,14 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
         (
             scope,
             _relay(parts, scope, client, streams[_stream_of(parts, scope)], observer.loop(scope), folder, native,
-                   LeaseAssignment(balance, k), leases[scope], positions),
+                   LeaseAssignment(balance, k), leases[scope], positions, broker),
         )
         for k, scope in enumerate(scopes)
     ]  # fmt: skip
     housekeeper = housekeeping(parts, client, observer.metrics.registry, observer.health)
 
     def start() -> None:
-        _preflight(parts, client)
+        _preflight(parts, client, broker)
         housekeeper.start()
 
     def close() -> None:
@@ -96,6 +112,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
         for stream in streams.values():
             stream.close()
         client.close()
+        broker.close()
 
     membership = Membership(mongo.leases(client), group.name, group.instance_id, group.partitions,
                             group.timing.lease_ttl_s)  # fmt: skip
@@ -190,20 +207,21 @@ def _relay(
     assignment: Assignment,
     lease: LeaseStore,
     positions: Coalescer,
+    broker: Broker,
 ) -> Relay[ScopeObserver]:
-    """The relay loop of `scope` on the process's `client`, `stream` and `positions`: its `lease`,
-    change source, delivery mode, message builder and assignment."""
+    """The relay loop of `scope` on the process's `client`, `stream`, `positions` and `broker`: its
+    `lease`, change source, delivery mode, message builder and assignment."""
     selection = fingerprint(scope, parts.encoding.fields.aggregate_id)
     return Relay(
         dataclasses.replace(parts.loop, lease_id=scope.lease_id),
         source=change_source(parts, client, stream, scope),
-        mode=delivery_mode(parts, scope.lease_id, selection),
+        mode=broker.mode(scope.lease_id, selection),
         lease=lease,
         encoder=message_builder(parts, folder, native=native, encoding=parts.encoding_for(scope.namespace)),
         observer=observer,
         fingerprint=selection,
         assignment=assignment,
-        foreign_errors=DRIVER_ERRORS,
+        foreign_errors=driver_errors(broker),
         positions=positions,
     )
 
@@ -223,30 +241,17 @@ def change_source(
     return subscriptions(stream, scope, scan)
 
 
-def delivery_mode(parts: PartConfigs, lid: str, fingerprint: str) -> AtLeastOnce | ExactlyOnce:
-    """The delivery mode of lease `lid` (RELAY_DELIVERY): the producer of each leading session and
-    the lease's offsets record (relay.kafka.modes)."""
-    kafka = parts.kafka
-    offsets = OffsetsTopic(kafka)
-    if kafka.exactly_once:
-        return ExactlyOnce(kafka, lid, fingerprint, offsets)
-    return AtLeastOnce(kafka, lid, offsets)
-
-
-def _preflight(parts: PartConfigs, client: MongoClient[Any]) -> None:
-    """The process's start-up checks: librdkafka accepts the configuration (each lease's
-    transactional producer, in exactly-once mode); MongoDB answers, the user holds the privileges
-    the outboxes and the mode need, and the server can compute partitions; the partition count did
-    not change under running relays (or each outbox moves to it: relay.mongo.repartition); every
-    scope's lease document exists (an added outbox's marked to rescan: relay.mongo.outboxes); Kafka
-    answers (and, in exactly-once mode, the offsets topic exists, compacted)."""
-    mongo, kafka, count = parts.mongo, parts.kafka, parts.group.partitions
+def _preflight(parts: PartConfigs, client: MongoClient[Any], broker: Broker) -> None:
+    """The process's start-up checks: the broker's client accepts the configuration (librdkafka:
+    each lease's transactional producer, in exactly-once mode); MongoDB answers, the user holds the
+    privileges the outboxes and the mode need, and the server can compute partitions; the partition
+    count did not change under running relays (or each outbox moves to it: relay.mongo.repartition);
+    every scope's lease document exists (an added outbox's marked to rescan: relay.mongo.outboxes);
+    the broker answers and holds what the relay needs (Kafka's offsets topic in exactly-once mode,
+    NATS's stream: relay.kafka.broker, relay.nats.broker)."""
+    mongo, count = parts.mongo, parts.group.partitions
     scopes = parts.scopes()
-    if kafka.exactly_once:
-        for scope in scopes:
-            check_transactional_config(kafka, scope.lease_id)
-    else:
-        check_config(kafka.producer_config())
+    broker.check_settings()
     check_mongodb(client, mongo)
     check_privileges(client, required_for(mongo, parts.cleanup))
     check_server(mongo.outbox(client, mongo.outboxes[0]), count)
@@ -256,9 +261,7 @@ def _preflight(parts: PartConfigs, client: MongoClient[Any]) -> None:
     new = added(leases, [str(n) for n in mongo.outboxes])
     for scope in scopes:  # so a later change of count finds all of them
         lease_store(parts, client, scope).ensure(rescan=str(scope.namespace) in new)
-    check_kafka(kafka)
-    if kafka.exactly_once:
-        OffsetsTopic(kafka).ensure()
+    broker.check_servers()
 
 
 def housekeeping(

@@ -10,12 +10,15 @@ from typing import TYPE_CHECKING
 
 from relay.avro.config import EncodingConfig, RegistryConfig
 from relay.core.config import LeaseTiming, LoopConfig
+from relay.core.errors import ConfigError
+from relay.core.names import env_name
 from relay.core.namespace import Namespace
 from relay.core.partitions import Scope, scopes
 from relay.core.redact import Properties, Secret, Uri
 from relay.group.config import GroupConfig
 from relay.kafka.config import KafkaConfig
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
+from relay.nats.config import NatsConfig
 from relay.ops.config import HealthConfig, ObserverConfig
 from relay.outbox import FieldNames
 
@@ -29,7 +32,9 @@ class PartConfigs:
 
     loop: LoopConfig
     mongo: MongoConfig
+    broker: str  # RELAY_BROKER: which of the broker parts below the relay publishes to
     kafka: KafkaConfig
+    nats: NatsConfig
     encoding: EncodingConfig
     registry: RegistryConfig
     observer: ObserverConfig
@@ -66,7 +71,9 @@ def part_configs(s: Settings) -> PartConfigs:
             max_await_ms=s.max_await_ms,
             read_linger_ms=s.read_linger_ms,
         ),
+        broker=_broker(s),
         kafka=kafka,
+        nats=_nats(s),
         encoding=_encoding(s, kafka),
         registry=RegistryConfig(
             url=Uri(s.schema_registry_url),
@@ -102,7 +109,34 @@ def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
         on_lease_lost=s.on_lease_lost,
         start_at=s.start_at,
         # The window holds an exactly-once transaction's reads until its commit (relay.core.window).
-        transaction_max_events=kafka.transaction_max_events if kafka.exactly_once else None,
+        transaction_max_events=kafka.transaction_max_events if kafka.exactly_once and s.broker == "kafka" else None,
+    )
+
+
+BROKERS = ("kafka", "nats")  # RELAY_BROKER
+NO_SIZE_LIMIT = 2**31 - 1  # no message is this large: MongoDB's documents stop at 16 MiB
+
+
+def _broker(s: Settings) -> str:
+    if s.broker not in BROKERS:
+        raise ConfigError(env_name("broker"), f"must be one of {', '.join(BROKERS)}; got {s.broker!r}")
+    return s.broker
+
+
+def _nats(s: Settings) -> NatsConfig:
+    return NatsConfig(
+        servers=Uri(s.nats_servers),
+        stream=s.nats_stream,
+        creds_file=s.nats_creds,
+        user=s.nats_user,
+        password=Secret(s.nats_password),
+        token=Secret(s.nats_token),
+        tls_ca=s.nats_tls_ca,
+        create_stream=s.nats_create_stream,
+        ack_timeout_ms=s.nats_ack_timeout_ms,
+        duplicate_window_s=s.nats_duplicate_window_s,
+        connect_timeout_s=s.connect_timeout_s,
+        delivery=s.delivery,
     )
 
 
@@ -136,7 +170,9 @@ def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
         fields=fields,
         topic_template=s.topic_template,
         ce_source=s.ce_source,
-        max_message_bytes=kafka.max_message_bytes,
+        # Kafka's limit is known from its properties; another broker's is checked by its publisher
+        # against what the server announces (relay.nats.messages: NATS's max_payload).
+        max_message_bytes=kafka.max_message_bytes if s.broker == "kafka" else NO_SIZE_LIMIT,
         dead_letter_topic=s.dead_letter_topic,
     )
 

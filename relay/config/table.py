@@ -71,7 +71,37 @@ class Settings:
         "per-database: one change stream per database holding outboxes; cluster: one stream for the whole "
         "cluster (needs changeStream and find on every database)",
     )
+    broker: str = _setting(
+        "kafka",
+        "where events are published: kafka, or nats (JetStream: RELAY_NATS_*, docs/nats.md)",
+    )
     kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
+    nats_servers: str = _setting(
+        "nats://localhost:4222", "RELAY_BROKER=nats: comma-separated nats:// or tls:// server URLs"
+    )
+    nats_stream: str = _setting(
+        "OUTBOX",
+        "RELAY_BROKER=nats: the JetStream stream the subjects are stored in (used as the operator made it; "
+        "created if missing unless RELAY_NATS_CREATE_STREAM=false)",
+    )
+    nats_create_stream: bool = _setting(
+        True, "RELAY_BROKER=nats: create the stream when it does not exist (false: stop, naming it)"
+    )
+    nats_creds: str = _setting("", "RELAY_BROKER=nats: a .creds file (user JWT and NKey seed) to connect with")
+    nats_user: str = _setting("", "RELAY_BROKER=nats: user name to connect with (with RELAY_NATS_PASSWORD)")
+    nats_password: str = _setting("", "RELAY_BROKER=nats: password of RELAY_NATS_USER")
+    nats_token: str = _setting("", "RELAY_BROKER=nats: token to connect with")
+    nats_tls_ca: str = _setting("", "RELAY_BROKER=nats: CA certificate file for tls:// servers (empty: the system's)")
+    nats_ack_timeout_ms: int = _setting(
+        5000,
+        "RELAY_BROKER=nats: longest a publish waits for JetStream's acknowledgement before the relay "
+        "publishes again from its stored position (ms)",
+    )
+    nats_duplicate_window_s: float = _setting(
+        120.0,
+        "RELAY_BROKER=nats: the duplicate window of a stream the relay creates (seconds): a republished "
+        "event within it is dropped by the server (Nats-Msg-Id)",
+    )
     topic_template: str = _setting(
         "outbox.event.{aggregateType}",
         "topic for an event; placeholders {aggregateType}, {eventType}, {database}, {collection} (the outbox's)",
@@ -276,6 +306,7 @@ class Settings:
         if self.schema_registry_basic_auth:
             found += [self.schema_registry_basic_auth, self.schema_registry_basic_auth.partition(":")[2]]
         found += [v for k, value in self.kafka.items() for v in credential_values(k, value)]
+        found += uri_secrets(self.nats_servers) + [s for s in (self.nats_password, self.nats_token) if s]
         return found
 
     # ---- loading --------------------------------------------------------------------------
@@ -302,7 +333,7 @@ class Settings:
         settings, and what no single part can: exactly-once mode needs one read in flight."""
         self.parts()
         check_logging(self.log_level, self.log_format)
-        if self.delivery == EXACTLY_ONCE and self.pipeline_depth != 1:
+        if self.delivery == EXACTLY_ONCE and self.broker == "kafka" and self.pipeline_depth != 1:
             raise ConfigError(
                 env_name("pipeline_depth"),
                 f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "

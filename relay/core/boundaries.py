@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from relay.core.change import Batch, Change
+from relay.core.errors import Action
 from relay.core.message import OutgoingMessage
 from relay.core.positions import Grant, PositionWrite, StartPoint, Token
 from relay.core.resume import Committed
@@ -106,6 +107,32 @@ class DeliveryMode(Protocol):
     def forget(self, publisher: Publisher, heartbeat: Callable[[], None]) -> None:
         """Tombstone the lease's offsets record with the session's `publisher` (exactly-once mode
         only, when the decision says so, before the stream opens)."""
+
+
+class Broker(Protocol):
+    """What a broker package supplies to the process (relay.kafka.broker.Kafka,
+    relay.nats.broker.JetStream), chosen once by RELAY_BROKER in relay.wiring; the loop sees only
+    each lease's `DeliveryMode` and its sessions' `Publisher`. docs/architecture.md ("Brokers")
+    says what each must guarantee: a publish acknowledged only once the broker stored it, order
+    kept per aggregate, a duplicate the consumers can tell (the event id), and fencing."""
+
+    name: str
+
+    def check_settings(self) -> None:
+        """At start, before any server: the client accepts the configuration (ConfigError)."""
+
+    def check_servers(self) -> None:
+        """At start: the broker answers, takes the credentials, and holds what the relay needs
+        (topics, a stream, an exchange ...): a stopping error naming what is missing."""
+
+    def mode(self, lease_id: str, fingerprint: str) -> DeliveryMode:
+        """The delivery mode of one lease: a fresh publisher per leading session."""
+
+    def action_for(self, exc: BaseException) -> Action | None:
+        """What the loop does after an exception of this broker's client (None: not one)."""
+
+    def close(self) -> None:
+        """Release what the process holds for this broker (an event loop, connections)."""
 
 
 class LeaseStore(Protocol):

@@ -299,6 +299,7 @@ class Relay(Generic[ObserverT]):
                 alone,
                 read_at,
                 sum(sizes[start:end]),
+                self._checkpoints.valid_until,
             )
             s.publisher.send(parcel, self._heartbeat)
             s.window.add(parcel)

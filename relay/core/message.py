@@ -14,6 +14,9 @@ from typing import Any
 
 # The header that carries the lease's fencing token on every record (events and dead letters).
 HEADER_FENCING = "relay_fencing_token"
+# The header carrying the aggregate id (Kafka's key) on a broker whose messages have no key of
+# their own (NATS JetStream, RabbitMQ).
+HEADER_AGGREGATE_ID = "relay_aggregate_id"
 HEADER_CONTENT_TYPE = "content-type"
 # The header `outbox-relay replay` adds to each message it publishes again: the replay's id (a
 # UUID), so a consumer can tell a replay from the live stream (docs/replay.md).

@@ -32,6 +32,7 @@ class Parcel:
         "messages",
         "one_by_one",
         "pending",
+        "publish_by",
         "read_at",
         "sent_at",
         "size",
@@ -48,6 +49,7 @@ class Parcel:
         one_by_one: bool = False,
         read_at: float | None = None,
         size: int | None = None,
+        publish_by: float | None = None,
     ) -> None:
         self.wall_ms = wall_ms  # each change's commit time (Unix ms, -1: unknown), for latency
         self.messages = messages
@@ -61,6 +63,10 @@ class Parcel:
         self.size = sum(len(m.value) for m in messages) if size is None else size
         # Where the first failed report is announced (the publisher's list; it drops its queue).
         self.failures: list[Parcel] | None = None
+        # Monotonic time after which none of its messages may reach the broker any more: its
+        # lease is no longer provably held then (relay.core.checkpoints). A publisher that writes
+        # to the wire itself checks it first (relay.nats); None: no such bound.
+        self.publish_by = publish_by
 
     def hold(self) -> None:
         """One more report to wait for: the commit of the transaction holding this parcel
@@ -78,6 +84,13 @@ class Parcel:
         self.pending -= 1
         if err is not None:
             self._fail((msg.value() or b"", err))  # failed reports carry no headers
+
+    def reported(self, count: int, failure: tuple[bytes, Any] | None = None) -> None:
+        """`count` reports came back at once (a publisher that counts a parcel's acknowledgements
+        itself); `failure` is the first failed one's (value, error), if any."""
+        self.pending -= count
+        if failure is not None:
+            self._fail(failure)
 
     def refuse(self, count: int, failure: tuple[bytes, Any]) -> None:
         """The last `count` messages were never handed over (the producer had stopped): no

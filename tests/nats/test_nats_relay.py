@@ -1,0 +1,80 @@
+"""The relay on NATS JetStream (RELAY_BROKER=nats; docs/nats.md), against a real nats-server and
+mongod: what a message carries, acknowledgement before position, the stream's check at start."""
+
+from __future__ import annotations
+
+import pytest
+
+from relay.core.errors import ConfigError
+from relay.core.message import HEADER_AGGREGATE_ID
+from tests.support.leases import lease_doc
+from tests.support.nats import add_stream, stream_info
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.relays import RelayThread
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
+
+
+def _published(nenv, written, timeout: float = 60):
+    return wait_until(lambda: (r := nenv.read()) and {x.id for x in r} >= written.ids and r, timeout,
+                      "every event in the stream", interval=0.5)
+
+
+def test_events_reach_the_stream_in_commit_order_with_the_kafka_headers_and_the_msg_id(nenv):
+    written = write_events(nenv.db, nenv.settings.outbox_collection, total=300, writers=3)
+    with RelayThread(nenv.settings) as relay:
+        records = _published(nenv, written)
+        wait_until(lambda: (lease_doc(nenv.db, nenv.settings) or {}).get("resumeToken"), 30, "a stored position")
+    assert relay.error is None, relay.error
+    verdict = assert_complete_and_ordered(records, written)
+    assert not verdict.duplicates
+    first = records[0]
+    assert first.headers["Nats-Msg-Id"] == first.headers["ce_id"] == first.id
+    assert first.headers[HEADER_AGGREGATE_ID] == first.headers["ce_subject"] == first.key
+    assert first.headers["content-type"] == "application/avro" and first.headers["relay_fencing_token"] == "1"
+    assert first.topic == nenv.subject("order")
+    info = stream_info(nenv.server.url, nenv.stream)
+    assert info.config.subjects == [f"t{nenv.tag}.event.>"] and info.config.duplicate_window == 120
+
+
+def test_a_stream_the_operator_made_is_used_as_it_is(nenv):
+    add_stream(nenv.server.url, nenv.stream, [f"t{nenv.tag}.>"], duplicate_window=300)
+    written = write_events(nenv.db, nenv.settings.outbox_collection, total=50, writers=1)
+    with RelayThread(nenv.settings) as relay:
+        _published(nenv, written)
+    assert relay.error is None
+    info = stream_info(nenv.server.url, nenv.stream)
+    assert info.config.subjects == [f"t{nenv.tag}.>"] and info.config.duplicate_window == 300
+
+
+def test_a_stream_that_misses_a_subject_stops_the_relay_naming_it(nenv):
+    add_stream(nenv.server.url, nenv.stream, [f"t{nenv.tag}.other.>"])
+    with RelayThread(nenv.settings) as relay:
+        relay.thread.join(timeout=60)
+    assert isinstance(relay.error, ConfigError)
+    message = str(relay.error)
+    assert message.startswith("RELAY_NATS_STREAM:") and f"t{nenv.tag}.event.*" in message
+    assert nenv.size() == 0
+
+
+def test_a_missing_stream_with_creation_off_stops_the_relay_naming_it(nenv):
+    with RelayThread(nenv.settings.replace(nats_create_stream=False)) as relay:
+        relay.thread.join(timeout=60)
+    assert isinstance(relay.error, ConfigError) and "has no stream" in str(relay.error)
+
+
+@pytest.mark.parametrize("window", [10, 120])
+def test_exactly_once_refuses_a_duplicate_window_shorter_than_the_longest_republish(nenv, window):
+    add_stream(nenv.server.url, nenv.stream, [f"t{nenv.tag}.>"], duplicate_window=window)
+    settings = nenv.settings.replace(delivery="exactly-once")  # 1 s + 4 s + 0.3 s + 5 s = 10.3 s
+    written = write_events(nenv.db, nenv.settings.outbox_collection, total=20, writers=1)
+    with RelayThread(settings) as relay:
+        if window < 10.3:
+            relay.thread.join(timeout=60)
+        else:
+            _published(nenv, written)
+    if window < 10.3:
+        assert isinstance(relay.error, ConfigError)
+        assert "duplicate window (10 s)" in str(relay.error) and "(10.3 s" in str(relay.error)
+    else:
+        assert relay.error is None
