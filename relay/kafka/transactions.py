@@ -205,10 +205,11 @@ class TransactionalPublisher(LibrdkafkaProducer):
                 "(transaction.state.log.replication.factor and min.isr at most the brokers there are)"
             ) from exc
 
-    def _attempt(self, step: str, event_id: str = "?") -> Attempt:
+    def _attempt(self, step: str, event_id: str = "?", transaction: OpenTransaction | None = None) -> Attempt:
         """What this producer does in `step`, for relay.kafka.errors.translate: WRITE and DESCRIBE
-        on its transactional id, and on the topics of the open transaction and the offsets topic."""
-        names = ", ".join([*self._open.topics(), self._offsets.topic])
+        on its transactional id, and on the topics of `transaction` (the open one unless given)
+        and the offsets topic."""
+        names = ", ".join([*(transaction or self._open).topics(), self._offsets.topic])
         needs = (
             ("TRANSACTIONAL_ID", transactional_id(self._lease_id), "WRITE, DESCRIBE"),
             ("TOPIC", names, "WRITE, DESCRIBE"),
@@ -338,26 +339,33 @@ class TransactionalPublisher(LibrdkafkaProducer):
         failed, self._open = self._open, OpenTransaction()
         parcels = [*failed.parcels, *self._waiting.take_all()]
         try:
-            return self._failure(err, failed.begun, parcels, while_waiting, event_id)
+            return self._failure(err, failed, parcels, while_waiting, event_id)
         finally:
             stand_in = (b"", err if err is not None else KafkaError(KafkaError._PURGE_QUEUE, "transaction aborted"))
             for d in parcels:
                 d.release(stand_in)
 
     def _failure(
-        self, err: KafkaError | None, begun: bool, parcels: list[Parcel], while_waiting: Heartbeat, event_id: str
+        self,
+        err: KafkaError | None,
+        failed: OpenTransaction,
+        parcels: list[Parcel],
+        while_waiting: Heartbeat,
+        event_id: str,
     ) -> Exception:
+        """The error for the `failed` transaction (`parcels`: its own and those waiting for it),
+        after aborting it if the producer began it."""
         if err is not None and err.fatal():
             self._unusable = True
-            return translate(err, self._attempt("run a transaction"))  # fenced, or unusable
+            return translate(err, self._attempt("run a transaction", transaction=failed))  # fenced, or unusable
         try:
-            if begun:
+            if failed.begun:
                 self._abort(while_waiting)
         except KafkaException as exc:
             abort_err = kafka_error(exc)
             self._unusable = True
             if fenced(abort_err):
-                return translate(abort_err, self._attempt("abort a transaction"))
+                return translate(abort_err, self._attempt("abort a transaction", transaction=failed))
             return ProducerFatalError(
                 f"could not abort the failed transaction ({abort_err}); the next producer "
                 f"of this lease aborts it when it starts. The failure: {err}"
@@ -366,9 +374,9 @@ class TransactionalPublisher(LibrdkafkaProducer):
         if refusal is not None:
             return refusal
         if err is not None and not err.txn_requires_abort() and not err.retriable():
-            return translate(err, self._attempt("produce", event_id))  # refused by produce() itself
+            return translate(err, self._attempt("produce", event_id, failed))  # refused by produce() itself
         if treatment(err) is Treat.DENIED:  # a refused ACL (the offsets topic's, say), aborted first
-            return translate(err, self._attempt("run a transaction"))
+            return translate(err, self._attempt("run a transaction", transaction=failed))
         return TransactionAbortedError(f"transaction aborted, none of it visible: {err}")
 
     def _abort(self, while_waiting: Heartbeat) -> None:
