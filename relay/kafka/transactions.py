@@ -27,8 +27,11 @@ Who owns what (two threads: the loop's, which calls every method here, and the c
   reads none of them;
 - what both threads touch is the `Committer` (relay.kafka.committer), its rule beside each field:
   the producer is the commit thread's from `Committer.start` until `Committer.take` and the loop's
-  otherwise (every producer call here runs while the committer is not `busy`), and the commit's
-  Future hands its outcome over;
+  otherwise (every producer call here runs while the committer is not `busy`; `queued`, read
+  by the metrics' scrape on its own thread, only reads librdkafka's thread-safe queue count), and
+  the commit's Future hands its outcome over; the reports commit_transaction serves count the
+  committing parcels' reports on the commit thread, and the loop releases those parcels after
+  `Committer.take`;
 - parcels wait (`_waiting`) only while a commit is in flight, and the open transaction is left as
   it is meanwhile: a parcel handed over then is produced once the loop took the commit's outcome.
 
