@@ -52,15 +52,21 @@ class ScriptedProducer:
         return [name for name, _ in self.calls]
 
 
+def _started(*outcomes: KafkaError | None, gate: threading.Event | None = None) -> tuple[Committer, ScriptedProducer]:
+    """A committer on a scripted producer, its commit started."""
+    producer = ScriptedProducer(*outcomes, gate=gate)
+    committer = Committer(producer, report_wait_s=1.0)
+    committer.start()
+    return committer, producer
+
+
 def _ended(committer: Committer) -> None:
     assert committer.wait(HANG_S), "the commit never ended"
 
 
 def test_a_commit_runs_on_the_commit_thread_and_the_loop_takes_its_outcome_once_it_ended():
     gate = threading.Event()
-    producer = ScriptedProducer(None, gate=gate)
-    committer = Committer(producer, report_wait_s=1.0)
-    committer.start()
+    committer, producer = _started(None, gate=gate)
     assert producer.attempt.wait(HANG_S)
     assert committer.busy and not committer.ended, "in flight: the producer is the commit thread's"
     assert not committer.wait(0), "a wait that ends first says so"
@@ -75,9 +81,7 @@ def test_a_commit_runs_on_the_commit_thread_and_the_loop_takes_its_outcome_once_
 
 
 def test_a_commit_still_flushing_is_retried_until_it_commits():
-    producer = ScriptedProducer(STILL_FLUSHING, STILL_FLUSHING, None)
-    committer = Committer(producer, report_wait_s=1.0)
-    committer.start()
+    committer, producer = _started(STILL_FLUSHING, STILL_FLUSHING, None)
     _ended(committer)
     committer.take()
     assert producer.names() == ["commit_transaction"] * 3 + ["flush"]
@@ -85,9 +89,7 @@ def test_a_commit_still_flushing_is_retried_until_it_commits():
 
 
 def test_a_commit_that_needs_an_abort_is_not_retried_and_the_loop_gets_its_error():
-    producer = ScriptedProducer(NEEDS_ABORT)
-    committer = Committer(producer, report_wait_s=1.0)
-    committer.start()
+    committer, producer = _started(NEEDS_ABORT)
     _ended(committer)
     with pytest.raises(KafkaException) as raised:
         committer.take()
@@ -98,9 +100,7 @@ def test_a_commit_that_needs_an_abort_is_not_retried_and_the_loop_gets_its_error
 
 
 def test_close_stops_a_commit_that_keeps_retrying_and_leaves_its_error_to_take():
-    producer = ScriptedProducer(STILL_FLUSHING)  # never done
-    committer = Committer(producer, report_wait_s=1.0)
-    committer.start()
+    committer, producer = _started(STILL_FLUSHING)  # never done
     assert producer.attempt.wait(HANG_S)
     assert committer.close(HANG_S), "the retries stop at close"
     with pytest.raises(KafkaException):
@@ -110,9 +110,7 @@ def test_close_stops_a_commit_that_keeps_retrying_and_leaves_its_error_to_take()
 
 def test_close_bounds_its_wait_for_a_commit_that_does_not_return():
     gate = threading.Event()
-    producer = ScriptedProducer(None, gate=gate)
-    committer = Committer(producer, report_wait_s=1.0)
-    committer.start()
+    committer, producer = _started(None, gate=gate)
     assert producer.attempt.wait(HANG_S)
     assert not committer.close(0.0), "still running: close says so instead of waiting on"
     assert committer.busy, "the producer stays the commit thread's"
@@ -123,8 +121,7 @@ def test_close_bounds_its_wait_for_a_commit_that_does_not_return():
 
 def test_one_commit_at_a_time():
     gate = threading.Event()
-    committer = Committer(ScriptedProducer(None, gate=gate), report_wait_s=1.0)
-    committer.start()
+    committer, _ = _started(None, gate=gate)
     with pytest.raises(AssertionError, match="one commit at a time"):
         committer.start()
     gate.set()
