@@ -65,8 +65,17 @@ class Publisher(Protocol):
         producer holds back to fill a batch (linger.ms), then wait up to `timeout` for them all."""
 
     def due_in(self) -> float | None:
-        """Seconds until the producer must deliver what it holds open (exactly-once: the open
-        transaction's time bound, RELAY_TRANSACTION_MAX_MS); None when nothing is open."""
+        """How long the loop may wait for its next read before it must `drain` (it drains when
+        the read is not ready within that time; at zero or less, at once); None: wait as long as
+        the read takes, nothing is held open (at-least-once: always None). Exactly-once has two
+        meanings, by whether a commit is in flight:
+        - none in flight: seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS
+          after its first parcel was handed over); None when no parcel is open;
+        - one in flight: seconds until the parcels handed over meanwhile (waiting for it, not
+          produced yet) have waited RELAY_TRANSACTION_MAX_MS since the first of them, or that whole
+          bound when none waits; the loop reads on meanwhile rather than drain (which would wait
+          for the commit and end their wait with a transaction of their own), and the commit's
+          own parcels are released at its next `send`, `poll` or `drain` after it ended."""
 
     def failure(self, parcel: Parcel) -> Exception:
         """The error for the first failed report of `parcel` (it carries its action)."""

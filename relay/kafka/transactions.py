@@ -6,15 +6,34 @@ transactional producer (`transactional.id` = `outbox-relay:<lease id>`, relay.ka
 none is open. The transaction commits once it holds RELAY_TRANSACTION_MAX_EVENTS events or
 RELAY_TRANSACTION_MAX_BYTES bytes, or was begun RELAY_TRANSACTION_MAX_MS ago (checked by `send` and
 `poll`), or when the loop waits for every parcel (`drain`: an idle stream, a stop, a read that
-would keep the transaction waiting). The commit runs on a thread of its own (a fixed wait of
-~18 ms, docs/exactly-once.md#cost) while the loop reads and encodes the next parcels; those wait,
-held and not produced yet, and begin the next transaction once the commit ended (one
-transaction at a time, as the producer allows). Before the commit, one record to the compacted offsets topic
+would keep the transaction waiting). Before the commit, one record to the compacted offsets topic
 (RELAY_OFFSETS_TOPIC, key = the lease id, value = the newest token of the transaction:
-relay.kafka.offsets_record.OffsetsRecord). Each parcel is held (relay.core.window.Parcel.hold)
-until its transaction ends, so a parcel the loop sees acknowledged is visible to read_committed
-consumers, and the MongoDB checkpoint (handed over by the loop right after, relay.core.coalescer)
-never covers an event that is not. One transaction is open at a time (RELAY_PIPELINE_DEPTH must be 1).
+relay.kafka.offsets_record.OffsetsRecord). The commit runs on a thread of its own
+(relay.kafka.committer; a fixed wait of ~18 ms, docs/exactly-once.md#cost) while the loop reads and
+encodes the next parcels; those wait, held and not produced yet, and begin the next transaction
+once the commit ended (one transaction at a time, as the producer allows; RELAY_PIPELINE_DEPTH
+must be 1).
+
+Invariant: a parcel is acknowledged (every report in, no failure) only after the commit of the
+transaction holding it, which also wrote the offsets record of its newest token. Each parcel is
+held (relay.core.window.Parcel.hold) from `send` until its transaction ended, and released on the
+loop's thread only (`_finish_commit`, once the committer's Future is done; `_failed`), so a parcel
+the loop sees acknowledged is visible to read_committed consumers, and the MongoDB checkpoint
+(handed over by the loop right after, relay.core.coalescer) never covers an event that is not.
+
+Who owns what (two threads: the loop's, which calls every method here, and the commit thread):
+- the loop's thread alone writes every field of `TransactionalPublisher`, of its open transaction
+  and of the parcels waiting for its commit (relay.kafka.open_transaction); the commit thread
+  reads none of them;
+- what both threads touch is the `Committer` (relay.kafka.committer), its rule beside each field:
+  the producer is the commit thread's from `Committer.start` until `Committer.take` and the loop's
+  otherwise (every producer call here runs while the committer is not `busy`; `queued`, read
+  by the metrics' scrape on its own thread, only reads librdkafka's thread-safe queue count), and
+  the commit's Future hands its outcome over; the reports commit_transaction serves count the
+  committing parcels' reports on the commit thread, and the loop releases those parcels after
+  `Committer.take`;
+- parcels wait (`_waiting`) only while a commit is in flight, and the open transaction is left as
+  it is meanwhile: a parcel handed over then is produced once the loop took the commit's outcome.
 
 A new leading session first calls `fence()`: `init_transactions` fences every earlier producer of
 the lease (a zombie's open transaction is aborted, its later commits fail with a fenced error and
@@ -32,19 +51,15 @@ Errors, translated by relay.kafka.errors.translate (one table of codes) for the 
   report decides as for the idempotent producer (a refused record batch is replayed one message
   per transaction to name the poison event), else TransactionAbortedError -> restart;
 - fatal: ProducerFatalError -> restart with a new producer (which fences this one);
-- retriable timeouts of commit/abort/init: retried in slices (relay.core.retry), serving the lease
-  heartbeat.
+- retriable timeouts of commit/abort/init: retried in slices (relay.core.retry), the loop serving
+  the lease heartbeat meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -60,15 +75,18 @@ from relay.core.errors import (
 from relay.core.positions import Grant
 from relay.core.retry import retrying
 from relay.core.window import Parcel
+from relay.kafka.committer import Committer, still_working
 from relay.kafka.config import KafkaConfig
 from relay.kafka.errors import Attempt, Treat, config_error, fenced, kafka_error, translate, treatment
 from relay.kafka.offsets_record import OffsetsRecord, transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
+from relay.kafka.open_transaction import OpenTransaction, WaitingParcels
 from relay.kafka.producer import LibrdkafkaProducer, ProduceRefused, parcel_failure
 
 log = logging.getLogger(__name__)
 
 Heartbeat = Callable[[], None]
+CLOSE_WAIT_S = 2.0  # the longest close() waits for a commit in flight, and for an abort
 
 
 def _nothing() -> None:
@@ -104,19 +122,6 @@ def _serving(heartbeat: Heartbeat) -> Callable[[BaseException, float], None]:
     return serve
 
 
-def _still_working(abortable: bool) -> Callable[[BaseException], bool]:
-    """Whether a transaction call's error says "not done yet, call again": retriable, not fatal,
-    and (for a commit) not one that needs the transaction aborted."""
-
-    def retriable(exc: BaseException) -> bool:
-        err = kafka_error(exc)
-        if err is None or not err.retriable() or err.fatal():
-            return False
-        return abortable or not err.txn_requires_abort()
-
-    return retriable
-
-
 def aborted_failure(parcels: list[Parcel]) -> Exception | None:
     """The error an aborted transaction's first failed report stands for (as without
     transactions: relay.kafka.producer.parcel_failure), or None when no report failed.
@@ -136,9 +141,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
     """One transactional producer for one lease (relay.core.boundaries.Publisher); a transaction
     spans parcels (reads) until RELAY_TRANSACTION_MAX_EVENTS / _BYTES / _MS says to commit, or
     the loop waits for everything (`drain`). `fence()` must be called once before `send()`.
-
-    Invariant: a parcel is acknowledged (every report in, no failure) only after the commit of
-    the transaction holding it, which also wrote the offsets record of its newest token."""
+    The invariant and who owns which field: the module docstring."""
 
     def __init__(self, config: KafkaConfig, lease_id: str, offsets: OffsetsTopic, fingerprint: str) -> None:
         super().__init__(transactional_config(config, lease_id))
@@ -149,22 +152,11 @@ class TransactionalPublisher(LibrdkafkaProducer):
         self._key = lease_id.encode()
         self._grant: Grant | None = None
         self._record_partition = 0  # the offsets topic's partition of this lease's records
-        self._in_transaction = False
         self._unusable = False  # after a fatal error: no abort, no further call
-        # The transaction: its parcels (held until it ends), their events and bytes, and when it
-        # began; the heartbeat of the last `send`, for commits from `poll` and `drain`.
-        self._open: list[Parcel] = []
-        self._open_events = 0
-        self._open_bytes = 0
-        self._opened_at = 0.0
-        self._while_waiting: Heartbeat = _nothing
-        # Its commit, when one is in flight on the commit thread, and the parcels handed over
-        # meanwhile (held, not produced yet: they begin the next transaction once it ended).
-        self._committing: Future[None] | None = None
-        self._next: deque[Parcel] = deque()
-        self._next_since = 0.0  # when the first of them was handed over
-        self._closing = threading.Event()  # close(): a commit in flight stops retrying
-        self._commits = ThreadPoolExecutor(1, thread_name_prefix="kafka-commit")
+        self._while_waiting: Heartbeat = _nothing  # the heartbeat of the last `send`, for `poll` and `drain`
+        self._open = OpenTransaction()
+        self._waiting = WaitingParcels()
+        self._committer = Committer(self._producer, config.connect_timeout_s)
 
     # ---- a new leading session -------------------------------------------------------------
 
@@ -178,9 +170,16 @@ class TransactionalPublisher(LibrdkafkaProducer):
     def forget_record(self, heartbeat: Heartbeat) -> None:
         """Tombstone the lease's offsets record, in a transaction of its own, so that a record from
         before a `checkpoint reset` can never be taken for this lineage's position (asked by the
-        resume decision, relay.core.resume, after `fence()`)."""
+        resume decision, relay.core.resume, after `fence()`, before any `send`)."""
         assert self._grant is not None, "fence() first"
-        self._run_transaction(lambda: self._produce_record(None), heartbeat)
+        assert not self._open.parcels, "before any send"
+        try:
+            self._begin(time.monotonic())
+            self._produce_record(None)
+        except KafkaException as exc:
+            raise self._failed(kafka_error(exc), heartbeat) from exc
+        self._committer.start()
+        self._commit_everything(heartbeat)
 
     def _init_transactions(self, heartbeat: Heartbeat) -> None:
         """`init_transactions`, retried while the broker answers with a retriable error (a
@@ -209,11 +208,11 @@ class TransactionalPublisher(LibrdkafkaProducer):
                 "(transaction.state.log.replication.factor and min.isr at most the brokers there are)"
             ) from exc
 
-    def _attempt(self, step: str, event_id: str = "?") -> Attempt:
+    def _attempt(self, step: str, event_id: str = "?", transaction: OpenTransaction | None = None) -> Attempt:
         """What this producer does in `step`, for relay.kafka.errors.translate: WRITE and DESCRIBE
-        on its transactional id, and on the topics of the open transaction and the offsets topic."""
-        topics = sorted({m.topic for d in self._open for m in d.messages})
-        names = ", ".join([*topics, self._offsets.topic])
+        on its transactional id, and on the topics of `transaction` (the open one unless given)
+        and the offsets topic."""
+        names = ", ".join([*(transaction or self._open).topics(), self._offsets.topic])
         needs = (
             ("TRANSACTIONAL_ID", transactional_id(self._lease_id), "WRITE, DESCRIBE"),
             ("TOPIC", names, "WRITE, DESCRIBE"),
@@ -242,68 +241,57 @@ class TransactionalPublisher(LibrdkafkaProducer):
         assert self._grant is not None, "fence() first"
         self._while_waiting = while_waiting
         parcel.hold()
-        if not self._next:
-            self._next_since = time.monotonic()
-        self._next.append(parcel)
+        self._waiting.add(parcel, time.monotonic())
         self._advance(while_waiting)
 
     def due_in(self) -> float | None:
-        """Seconds until the open transaction must commit (RELAY_TRANSACTION_MAX_MS), None when no
-        parcel is open. While a commit is in flight: until the parcels waiting for it (or the next
-        one handed over) have waited that long, so the loop goes on reading rather than draining
-        (which would end their wait with a transaction of their own); the commit's parcels are
-        released at the loop's next poll."""
-        max_s = self._config.transaction_max_ms / 1000
-        if self._committing is not None:
-            return self._next_since + max_s - time.monotonic() if self._next else max_s
-        if not self._open:
-            return None
-        return self._opened_at + max_s - time.monotonic()
+        """Both meanings of relay.core.boundaries.Publisher.due_in: with no commit in flight, the
+        open transaction's time bound; with one, how long the parcels waiting for it may still wait."""
+        max_s, now = self._config.transaction_max_ms / 1000, time.monotonic()
+        if self._committer.busy:
+            return self._waiting.due_in(max_s, now)
+        return self._open.due_in(max_s, now)
 
     def _advance(self, while_waiting: Heartbeat) -> None:
         """Move on as far as possible without waiting: end a commit that finished, then produce
         the parcels that waited for it into the next transaction (starting its commit when a
-        bound is reached; the rest wait for that one), then start a commit that is due.
-
-        Invariant: parcels wait in `_next` only while a commit is in flight; while one is, the
-        producer is left to the commit thread (its reports are served there)."""
-        if self._committing is not None:
-            if not self._committing.done():
+        bound is reached; the rest wait for that one), then start a commit that is due."""
+        if self._committer.busy:
+            if not self._committer.ended:
                 return
             self._finish_commit(while_waiting)
-        while self._next and self._committing is None:
-            self._add(self._next.popleft(), while_waiting)
+        while self._waiting and not self._committer.busy:
+            self._add(self._waiting.pop(), while_waiting)
         due = self.due_in()
-        if self._committing is None and due is not None and due <= 0:
+        if not self._committer.busy and due is not None and due <= 0:
             self._start_commit(while_waiting)
 
     def _add(self, parcel: Parcel, while_waiting: Heartbeat) -> None:
         """Produce the parcel into the open transaction (begun here when none is); start the
         commit when the transaction reached RELAY_TRANSACTION_MAX_EVENTS or _BYTES."""
-        self._open.append(parcel)
+        assert not self._committer.busy, "the committer holds the producer"
+        self._open.add(parcel)
         try:
-            if not self._in_transaction:
-                self._producer.begin_transaction()
-                self._in_transaction = True
-                self._opened_at = self._next_since  # its time bound counts its parcels' wait
+            if not self._open.begun:
+                self._begin(self._waiting.since)  # its time bound counts its parcels' wait
             self._produce_all(parcel, while_waiting)
         except ProduceRefused as exc:
             raise self._failed(kafka_error(exc.cause), while_waiting, exc.event_id) from exc
         except KafkaException as exc:
             raise self._failed(kafka_error(exc), while_waiting) from exc
-        self._open_events += len(parcel.messages)
-        self._open_bytes += parcel.size
-        c = self._config
-        if self._open_events >= c.transaction_max_events or self._open_bytes >= c.transaction_max_bytes:
+        if self._open.full(self._config.transaction_max_events, self._config.transaction_max_bytes):
             self._start_commit(while_waiting)
+
+    def _begin(self, at: float) -> None:
+        self._producer.begin_transaction()
+        self._open.begin(at)
 
     def _start_commit(self, while_waiting: Heartbeat) -> None:
         """Write the offsets record of the transaction's newest token, then hand its commit to the
         commit thread (`_finish_commit` releases its parcels once it ended)."""
         grant = self._grant
         assert grant is not None
-        assert self._committing is None
-        token = next((d.token for d in reversed(self._open) if d.token is not None), None)
+        token = self._open.newest_token()
         try:
             if token is not None:
                 self._produce_record(
@@ -311,84 +299,76 @@ class TransactionalPublisher(LibrdkafkaProducer):
                 )
         except KafkaException as exc:
             raise self._failed(kafka_error(exc), while_waiting) from exc
-        # The commit thread serves no heartbeat: the loop goes on (and beats) meanwhile.
-        self._committing = self._commits.submit(self._commit, _nothing)
+        self._committer.start()
 
     def _finish_commit(self, while_waiting: Heartbeat) -> None:
-        """The commit in flight ended: release its parcels, acknowledged (every report in:
-        commit_transaction flushes), or raise its failure (`_failed`)."""
-        committing, self._committing = self._committing, None
-        assert committing is not None
-        assert committing.done()
+        """The commit in flight ended: release its parcels, acknowledged (every report in: the
+        committer served them), or raise its failure (`_failed`)."""
         try:
-            committing.result()
+            self._committer.take()
         except KafkaException as exc:
             raise self._failed(kafka_error(exc), while_waiting) from exc
-        parcels, self._open = self._open, []
-        self._open_events = self._open_bytes = 0
-        deadline = time.monotonic() + self._config.connect_timeout_s
-        while any(d.pending > 1 for d in parcels):  # a safety net: the commit served every report
-            if time.monotonic() > deadline:
-                raise DeliveryError("?", "committed, but not every delivery report came back")
-            self._producer.poll(0.1)
-        for d in parcels:
+        committed, self._open = self._open, OpenTransaction()
+        if any(d.pending > 1 for d in committed.parcels):  # a safety net: the commit serves every report
+            raise DeliveryError("?", "committed, but not every delivery report came back")
+        for d in committed.parcels:
             d.release()
 
     def _await_commit(self, timeout: float) -> None:
         """Wait up to `timeout` for the commit in flight, then move on (`_advance`)."""
-        if self._committing is not None:
-            wait_for([self._committing], timeout)
+        self._committer.wait(timeout)
         self._advance(self._while_waiting)
 
+    def _commit_everything(self, heartbeat: Heartbeat) -> None:
+        """Until nothing is open, in flight or waiting: start the open transaction's commit when
+        none is in flight, wait for it a slice at a time, serving `heartbeat` between slices."""
+        while self._committer.busy or self._open.parcels:
+            if not self._committer.busy:
+                self._start_commit(heartbeat)
+            self._committer.wait(WAIT_SLICE_S)
+            self._advance(heartbeat)
+            if self._committer.busy:
+                heartbeat()
+
     def _produce_record(self, value: bytes | None) -> None:
+        assert not self._committer.busy, "the committer holds the producer"
         self._producer.produce(self._offsets.topic, value, self._key, partition=self._record_partition)
-
-    def _run_transaction(self, produce: Callable[[], None], while_waiting: Heartbeat) -> None:
-        """One transaction of its own (the tombstone at start), outside the parcels'."""
-        try:
-            self._producer.begin_transaction()
-            self._in_transaction = True
-            produce()
-            self._commit(while_waiting)
-        except KafkaException as exc:
-            raise self._failed(kafka_error(exc), while_waiting) from exc
-
-    def _commit(self, while_waiting: Heartbeat) -> None:
-        """`commit_transaction`, retried while it is still flushing (a retriable error that needs no
-        abort), serving `while_waiting`, until the delivery timeout ends it or `close()` is called.
-        Runs on the commit thread for the parcels' transactions (`_start_commit`)."""
-        retrying(_still_working(abortable=False), until=self._closing.is_set, before_wait=_serving(while_waiting))(
-            self._producer.commit_transaction, WAIT_SLICE_S
-        )
-        self._in_transaction = False
 
     def _failed(self, err: KafkaError | None, while_waiting: Heartbeat, event_id: str = "?") -> Exception:
         """The error a failed transaction is reported as, after aborting it where that is possible;
-        every parcel it held is released as failed (none of it is visible)."""
-        assert self._committing is None, "the commit thread has ended"
-        parcels, self._open = [*self._open, *self._next], []
-        self._next.clear()
-        self._open_events = self._open_bytes = 0
+        every parcel it held, and every one waiting for it, is released as failed (none of it is
+        visible)."""
+        assert not self._committer.busy, "the commit thread has ended"
+        failed, self._open = self._open, OpenTransaction()
+        parcels = [*failed.parcels, *self._waiting.take_all()]
         try:
-            return self._failure(err, parcels, while_waiting, event_id)
+            return self._failure(err, failed, parcels, while_waiting, event_id)
         finally:
             stand_in = (b"", err if err is not None else KafkaError(KafkaError._PURGE_QUEUE, "transaction aborted"))
             for d in parcels:
                 d.release(stand_in)
 
     def _failure(
-        self, err: KafkaError | None, parcels: list[Parcel], while_waiting: Heartbeat, event_id: str
+        self,
+        err: KafkaError | None,
+        failed: OpenTransaction,
+        parcels: list[Parcel],
+        while_waiting: Heartbeat,
+        event_id: str,
     ) -> Exception:
+        """The error for the `failed` transaction (`parcels`: its own and those waiting for it),
+        after aborting it if the producer began it."""
         if err is not None and err.fatal():
             self._unusable = True
-            return translate(err, self._attempt("run a transaction"))  # fenced, or unusable
+            return translate(err, self._attempt("run a transaction", transaction=failed))  # fenced, or unusable
         try:
-            self._abort(while_waiting)
+            if failed.begun:
+                self._abort(while_waiting)
         except KafkaException as exc:
             abort_err = kafka_error(exc)
             self._unusable = True
             if fenced(abort_err):
-                return translate(abort_err, self._attempt("abort a transaction"))
+                return translate(abort_err, self._attempt("abort a transaction", transaction=failed))
             return ProducerFatalError(
                 f"could not abort the failed transaction ({abort_err}); the next producer "
                 f"of this lease aborts it when it starts. The failure: {err}"
@@ -397,27 +377,24 @@ class TransactionalPublisher(LibrdkafkaProducer):
         if refusal is not None:
             return refusal
         if err is not None and not err.txn_requires_abort() and not err.retriable():
-            return translate(err, self._attempt("produce", event_id))  # refused by produce() itself
+            return translate(err, self._attempt("produce", event_id, failed))  # refused by produce() itself
         if treatment(err) is Treat.DENIED:  # a refused ACL (the offsets topic's, say), aborted first
-            return translate(err, self._attempt("run a transaction"))
+            return translate(err, self._attempt("run a transaction", transaction=failed))
         return TransactionAbortedError(f"transaction aborted, none of it visible: {err}")
 
     def _abort(self, while_waiting: Heartbeat) -> None:
         """`abort_transaction`, retried while the broker answers with a retriable error, serving
         the lease heartbeat, for at most the transaction timeout (the broker aborts it then)."""
-        if not self._in_transaction:
-            return
         limit = self._config.transaction_timeout_ms / 1000
-        retrying(_still_working(abortable=True), give_up_after_s=limit, before_wait=_serving(while_waiting))(
+        retrying(still_working(abortable=True), give_up_after_s=limit, before_wait=_serving(while_waiting))(
             self._producer.abort_transaction, WAIT_SLICE_S
         )
-        self._in_transaction = False
 
     def poll(self, timeout: float) -> None:
         """Serve reports, waiting up to `timeout` but not past the open transaction's time bound,
         then start that transaction's commit if it is due; while a commit is in flight, wait up
         to `timeout` for it instead, then produce what waited for it."""
-        if self._committing is not None:
+        if self._committer.busy:
             self._await_commit(timeout)
             return
         due = self.due_in()
@@ -425,7 +402,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
             self._producer.poll(timeout if due is None else max(0.0, min(timeout, due)))
         except KafkaException as exc:
             err = kafka_error(exc)
-            if self._open:
+            if self._open.parcels:
                 raise self._failed(err, self._while_waiting) from exc
             raise translate(err, self._attempt("poll")) from exc
         self._advance(self._while_waiting)
@@ -434,35 +411,38 @@ class TransactionalPublisher(LibrdkafkaProducer):
         """The loop waits for every parcel: commit everything now (the commit in flight, the
         parcels waiting for it, the open transaction; commit_transaction flushes what linger.ms
         holds back), serving the heartbeat every slice, then serve what is due."""
-        while self._committing is not None or self._open:
-            if self._committing is None:
-                self._start_commit(self._while_waiting)
-            self._await_commit(WAIT_SLICE_S)
-            if self._committing is not None:
-                self._while_waiting()
+        self._commit_everything(self._while_waiting)
         self.poll(0)
 
     def close(self) -> None:
         """Stop a commit in flight from retrying and wait for it briefly, abort a transaction left
         open (best effort: the next leader's `init_transactions` aborts it anyway, or the broker
         after `transaction.timeout.ms`), drop anything queued. A commit that still lands is
-        safe: the offsets record it carries is where the next leader resumes."""
-        self._closing.set()
-        if self._committing is not None:
-            wait_for([self._committing], 2.0)
-            if self._committing.done():
-                self._committing = None
-        if self._in_transaction and not self._unusable and self._committing is None:
+        safe: the offsets record it carries is where the next leader resumes. A commit still
+        running after the wait keeps the producer (the commit thread ends at its next attempt)."""
+        busy = self._committer.busy
+        if not self._committer.close(CLOSE_WAIT_S):
+            log.debug("a commit still runs on close: its thread ends after its attempt")
+            return
+        committed = busy and self._took_commit()
+        if self._open.begun and not committed and not self._unusable:
             try:
-                self._producer.abort_transaction(2.0)
+                self._producer.abort_transaction(CLOSE_WAIT_S)
             except KafkaException as exc:
                 log.debug("could not abort the open transaction on close: %s", exc)
-        self._in_transaction = False
-        self._open, self._open_events, self._open_bytes = [], 0, 0
-        self._next.clear()
-        self._commits.shutdown(wait=False)
+        self._open = OpenTransaction()
+        self._waiting.take_all()
         try:
             self._producer.purge(in_queue=True, in_flight=True)
             self._producer.flush(0)
         except KafkaException:
             pass
+
+    def _took_commit(self) -> bool:
+        """Take the ended commit's outcome on close: whether it committed."""
+        try:
+            self._committer.take()
+        except KafkaException as exc:
+            log.debug("the commit in flight on close failed: %s", exc)
+            return False
+        return True

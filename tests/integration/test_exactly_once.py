@@ -6,18 +6,25 @@ The kill, zombie and broker tests of this mode are in tests/faults/test_exactly_
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import subprocess
 import sys
+import threading
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from relay.commands.tail import tail
 from relay.core.errors import PoisonEventError
+from relay.core.message import OutgoingMessage
+from relay.core.positions import Checkpoint, Grant
+from relay.core.window import Parcel
+from relay.kafka.committer import Committer
 from relay.kafka.offsets_record import transactional_id
 from relay.kafka.offsets_topic import OffsetsTopic
+from relay.kafka.transactions import TransactionalPublisher
 from relay.outbox import Outbox, OutboxEvent
 from tests.faults.test_outbox_faults import _incompressible, _limit_topic
 from tests.support.leases import CheckpointWatcher, lease_doc
@@ -68,6 +75,54 @@ def test_every_event_is_published_once_and_its_token_committed_to_the_compacted_
     assert record.token["_data"] >= max(r.position for r in records), "the record covers every event"
     assert doc["resumeToken"]["_data"] >= record.token["_data"], "the MongoDB checkpoint is stored after it"
     assert doc["delivery"] == "exactly-once" and record.owner == settings.instance_id
+
+
+def test_a_parcel_is_acknowledged_only_once_the_loop_saw_its_transactions_commit_end(env, monkeypatch):
+    """The publisher's invariant, in process on the real broker: the commit thread is held after
+    its flush (every report of the transaction served, EndTxn not sent), as tests/faults/slow_commit.py
+    holds it. Meanwhile the loop polls on and hands the next parcel over (it waits, not produced):
+    neither is acknowledged, and read_committed sees nothing. Once the commit ends, the loop's next
+    poll releases the first parcel, acknowledged, and the second begins the next transaction."""
+    held, release = threading.Event(), threading.Event()
+    commit = Committer._run
+
+    def held_after_flush(self: Committer) -> None:
+        self._producer.flush(30)
+        held.set()
+        assert release.wait(60), "never released"
+        commit(self)
+
+    monkeypatch.setattr(Committer, "_run", held_after_flush)
+    topic, bootstrap = env.topic(), env.servers.kafka_bootstrap
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    kafka = eos(env, transaction_max_events=1).parts().kafka  # each parcel a transaction of its own
+    offsets = OffsetsTopic(kafka)
+    offsets.ensure()
+    publisher = TransactionalPublisher(kafka, f"{env.settings.namespace}.invariant", offsets, "fingerprint")
+    first, second = (
+        Parcel([-1], [OutgoingMessage(f"e{n}", topic, b"k", f"v{n}".encode(), [])], {"_data": f"0{n}"}, 0.0)
+        for n in (1, 2)
+    )
+    try:
+        publisher.fence(Grant("me", 1, dt.datetime.now(dt.UTC), Checkpoint(None, None, None)), lambda: None)
+        publisher.send(first, lambda: None)  # the bound of one event: its commit starts
+        assert held.wait(60), "the commit never started"
+        publisher.send(second, lambda: None)  # waits for that commit
+        for _ in range(5):
+            publisher.poll(0.05)
+        assert not first.done and not second.done, "nothing is acknowledged before its commit ended"
+        assert first.pending == 1 and first.failure is None, "every report in, the transaction's end held back"
+        assert read_messages(bootstrap, topic, timeout=10) == [], "read_committed sees nothing yet"
+        release.set()
+        wait_until(lambda: publisher.poll(0.05) or first.done, 60, "the loop to see the commit end")
+        assert first.acknowledged
+        publisher.drain(30)
+        assert second.acknowledged
+    finally:
+        release.set()
+        publisher.close()
+    assert [m.value() for m in read_messages(bootstrap, topic, timeout=10)] == [b"v1", b"v2"]
 
 
 def test_an_offsets_topic_that_is_not_compacted_is_refused_naming_the_setting(env):
