@@ -8,6 +8,8 @@ are listed under `outboxes`. `checkpointIntervalMs` is RELAY_CHECKPOINT_INTERVAL
 stored at most that often, so after a crash the events of about that long (plus what was in flight)
 are published again (`duplicateWindow`). `sharedTopics` lists the outboxes the topic template routes
 to the same topics (an aggregate type two of them use lands on one topic: relay.avro.shared_topics).
+`broker` names where events are published (RELAY_BROKER) and its address: Kafka's bootstrap
+servers, or NATS's servers and the JetStream stream (credentials masked).
 `checkpoint reset` resets one
 outbox's leases (every partition's), named with `--outbox` when there are several.
 """
@@ -34,6 +36,14 @@ def _stores(settings: Settings, client: Any, namespace: Namespace) -> list[Lease
     return [LeaseDocument(leases, Scope(namespace, p).lease_id) for p in partitions(settings.partitions)]
 
 
+def broker_of(settings: Settings) -> dict[str, Any]:
+    """Where the relay publishes, as `status` shows it (credentials masked)."""
+    parts = settings.parts()
+    if parts.broker == "nats":
+        return {"name": "nats", "servers": str(parts.nats.servers), "stream": parts.nats.stream}
+    return {"name": "kafka", "bootstrapServers": str(parts.kafka.bootstrap_servers)}
+
+
 def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
     """Each outbox's leases (holder, fencing token, expiry), checkpoints and their lag, and every
     replica with the leases it leads (the module docstring); `outbox` picks one."""
@@ -51,6 +61,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
     outboxes = {str(n): _outbox_status(n, docs, group.partitions, holders) for n, docs in shown.items()}
     interval, count = settings.checkpoint_interval_ms, settings.checkpoint_max_events
     common = {
+        "broker": broker_of(settings),
         "checkpointIntervalMs": interval,
         "checkpointMaxEvents": count,
         "duplicateWindow": (

@@ -20,69 +20,18 @@ cannot be decoded is printed with an `error` and its bytes in base64; tail goes 
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import datetime as dt
 import json
-import math
 import sys
 import uuid
-from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any, TextIO
 
-from relay.avro.contract import ENVELOPE
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
+from relay.commands.message_json import decoded_into, text_of, to_json
 from relay.config import Settings
-from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
 from relay.core.redact import emit
 from relay.kafka.acls import TAIL_GROUP_PREFIX
-
-
-def to_json(value: Any) -> Any:
-    """A decoded Avro value as JSON-ready data (exact: decimals and big numbers stay exact)."""
-    if isinstance(value, Mapping):
-        return {str(k): to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
-    if isinstance(value, dt.datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-        return moment.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return format(value, "f")
-    if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(bytes(value)).decode()
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
-
-
-def _payload_json(schema: str, record: dict[str, Any]) -> dict[str, Any]:
-    if schema == ENVELOPE and isinstance(record.get("payload"), str):
-        with contextlib.suppress(ValueError):
-            record = {**record, "payload": json.loads(record["payload"])}
-    return record
-
-
-def _text(raw: bytes | None) -> str | None:
-    return None if raw is None else raw.decode("utf-8", errors="backslashreplace")
-
-
-def trace_of(headers: dict[str, Any]) -> dict[str, Any] | None:
-    """The W3C trace context a message carries (`traceparent`: version-traceId-spanId-flags)."""
-    parent = headers.get("traceparent")
-    if not isinstance(parent, str):
-        return None
-    parts = parent.split("-")
-    trace: dict[str, Any] = {"traceparent": parent, "tracestate": headers.get("tracestate")}
-    if len(parts) >= 4:
-        trace.update(traceId=parts[1], spanId=parts[2], flags=parts[3])
-    return trace
 
 
 def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
@@ -93,28 +42,10 @@ def render(msg: Any, decoder: MessageDecoder) -> dict[str, Any]:
         "partition": msg.partition(),
         "offset": msg.offset(),
         "timestamp": to_json(dt.datetime.fromtimestamp(millis / 1000, dt.UTC)) if millis > 0 else None,
-        "key": _text(msg.key()),
-        "headers": {k: _text(v) for k, v in (msg.headers() or [])},
+        "key": text_of(msg.key()),
+        "headers": {k: text_of(v) for k, v in (msg.headers() or [])},
     }
-    line["trace"] = trace_of(line["headers"])
-    value = msg.value()
-    if value is None:
-        line["value"] = None
-        return line
-    try:
-        decoded = decoder.decode(value, msg.topic())
-    except (ValueError, SchemaRegistryUnavailableError, SchemaRegistryRefusedError) as exc:
-        # tail shows what it cannot decode, registry outages included, and goes on
-        line["error"] = str(exc)
-        line["valueBase64"] = base64.b64encode(value).decode()
-        return line
-    line.update(
-        framing=decoded.framing,
-        schema=decoded.schema,
-        schemaRef=decoded.schema_ref,
-        value=to_json(_payload_json(decoded.schema, decoded.record)),
-    )
-    return line
+    return decoded_into(line, msg.value(), msg.topic(), decoder)
 
 
 ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
@@ -155,7 +86,14 @@ def tail(
     With `outbox` (one of RELAY_OUTBOXES) only that outbox's events: those whose `ce_source` header
     is its CloudEvents source (RELAY_CE_SOURCE, when set, is every outbox's: then it filters
     nothing). An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a
-    refused ACL PermissionDeniedError (exit 2), naming the topic or group and the operation."""
+    refused ACL PermissionDeniedError (exit 2), naming the topic or group and the operation.
+    With RELAY_BROKER=nats, `topic` is a subject (wildcards allowed) of RELAY_NATS_STREAM
+    (relay.commands.tail_nats)."""
+    if settings.parts().broker == "nats":
+        from relay.commands.tail_nats import tail_subject
+
+        return tail_subject(settings, topic, from_beginning=from_beginning, last=last, follow=follow,
+                            max_messages=max_messages, out=out, decoder=decoder, registry=registry, outbox=outbox)  # fmt: skip
     from confluent_kafka import Consumer
 
     from relay.kafka.admin import check_kafka

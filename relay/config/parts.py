@@ -185,6 +185,7 @@ def _observer(s: Settings, timing: LeaseTiming) -> ObserverConfig:
         max_await_ms=s.max_await_ms,
     )
     return ObserverConfig(
+        broker=s.broker,
         instance_id=s.instance_id,
         outboxes=s.outbox_namespaces,
         http_port=s.http_port,

@@ -27,7 +27,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from relay.avro.folder import SchemaFolder
-from relay.commands.tail import to_json
+from relay.commands.message_json import to_json
 from relay.config import Settings
 from relay.inbox import Inbox, InboxEvent
 from relay.outbox import FieldNames, Outbox, OutboxEvent

@@ -47,6 +47,7 @@ class ObserverConfig:
     partitions: int
     health: HealthConfig
     http_host: str  # the address the HTTP server binds (RELAY_HTTP_HOST)
+    broker: str  # RELAY_BROKER: the `broker` label of the publishing series
 
     def __post_init__(self) -> None:
         if not self.http_host.strip():

@@ -186,9 +186,10 @@ class RelayMetrics:
     """The series of one relay process, in their own registry (see the module docstring);
     `loop()` gives each loop its view."""
 
-    def __init__(self, replica: str, outboxes: Sequence[str], partitions: int) -> None:
+    def __init__(self, replica: str, outboxes: Sequence[str], partitions: int, broker: str = "kafka") -> None:
         self.registry = r = CollectorRegistry()
         self.lease_labels = label_names(partitions)
+        self.broker = broker  # the `broker` label of every series about publishing (RELAY_BROKER)
         self._published_series(r)
         self._lease_series(r)
         self._outcome_series(r)
@@ -201,43 +202,51 @@ class RelayMetrics:
             registry=r,
         )
         # `replica`, not `instance`: Prometheus sets `instance` to the scraped target.
-        Info("relay", "This relay: replica (RELAY_INSTANCE_ID), outbox(es), version, partitions", registry=r).info(
-            {"replica": replica, "outbox": ",".join(outboxes), "version": _version(), "partitions": str(partitions)}
+        Info(
+            "relay", "This relay: replica (RELAY_INSTANCE_ID), outbox(es), version, partitions, broker", registry=r
+        ).info(
+            {
+                "replica": replica,
+                "outbox": ",".join(outboxes),
+                "version": _version(),
+                "partitions": str(partitions),
+                "broker": broker,
+            }
         )
         prometheus_client.ProcessCollector(registry=r)
 
     def _published_series(self, r: CollectorRegistry) -> None:
-        """What Kafka acknowledged, by outbox."""
+        """What the broker acknowledged, by outbox (and `broker`: RELAY_BROKER)."""
         self.events = Counter(
             "relay_events_published",
-            "Events acknowledged by Kafka, by outbox and topic",
-            ["outbox", "topic"],
+            "Events acknowledged by the broker, by outbox and topic (a NATS subject, a RabbitMQ routing key)",
+            ["outbox", "topic", "broker"],
             registry=r,
         )
         self.bytes = Counter(
             "relay_bytes_published",
-            "Message value bytes acknowledged by Kafka, by outbox and topic",
-            ["outbox", "topic"],
+            "Message value bytes acknowledged by the broker, by outbox and topic",
+            ["outbox", "topic", "broker"],
             registry=r,
         )
         self.batch_seconds = Histogram(
             "relay_batch_seconds",
-            "From handing a batch to the producer until Kafka acknowledged all of it, by outbox",
-            ["outbox"],
+            "From handing a batch to the producer until the broker acknowledged all of it, by outbox",
+            ["outbox", "broker"],
             registry=r,
         )
         self.latency = BatchHistograms(
             "relay_delivery_latency_seconds",
-            "Per event: from its commit in MongoDB (change event wallTime) to Kafka's acknowledgement, by outbox",
-            ["outbox"],
+            "Per event: from its commit in MongoDB (change event wallTime) to the broker's acknowledgement, by outbox",
+            ["outbox", "broker"],
             LATENCY_BUCKETS,
             r,
         )
         self.own_latency = BatchHistograms(
             "relay_read_to_ack_seconds",
-            "Per event: from the relay reading its change to Kafka's "
+            "Per event: from the relay reading its change to the broker's "
             "acknowledgement (the relay's own share of the latency), by outbox",
-            ["outbox"],
+            ["outbox", "broker"],
             OWN_LATENCY_BUCKETS,
             r,
         )
@@ -246,7 +255,7 @@ class RelayMetrics:
         """The series about one lease (`lease_labels`)."""
         by = self.lease_labels
         of = ", by " + " and ".join(by)
-        self.batches = Counter("relay_batches", f"Batches acknowledged by Kafka{of}", by, registry=r)
+        self.batches = Counter("relay_batches", f"Batches acknowledged by the broker{of}", [*by, "broker"], registry=r)
         self.checkpoint_time = Gauge(
             "relay_checkpoint_cluster_time_seconds",
             f"Cluster time of the last checkpoint this replica stored (Unix seconds){of}",
@@ -264,7 +273,10 @@ class RelayMetrics:
             "relay_fencing_token", f"Fencing token of the held lease (0 when not held){of}", by, registry=r
         )
         self.producer_queue = ScrapeTimeGauge(
-            "relay_producer_queue_messages", f"Messages in the producer awaiting a delivery report{of}", by, r
+            "relay_producer_queue_messages",
+            f"Messages in the producer awaiting the broker's acknowledgement{of}",
+            [*by, "broker"],
+            r,
         )
 
     def _outcome_series(self, r: CollectorRegistry) -> None:
@@ -313,11 +325,13 @@ class LoopMetrics:
     ) -> None:
         outbox, self._lease = str(scope.namespace), scope.labels
         self.registry = metrics.registry
-        self._outbox = outbox
+        self._outbox, broker = outbox, metrics.broker
+        self._broker = broker
         self._events, self._bytes = metrics.events, metrics.bytes
-        self.batch_seconds = metrics.batch_seconds.labels(outbox)
-        self.latency, self.own_latency = metrics.latency.labels(outbox), metrics.own_latency.labels(outbox)
-        self.batches = metrics.batches.labels(*self._lease)
+        self.batch_seconds = metrics.batch_seconds.labels(outbox, broker)
+        self.latency = metrics.latency.labels(outbox, broker)
+        self.own_latency = metrics.own_latency.labels(outbox, broker)
+        self.batches = metrics.batches.labels(*self._lease, broker)
         self.checkpoint_time = metrics.checkpoint_time.labels(*self._lease)
         self.lease_held = metrics.lease_held.labels(*self._lease)
         self.fencing = metrics.fencing.labels(*self._lease)
@@ -325,7 +339,7 @@ class LoopMetrics:
         self.dead_letters = metrics.dead_letters.labels(*self._lease)
         self.resumes = metrics.resumes.labels(*self._lease)
         metrics.checkpoint_lag.add(self._lease, checkpoint_lag)
-        metrics.producer_queue.add(self._lease, queued)
+        metrics.producer_queue.add([*self._lease, broker], queued)
         self._topics: dict[str, tuple[Any, Any]] = {}
         self._labels = dict(zip(metrics.lease_labels, self._lease, strict=True))
 
@@ -352,8 +366,8 @@ class LoopMetrics:
             children = self._topics.get(topic)
             if children is None:
                 children = self._topics[topic] = (
-                    self._events.labels(self._outbox, topic),
-                    self._bytes.labels(self._outbox, topic),
+                    self._events.labels(self._outbox, topic, self._broker),
+                    self._bytes.labels(self._outbox, topic, self._broker),
                 )
             children[0].inc(count)
             children[1].inc(size)

@@ -291,7 +291,7 @@ class ProcessObserver:
 
     def __init__(self, config: ObserverConfig) -> None:
         self.config = config
-        self.metrics = RelayMetrics(config.instance_id, config.outboxes, config.partitions)
+        self.metrics = RelayMetrics(config.instance_id, config.outboxes, config.partitions, config.broker)
         self.health = Health(config.health)
         self.loops: dict[Scope, ScopeObserver] = {}
         self.summary_every_s = SUMMARY_EVERY_S

@@ -78,3 +78,30 @@ def test_exactly_once_refuses_a_duplicate_window_shorter_than_the_longest_republ
         assert "duplicate window (10 s)" in str(relay.error) and "(10.3 s" in str(relay.error)
     else:
         assert relay.error is None
+
+
+def test_tail_prints_a_subjects_messages_decoded_and_status_names_the_broker_and_the_stream(nenv):
+    import io
+    import json
+
+    from relay.commands.status import status
+    from relay.commands.tail import tail
+
+    written = write_events(nenv.db, nenv.settings.outbox_collection, total=30, writers=1)
+    with RelayThread(nenv.settings) as relay:
+        _published(nenv, written)
+    assert relay.error is None
+    out = io.StringIO()
+    assert tail(nenv.settings, f"t{nenv.tag}.event.*", last=5, out=out) == 0
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == 5 and [x["sequence"] for x in lines] == list(range(26, 31))
+    last = lines[-1]
+    assert last["subject"] == nenv.subject() and last["stream"] == nenv.stream
+    assert last["key"] == last["headers"]["relay_aggregate_id"] and last["value"]["id"] == last["headers"]["ce_id"]
+    assert last["schema"] == "io.outboxrelay.v1.OutboxEvent"
+    out = io.StringIO()
+    assert tail(nenv.settings, ">", from_beginning=True, max_messages=7, out=out) == 0
+    assert len(out.getvalue().splitlines()) == 7
+    assert tail(nenv.settings.replace(nats_stream="NOPE"), ">", out=io.StringIO()) == 2
+    shown = status(nenv.settings)
+    assert shown["broker"] == {"name": "nats", "servers": nenv.server.url, "stream": nenv.stream}
