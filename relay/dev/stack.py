@@ -468,16 +468,41 @@ def _dev_dir() -> Path:
     return cache_dir() / "devstack"
 
 
+def _ports_file() -> Path:
+    """The ports the folder's stack last listened on, kept by `dev down` (its data is not)."""
+    return _dev_dir() / "ports.json"
+
+
+def _remembered() -> dict[str, Any]:
+    try:
+        remembered = json.loads(_ports_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return remembered if isinstance(remembered, dict) else {}
+
+
+def _remember(**ports: Any) -> None:
+    _ports_file().parent.mkdir(parents=True, exist_ok=True)
+    _ports_file().write_text(json.dumps(_remembered() | ports, indent=2))
+
+
 def dev_up(schema_registry: bool = False) -> dict[str, Any]:
     """Start a detached local stack (or report the running one); return its addresses.
     `schema_registry`: also a Schema Registry (relay.dev.registry), added to a running stack
-    that lacks one.
+    that lacks one. JavaMissingError (exit 2) before anything is fetched, stopped or started when
+    the machine has no Java 17+.
 
-    Invariant: the stack starts in an empty folder. A replica set's configuration names its
-    members' host:port, and the ports are picked afresh, so data left by an earlier stack (one
-    that crashed, or a `dev down` that could not finish) would never elect a primary; it is
-    stopped by pid and discarded first.
+    Invariants:
+    - the stack starts with no data. A replica set's configuration names its members' host:port,
+      so data left by an earlier stack (one that crashed, or a `dev down` that could not finish)
+      might never elect a primary; it is stopped by pid and discarded first;
+    - the stack of one cache folder listens on the ports it listened on before (remembered in
+      the stack's folder, `ports.json`, which `dev down` keeps), each unless another process
+      holds it: then on a fresh one, remembered in turn. Each port is reserved
+      (relay.dev.ports) and its lock inherited by its server, so it stays reserved while the
+      detached server runs.
     """
+    java("the Kafka broker")  # before anything is fetched, stopped or started
     current = dev_status()
     if current.get("running") and (current.get("schema_registry") or not schema_registry):
         return current
@@ -485,23 +510,39 @@ def dev_up(schema_registry: bool = False) -> dict[str, Any]:
         state = {k: v for k, v in current.items() if k != "running"}
     else:
         dev_down()
-        stack = LocalStack(_dev_dir())
-        stack.start()
-        for process in [*stack.mongo.processes, stack.kafka.process]:
-            if process is not None:
-                process.detach()  # the detached stack outlives this command (relay.dev.reaper)
-        state = stack.state()
-        _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
+        state = _start_detached()
     if schema_registry:
-        from relay.dev.registry import SchemaRegistryServer
-
-        registry = SchemaRegistryServer(_dev_dir() / "schema-registry")
-        registry.start()
-        if registry.process is not None:
-            registry.process.detach()
-        state["schema_registry"] = registry.state()
+        state["schema_registry"] = _start_detached_registry()
     _state_file().write_text(json.dumps(state, indent=2))
     return {"running": True, **state}
+
+
+def _start_detached() -> dict[str, Any]:
+    """Start the stack on its remembered ports (where free), detached; its state, saved."""
+    remembered = _remembered()
+    stack = LocalStack(_dev_dir())
+    stack.mongo.ports = [int(p) for p in remembered.get("mongodb", [])]
+    stack.kafka.port = int(remembered.get("kafka", 0))
+    stack.kafka.controller_port = int(remembered.get("kafka_controller", 0))
+    stack.start()
+    for process in [*stack.mongo.processes, stack.kafka.process]:
+        if process is not None:
+            process.detach()  # the detached stack outlives this command (relay.dev.reaper)
+    state = stack.state()
+    _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
+    _remember(mongodb=stack.mongo.ports, kafka=stack.kafka.port, kafka_controller=stack.kafka.controller_port)
+    return state
+
+
+def _start_detached_registry() -> dict[str, Any]:
+    from relay.dev.registry import SchemaRegistryServer
+
+    registry = SchemaRegistryServer(_dev_dir() / "schema-registry", port=int(_remembered().get("schema_registry", 0)))
+    registry.start()
+    if registry.process is not None:
+        registry.process.detach()
+    _remember(schema_registry=registry.port)
+    return registry.state()
 
 
 def dev_status() -> dict[str, Any]:
@@ -516,10 +557,11 @@ def dev_status() -> dict[str, Any]:
 
 
 def dev_down() -> dict[str, Any]:
-    """Stop the detached stack by the process ids in its state file, and delete its data."""
+    """Stop the detached stack by the process ids in its state file, and delete its data (its
+    remembered ports stay: the next `dev up` wants them again)."""
     path = _state_file()
     if not path.exists():
-        shutil.rmtree(_dev_dir(), ignore_errors=True)
+        _discard_data()
         return {"running": False, "stopped": []}
     state = json.loads(path.read_text())
     stopped = []
@@ -531,9 +573,21 @@ def dev_down() -> dict[str, Any]:
             proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
             proc.stop()
             stopped.append(name)
-    shutil.rmtree(_dev_dir(), ignore_errors=True)
+    _discard_data()
     path.unlink()
     return {"running": False, "stopped": stopped}
+
+
+def _discard_data() -> None:
+    """Delete everything in the stack's folder but its remembered ports."""
+    folder = _dev_dir()
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        elif child != _ports_file():
+            child.unlink(missing_ok=True)
 
 
 def _is_ours(pid: int) -> bool:
