@@ -23,6 +23,7 @@ import pytest
 
 from relay.dev import ports
 from relay.dev.errors import PortTakenError
+from relay.dev.processes import spawn
 from relay.dev.stack import QUICK_START_JVM, KafkaBroker, MongoReplicaSet
 
 _LISTEN = ("import socket, sys, time\n"
@@ -40,7 +41,7 @@ def another_process_listening() -> Iterator[int]:
     (reservation,) = ports.reserve(1)
     port = reservation.port
     reservation.release()
-    holder = subprocess.Popen([sys.executable, "-c", _LISTEN, str(port)], stdout=subprocess.PIPE, text=True)
+    holder = spawn([sys.executable, "-c", _LISTEN, str(port)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "listening"
         yield port
@@ -110,7 +111,7 @@ def test_a_restarted_replica_set_whose_port_was_taken_fails_with_one_line_naming
     rs.start()
     rs.stop()  # its ports go back to the machine
     (port,) = rs.ports
-    holder = subprocess.Popen([sys.executable, "-c", _LISTEN, str(port)], stdout=subprocess.PIPE, text=True)
+    holder = spawn([sys.executable, "-c", _LISTEN, str(port)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "listening"
         with pytest.raises(PortTakenError) as taken:

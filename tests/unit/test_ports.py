@@ -17,7 +17,7 @@ import pytest
 
 from relay.dev import ports
 from relay.dev.errors import JavaMissingError, PortTakenError
-from relay.dev.processes import ManagedProcess, bind_failure, java, start_on_free_ports
+from relay.dev.processes import ManagedProcess, bind_failure, java, spawn, start_on_free_ports
 from tests.support.paths import ROOT
 
 
@@ -88,7 +88,7 @@ def test_processes_reserving_the_same_ports_at_once_never_share_one():
     for reservation in picked:  # let go: numbers the reservers now race for
         reservation.release()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [subprocess.Popen([sys.executable, "-c", _RESERVER, json.dumps(wanted)], stdin=subprocess.PIPE,
+    procs = [spawn([sys.executable, "-c", _RESERVER, json.dumps(wanted)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT) for _ in range(4)]
     try:
         for proc in procs:
@@ -210,7 +210,7 @@ def test_java_missing_or_too_old_is_one_line_with_exit_code_2(tmp_path, monkeypa
 
 def test_held_ports_last_until_the_process_exits():
     code = "from relay.dev import ports; print(ports.held_port(), flush=True); import time; time.sleep(120)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+    proc = spawn([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     try:
         port = int(proc.stdout.readline())
