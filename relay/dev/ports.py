@@ -46,6 +46,7 @@ import os
 import random
 import socket
 import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -103,6 +104,7 @@ class Reservation:
     def __init__(self, port: int, fd: int) -> None:
         self.port = port
         self._fd: int | None = fd
+        _live.add(self)
 
     @property
     def held(self) -> bool:
@@ -127,6 +129,18 @@ class Reservation:
 
     def __repr__(self) -> str:
         return f"Reservation({self.port}, {'held' if self.held else 'released'})"
+
+
+# Every reservation of this process not yet released: released at exit, so their lock files go
+# too (a process that is killed leaves its files behind; the next reservation of the port reuses
+# and deletes them).
+_live: weakref.WeakSet[Reservation] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_live() -> None:
+    for reservation in list(_live):
+        reservation.release()
 
 
 def _lock_dir() -> Path:
@@ -292,14 +306,5 @@ def held_port() -> int:
     and for an address nothing must answer on."""
     reservation = reserve(1)[0]
     with _kept_lock:
-        if not _kept:
-            atexit.register(_release_kept)
         _kept.append(reservation)
     return reservation.port
-
-
-def _release_kept() -> None:
-    with _kept_lock:
-        for reservation in _kept:
-            reservation.release()
-        _kept.clear()

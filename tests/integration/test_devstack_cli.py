@@ -153,3 +153,10 @@ def test_dev_up_without_java_exits_2_in_one_line_before_fetching_or_starting_any
     assert proc.stderr == ("outbox-relay: JavaMissingError: Java 17 or newer is needed to run the Kafka broker: "
                            "no `java` on PATH (install a JDK, or set JAVA_HOME)\n")
     assert list(cache.iterdir()) == [], "nothing fetched, no stack folder, no state"
+
+
+def test_dev_status_as_env_lines_without_a_running_stack_prints_nothing_to_eval_and_exits_3(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "relay", "dev", "status", "--format", "env"], env=_environ(tmp_path),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (3, "")
+    assert proc.stderr == "outbox-relay dev status: no dev stack is running (outbox-relay dev up)\n"
