@@ -15,7 +15,9 @@ import argparse
 import multiprocessing
 import os
 import random
+import signal
 import socket
+import sys
 import threading
 import time
 
@@ -67,6 +69,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500, help="connections per second, all churners together")
     parser.add_argument("--squat", action="store_true", help="also bind random ports from 10000 up for a moment")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SIGTERM ends the spinners too (finally)
     until = time.monotonic() + args.seconds
     spinners = [multiprocessing.Process(target=_spin, args=(until,), daemon=True) for _ in range(args.spinners)]
     for spinner in spinners:
