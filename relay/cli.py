@@ -25,7 +25,7 @@ from relay import __version__
 from relay import config as cfg
 from relay.commands.replay_plan import REPLAY_HELP
 from relay.commands.replay_plan import add_arguments as add_replay
-from relay.core.errors import EXIT_CONFIG, EXIT_FATAL
+from relay.core.errors import EXIT_CONFIG, EXIT_FATAL, EXIT_UNREACHABLE
 from relay.core.redact import emit
 from relay.ops.exits import run_command
 
@@ -57,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
         "--schema-registry",
         action="store_true",
         help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
+    )
+    dev.add_argument(
+        "--format",
+        choices=["text", "json", "env"],
+        default="text",
+        help="text: the JSON, then (up) the export lines; json: the JSON only; "
+        'env (up, status): only the export lines, for eval "$(outbox-relay dev up --format env)"',
     )
     _add_outbox(sub.add_parser("outbox", parents=[settings], help="outbox collection tasks"))
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
@@ -160,7 +167,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(missing, file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "dev":
-        return _dev(args.action, args.schema_registry)
+        return _dev(args.action, args.schema_registry, args.format)
     if args.command == "pipeline":
         from relay.spark.pipeline import main as pipeline
 
@@ -268,9 +275,12 @@ def _run(settings: cfg.Settings) -> int:
     return 0
 
 
-def _dev(action: str, schema_registry: bool = False) -> int:
+def _dev(action: str, schema_registry: bool = False, fmt: str = "text") -> int:
     from relay.dev import stack as devstack
 
+    if fmt == "env" and action not in ("up", "status"):
+        print(f"outbox-relay dev {action}: --format env goes with up or status", file=sys.stderr)
+        return EXIT_CONFIG
     if action == "fetch":
         print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
         mongod = devstack.default_mongod()
@@ -284,15 +294,32 @@ def _dev(action: str, schema_registry: bool = False) -> int:
         result = devstack.dev_up(schema_registry=schema_registry)
     else:
         result = {"down": devstack.dev_down, "status": devstack.dev_status}[action]()
+    if fmt == "env":
+        if not result.get("running"):
+            print("outbox-relay dev status: no dev stack is running (outbox-relay dev up)", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        print("\n".join(_exports(result)))
+        return 0
     print(json.dumps(result, indent=2))
-    if action == "up":
-        print(
-            f"\nexport RELAY_MONGODB_URI='{result['mongodb']['uri']}'\n"
-            f"export RELAY_KAFKA_BOOTSTRAP_SERVERS='{result['kafka']['bootstrap_servers']}'"
-        )
-        if "schema_registry" in result:
-            print(f"export RELAY_SCHEMA_REGISTRY_URL='{result['schema_registry']['url']}'")
+    if action == "up" and fmt == "text":
+        print("\n" + "\n".join(_exports(result)))
     return 0
+
+
+def _exports(stack: dict[str, Any]) -> list[str]:
+    """`export` lines for the stack's addresses, each value single-quoted for a POSIX shell."""
+    values = {
+        "RELAY_MONGODB_URI": stack["mongodb"]["uri"],
+        "RELAY_KAFKA_BOOTSTRAP_SERVERS": stack["kafka"]["bootstrap_servers"],
+    }
+    if "schema_registry" in stack:
+        values["RELAY_SCHEMA_REGISTRY_URL"] = stack["schema_registry"]["url"]
+    return [f"export {name}={_single_quoted(value)}" for name, value in values.items()]
+
+
+def _single_quoted(value: str) -> str:
+    """`value` as one POSIX shell word: in single quotes, each quote in it closed, escaped, reopened."""
+    return "'" + value.replace("'", "'\\''") + "'"
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
 """Fixtures: real servers for the session, a fresh database and topic prefix per test.
 
 Servers: by default a local stack (mongod replica set + Kafka broker) started for the session
-in a temporary folder and stopped by process id at the end. With RELAY_TEST_MONGODB_URI and
-RELAY_TEST_KAFKA_BOOTSTRAP set, those servers are used instead. With RELAY_TEST_DOCKER=1 (and a
-Docker API at DOCKER_HOST), testcontainers start them (tests/docker_servers.py).
+in a temporary folder, on reserved ports outside the ephemeral range (relay.dev.ports), and
+stopped by process id at the end. With RELAY_TEST_MONGODB_URI and RELAY_TEST_KAFKA_BOOTSTRAP set,
+those servers are used instead. With RELAY_TEST_DOCKER=1 (and a Docker API at DOCKER_HOST),
+testcontainers start them (tests/docker_servers.py). The first test that needs them starts them;
+a start that fails fails that test with one line and the next test tries again, twice at most,
+after which the worker's later tests fail at once with that line (tests/support/servers.py,
+OnDemand): never one cached error for every test of the worker.
 
 A Schema Registry (Apicurio, Confluent API; relay.dev.registry) is started only for the tests
 that ask for the `schema_registry` fixture (the first run fetches it with Maven, about 110 MB);
@@ -27,7 +31,7 @@ import pytest
 
 from relay.config import Settings
 from tests.support.logs import CapturedLogs, captured_logs
-from tests.support.servers import Servers
+from tests.support.servers import OnDemand, Servers
 from tests.support.topics import close_admin_clients, release_kafka_clients
 
 # Loggers whose levels relay.ops.logs.setup_logging sets (the commands' and jobs' main() call it).
@@ -59,8 +63,8 @@ def _kafka_clients_closed() -> Iterator[None]:
     close_admin_clients()
 
 
-@pytest.fixture(scope="session")
-def servers() -> Iterator[Servers]:
+@contextlib.contextmanager
+def _session_servers() -> Iterator[Servers]:
     uri, bootstrap = os.environ.get("RELAY_TEST_MONGODB_URI"), os.environ.get("RELAY_TEST_KAFKA_BOOTSTRAP")
     if uri and bootstrap:
         yield Servers(uri, bootstrap, None)
@@ -68,18 +72,38 @@ def servers() -> Iterator[Servers]:
     if os.environ.get("RELAY_TEST_DOCKER") == "1":
         from tests.docker_servers import docker_servers
 
-        yield from docker_servers()
+        with contextlib.contextmanager(docker_servers)() as servers:
+            yield servers
         return
     from relay.dev.stack import QUICK_START_JVM, LocalStack
 
     stack = LocalStack.in_temp_dir(kafka_jvm_options=QUICK_START_JVM)
-    stack.start()
     try:
-        yield Servers(stack.mongo.uri, stack.kafka.bootstrap_servers, stack)
+        stack.start()  # a taken port is retried on fresh ones (relay.dev.ports); stops what it started if it fails
+        try:
+            yield Servers(stack.mongo.uri, stack.kafka.bootstrap_servers, stack)
+        finally:
+            release_kafka_clients()
+            stack.stop()
     finally:
-        release_kafka_clients()
-        stack.stop()
         shutil.rmtree(stack.base_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_servers() -> Iterator[OnDemand[Servers]]:
+    """The worker's MongoDB and Kafka, started by the first test that needs them (`servers`)."""
+    servers = OnDemand("MongoDB and Kafka", _session_servers)
+    try:
+        yield servers
+    finally:
+        servers.close()
+
+
+@pytest.fixture
+def servers(session_servers: OnDemand[Servers]) -> Servers:
+    """The session's servers: a start that fails fails this test with one line, and the next
+    test tries again, twice at most (tests/support/servers.py, OnDemand)."""
+    return session_servers.get()
 
 
 @pytest.fixture(scope="session")
@@ -111,20 +135,31 @@ class Registry:
     server: Any  # relay.dev.registry.SchemaRegistryServer, or None for RELAY_TEST_SCHEMA_REGISTRY_URL
 
 
-@pytest.fixture(scope="session")
-def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+@contextlib.contextmanager
+def _session_registry(folder: Any) -> Iterator[Registry]:
     url = os.environ.get("RELAY_TEST_SCHEMA_REGISTRY_URL")
     if url:
         yield Registry(url, None)
         return
     from relay.dev.registry import SchemaRegistryServer
 
-    server = SchemaRegistryServer(tmp_path_factory.mktemp("schema-registry"))
-    server.start()
-    try:
+    with SchemaRegistryServer(folder()) as server:
         yield Registry(server.url, server)
+
+
+@pytest.fixture(scope="session")
+def session_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OnDemand[Registry]]:
+    """The worker's Schema Registry, started by the first test that asks for `schema_registry`."""
+    registry = OnDemand("the Schema Registry", lambda: _session_registry(lambda: tmp_path_factory.mktemp("schema-registry")))
+    try:
+        yield registry
     finally:
-        server.stop()
+        registry.close()
+
+
+@pytest.fixture
+def schema_registry(session_registry: OnDemand[Registry]) -> Registry:
+    return session_registry.get()
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 - `retrying(...)`: a `tenacity.Retrying` for a call that may fail for a while (a Kafka transaction
   call the broker answers "not yet", a topic the broker does not know yet, an inbox batch whose
   MongoDB transaction failed). `retry_on` decides which errors are retried; `give_up_after_s`
-  bounds the time spent, `until()` ends the retries when it turns true (a stop), and the last
+  bounds the time spent, `attempts` the number of calls, `until()` ends the retries when it turns true (a stop), and the last
   error is then raised as it is, or `gave_up(state)` decides; `wait` is tenacity's wait between
   attempts (none by default: most calls retried here block for a slice themselves);
   `before_wait(error, seconds)` runs before each wait, e.g. the lease heartbeat where a wait must
@@ -27,6 +27,7 @@ from tenacity import (
     Retrying,
     retry_always,
     retry_if_exception,
+    stop_after_attempt,
     stop_after_delay,
     stop_any,
     stop_never,
@@ -38,6 +39,7 @@ from tenacity.wait import wait_base
 def _policy(
     retry_on: Callable[[BaseException], bool],
     give_up_after_s: float | None,
+    attempts: int | None,
     until: Callable[[], bool] | None,
     wait: wait_base | None,
     before_wait: Callable[[BaseException, float], None] | None,
@@ -47,6 +49,8 @@ def _policy(
     stops: list[Any] = []
     if give_up_after_s is not None:
         stops.append(stop_after_delay(give_up_after_s))
+    if attempts is not None:
+        stops.append(stop_after_attempt(attempts))
     if until is not None:
         stops.append(lambda _state: until())
 
@@ -73,6 +77,7 @@ def retrying(
     retry_on: Callable[[BaseException], bool],
     *,
     give_up_after_s: float | None = None,
+    attempts: int | None = None,
     until: Callable[[], bool] | None = None,
     wait: wait_base | None = None,
     before_wait: Callable[[BaseException, float], None] | None = None,
@@ -82,7 +87,7 @@ def retrying(
     """A tenacity retrier: call it with the function and its arguments (`retrying(...)(f, *args)`).
     Errors `retry_on` refuses are raised as they are; so is the last error once it gives up, unless
     `gave_up` is given (its result is returned; it may raise)."""
-    return Retrying(sleep=sleep, **_policy(retry_on, give_up_after_s, until, wait, before_wait, gave_up))
+    return Retrying(sleep=sleep, **_policy(retry_on, give_up_after_s, attempts, until, wait, before_wait, gave_up))
 
 
 def retrying_async(
@@ -96,7 +101,7 @@ def retrying_async(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncRetrying:
     """`retrying` for a coroutine function: its waits are awaited with `sleep`."""
-    return AsyncRetrying(sleep=sleep, **_policy(retry_on, give_up_after_s, until, wait, before_wait, gave_up))
+    return AsyncRetrying(sleep=sleep, **_policy(retry_on, give_up_after_s, None, until, wait, before_wait, gave_up))
 
 
 class Backoff:

@@ -1,44 +1,97 @@
 """Server processes the dev stack and the tests start: started in their own session, signalled
 by process id only (never by name), waited for on loopback ports, and killed with the process
-that started them however it dies (relay.dev.reaper)."""
+that started them however it dies (relay.dev.reaper).
+
+A server's ports come from relay.dev.ports (reserved, outside the ephemeral range); a server that
+still finds one taken when it binds is started again on fresh ports (`start_on_free_ports`), and
+every failed start is one line naming the server's log."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
-from tenacity import wait_fixed
+from tenacity import RetryCallState, wait_fixed
 
-from relay.core.errors import Action, RelayError
 from relay.core.retry import retrying
-from relay.dev import reaper
+from relay.dev import ports, reaper
+from relay.dev.errors import DevStackError, JavaMissingError, PortTakenError
 
+__all__ = [
+    "DevStackError",
+    "JavaMissingError",
+    "ManagedProcess",
+    "PortTakenError",
+    "free_port",
+    "java",
+    "pause_pid",
+    "pid_alive",
+    "port_open",
+    "spawn",
+    "start_on_free_ports",
+    "wait_until",
+]
 
-class DevStackError(RelayError):
-    """Raised when a local server (mongod, Kafka, a Schema Registry) cannot be prepared or started."""
+PORT_TRIES = 3  # starts of one server on fresh ports before a taken port stops it
 
-    action = Action.STOP
+# What a server's log says when it cannot bind its port: mongod ("Error setting up listener ...
+# Address already in use"), Kafka ("Socket server failed to bind to 127.0.0.1:P: Address already
+# in use"), the JVM ("java.net.BindException"), Quarkus ("Port P seems to be in use").
+_BIND_FAILED = re.compile(r"Address already in use|[Ff]ailed to bind|BindException|Port \d+ seems to be in use")
+_ERROR_LINE = re.compile(r"error|exception|fatal|\"s\":\"[EF]\"", re.IGNORECASE)
 
 
 def free_port() -> int:
-    """A TCP port free on the loopback interface right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port reserved for this process until it exits, outside the ephemeral range
+    (relay.dev.ports.held_port): for a server started without a reservation of its own (a relay's
+    HTTP port, a Spark daemon) and for an address nothing must answer on."""
+    return ports.held_port()
 
 
 def port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def java(what: str = "the Kafka broker") -> str:
+    """The `java` the JVM servers run with: $JAVA_HOME/bin/java, else the one on PATH.
+    JavaMissingError (exit 2) when there is none, or it says it is older than 17."""
+    home = os.environ.get("JAVA_HOME")
+    found = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not found or not os.access(found, os.X_OK):
+        where = f"JAVA_HOME={home} holds no bin/java" if home else "no `java` on PATH"
+        raise JavaMissingError(f"Java 17 or newer is needed to run {what}: {where} (install a JDK, or set JAVA_HOME)")
+    major = _java_major(found)
+    if major is not None and major < 17:
+        raise JavaMissingError(f"Java 17 or newer is needed to run {what}: {found} is Java {major}")
+    return found
+
+
+@functools.cache
+def _java_major(java: str) -> int | None:
+    """The major version `java -version` prints (8 for "1.8.0_402"); None when it says none."""
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r'version "(\d+)(?:\.(\d+))?', done.stderr + done.stdout)
+    if found is None:
+        return None
+    major = int(found.group(1))
+    return int(found.group(2) or 0) if major == 1 else major
 
 
 def spawn(argv: list[str], **popen: Any) -> subprocess.Popen[bytes]:
@@ -59,10 +112,15 @@ class ManagedProcess:
     popen: subprocess.Popen[bytes] | None = None
     pid: int | None = None
     env: dict[str, str] | None = None  # the environment to start it with; None: this process's
+    # Descriptors the server inherits: its ports' reservations (relay.dev.ports), whose locks it
+    # then holds for as long as it runs, after this process is gone too (a detached `dev up`).
+    pass_fds: Sequence[int] = ()
+    log_start: int = 0  # the log's size when this start began: what it wrote comes after
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self.log_start = log.tell()
             self.popen = spawn(
                 self.argv,
                 stdout=log,
@@ -70,6 +128,7 @@ class ManagedProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=self.env,
+                pass_fds=tuple(self.pass_fds),
             )
         self.pid = self.popen.pid
 
@@ -131,6 +190,20 @@ class ManagedProcess:
         except OSError:
             return ""
 
+    def log_since_start(self, limit: int = 256 * 1024) -> str:
+        """What this start wrote to the log (its last `limit` bytes)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(self.log_start, size - limit))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def ended_how(self) -> str:
+        code = self.popen.poll() if self.popen is not None else None
+        return f"exit code {code}" if code is not None else "ended"
+
 
 def pause_pid(pid: int, timeout: float = 10.0) -> None:
     """SIGSTOP `pid` and wait until its state is stopped: kill() returns once the signal is
@@ -153,18 +226,65 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def wait_until(what: str, check: Any, timeout: float, proc: ManagedProcess) -> None:
-    """Return once `check()` is true; DevStackError with the log's tail when `proc` exits or
-    `timeout` seconds pass."""
+def wait_until(what: str, check: Any, timeout: float, proc: ManagedProcess, ports: Sequence[int] = ()) -> None:
+    """Return once `check()` is true. PortTakenError when the log shows the server could not bind
+    one of `ports`; DevStackError when `proc` exits or `timeout` seconds pass; each one line
+    naming the log."""
     deadline = time.monotonic() + timeout
     while True:
-        if not proc.alive:
-            raise DevStackError(f"{what} exited during start-up; log {proc.log_path}:\n{proc.log_tail()}")
+        alive = proc.alive
+        if ports:
+            taken = bind_failure(proc.log_since_start(), ports)
+            if taken is not None:
+                raise PortTakenError(what, taken, proc.log_path)
+        if not alive:
+            raise DevStackError(
+                f"{what} exited during start-up ({proc.ended_how()}); log {proc.log_path}: {_last_error(proc)}"
+            )
         try:
             if check():
                 return
         except Exception:  # noqa: BLE001 - any failure means "not ready yet"
             pass
         if time.monotonic() >= deadline:
-            raise DevStackError(f"{what} not ready after {timeout:.0f}s; log {proc.log_path}:\n{proc.log_tail()}")
+            raise DevStackError(f"{what} not ready after {timeout:.0f} s; log {proc.log_path}: {_last_error(proc)}")
         time.sleep(0.2)
+
+
+def bind_failure(log: str, ports: Sequence[int]) -> int | None:
+    """The port a server's log says it could not bind: the first of `ports` a bind failure's line
+    names, else the first of `ports`; None when the log shows no bind failure."""
+    failures = [line for line in log.splitlines() if _BIND_FAILED.search(line)]
+    if not failures:
+        return None
+    named = (int(n) for line in failures for n in re.findall(r"\d+", line) if int(n) in ports)
+    return next(named, ports[0] if ports else 0)
+
+
+def _last_error(proc: ManagedProcess) -> str:
+    """The log's last line that reads like an error (else its last line), shortened."""
+    lines = [line.strip() for line in proc.log_since_start().splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.search(line)]
+    line = (errors or lines or ["(empty)"])[-1]
+    return line if len(line) <= 300 else line[:297] + "..."
+
+
+def start_on_free_ports(attempt: Callable[[], None], fresh: bool, tries: int = PORT_TRIES) -> None:
+    """Run `attempt` (take the server's ports, start it, wait until it serves). When it raises
+    PortTakenError and the server is `fresh` (no data or client knows its ports yet), run it
+    again: at most `tries` starts in all, then the last PortTakenError, saying so. A restart is
+    not retried: its PortTakenError says it keeps its ports. `attempt` leaves nothing running when
+    it raises, and refuses the taken port (relay.dev.ports.Ports.refuse) so the next start takes
+    another."""
+
+    def gave_up(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome is not None else None
+        assert isinstance(error, PortTakenError), "only a taken port is retried"
+        raise error.after(tries) from error
+
+    try:
+        retrying(lambda exc: fresh and isinstance(exc, PortTakenError), attempts=tries, gave_up=gave_up)(attempt)
+    except PortTakenError as exc:
+        if fresh:
+            raise
+        raise exc.kept() from exc

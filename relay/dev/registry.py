@@ -9,8 +9,10 @@ its archive (109 MB) holds a Quarkus legacy jar (`*-runner.jar` beside `lib/`).
 Invariants:
 - the archive is resolved with Maven and unpacked into the cache once, on first use (not by
   `make setup`); a folder counts as unpacked only with its `.complete` marker (relay.dev.maven);
-- the server listens on a free loopback port, keeps its files in the folder it was given, runs
-  in its own session and is stopped by its process id, never by name;
+- the server listens on a loopback port reserved for it outside the ephemeral range
+  (relay.dev.ports; a first start that meets a taken port starts again on a fresh one, a restart
+  keeps its port: its clients know the URL), keeps its files in the folder it was given, runs in
+  its own session and is stopped by its process id, never by name;
 - `start()` returns only once the Confluent API answers; a server that does not come up in time
   raises `DevStackError` naming its log.
 
@@ -29,13 +31,14 @@ import os
 import shutil
 import tarfile
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from relay.cachedir import cache_dir
 from relay.dev import maven
-from relay.dev.processes import DevStackError, ManagedProcess, free_port, wait_until
+from relay.dev.ports import Ports
+from relay.dev.processes import DevStackError, ManagedProcess, PortTakenError, java, start_on_free_ports, wait_until
 
 APICURIO_VERSION = "3.0.9"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
@@ -87,14 +90,6 @@ def runner_jar(home: Path) -> Path:
     return legacy[0]
 
 
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java:
-        raise DevStackError("Java 17+ is needed to run the Schema Registry; install a JDK")
-    return java
-
-
 def _answers(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=2) as response:
         return bool(response.status == 200)
@@ -111,6 +106,7 @@ class SchemaRegistryServer:
     compatibility: str = "BACKWARD"
     heap: str = "384m"
     process: ManagedProcess | None = None
+    _reserved: Ports = field(default_factory=Ports, repr=False, compare=False)
 
     @property
     def url(self) -> str:
@@ -135,7 +131,7 @@ class SchemaRegistryServer:
             "java.io.tmpdir": str(tmp),
         }
         return [
-            _java(),
+            java("the Schema Registry"),
             f"-Xmx{self.heap}",
             "-XX:+UseSerialGC",
             "-XX:TieredStopAtLevel=1",
@@ -148,10 +144,16 @@ class SchemaRegistryServer:
     def start(self) -> None:
         """Start the server (on the same port and data as before, when restarted) and wait
         until its Confluent API answers."""
-        if not self.port:
-            self.port = free_port()
+        java("the Schema Registry")
+        start_on_free_ports(self._start_once, fresh=self.process is None)
+
+    def _start_once(self) -> None:
+        """One start on the server's reserved port; nothing left running if it fails."""
+        (self.port,) = self._reserved.take([self.port], "the Schema Registry", exact=self.process is not None)
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.process = ManagedProcess("schema-registry", self._argv(), self.base_dir / "registry.log")
+        self.process = ManagedProcess(
+            "schema-registry", self._argv(), self.base_dir / "registry.log", pass_fds=self._reserved.fds
+        )
         self.process.start()
         base = f"http://127.0.0.1:{self.port}"
         try:
@@ -160,14 +162,20 @@ class SchemaRegistryServer:
                 lambda: _answers(f"{base}/health/ready") and _answers(f"{self.url}/subjects"),
                 _START_TIMEOUT_S,
                 self.process,
+                [self.port],
             )
-        except DevStackError:
+        except BaseException as exc:
             self.process.stop()
+            if isinstance(exc, PortTakenError):
+                self._reserved.refuse(exc.port)
+                self.process = None  # never served: the next start is a first start
             raise
 
     def stop(self) -> None:
+        """Stop the server, and let its port go (a later `start()` wants it again)."""
         if self.process is not None:
             self.process.stop(timeout=30)
+        self._reserved.release()
 
     def kill(self) -> None:
         """SIGKILL, then reap (the data stays; `start()` brings it back)."""
@@ -192,6 +200,7 @@ class SchemaRegistryServer:
     def state(self) -> dict[str, Any]:
         return {
             "url": self.url,
+            "port": self.port,
             "pid": self.process.pid if self.process else None,
             "log": str(self.process.log_path) if self.process else None,
         }

