@@ -15,11 +15,9 @@ import argparse
 import importlib.util
 import json
 import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from relay import __version__
 from relay import config as cfg
@@ -27,6 +25,7 @@ from relay.commands.replay_plan import REPLAY_HELP
 from relay.commands.replay_plan import add_arguments as add_replay
 from relay.core.errors import EXIT_CONFIG, EXIT_FATAL
 from relay.core.redact import emit
+from relay.core.signals import Then, stopping_on_signals
 from relay.ops.exits import run_command
 
 log = logging.getLogger("relay")
@@ -185,11 +184,12 @@ def _status(settings: cfg.Settings, args: argparse.Namespace) -> int:
 def _demo(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.dev.demo import run_demo
 
-    def interrupt(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt  # the demo's finally stops everything it started
+    with stopping_on_signals(_interrupt):  # the demo's finally stops everything it started
+        return run_demo(settings, events=args.events, rate=args.rate)
 
-    signal.signal(signal.SIGTERM, interrupt)
-    return run_demo(settings, events=args.events, rate=args.rate)
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 def _outbox(settings: cfg.Settings, args: argparse.Namespace) -> int:
@@ -251,16 +251,9 @@ def _run(settings: cfg.Settings) -> int:
         log.warning(shared.warning(), extra={"outboxes": list(shared.outboxes), "missing": shared.missing})
     group = build(settings)  # the process: one relay loop per lease it may lead
     server = group.observer.serve()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: finishing the batch in flight, then stopping", signum)
-        group.stop()
-        signal.signal(signum, signal.SIG_DFL)  # a second signal stops at once
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
-        group.run()
+        with stopping_on_signals(group.stop, Then.DEFAULT, "finishing the batch in flight, then stopping"):
+            group.run()
     finally:
         if server is not None:
             server.shutdown()
