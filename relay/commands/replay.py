@@ -23,7 +23,6 @@ import argparse
 import datetime as dt
 import json
 import logging
-import signal
 import threading
 import uuid
 from collections.abc import Iterator
@@ -37,25 +36,18 @@ from pymongo import MongoClient
 from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import framing_for
-from relay.commands.replay_plan import (
-    Part,
-    ReplayGapError,
-    Source,
-    check_outboxes,
-    check_range,
-    gap,
-    iso,
-    parse_time,
-    plan,
-)
+from relay.commands.replay_plan import Part, ReplayGapError, Source, check_range, gap, iso, plan
 from relay.commands.replay_progress import Counts, Progress
 from relay.commands.replay_state import OutboxProgress, ReplayState, default_state_dir, load_state
 from relay.config import PartConfigs, Settings
 from relay.core.change import Change
-from relay.core.errors import ConfigError, HistoryLostError, PoisonEventError
+from relay.core.config import SKIP, parse_time
+from relay.core.errors import ConfigError, HistoryLostError
 from relay.core.message import HEADER_REPLAY, OutgoingMessage, valid_topic
 from relay.core.namespace import Namespace
+from relay.core.poison import PoisonPolicy, encode
 from relay.core.redact import emit
+from relay.core.signals import Then, stopping_on_signals
 from relay.kafka.admin import check_kafka
 from relay.kafka.replay_publisher import ReplayPublisher
 from relay.mongo.connection import check_mongodb, mongo_client
@@ -83,7 +75,7 @@ PROGRESS_INTERVAL_S = 5.0
 class Request:
     """What to replay, as given (or as saved with the replay, for a resume)."""
 
-    outboxes: tuple[str, ...]
+    outboxes: tuple[Namespace, ...]
     since: dt.datetime
     until: dt.datetime
     until_time: Timestamp  # the cluster time the oplog parts end at
@@ -93,7 +85,7 @@ class Request:
 
     def saved(self) -> dict[str, Any]:
         return {
-            "outboxes": list(self.outboxes),
+            "outboxes": [str(n) for n in self.outboxes],
             "since": iso(self.since),
             "until": iso(self.until),
             "untilClusterTime": [self.until_time.time, self.until_time.inc],
@@ -103,9 +95,10 @@ class Request:
         }
 
     @classmethod
-    def from_saved(cls, saved: dict[str, Any]) -> Request:
+    def from_saved(cls, saved: dict[str, Any], settings: Settings) -> Request:
+        """The saved request, its outboxes checked against the configured ones."""
         return cls(
-            tuple(saved["outboxes"]),
+            settings.pick_outboxes(saved["outboxes"]),
             parse_time("--since", saved["since"]),
             parse_time("--until", saved["until"]),
             Timestamp(*saved["untilClusterTime"]),
@@ -116,8 +109,8 @@ class Request:
 
 
 def check_arguments(
-    args: argparse.Namespace, configured: tuple[str, ...], now: dt.datetime
-) -> tuple[tuple[str, ...], dt.datetime, dt.datetime]:
+    args: argparse.Namespace, settings: Settings, now: dt.datetime
+) -> tuple[tuple[Namespace, ...], dt.datetime, dt.datetime]:
     """The outboxes and the range of a new replay, checked (no server needed); ConfigError naming
     the flag otherwise."""
     if args.rate_limit is not None and args.rate_limit <= 0:
@@ -126,7 +119,7 @@ def check_arguments(
         raise ConfigError("--to-topic", f"{args.to_topic!r} is not a valid Kafka topic name")
     if args.since is None:
         raise ConfigError("--since", "is required (the start of the range, ISO 8601), unless --resume is given")
-    outboxes = check_outboxes(args.outbox, configured)
+    outboxes = settings.pick_outboxes(args.outbox)
     since = parse_time("--since", args.since)
     until = parse_time("--until", args.until) if args.until else now
     return outboxes, since, check_range(since, until, now)
@@ -134,21 +127,32 @@ def check_arguments(
 
 def replay(settings: Settings, args: argparse.Namespace) -> int:
     """Run the replay `args` asks for (the module docstring); returns the exit code."""
-    parts = settings.parts()
     folder = args.state_dir or default_state_dir()
-    client = mongo_client(parts.mongo)
+    client = mongo_client(settings.parts().mongo)
     try:
-        return _Replay(parts, client, args, folder).run()
+        return _Replay(settings, client, args, folder).run()
     finally:
         client.close()
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every step of one replay's run shares: the request, its saved state, the oplog's
+    oldest entry when it began, the producer (None in a dry run) and the progress report."""
+
+    request: Request
+    state: ReplayState
+    oplog: Timestamp
+    publisher: ReplayPublisher | None
+    progress: Progress
 
 
 class _Replay:
     """One replay: plan, check, read, publish, record progress, report."""
 
-    def __init__(self, parts: PartConfigs, client: MongoClient[Any], args: argparse.Namespace, folder: Path) -> None:
-        self._parts = parts
-        self._configured = tuple(str(n) for n in parts.mongo.outboxes)  # the outboxes as --outbox names them
+    def __init__(self, settings: Settings, client: MongoClient[Any], args: argparse.Namespace, folder: Path) -> None:
+        self._settings = settings
+        self._parts: PartConfigs = settings.parts()
         self._client = client
         self._args = args
         self._folder = folder
@@ -156,6 +160,7 @@ class _Replay:
         self._rate = args.rate_limit
         self._stop = threading.Event()
         self._counts = Counts()
+        self._poison = PoisonPolicy(SKIP)  # an event the encoder refuses is left out (relay.core.poison)
         self._folder_schemas = SchemaFolder.bundled()
 
     def run(self) -> int:
@@ -167,24 +172,19 @@ class _Replay:
         oplog_ts = oplog_window_start(self._client)
         plans = {ns: plan(request.since, request.until, oplog_ts.as_datetime()) for ns in request.outboxes}
         self._refuse_gaps(request, plans)
+        filters = self._filters(request)
         total = sum(
-            count_documents(
-                parts.mongo.outbox(self._client, Namespace.parse(ns)),
-                self._filters(request),
-                request.since,
-                request.until,
-            )
+            count_documents(parts.mongo.outbox(self._client, ns), filters, request.since, request.until)
             for ns in request.outboxes
         )
         self._start_line(state, request, plans, oplog_ts, total)
         progress = Progress(state.id, total, self._counts, interval_s=PROGRESS_INTERVAL_S)
         publisher = None if self._dry_run else ReplayPublisher(parts.kafka, state.id, parts.mongo.connect_timeout_s * 4)
-        with _stopping_on_signals(self._stop):
+        run = _Run(request, state, oplog_ts, publisher, progress)
+        says = "finishing the chunk in flight, saving the progress, then stopping"
+        with stopping_on_signals(self._stop.set, Then.INTERRUPT, says):
             try:
-                interrupted = not all(
-                    self._replay_outbox(ns, plans[ns], request, state, oplog_ts, publisher, progress)
-                    for ns in request.outboxes
-                )
+                interrupted = not all(self._replay_outbox(run, ns, plans[ns]) for ns in request.outboxes)
             finally:
                 if publisher is not None:
                     publisher.close()
@@ -197,14 +197,13 @@ class _Replay:
         args = self._args
         if args.resume is not None:
             state = load_state(self._folder, args.resume)
-            request = Request.from_saved(state.request)
-            check_outboxes(list(request.outboxes), self._configured)
+            request = Request.from_saved(state.request, self._settings)
             if args.since or args.until or args.outbox:
                 log.warning(
                     "replay %s: --resume uses the saved range and filters; the flags given are ignored", state.id
                 )
         else:
-            outboxes, since, until = check_arguments(args, self._configured, dt.datetime.now(dt.UTC))
+            outboxes, since, until = check_arguments(args, self._settings, dt.datetime.now(dt.UTC))
             until_time = min(Timestamp(int(until.timestamp()) + 1, 0), cluster_now(self._client))
             request = Request(
                 outboxes, since, until, until_time, tuple(args.aggregate), tuple(args.aggregate_type), args.to_topic
@@ -220,15 +219,13 @@ class _Replay:
             fields.aggregate_id, fields.aggregate_type, fields.occurred_at, request.aggregates, request.aggregate_types
         )
 
-    def _refuse_gaps(self, request: Request, plans: dict[str, list[Part]]) -> None:
+    def _refuse_gaps(self, request: Request, plans: dict[Namespace, list[Part]]) -> None:
         """ReplayGapError naming what is gone, unless --allow-gap (then a WARNING per outbox)."""
         fields = self._parts.encoding.fields
         unfiltered = Filters(fields.aggregate_id, fields.aggregate_type, fields.occurred_at)
         for namespace, parts in plans.items():
             gone = gap(
-                namespace,
-                parts,
-                oldest_occurred(self._parts.mongo.outbox(self._client, Namespace.parse(namespace)), unfiltered),
+                str(namespace), parts, oldest_occurred(self._parts.mongo.outbox(self._client, namespace), unfiltered)
             )
             if gone is None:
                 continue
@@ -237,7 +234,7 @@ class _Replay:
             log.warning("replay: %s", gone.replace(", or pass --allow-gap to replay what is left", ""))
 
     def _start_line(
-        self, state: ReplayState, request: Request, plans: dict[str, list[Part]], oplog: Timestamp, total: int
+        self, state: ReplayState, request: Request, plans: dict[Namespace, list[Part]], oplog: Timestamp, total: int
     ) -> None:
         """The first line: the replay's id (the `relay_replay` header) and where each part comes from."""
         line = {
@@ -249,7 +246,7 @@ class _Replay:
             "oplogStart": iso(oplog.as_datetime()),
             "expected": total,
             "parts": {
-                ns: [{"from": p.source.value, "start": iso(p.start), "end": iso(p.end)} for p in parts]
+                str(ns): [{"from": p.source.value, "start": iso(p.start), "end": iso(p.end)} for p in parts]
                 for ns, parts in plans.items()
             },
         }
@@ -271,126 +268,96 @@ class _Replay:
 
     # ---- one outbox ---------------------------------------------------------------------------------
 
-    def _replay_outbox(
-        self,
-        namespace: str,
-        parts: list[Part],
-        request: Request,
-        state: ReplayState,
-        oplog: Timestamp,
-        publisher: ReplayPublisher | None,
-        progress: Progress,
-    ) -> bool:
+    def _replay_outbox(self, run: _Run, namespace: Namespace, parts: list[Part]) -> bool:
         """Replay one outbox's parts in order; False when stopped by a signal (progress saved)."""
-        done = state.outbox(namespace)
+        done = run.state.outbox(str(namespace))
         if done.done:
             return True
-        folder = self._folder_schemas
-        encoder = MessageBuilder(
-            self._parts.encoding_for(Namespace.parse(namespace)), folder, framing_for(self._parts.registry, folder)
-        )
-        target = _Target(namespace, encoder, self._fencing_token(namespace), state.id.encode(), request.to_topic)
+        target = self._target(run, namespace)
         for part in parts:
             if part.source is Source.COLLECTION and done.collection_done:
                 continue
-            if not self._replay_part(target, part, request, state, oplog, publisher, progress):
+            if not self._replay_part(run, target, part):
                 return False
             if part.source is Source.COLLECTION:
                 done.collection_done = True
-                self._save(state)
+                self._save(run.state)
         done.done = True
-        self._save(state)
+        self._save(run.state)
         return True
 
-    def _replay_part(
-        self,
-        target: _Target,
-        part: Part,
-        request: Request,
-        state: ReplayState,
-        oplog: Timestamp,
-        publisher: ReplayPublisher | None,
-        progress: Progress,
-    ) -> bool:
+    def _target(self, run: _Run, namespace: Namespace) -> _Target:
+        folder = self._folder_schemas
+        encoder = MessageBuilder(self._parts.encoding_for(namespace), folder, framing_for(self._parts.registry, folder))
+        return _Target(namespace, encoder, self._fencing_token(namespace), run.state.id.encode(), run.request.to_topic)
+
+    def _replay_part(self, run: _Run, target: _Target, part: Part) -> bool:
         """Replay one part, chunk by chunk, saving the progress after each confirmed chunk; False
         when stopped by a signal."""
-        done = state.outbox(target.namespace)
-        field = self._filters(request).occurred_at_field
+        done = run.state.outbox(str(target.namespace))
+        field = self._parts.encoding.fields.occurred_at
         try:
-            for batch in self._batches(target.namespace, part, request, done, oplog):
+            for batch in self._batches(run, target.namespace, part, done):
                 for chunk in _chunks(iter(batch), self._chunk_size()):
-                    self._replay_chunk(target, part.source, chunk, publisher)
+                    self._replay_chunk(run, target, part.source, chunk)
                     if part.source is Source.COLLECTION:
                         done.set_collection_key(document_key(chunk[-1], field))
                     else:
                         done.oplog_after = chunk[-1].position["_data"]
-                    self._save(state)
-                    progress.tick()
+                    self._save(run.state)
+                    run.progress.tick()
                     if self._stop.is_set():
                         return False
         except HistoryLostError as exc:
-            raise HistoryLostError(
-                f"{target.namespace}: the oplog no longer holds the start of the oplog part ({iso(part.start)}): it "
-                "rolled over as the replay began; run the replay again (its start is then read from the collection)"
+            raise HistoryLostError.of(
+                f"{target.namespace}: the start of the oplog part ({iso(part.start)})",
+                "it rolled over as the replay began; run the replay again (its start is then read from the collection)",
             ) from exc
-        return True
+        return not self._stop.is_set()
 
-    def _batches(
-        self, namespace: str, part: Part, request: Request, done: OutboxProgress, oplog: Timestamp
-    ) -> Iterator[list[Change]]:
+    def _batches(self, run: _Run, namespace: Namespace, part: Part, done: OutboxProgress) -> Iterator[list[Change]]:
         """The part's changes in order, after what `done` records as confirmed."""
-        filters = self._filters(request)
+        filters = self._filters(run.request)
         if part.source is Source.COLLECTION:
-            outbox = self._parts.mongo.outbox(self._client, Namespace.parse(namespace))
+            outbox = self._parts.mongo.outbox(self._client, namespace)
             return _chunks(
                 collection_changes(outbox, filters, part.start, part.end, done.collection_key()), CHUNK_EVENTS
             )
-        window = (max(timestamp_at(part.start), oplog), request.until_time)
-        wall = (wall_ms(part.start), wall_ms(request.until))
+        window = (max(timestamp_at(part.start), run.oplog), run.request.until_time)
+        wall = (wall_ms(part.start), wall_ms(run.request.until))
         reader = OplogPart(
             self._client, namespace, filters, window, wall, part.occurred_from, done.oplog_after, CHUNK_EVENTS
         )
         return reader.batches()
 
-    def _replay_chunk(
-        self, target: _Target, source: Source, chunk: list[Change], publisher: ReplayPublisher | None
-    ) -> None:
+    def _replay_chunk(self, run: _Run, target: _Target, source: Source, chunk: list[Change]) -> None:
         """Build, publish and confirm one chunk's messages, and count them."""
         messages = self._messages(target, chunk)
-        self._publish(publisher, messages)
+        self._publish(run.publisher, messages)
         for message in messages:
-            self._counts.add(target.namespace, message.topic, source.value)
+            self._counts.add(str(target.namespace), message.topic, source.value)
 
     def _chunk_size(self) -> int:
         """Messages per confirmation: fewer under a rate limit, so progress is saved every second."""
         return CHUNK_EVENTS if self._rate is None else max(1, min(CHUNK_EVENTS, int(self._rate)))
 
     def _messages(self, target: _Target, changes: list[Change]) -> list[OutgoingMessage]:
-        """The live relay's messages for `changes` (the encoder's batch path first, as the loop
-        does), marked with the replay's id and sent to `to_topic` when given. A poison event (the
-        live relay stopped at it or dead-lettered it) is skipped with a WARNING and counted."""
-        encoder, fencing = target.encoder, target.fencing_token
-        built = encoder.build_many(changes, fencing)
-        messages: list[OutgoingMessage] = []
-        for change, fast in zip(changes, built, strict=True):
-            message = fast
-            if message is None:
-                try:
-                    message = encoder.build(change, fencing)
-                except PoisonEventError as exc:
-                    log.warning("replay: skipping %s", exc, extra={"event_id": exc.event_id})
-                    self._counts.skipped[target.namespace] += 1
-                    continue
-            messages.append(
-                OutgoingMessage(
-                    message.event_id,
-                    target.topic or message.topic,
-                    message.key,
-                    message.value,
-                    [*message.headers, (HEADER_REPLAY, target.replay_id)],
-                )
+        """The live relay's messages for `changes`, built as the loop builds them (relay.core.poison's
+        `encode`), marked with the replay's id and sent to `to_topic` when given. A poison event
+        (the live relay stopped at it or dead-lettered it) is skipped (the `skip` policy) with a
+        WARNING and counted."""
+
+        def skipped(event_id: str, reason: str) -> None:
+            log.warning("replay: skipping poison event %s: %s", event_id, reason, extra={"event_id": event_id})
+            self._counts.skipped[str(target.namespace)] += 1
+
+        built, _ = encode(changes, target.fencing_token, target.encoder, self._poison, skipped)
+        return [
+            OutgoingMessage(
+                m.event_id, target.topic or m.topic, m.key, m.value, [*m.headers, (HEADER_REPLAY, target.replay_id)]
             )
-        return messages
+            for m in built
+        ]
 
     def _publish(self, publisher: ReplayPublisher | None, messages: list[OutgoingMessage]) -> None:
         """Send and confirm (nothing in a dry run), no faster than the rate limit."""
@@ -404,11 +371,11 @@ class _Replay:
         if not self._dry_run:
             state.save(self._folder)
 
-    def _fencing_token(self, namespace: str) -> int:
+    def _fencing_token(self, namespace: Namespace) -> int:
         """The highest fencing token of the outbox's lease documents (read, never written): the
         `relay_fencing_token` the replayed messages carry, so the replay never looks like a fencing
         regression next to the live relay's messages (0 when no relay ever ran)."""
-        ids = [s.lease_id for s in self._parts.scopes() if str(s.namespace) == namespace]
+        ids = [s.lease_id for s in self._parts.scopes() if s.namespace == namespace]
         docs = self._parts.mongo.leases(self._client).find({"_id": {"$in": ids}}, projection={"fencingToken": 1})
         return max((int(d.get("fencingToken", 0)) for d in docs), default=0)
 
@@ -418,7 +385,7 @@ class _Target:
     """How one outbox's events become replayed messages: its encoder and the fencing token they
     carry, the replay's id (the `relay_replay` header), and --to-topic (None: each event's own)."""
 
-    namespace: str
+    namespace: Namespace
     encoder: MessageBuilder
     fencing_token: int
     replay_id: bytes
@@ -434,28 +401,3 @@ def _chunks(items: Iterator[Change], size: int) -> Iterator[list[Change]]:
             chunk = []
     if chunk:
         yield chunk
-
-
-class _stopping_on_signals:
-    """SIGINT and SIGTERM set `stop` (the replay ends at the next chunk, its progress saved); a
-    second signal stops at once. The previous handlers come back on exit."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self._stop = stop
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        if self._stop.is_set():
-            raise KeyboardInterrupt
-        log.info("signal %d: finishing the chunk in flight, saving the progress, then stopping", signum)
-        self._stop.set()
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)

@@ -52,15 +52,6 @@ class Part:
     occurred_from: dt.datetime | None = None
 
 
-def parse_time(flag: str, text: str) -> dt.datetime:
-    """An ISO 8601 time as an aware UTC datetime (no zone: UTC); ConfigError naming the flag."""
-    try:
-        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError as exc:
-        raise ConfigError(flag, f"not an ISO 8601 time: {text!r} (e.g. 2026-11-27T10:00:00Z)") from exc
-    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
-
-
 def check_range(since: dt.datetime, until: dt.datetime, now: dt.datetime) -> dt.datetime:
     """The range's end: `until`, at most `now`. ConfigError when `since` is in the future, when
     `until` lies before `since`, or when the range is empty (`until` equal to `since`)."""
@@ -72,19 +63,6 @@ def check_range(since: dt.datetime, until: dt.datetime, now: dt.datetime) -> dt.
     if until == since:
         raise ConfigError("--until", f"the range is empty: --since and --until are both {iso(since)}")
     return until
-
-
-def check_outboxes(given: list[str] | None, configured: tuple[str, ...]) -> tuple[str, ...]:
-    """The outboxes to replay: those given (each one configured, in RELAY_OUTBOXES), else every
-    configured one; ConfigError naming --outbox otherwise."""
-    if not given:
-        return configured
-    for name in given:
-        if name not in configured:
-            raise ConfigError(
-                "--outbox", f"{name!r} is not a configured outbox (RELAY_OUTBOXES: {', '.join(configured)})"
-            )
-    return tuple(dict.fromkeys(given))
 
 
 def plan(since: dt.datetime, until: dt.datetime, oplog_start: dt.datetime) -> list[Part]:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
 
-STOP, DEAD_LETTER = "stop", "dead-letter"
-POISON_POLICIES = (STOP, DEAD_LETTER)  # RELAY_ON_POISON (relay.core.poison)
+STOP, DEAD_LETTER, SKIP = "stop", "dead-letter", "skip"
+POISON_POLICIES = (STOP, DEAD_LETTER)  # RELAY_ON_POISON (relay.core.poison; SKIP is the replay's alone)
 HISTORY_LOST_POLICIES = ("stop", "rescan")
 LEASE_LOST_POLICIES = ("standby", "exit")
 AT_LEAST_ONCE, EXACTLY_ONCE = "at-least-once", "exactly-once"

@@ -24,7 +24,7 @@ from pymongo.collection import Collection
 from pymongo.errors import PyMongoError
 
 from relay.core.change import Change
-from relay.core.errors import HistoryLostError
+from relay.core.namespace import Namespace
 from relay.core.positions import ClusterTime, token_cluster_time
 from relay.mongo.codecs import RAW_CHANGE_CODEC, read_changes
 from relay.mongo.cursor import Cursor, oplog_start
@@ -116,7 +116,7 @@ class OplogPart:
     def __init__(
         self,
         client: MongoClient[Any],
-        namespace: str,
+        namespace: Namespace,
         filters: Filters,
         window: tuple[Timestamp, Timestamp],
         wall_ms: tuple[int, int],
@@ -125,12 +125,11 @@ class OplogPart:
         batch_events: int = 1000,
         await_ms: int = 500,
     ) -> None:
-        database, _, collection = namespace.partition(".")
         match: dict[str, Any] = {"operationType": "insert", **filters.query("fullDocument.")}
         if occurred_from is not None:
             match[f"fullDocument.{filters.occurred_at_field}"] = {"$gte": occurred_from}
         stages = [{"$match": match}, PIPELINE[1]]
-        self._stream_cursor = Cursor(client, database, collection, stages, await_ms)
+        self._stream_cursor = Cursor(client, namespace.database, namespace.collection, stages, await_ms)
         self._start, self._until = window
         self._since_ms, self._until_ms = wall_ms
         self._after = after
@@ -182,14 +181,6 @@ class OplogPart:
         return None if at is None else Timestamp(at.time, at.inc)
 
 
-def history_lost(namespace: str, start: Timestamp) -> HistoryLostError:
-    """The error of an oplog part whose start left the oplog while the replay ran."""
-    return HistoryLostError(
-        f"{namespace}: the oplog no longer holds {start.as_datetime().isoformat()} (it rolled over while the "
-        "replay started or ran); run the replay again: what the oplog lost is read from the collection"
-    )
-
-
 def _aware(moment: dt.datetime) -> dt.datetime:
     return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
 
@@ -211,7 +202,6 @@ __all__ = [
     "collection_changes",
     "count_documents",
     "document_key",
-    "history_lost",
     "oldest_occurred",
     "oplog_window_start",
     "timestamp_at",

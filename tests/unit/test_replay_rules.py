@@ -10,10 +10,16 @@ import pytest
 from bson import ObjectId
 
 from relay.commands.replay import check_arguments
-from relay.commands.replay_plan import Part, Source, add_arguments, check_outboxes, check_range, gap, parse_time, plan
+from relay.commands.replay_plan import Part, Source, add_arguments, check_range, gap, plan
 from relay.commands.replay_progress import Counts, bar_line
 from relay.commands.replay_state import ReplayState, load_state
-from relay.core.errors import ConfigError
+from relay.config import Settings
+from relay.core.change import Change
+from relay.core.config import POISON_POLICIES, SKIP, parse_time, start_at_time
+from relay.core.errors import ConfigError, PoisonEventError
+from relay.core.message import OutgoingMessage
+from relay.core.namespace import Namespace
+from relay.core.poison import PoisonPolicy, encode
 
 T0 = dt.datetime(2026, 11, 27, 10, 0, tzinfo=dt.UTC)
 H = dt.timedelta(hours=1)
@@ -49,12 +55,16 @@ def test_a_gap_is_reported_only_when_the_collection_part_starts_before_the_oldes
     assert gap("app.outbox", plan(T0, T0 + H, oplog_start=T0 - H), oldest_document=None) is None
 
 
-def test_times_are_iso_8601_utc_without_a_zone():
+def test_times_are_iso_8601_utc_without_a_zone_one_parser_for_the_replay_and_relay_start_at():
     assert parse_time("--since", "2026-11-27T10:00:00Z") == T0
+    assert parse_time("--since", " 2026-11-27t10:00:00z ") == T0
     assert parse_time("--since", "2026-11-27T11:00:00+01:00") == T0
     assert parse_time("--since", "2026-11-27T10:00:00") == T0
-    with pytest.raises(ConfigError, match="--since: not an ISO 8601 time"):
+    assert start_at_time("2026-11-27T11:00:00+01:00") == T0 and start_at_time("now") is None
+    with pytest.raises(ConfigError, match="--since: must be an ISO 8601 time .*; got 'yesterday'"):
         parse_time("--since", "yesterday")
+    with pytest.raises(ConfigError, match="RELAY_START_AT: must be oplog-start, now, or an ISO 8601 time"):
+        start_at_time("yesterday")
 
 
 def test_a_range_is_refused_when_reversed_empty_or_in_the_future_and_ends_at_now_at_the_latest():
@@ -69,12 +79,18 @@ def test_a_range_is_refused_when_reversed_empty_or_in_the_future_and_ends_at_now
         check_range(now + H, now + 2 * H, now)
 
 
-def test_only_configured_outboxes_are_replayed_every_one_by_default():
-    configured = ("app.outbox", "billing.outbox")
-    assert check_outboxes(None, configured) == configured
-    assert check_outboxes(["billing.outbox", "billing.outbox"], configured) == ("billing.outbox",)
-    with pytest.raises(ConfigError, match="--outbox: 'app.other' is not a configured outbox"):
-        check_outboxes(["app.other"], configured)
+def test_only_configured_outboxes_are_replayed_every_one_by_default_and_a_refusal_names_what_is_set():
+    listed = Settings.load(env={"RELAY_OUTBOXES": "app.outbox,billing.outbox"})
+    app, billing = Namespace("app", "outbox"), Namespace("billing", "outbox")
+    assert listed.pick_outboxes(None) == (app, billing)
+    assert listed.pick_outboxes(["billing.outbox", "billing.outbox"]) == (billing,)
+    assert listed.pick_outboxes("app.outbox") == (app,)
+    with pytest.raises(ConfigError, match=r"--outbox: 'app.other' is not one of the outboxes \(RELAY_OUTBOXES: app.outbox, billing.outbox\)"):
+        listed.pick_outboxes(["app.other"])
+    single = Settings.load(env={"RELAY_DATABASE": "shop"})
+    with pytest.raises(ConfigError, match=r"\(RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: shop.outbox\)") as refused:
+        single.pick_outboxes(["app.other"])
+    assert "RELAY_OUTBOXES" not in str(refused.value)  # not set: not named
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -84,9 +100,9 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_arguments_are_checked_before_any_server_is_asked():
-    configured = ("app.outbox",)
+    configured = Settings.load(env={"RELAY_DATABASE": "app"})
     outboxes, since, until = check_arguments(_args("--since", "2026-11-27T10:00:00Z"), configured, T0 + H)
-    assert (outboxes, since, until) == (configured, T0, T0 + H)
+    assert (outboxes, since, until) == ((Namespace("app", "outbox"),), T0, T0 + H)
     assert _args("--since", "x", "--rate", "5").rate_limit == 5.0  # --rate is --rate-limit
     for argv, flag in [
         ((), "--since: is required"),
@@ -148,3 +164,31 @@ def test_off_a_terminal_progress_is_a_json_line_every_interval():
     now[0] = 5.0
     progress.tick()
     assert json.loads(out.getvalue()) == {"replay": "r1", "progress": {"done": 40, "total": 100}, "eventsPerS": 8.0}
+
+
+class _Encoder:
+    """Builds a message for every change but those whose document is b"poison"."""
+
+    def build_many(self, changes, fencing_token):
+        return [None] * len(changes)
+
+    def build(self, change, fencing_token):
+        if change.document == b"poison":
+            raise PoisonEventError(change.event_id, "not encodable")
+        return OutgoingMessage(change.event_id, "t", b"k", change.document, [])
+
+    def dead_letter(self, change, reason, fencing_token):
+        return OutgoingMessage(change.event_id, "dlq", b"k", reason.encode(), [])
+
+
+def test_the_replays_skip_policy_leaves_a_poison_event_out_on_the_loops_encode_path():
+    changes = [Change(f"e{i}", {"_data": f"0{i}"}, None, -1, b"poison" if i == 1 else b"ok") for i in range(3)]
+    set_aside: list[tuple[str, str]] = []
+    messages, poison = encode(changes, 0, _Encoder(), PoisonPolicy(SKIP), lambda e, r: set_aside.append((e, r)))
+    assert [m.event_id for m in messages] == ["e0", "e2"] and poison is None
+    assert set_aside == [("e1", "not encodable")]
+    stopped, poison = encode(changes, 0, _Encoder(), PoisonPolicy("stop"), lambda e, r: None)
+    assert [m.event_id for m in stopped] == ["e0"] and poison is not None and poison.event_id == "e1"
+    assert SKIP not in POISON_POLICIES  # the replay's alone: RELAY_ON_POISON and the inbox refuse it
+    with pytest.raises(ConfigError, match="RELAY_ON_POISON"):
+        Settings.load(env={"RELAY_ON_POISON": "skip"}).parts()
