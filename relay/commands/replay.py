@@ -12,9 +12,11 @@ local state file (relay.commands.replay_state) after Kafka acknowledged it.
 
 Exit codes (README, "Exit codes"): 0 done (also when the range holds no event), 2 bad arguments
 or configuration (an outbox not configured, an empty or reversed range, an invalid topic, a
-refused ACL), 3 MongoDB or Kafka unreachable, 4 part of the range is gone (clean-up removed it:
-`--allow-gap` goes on) or left the oplog while the replay ran, 130 interrupted (SIGINT/SIGTERM:
-the confirmed progress is saved; `--resume REPLAY_ID` continues).
+refused ACL), 3 MongoDB or Kafka unreachable (also MongoDB failing the replay's change stream for
+RELAY_CONNECT_TIMEOUT_S: relay.mongo.replay_source.OplogPart's recovery), 4 part of the range is
+gone (clean-up removed it: `--allow-gap` goes on) or left the oplog while the replay ran, 5 a
+server refused a request unexpectedly (as the relay's), 130 interrupted (SIGINT/SIGTERM: the
+confirmed progress is saved; `--resume REPLAY_ID` continues).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.replay_source import (
     Filters,
     OplogPart,
+    Recovery,
     cluster_now,
     collection_changes,
     count_documents,
@@ -325,8 +328,9 @@ class _Replay:
             )
         window = (max(timestamp_at(part.start), run.oplog), run.request.until_time)
         wall = (wall_ms(part.start), wall_ms(run.request.until))
+        recovery = Recovery(self._parts.loop.restart_backoff_max_s, self._parts.mongo.connect_timeout_s, self._stop)
         reader = OplogPart(
-            self._client, namespace, filters, window, wall, part.occurred_from, done.oplog_after, CHUNK_EVENTS
+            self._client, namespace, filters, window, wall, recovery, part.occurred_from, done.oplog_after, CHUNK_EVENTS
         )
         return reader.batches()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tests.inbox_support import (
 )
 from tests.security_servers import SaslKafka, sasl_kafka
 from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.mongodb import failpoint
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.paths import ROOT
 from tests.support.relays import RelayThread, settings_env
@@ -57,12 +59,16 @@ def replay(env, monkeypatch, capsys, tmp_path):
         if key.startswith("RELAY_"):
             monkeypatch.setenv(key, value)
 
+    err: list[str] = []
+
     def run(*args: str) -> tuple[int, list[dict]]:
         capsys.readouterr()
         code = main(["replay", "--state-dir", str(tmp_path / "replays"), *args])
-        out = capsys.readouterr().out
-        return code, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        captured = capsys.readouterr()
+        err[:] = [line for line in captured.err.splitlines() if line.strip()]
+        return code, [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]
 
+    run.stderr = err  # the last run's stderr lines (its log and its stop line)
     return run
 
 
@@ -246,6 +252,39 @@ def test_an_interrupted_replay_resumes_where_it_stopped_or_runs_again_with_dupli
     second = json.loads(again.stdout.splitlines()[0])["replay"]
     assert second != replay_id
     assert len(_marked(read_messages(env.servers.kafka_bootstrap, env.topic()), second)) == 400
+
+
+@pytest.mark.parametrize("times", [1, 2, 3, "always"])
+def test_the_replays_change_stream_recovers_on_the_live_readers_rule_under_getmore_failures(
+        env, replay, monkeypatch, times):
+    """`failCommand` on the replay's getMores with a resumable error (docs/architecture.md,
+    "Recovery bound"): once, invisible (one reopen at once); twice, the restart policy's first
+    restart (at once); three times, its second (after the backoff's first wait); always, a named
+    stop once RELAY_CONNECT_TIMEOUT_S has passed without a read, exit 3. Whatever was replayed
+    is complete, in order, with no duplicate."""
+    since = _now() - dt.timedelta(milliseconds=5)
+    written = write_events(env.db, env.settings.outbox_collection, 60, writers=2)
+    monkeypatch.setenv("RELAY_CONNECT_TIMEOUT_S", "3")
+    mode = "alwaysOn" if times == "always" else {"times": times}
+    with failpoint(env.client, mode, failCommands=["getMore"], errorCode=6, errorLabels=["ResumableChangeStreamError"]):
+        code, lines = replay("--since", _iso(since))
+    err = replay.stderr
+    resumed = [line for line in err if "resumed after" in line]
+    waits = [float(m[1]) for line in err if (m := re.search(r"failed again: .*opening it again in ([\d.]+) s", line))]
+    if times == "always":
+        assert code == 3, err
+        [stop] = [line for line in err if "ServerUnreachableError" in line]
+        assert f"has not served the replay's change stream of {env.settings.namespace}" in stop
+        assert "RELAY_CONNECT_TIMEOUT_S" in stop and "HostUnreachable (6)" in stop, stop
+        assert "Traceback" not in "\n".join(err) and len(resumed) == 1 and waits[:2] == [0.0, waits[1]], err
+        return
+    assert code == 0 and lines[-1]["events"] == 60, (lines, err)
+    assert len(resumed) == 1, err  # the one reopen at once
+    assert len(waits) == times - 1, err  # then the restarts: at once, then after the backoff's first wait
+    assert waits[:1] in ([], [0.0]) and all(w > 0 for w in waits[1:]), waits
+    records = [r for r in read_topic(env.servers.kafka_bootstrap, env.topic())
+               if r.headers.get(HEADER_REPLAY) == lines[0]["replay"]]
+    assert not assert_complete_and_ordered(records, written).duplicates
 
 
 def test_exactly_once_mode_replays_in_transactions_of_its_own(env, replay, monkeypatch):
