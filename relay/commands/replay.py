@@ -22,6 +22,7 @@ confirmed progress is saved; `--resume REPLAY_ID` continues).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -85,6 +86,7 @@ class Request:
     aggregates: tuple[str, ...]
     aggregate_types: tuple[str, ...]
     to_topic: str | None
+    rate_limit: float | None  # events per second (None: no limit); a resume keeps it
 
     def saved(self) -> dict[str, Any]:
         return {
@@ -95,11 +97,13 @@ class Request:
             "aggregates": list(self.aggregates),
             "aggregateTypes": list(self.aggregate_types),
             "toTopic": self.to_topic,
+            "rateLimit": self.rate_limit,
         }
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any], settings: Settings) -> Request:
-        """The saved request, its outboxes checked against the configured ones."""
+        """The saved request, its outboxes checked against the configured ones (a state saved by
+        an earlier release has no rate limit: none)."""
         return cls(
             settings.pick_outboxes(saved["outboxes"]),
             parse_time("--since", saved["since"]),
@@ -108,6 +112,7 @@ class Request:
             tuple(saved["aggregates"]),
             tuple(saved["aggregateTypes"]),
             saved["toTopic"],
+            saved.get("rateLimit"),
         )
 
 
@@ -116,8 +121,7 @@ def check_arguments(
 ) -> tuple[tuple[Namespace, ...], dt.datetime, dt.datetime]:
     """The outboxes and the range of a new replay, checked (no server needed); ConfigError naming
     the flag otherwise."""
-    if args.rate_limit is not None and args.rate_limit <= 0:
-        raise ConfigError("--rate-limit", f"must be greater than 0, got {args.rate_limit}")
+    check_rate(args.rate_limit)
     if args.to_topic is not None and not valid_topic(args.to_topic):
         raise ConfigError("--to-topic", f"{args.to_topic!r} is not a valid Kafka topic name")
     if args.since is None:
@@ -126,6 +130,30 @@ def check_arguments(
     since = parse_time("--since", args.since)
     until = parse_time("--until", args.until) if args.until else now
     return outboxes, since, check_range(since, until, now)
+
+
+def check_rate(rate_limit: float | None) -> None:
+    """ConfigError naming --rate-limit unless it is None (no limit) or positive."""
+    if rate_limit is not None and rate_limit <= 0:
+        raise ConfigError("--rate-limit", f"must be greater than 0, got {rate_limit}")
+
+
+def resumed_request(saved: Request, rate_limit: float | None) -> tuple[Request, str | None]:
+    """A resumed replay's request: the saved one, its rate limit overridden by a --rate-limit given
+    beside --resume (then also the line that says so)."""
+    if rate_limit is None or rate_limit == saved.rate_limit:
+        return saved, None
+    check_rate(rate_limit)
+    was = "no limit" if saved.rate_limit is None else f"{saved.rate_limit:g} events/s"
+    line = f"--rate-limit {rate_limit:g} given beside --resume overrides the saved rate limit ({was})"
+    return dataclasses.replace(saved, rate_limit=rate_limit), line
+
+
+def resume_hint(replay_id: str, request: Request, state_dir: Path | None) -> str:
+    """The summary's `resumeWith`: the command, then (a shell comment) what it keeps."""
+    command = f"outbox-relay replay --resume {replay_id}" + (f" --state-dir {state_dir}" if state_dir else "")
+    rate = "no rate limit" if request.rate_limit is None else f"--rate-limit {request.rate_limit:g}"
+    return f"{command}  # keeps the saved range, filters, target topic and {rate}; a --rate-limit given overrides it"
 
 
 def replay(settings: Settings, args: argparse.Namespace) -> int:
@@ -160,7 +188,7 @@ class _Replay:
         self._args = args
         self._folder = folder
         self._dry_run = bool(args.dry_run)
-        self._rate = args.rate_limit
+        self._rate: float | None = None  # the request's, once known
         self._stop = threading.Event()
         self._counts = Counts()
         self._poison = PoisonPolicy(SKIP)  # an event the encoder refuses is left out (relay.core.poison)
@@ -192,7 +220,7 @@ class _Replay:
                 if publisher is not None:
                     publisher.close()
                 progress.finish()
-        self._summary(state, progress, interrupted)
+        self._summary(state, request, progress, interrupted)
         return EXIT_INTERRUPTED if interrupted else 0
 
     def _request(self) -> tuple[ReplayState, Request]:
@@ -200,7 +228,10 @@ class _Replay:
         args = self._args
         if args.resume is not None:
             state = load_state(self._folder, args.resume)
-            request = Request.from_saved(state.request, self._settings)
+            request, overridden = resumed_request(Request.from_saved(state.request, self._settings), args.rate_limit)
+            state.request = request.saved()  # an overriding rate is the one a later resume keeps
+            if overridden is not None:
+                log.info("replay %s: %s", state.id, overridden)
             if args.since or args.until or args.outbox:
                 log.warning(
                     "replay %s: --resume uses the saved range and filters; the flags given are ignored", state.id
@@ -208,10 +239,10 @@ class _Replay:
         else:
             outboxes, since, until = check_arguments(args, self._settings, dt.datetime.now(dt.UTC))
             until_time = min(Timestamp(int(until.timestamp()) + 1, 0), cluster_now(self._client))
-            request = Request(
-                outboxes, since, until, until_time, tuple(args.aggregate), tuple(args.aggregate_type), args.to_topic
-            )
+            aggregates, types = tuple(args.aggregate), tuple(args.aggregate_type)
+            request = Request(outboxes, since, until, until_time, aggregates, types, args.to_topic, args.rate_limit)
             state = ReplayState(str(uuid.uuid4()), request.saved())
+        self._rate = request.rate_limit
         return state, request
 
     # ---- checks and reports ------------------------------------------------------------------------
@@ -248,6 +279,7 @@ class _Replay:
             "until": iso(request.until),
             "oplogStart": iso(oplog.as_datetime()),
             "expected": total,
+            "rateLimit": request.rate_limit,
             "parts": {
                 str(ns): [{"from": p.source.value, "start": iso(p.start), "end": iso(p.end)} for p in parts]
                 for ns, parts in plans.items()
@@ -255,7 +287,7 @@ class _Replay:
         }
         emit(json.dumps(line))
 
-    def _summary(self, state: ReplayState, progress: Progress, interrupted: bool) -> None:
+    def _summary(self, state: ReplayState, request: Request, progress: Progress, interrupted: bool) -> None:
         line: dict[str, Any] = {
             "replay": state.id,
             "summary": self._counts.summary(),
@@ -266,7 +298,7 @@ class _Replay:
         }
         if interrupted:
             line["interrupted"] = True
-            line["resumeWith"] = f"outbox-relay replay --resume {state.id}"
+            line["resumeWith"] = resume_hint(state.id, request, self._args.state_dir)
         emit(json.dumps(line))
 
     # ---- one outbox ---------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ JSON file per replay in a local folder (`--state-dir`, default `<cache dir>/repl
 else ~/.cache/outbox-relay). Never in MongoDB: the live relay's leases and positions are not
 touched, and nothing the live relay reads is written.
 
-The file holds the request (outboxes, range, filters, target topic) and, per outbox, how far the
+The file holds the request (outboxes, range, filters, target topic, rate limit) and, per outbox, how far the
 confirmed messages reach: after which document of the collection part ((occurredAt, _id), as
 Extended JSON) and after which change of the oplog part (its resume token's `_data`), and whether
 the outbox is done. It is written (atomically: a temporary file renamed) only after Kafka

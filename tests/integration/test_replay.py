@@ -217,35 +217,56 @@ def test_filters_by_aggregate_and_type_to_another_topic_and_a_dry_run(env, repla
     assert [r.event["payload"] for r in records if r.key == "customer-1"] == [json.dumps({"seq": s}) for s in (1, 5, 9, 13, 17)]
 
 
+def _interrupted(env, tmp_path: Path, state: Path, *args: str) -> list[dict]:
+    """Run `replay ARGS` as a child, SIGTERM it once it saved progress it had not saved before (130);
+    its JSON lines, its log lines under the key "log"."""
+    saved = {p: p.read_text() for p in state.glob("*.json")}
+    log_path = tmp_path / f"replay-{len(list(tmp_path.glob('replay-*.out')))}.out"
+    with log_path.open("w") as log:
+        child = spawn([sys.executable, "-m", "relay", "replay", "--state-dir", str(state), *args], stdout=log,
+                      stderr=subprocess.STDOUT, env=settings_env(env.settings), cwd=ROOT)
+        try:
+            wait_until(lambda: any(saved.get(p) != p.read_text() for p in state.glob("*.json")), 60,
+                       "the replay's next saved progress")
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(60) == 130
+        finally:
+            if child.poll() is None:
+                child.kill()
+    lines = log_path.read_text().splitlines()
+    out = [json.loads(line) for line in lines if line.startswith('{"replay"')]
+    return [*out, {"log": [line for line in lines if not line.startswith('{"replay"')]}]
+
+
 def test_an_interrupted_replay_resumes_where_it_stopped_or_runs_again_with_duplicates_only(env, tmp_path):
+    """Interrupted at --rate-limit 50, resumed at the saved rate, interrupted again, resumed with
+    --rate-limit 1000 (it overrides the saved rate, saying so): every event once, in order."""
     since = _now() - dt.timedelta(milliseconds=5)
     written = write_events(env.db, env.settings.outbox_collection, 400, writers=2)
     state = tmp_path / "replays"
-    args = ["replay", "--since", _iso(since), "--rate-limit", "100", "--state-dir", str(state)]
-    log = (tmp_path / "replay.out").open("w")
-    child = spawn([sys.executable, "-m", "relay", *args], stdout=log, stderr=subprocess.STDOUT,
-                             env=settings_env(env.settings), cwd=ROOT)
-    try:
-        wait_until(lambda: any(state.glob("*.json")), 60, "the replay's first saved progress")
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(60) == 130
-    finally:
-        if child.poll() is None:
-            child.kill()
-        log.close()
-    out = [json.loads(line) for line in Path(log.name).read_text().splitlines() if line.startswith("{")]
+    *out, _ = _interrupted(env, tmp_path, state, "--since", _iso(since), "--rate-limit", "50")
     replay_id, stopped = out[0]["replay"], out[-1]
+    assert out[0]["rateLimit"] == 50
     assert stopped["interrupted"] is True and 0 < stopped["events"] < 400
+    assert stopped["resumeWith"].startswith(f"outbox-relay replay --resume {replay_id} --state-dir {state}  # ")
+    assert "--rate-limit 50" in stopped["resumeWith"]
     messages = _marked(read_messages(env.servers.kafka_bootstrap, env.topic()), replay_id)
     assert len(messages) == stopped["events"]
 
-    resumed = _cli(env, "--resume", replay_id, "--state-dir", str(state))
+    *again, _ = _interrupted(env, tmp_path, state, "--resume", replay_id)
+    assert again[0]["rateLimit"] == 50 and again[0]["resumed"] is True  # the saved rate, kept
+    done = stopped["events"] + again[-1]["events"]
+    assert again[-1]["interrupted"] is True and done < 400
+
+    resumed = _cli(env, "--resume", replay_id, "--state-dir", str(state), "--rate-limit", "1000")
     assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[0])["rateLimit"] == 1000
+    assert "--rate-limit 1000 given beside --resume overrides the saved rate limit (50 events/s)" in resumed.stderr
     summary = json.loads(resumed.stdout.splitlines()[-1])
-    assert summary["events"] == 400 - stopped["events"]
+    assert summary["events"] == 400 - done
     records = [r for r in read_topic(env.servers.kafka_bootstrap, env.topic()) if r.headers.get(HEADER_REPLAY) == replay_id]
     verdict = assert_complete_and_ordered(records, written)
-    assert not verdict.duplicates  # what was confirmed before the stop is not sent again
+    assert not verdict.duplicates  # what was confirmed before each stop is not sent again
 
     again = _cli(env, "--since", _iso(since), "--state-dir", str(state))
     assert again.returncode == 0, again.stderr

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+from pathlib import Path
 
 import pytest
 from bson import ObjectId
 
-from relay.commands.replay import check_arguments
+from relay.commands.replay import Request, check_arguments, resume_hint, resumed_request
 from relay.commands.replay_plan import Part, Source, add_arguments, check_range, gap, plan
 from relay.commands.replay_progress import Counts, bar_line
 from relay.commands.replay_state import ReplayState, load_state
@@ -192,3 +193,22 @@ def test_the_replays_skip_policy_leaves_a_poison_event_out_on_the_loops_encode_p
     assert SKIP not in POISON_POLICIES  # the replay's alone: RELAY_ON_POISON and the inbox refuse it
     with pytest.raises(ConfigError, match="RELAY_ON_POISON"):
         Settings.load(env={"RELAY_ON_POISON": "skip"}).parts()
+
+
+def test_a_resume_keeps_the_saved_rate_limit_and_a_rate_limit_beside_it_overrides_it_saying_so():
+    settings = Settings.load(env={"RELAY_DATABASE": "app"})
+    saved = {"outboxes": ["app.outbox"], "since": "2026-11-27T10:00:00.000Z", "until": "2026-11-27T11:00:00.000Z",
+             "untilClusterTime": [1, 0], "aggregates": [], "aggregateTypes": [], "toTopic": None, "rateLimit": 100.0}
+    request = Request.from_saved(saved, settings)
+    assert request.rate_limit == 100.0 and request.saved() == saved  # saved with the replay, read back
+    assert resumed_request(request, None) == (request, None)  # kept
+    faster, line = resumed_request(request, 250.0)
+    assert faster.rate_limit == 250.0 and faster.saved()["rateLimit"] == 250.0  # the next resume keeps this one
+    assert line == "--rate-limit 250 given beside --resume overrides the saved rate limit (100 events/s)"
+    with pytest.raises(ConfigError, match="--rate-limit: must be greater than 0"):
+        resumed_request(request, 0.0)
+    older = Request.from_saved({k: v for k, v in saved.items() if k != "rateLimit"}, settings)
+    assert older.rate_limit is None  # a state from before rates were saved: no limit, as it ran
+    hint = resume_hint("r1", request, None)
+    assert hint.startswith("outbox-relay replay --resume r1  # ") and "--rate-limit 100" in hint
+    assert "overrides" in hint and "--state-dir d" in resume_hint("r1", older, Path("d"))
