@@ -39,7 +39,7 @@ from pymongo import MongoClient
 from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import framing_for
-from relay.commands.replay_plan import Part, ReplayGapError, Source, check_range, gap, iso, plan
+from relay.commands.replay_plan import Part, Removals, ReplayGapError, Source, check_range, gap, iso, plan, unseen
 from relay.commands.replay_progress import Counts, Progress
 from relay.commands.replay_state import OutboxProgress, ReplayState, default_state_dir, load_state
 from relay.config import PartConfigs, Settings
@@ -58,13 +58,16 @@ from relay.mongo.replay_source import (
     Filters,
     OplogPart,
     Recovery,
+    cleanup_record,
     cluster_now,
     collection_changes,
+    complete_oplog,
     count_documents,
     document_key,
     oldest_occurred,
     oplog_window_start,
     timestamp_at,
+    ttl_index,
     wall_ms,
 )
 
@@ -202,7 +205,7 @@ class _Replay:
             check_kafka(parts.kafka)
         oplog_ts = oplog_window_start(self._client)
         plans = {ns: plan(request.since, request.until, oplog_ts.as_datetime()) for ns in request.outboxes}
-        self._refuse_gaps(request, plans)
+        self._refuse_gaps(plans, oplog_ts)
         filters = self._filters(request)
         total = sum(
             count_documents(parts.mongo.outbox(self._client, ns), filters, request.since, request.until)
@@ -253,19 +256,29 @@ class _Replay:
             fields.aggregate_id, fields.aggregate_type, fields.occurred_at, request.aggregates, request.aggregate_types
         )
 
-    def _refuse_gaps(self, request: Request, plans: dict[Namespace, list[Part]]) -> None:
-        """ReplayGapError naming what is gone, unless --allow-gap (then a WARNING per outbox)."""
+    def _refuse_gaps(self, plans: dict[Namespace, list[Part]], oplog: Timestamp) -> None:
+        """ReplayGapError naming what may be gone, unless --allow-gap (then a WARNING per outbox)."""
         fields = self._parts.encoding.fields
         unfiltered = Filters(fields.aggregate_id, fields.aggregate_type, fields.occurred_at)
         for namespace, parts in plans.items():
-            gone = gap(
-                str(namespace), parts, oldest_occurred(self._parts.mongo.outbox(self._client, namespace), unfiltered)
-            )
+            outbox = self._parts.mongo.outbox(self._client, namespace)
+            oldest = oldest_occurred(outbox, unfiltered)
+            if unseen(parts, oldest) is None:
+                continue
+            gone = gap(str(namespace), parts, oldest, oplog.as_datetime(), self._removals(namespace))
             if gone is None:
                 continue
             if not self._args.allow_gap:
                 raise ReplayGapError(gone)
             log.warning("replay: %s", gone.replace(", or pass --allow-gap to replay what is left", ""))
+
+    def _removals(self, namespace: Namespace) -> Removals:
+        """What may have removed the outbox's documents (relay.commands.replay_plan.Removals)."""
+        outbox = self._parts.mongo.outbox(self._client, namespace)
+        if complete_oplog(self._client, namespace):
+            return Removals(complete_oplog=True)
+        known, cleaned_before = cleanup_record(self._parts.mongo.leases(self._client), self._lease_ids(namespace))
+        return Removals(False, ttl_index(outbox), known, cleaned_before)
 
     def _start_line(
         self, state: ReplayState, request: Request, plans: dict[Namespace, list[Part]], oplog: Timestamp, total: int
@@ -411,9 +424,13 @@ class _Replay:
         """The highest fencing token of the outbox's lease documents (read, never written): the
         `relay_fencing_token` the replayed messages carry, so the replay never looks like a fencing
         regression next to the live relay's messages (0 when no relay ever ran)."""
-        ids = [s.lease_id for s in self._parts.scopes() if s.namespace == namespace]
-        docs = self._parts.mongo.leases(self._client).find({"_id": {"$in": ids}}, projection={"fencingToken": 1})
+        leases = self._parts.mongo.leases(self._client)
+        docs = leases.find({"_id": {"$in": self._lease_ids(namespace)}}, projection={"fencingToken": 1})
         return max((int(d.get("fencingToken", 0)) for d in docs), default=0)
+
+    def _lease_ids(self, namespace: Namespace) -> list[str]:
+        """The ids of the outbox's lease documents (one per partition)."""
+        return [s.lease_id for s in self._parts.scopes() if s.namespace == namespace]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from bson import Timestamp
 from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 from pymongo.collection import Collection
-from pymongo.errors import PyMongoError
+from pymongo.errors import ExecutionTimeout, PyMongoError
 
 from relay.core.change import Change
 from relay.core.errors import Action, RelayError, ReopenableStreamError, ServerUnreachableError
@@ -35,10 +35,14 @@ from relay.core.restarts import RestartPolicy
 from relay.mongo.codecs import RAW_CHANGE_CODEC, read_changes
 from relay.mongo.cursor import Cursor, oplog_start
 from relay.mongo.errors import describe, relay_error, resumable
+from relay.mongo.lease import CLEANED_UP_BEFORE
 from relay.mongo.pipeline import PIPELINE
 from relay.mongo.rescan import rescan_changes
 
 log = logging.getLogger("relay")
+
+INITIATING_SET = "initiating set"  # the message of a replica set's first oplog entry (replSetInitiate)
+COMPLETE_OPLOG_SCAN_MS = 2000  # the longest the gap check scans the oplog for deletes of an outbox
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,45 @@ def oldest_occurred(outbox: Collection[Any], filters: Filters) -> dt.datetime | 
     if doc is None or not isinstance(doc.get(field), dt.datetime):
         return None
     return _aware(doc[field])
+
+
+def complete_oplog(client: MongoClient[Any], namespace: Namespace, max_time_ms: int = COMPLETE_OPLOG_SCAN_MS) -> bool:
+    """Whether nothing can have been removed from `namespace` since the replica set began: its
+    oplog has never rolled over (its oldest entry is the replica set's first, `initiating set`)
+    and holds no delete of the outbox's documents (a scan of the oplog, bounded by `max_time_ms`:
+    False when it could not finish). Documents written before the replica set was initiated (a
+    standalone server turned into one) are not seen."""
+    oplog = client.local["oplog.rs"]
+    first = oplog.find_one({}, projection={"op": 1, "o": 1}, sort=[("$natural", 1)])
+    if first is None or first.get("op") != "n" or (first.get("o") or {}).get("msg") != INITIATING_SET:
+        return False
+    deletes = {"op": "d", "ns": str(namespace)}
+    query = {"$or": [deletes, {"op": "c", "o.applyOps": {"$elemMatch": deletes}}]}
+    try:
+        return oplog.find_one(query, projection={"_id": 1}, max_time_ms=max_time_ms) is None
+    except ExecutionTimeout:
+        return False
+
+
+def ttl_index(outbox: Collection[Any]) -> tuple[str, int] | None:
+    """A TTL index of the outbox (on any field): its field and expireAfterSeconds; None: none."""
+    for index in outbox.list_indexes():
+        if "expireAfterSeconds" in index:
+            return next(iter(index["key"])), int(index["expireAfterSeconds"])
+    return None
+
+
+def cleanup_record(leases: Collection[Any], lease_ids: Sequence[str]) -> tuple[bool, dt.datetime | None]:
+    """What the outbox's lease documents record of its clean-up (relay.mongo.lease,
+    `cleanedUpBefore`): whether it is known, and the newest cutoff a pass deleted below (None:
+    clean-up never deleted anything). Known when every lease document of the outbox records it; a
+    lease that has no document yet never had a stored position, so nothing was cleaned up under
+    it (clean-up by position and `outbox prune` need one)."""
+    docs = list(leases.find({"_id": {"$in": list(lease_ids)}}, projection={CLEANED_UP_BEFORE: 1}))
+    if any(CLEANED_UP_BEFORE not in d for d in docs):
+        return False, None
+    cutoffs = [_aware(d[CLEANED_UP_BEFORE]) for d in docs if isinstance(d[CLEANED_UP_BEFORE], dt.datetime)]
+    return True, max(cutoffs, default=None)
 
 
 def count_documents(outbox: Collection[Any], filters: Filters, since: dt.datetime, until: dt.datetime) -> int:
@@ -278,12 +321,15 @@ __all__ = [
     "Filters",
     "OplogPart",
     "Recovery",
+    "cleanup_record",
     "cluster_now",
     "collection_changes",
+    "complete_oplog",
     "count_documents",
     "document_key",
     "oldest_occurred",
     "oplog_window_start",
     "timestamp_at",
+    "ttl_index",
     "wall_ms",
 ]

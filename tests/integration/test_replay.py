@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from bson import ObjectId
+from pymongo import MongoClient
 
 from relay.cli import main
 from relay.core.message import HEADER_REPLAY
@@ -38,6 +39,7 @@ from tests.support.mongodb import failpoint
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.paths import ROOT
 from tests.support.relays import RelayThread, settings_env
+from tests.support.servers import replica_set
 from tests.support.topics import read_messages, read_topic, topic_size
 from tests.support.waiting import wait_until
 from tests.support.writes import Written, background_writes, write_events
@@ -363,13 +365,111 @@ def test_bad_input_is_one_line_and_its_exit_code(env):
         (2, "--to-topic", ["--since", _iso(now - dt.timedelta(minutes=1)), "--to-topic", "no spaces allowed"]),
         (2, "--since", ["--since", "yesterday"]),
         (2, "--resume", ["--resume", str(ObjectId())]),
-        (4, "may be gone", ["--since", _iso(oplog_start - dt.timedelta(hours=2))]),
     ]
     for code, says, args in cases:
         result = _cli(env, *args)
         err = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == code, (args, result.stderr)
         assert len(err) == 1 and says in err[0] and "Traceback" not in result.stderr, (args, result.stderr)
+    _remove_one(env)  # with a TTL index below: documents may have been removed, a gap
+    env.outbox.create_index("occurredAt", expireAfterSeconds=30 * 86400)
+    gone = _cli(env, "--since", _iso(oplog_start - dt.timedelta(hours=2)))
+    err = [line for line in gone.stderr.splitlines() if line.strip()]
+    assert gone.returncode == 4 and len(err) == 1 and "may be gone" in err[0], gone.stderr
     allowed = _cli(env, "--since", _iso(oplog_start - dt.timedelta(hours=2)), "--allow-gap")
     assert allowed.returncode == 0, allowed.stderr
-    assert json.loads(allowed.stdout.splitlines()[-1])["events"] == 1
+    assert json.loads(allowed.stdout.splitlines()[-1])["events"] == 2  # the removed one's insert is in the oplog
+
+
+# ---- the gap check: "may be gone" only where something can have removed the events -----------------
+
+def _remove_one(env) -> None:
+    """An event written and deleted: the oplog holds a delete of the outbox (a complete oplog no
+    longer proves that nothing was removed)."""
+    event = OutboxEvent.new("order", "removed", "Changed", {"seq": 0})
+    Outbox(env.outbox).add(event)
+    env.outbox.delete_one({"_id": event.event_id})
+
+
+def _gap_line(replay) -> str:
+    [line] = [line for line in replay.stderr if "may be gone" in line]
+    return line
+
+
+def test_on_a_fresh_replica_set_a_range_before_the_oplog_replays_without_a_false_alarm(env, replay):
+    """The young deployment of issue 54: the oplog has never rolled over and holds no delete of the
+    outbox, so nothing before its start can have been removed: no exit 4, not even a WARNING."""
+    oplog_start = _oplog_start(env)
+    _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": 1})])
+    code, lines = replay("--since", _iso(oplog_start - dt.timedelta(hours=2)))
+    assert code == 0 and lines[-1]["events"] == 1, (lines, replay.stderr)
+    assert [p["from"] for p in lines[0]["parts"][env.settings.namespace]] == ["collection", "oplog"]
+    assert not [line for line in replay.stderr if "may be gone" in line]
+
+
+def test_where_removal_cannot_be_ruled_out_the_gap_names_what_may_have_removed_events_or_none(env, replay):
+    """A delete of the outbox in the oplog: the oplog no longer proves nothing was removed. Then no
+    TTL index and no clean-up (no relay ever ran: no lease document) still means none; a TTL index,
+    clean-up recorded by `outbox prune`, or a lease document that keeps no record (an earlier
+    release's) means "may be gone", each named, "or there were none"."""
+    oplog_start = _oplog_start(env)
+    since = _iso(oplog_start - dt.timedelta(hours=2))
+    _remove_one(env)
+    _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": 1})])
+    code, lines = replay("--since", since)
+    assert code == 0 and lines[-1]["events"] == 2, (lines, replay.stderr)  # no TTL index, no clean-up
+
+    env.outbox.create_index("occurredAt", name="ttl", expireAfterSeconds=3600)
+    assert replay("--since", since)[0] == 4
+    assert "a TTL index on occurredAt (3600 s) removes documents, or there were none" in _gap_line(replay)
+    env.outbox.drop_index("ttl")
+
+    written = _publish(env, 5)  # the relay ran: its lease document records clean-up from its creation
+    assert replay("--since", since)[0] == 0
+    assert main(["outbox", "prune"]) == 0  # deletes what the stored position covers, recording its cutoff
+    assert env.outbox.count_documents({}) < len(written.ids) + 1
+    cutoff = lease_doc(env.db, env.settings)["cleanedUpBefore"]
+    assert replay("--since", since)[0] == 4
+    assert f"clean-up removed documents that occurred before {_iso(cutoff)}, or there were none" in _gap_line(replay)
+
+    env.db[env.settings.lease_collection].update_one({"_id": env.settings.namespace},
+                                                     {"$unset": {"cleanedUpBefore": ""}})  # as an earlier release
+    assert replay("--since", since)[0] == 4
+    assert "its lease documents keep no record of it), or there were none" in _gap_line(replay)
+
+
+@pytest.fixture
+def rolled_over(servers):
+    """A single-member replica set with a 1 MB oplog that has rolled over."""
+    with replica_set("outbox-relay-replay-oplog-", members=1, oplog_size_mb=1, sync_delay_s=1) as rs:
+        client = MongoClient(rs.uri, tz_aware=True)
+        try:
+            for _ in range(120):
+                client.filler.pad.insert_many([{"pad": "x" * 10_000} for _ in range(100)])
+                first = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])
+                if first is not None and first.get("o", {}).get("msg") != "initiating set":
+                    break
+                time.sleep(0.5)  # truncation waits for the next storage checkpoint (--syncdelay 1)
+            else:
+                raise AssertionError("the oplog did not roll over")
+        finally:
+            client.close()
+        yield rs
+
+
+def test_after_the_oplog_rolled_over_an_outbox_never_cleaned_up_without_ttl_index_has_no_gap(
+        env, replay, rolled_over, monkeypatch):
+    monkeypatch.setenv("RELAY_MONGODB_URI", rolled_over.uri)
+    client = MongoClient(rolled_over.uri, tz_aware=True)
+    try:
+        outbox = client[env.settings.database][env.settings.outbox_collection]
+        Outbox(outbox).add(OutboxEvent.new("order", "a", "Changed", {"seq": 1}))
+        oplog_start = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])["ts"].as_datetime()
+        since = _iso(oplog_start - dt.timedelta(hours=2))
+        code, lines = replay("--since", since, "--dry-run")
+        assert code == 0 and lines[-1]["events"] == 1, (lines, replay.stderr)
+        outbox.create_index("occurredAt", name="ttl", expireAfterSeconds=3600)
+        assert replay("--since", since, "--dry-run")[0] == 4
+        assert "removes documents, or there were none" in _gap_line(replay)
+    finally:
+        client.close()

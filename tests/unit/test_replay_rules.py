@@ -11,7 +11,7 @@ import pytest
 from bson import ObjectId
 
 from relay.commands.replay import Request, check_arguments, resume_hint, resumed_request
-from relay.commands.replay_plan import Part, Source, add_arguments, check_range, gap, plan
+from relay.commands.replay_plan import Part, Removals, Source, add_arguments, check_range, gap, plan
 from relay.commands.replay_progress import Counts, bar_line
 from relay.commands.replay_state import ReplayState, load_state
 from relay.config import Settings
@@ -46,14 +46,36 @@ def test_a_range_ending_before_the_oplog_is_read_from_the_collection_only_until_
 
 def test_a_gap_is_reported_only_when_the_collection_part_starts_before_the_oldest_document():
     parts = plan(T0 - H, T0 + H, oplog_start=T0)
-    assert gap("app.outbox", parts, oldest_document=T0 - H) is None
-    assert gap("app.outbox", parts, oldest_document=T0 - 2 * H) is None
-    gone = gap("app.outbox", parts, oldest_document=T0 - H / 2)
+    assert gap("app.outbox", parts, T0 - H, T0) is None
+    assert gap("app.outbox", parts, T0 - 2 * H, T0) is None
+    gone = gap("app.outbox", parts, T0 - H / 2, T0)
     assert gone is not None and "app.outbox" in gone
     assert "from 2026-11-27T09:00:00.000Z to 2026-11-27T09:30:00.000Z" in gone and "--allow-gap" in gone
-    empty = gap("app.outbox", parts, oldest_document=None)
+    assert "or there were none" in gone  # it cannot tell "removed" from "none"
+    empty = gap("app.outbox", parts, None, T0)
     assert empty is not None and "to 2026-11-27T10:00:00.000Z" in empty and "empty" in empty
-    assert gap("app.outbox", plan(T0, T0 + H, oplog_start=T0 - H), oldest_document=None) is None
+    assert gap("app.outbox", plan(T0, T0 + H, oplog_start=T0 - H), None, T0 - H) is None
+    before = gap("app.outbox", plan(T0 - 3 * H, T0 - 2 * H, oplog_start=T0), None, T0)
+    assert before is not None and "the oplog starts at 2026-11-27T10:00:00.000Z" in before
+
+
+def test_no_gap_when_nothing_can_have_removed_the_events_else_the_possible_causes_or_none():
+    parts = plan(T0 - 2 * H, T0 + H, oplog_start=T0)
+    oldest = T0 - H / 2
+    # The oplog holds every write since the replica set began, and no delete of the outbox.
+    assert gap("app.outbox", parts, oldest, T0, Removals(complete_oplog=True)) is None
+    # No TTL index, clean-up never deleted anything (or only what occurred before --since).
+    assert gap("app.outbox", parts, oldest, T0, Removals(cleanup_known=True)) is None
+    assert gap("app.outbox", parts, oldest, T0, Removals(cleanup_known=True, cleaned_before=T0 - 3 * H)) is None
+    # Clean-up deleted below T0 - H: only what occurred before it may be gone.
+    cut = gap("app.outbox", parts, oldest, T0, Removals(cleanup_known=True, cleaned_before=T0 - H))
+    assert cut is not None and "to 2026-11-27T09:00:00.000Z may be gone" in cut
+    assert "clean-up removed documents that occurred before 2026-11-27T09:00:00.000Z, or there were none" in cut
+    assert "replay from 2026-11-27T09:00:00.000Z" in cut
+    ttl = gap("app.outbox", parts, oldest, T0, Removals(ttl=("occurredAt", 3600), cleanup_known=True))
+    assert ttl is not None and "a TTL index on occurredAt (3600 s) removes documents, or there were none" in ttl
+    unknown = gap("app.outbox", parts, oldest, T0, Removals())
+    assert unknown is not None and "its lease documents keep no record" in unknown and "or there were none" in unknown
 
 
 def test_times_are_iso_8601_utc_without_a_zone_one_parser_for_the_replay_and_relay_start_at():
