@@ -21,7 +21,7 @@ from pathlib import Path
 
 from relay import __version__
 from relay import config as cfg
-from relay.commands.replay_plan import REPLAY_HELP
+from relay.commands.replay_plan import REPLAY_HELP, REPLAY_USAGE
 from relay.commands.replay_plan import add_arguments as add_replay
 from relay.core.errors import EXIT_CONFIG, EXIT_FATAL
 from relay.core.redact import emit
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_schemas(sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility"))
     _add_tail(sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines"))
-    add_replay(sub.add_parser("replay", parents=[settings], help=REPLAY_HELP))
+    add_replay(sub.add_parser("replay", parents=[settings], help=REPLAY_HELP, usage=REPLAY_USAGE))
     _add_security(
         sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
     )

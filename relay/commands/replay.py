@@ -223,6 +223,8 @@ class _Replay:
                 if publisher is not None:
                     publisher.close()
                 progress.finish()
+        if not interrupted and not self._dry_run:
+            state.remove(self._folder)  # finished: nothing to resume (relay.commands.replay_state)
         self._summary(state, request, progress, interrupted)
         return EXIT_INTERRUPTED if interrupted else 0
 

@@ -152,12 +152,18 @@ def iso(moment: dt.datetime) -> str:
 
 
 REPLAY_HELP = "publish a time range of the outbox again, marked, beside the live relay (docs/replay.md)"
+REPLAY_USAGE = (
+    "%(prog)s (--since TIME | --resume REPLAY_ID) [--until TIME] [--outbox DATABASE.COLLECTION ...]\n"
+    "       [--aggregate ID ...] [--aggregate-type TYPE ...] [--to-topic TOPIC] [--dry-run]\n"
+    "       [--rate-limit EVENTS_PER_S] [--allow-gap] [--state-dir DIR] [--config FILE] [settings (RELAY_*) ...]"
+)
 
 # The replay's flags beside the settings (`run`'s, RELAY_*): flag, then argparse's options.
 _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--outbox",), dict(action="append", metavar="DATABASE.COLLECTION",
                          help="replay this outbox (repeatable; default: every configured outbox, RELAY_OUTBOXES)")),
-    (("--since",), dict(metavar="TIME", help="start of the range, ISO 8601 (no zone: UTC); required")),
+    (("--since",), dict(metavar="TIME",
+                        help="start of the range, ISO 8601 (no zone: UTC); required, unless --resume")),
     (("--until",), dict(metavar="TIME", help="end of the range, ISO 8601 (default: now)")),
     (("--aggregate",), dict(action="append", default=[], metavar="ID", help="only this aggregate id (repeatable)")),
     (("--aggregate-type",), dict(action="append", default=[], metavar="TYPE",
@@ -168,13 +174,18 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
                                       help="publish at most this many events per second (default: no limit)")),
     (("--allow-gap",), dict(action="store_true",
                             help="go on when part of the range is gone (clean-up removed it), replaying what is left")),
-    (("--resume",), dict(metavar="REPLAY_ID", help="continue an interrupted replay from its saved progress")),
+    (("--resume",), dict(metavar="REPLAY_ID",
+                         help="continue an interrupted replay from its saved progress, with its range, filters "
+                              "and rate limit (instead of --since)")),
     (("--state-dir",), dict(type=Path, metavar="DIR",
-                            help="where replays save their progress (default: <RELAY_CACHE_DIR>/replays)")),
+                            help="where replays save their progress until they finish (default: "
+                                 "<RELAY_CACHE_DIR>/replays)")),
 ]  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The replay's flags (the settings are `run`'s: RELAY_*)."""
+    """The replay's flags, in a group of their own beside the settings (`run`'s: RELAY_*); the
+    usage line shows that --since or --resume is required (REPLAY_USAGE)."""
+    group = parser.add_argument_group("replay", "what to replay: --since TIME, or --resume REPLAY_ID")
     for flags, options in _FLAGS:
-        parser.add_argument(*flags, **options)
+        group.add_argument(*flags, **options)

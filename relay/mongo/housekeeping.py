@@ -227,7 +227,6 @@ class Cleaner:
                 break
         return result
 
-
     def _delete(self, lease_id: str, ids: list[Any], cutoff: dt.datetime, first: bool) -> int:
         """Delete `ids`; a pass's first delete records its cutoff in the lease document before it,
         so no delete goes unrecorded (`cleanedUpBefore`, relay.mongo.lease)."""

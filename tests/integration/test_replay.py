@@ -269,6 +269,9 @@ def test_an_interrupted_replay_resumes_where_it_stopped_or_runs_again_with_dupli
     records = [r for r in read_topic(env.servers.kafka_bootstrap, env.topic()) if r.headers.get(HEADER_REPLAY) == replay_id]
     verdict = assert_complete_and_ordered(records, written)
     assert not verdict.duplicates  # what was confirmed before each stop is not sent again
+    assert not (state / f"{replay_id}.json").exists()  # finished: its state file is removed
+    finished = _cli(env, "--resume", replay_id, "--state-dir", str(state))
+    assert finished.returncode == 2 and "a finished replay leaves none" in finished.stderr, finished.stderr
 
     again = _cli(env, "--since", _iso(since), "--state-dir", str(state))
     assert again.returncode == 0, again.stderr

@@ -234,3 +234,22 @@ def test_a_resume_keeps_the_saved_rate_limit_and_a_rate_limit_beside_it_override
     hint = resume_hint("r1", request, None)
     assert hint.startswith("outbox-relay replay --resume r1  # ") and "--rate-limit 100" in hint
     assert "overrides" in hint and "--state-dir d" in resume_hint("r1", older, Path("d"))
+
+
+def test_replay_help_shows_that_since_or_resume_is_required(capsys):
+    from relay.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    assert usage.startswith("usage: outbox-relay replay (--since TIME | --resume REPLAY_ID) [--until TIME]")
+    assert "[--since TIME]" not in usage
+
+
+def test_a_finished_replay_removes_its_state_file(tmp_path):
+    state = ReplayState("6f1c1f0e-3b7a-4a51-9a53-8f7f2f8d6c11", {"since": "x"})
+    path = state.save(tmp_path)
+    state.remove(tmp_path)
+    assert not path.exists()
+    with pytest.raises(ConfigError, match="a finished replay leaves none"):
+        load_state(tmp_path, state.id)
