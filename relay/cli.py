@@ -15,18 +15,17 @@ import argparse
 import importlib.util
 import json
 import logging
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from relay import __version__
 from relay import config as cfg
-from relay.commands.replay_plan import REPLAY_HELP
+from relay.commands.replay_plan import REPLAY_HELP, REPLAY_USAGE
 from relay.commands.replay_plan import add_arguments as add_replay
 from relay.core.errors import EXIT_CONFIG, EXIT_FATAL, EXIT_UNREACHABLE
 from relay.core.redact import emit
+from relay.core.signals import Then, stopping_on_signals
 from relay.ops.exits import run_command
 
 log = logging.getLogger("relay")
@@ -84,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_schemas(sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility"))
     _add_tail(sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines"))
-    add_replay(sub.add_parser("replay", parents=[settings], help=REPLAY_HELP))
+    add_replay(sub.add_parser("replay", parents=[settings], help=REPLAY_HELP, usage=REPLAY_USAGE))
     _add_security(
         sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
     )
@@ -192,11 +191,12 @@ def _status(settings: cfg.Settings, args: argparse.Namespace) -> int:
 def _demo(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.dev.demo import run_demo
 
-    def interrupt(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt  # the demo's finally stops everything it started
+    with stopping_on_signals(_interrupt):  # the demo's finally stops everything it started
+        return run_demo(settings, events=args.events, rate=args.rate)
 
-    signal.signal(signal.SIGTERM, interrupt)
-    return run_demo(settings, events=args.events, rate=args.rate)
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 def _outbox(settings: cfg.Settings, args: argparse.Namespace) -> int:
@@ -258,16 +258,9 @@ def _run(settings: cfg.Settings) -> int:
         log.warning(shared.warning(), extra={"outboxes": list(shared.outboxes), "missing": shared.missing})
     group = build(settings)  # the process: one relay loop per lease it may lead
     server = group.observer.serve()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: finishing the batch in flight, then stopping", signum)
-        group.stop()
-        signal.signal(signum, signal.SIG_DFL)  # a second signal stops at once
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     try:
-        group.run()
+        with stopping_on_signals(group.stop, Then.DEFAULT, "finishing the batch in flight, then stopping"):
+            group.run()
     finally:
         if server is not None:
             server.shutdown()

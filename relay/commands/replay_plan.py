@@ -13,7 +13,7 @@ A replay of `[since, until]` on one outbox reads at most two parts, in this orde
 Within the oplog the range is by commit time (the insert's wall time); before it, by occurredAt
 (the only time a document keeps). A range before the oplog whose oldest document is newer than
 `since` may have lost events to clean-up (or a TTL index): that is a gap, refused unless the
-operator allows it.
+operator allows it, or unless nothing can have removed them (`gap`, `Removals`).
 """
 
 from __future__ import annotations
@@ -52,15 +52,6 @@ class Part:
     occurred_from: dt.datetime | None = None
 
 
-def parse_time(flag: str, text: str) -> dt.datetime:
-    """An ISO 8601 time as an aware UTC datetime (no zone: UTC); ConfigError naming the flag."""
-    try:
-        moment = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError as exc:
-        raise ConfigError(flag, f"not an ISO 8601 time: {text!r} (e.g. 2026-11-27T10:00:00Z)") from exc
-    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
-
-
 def check_range(since: dt.datetime, until: dt.datetime, now: dt.datetime) -> dt.datetime:
     """The range's end: `until`, at most `now`. ConfigError when `since` is in the future, when
     `until` lies before `since`, or when the range is empty (`until` equal to `since`)."""
@@ -72,19 +63,6 @@ def check_range(since: dt.datetime, until: dt.datetime, now: dt.datetime) -> dt.
     if until == since:
         raise ConfigError("--until", f"the range is empty: --since and --until are both {iso(since)}")
     return until
-
-
-def check_outboxes(given: list[str] | None, configured: tuple[str, ...]) -> tuple[str, ...]:
-    """The outboxes to replay: those given (each one configured, in RELAY_OUTBOXES), else every
-    configured one; ConfigError naming --outbox otherwise."""
-    if not given:
-        return configured
-    for name in given:
-        if name not in configured:
-            raise ConfigError(
-                "--outbox", f"{name!r} is not a configured outbox (RELAY_OUTBOXES: {', '.join(configured)})"
-            )
-    return tuple(dict.fromkeys(given))
 
 
 def plan(since: dt.datetime, until: dt.datetime, oplog_start: dt.datetime) -> list[Part]:
@@ -101,24 +79,71 @@ def plan(since: dt.datetime, until: dt.datetime, oplog_start: dt.datetime) -> li
     ]
 
 
-def gap(namespace: str, parts: list[Part], oldest_document: dt.datetime | None) -> str | None:
-    """What is gone from `namespace` for these parts, or None: a collection part whose start lies
-    before the outbox's oldest document (by occurredAt; None: the outbox is empty) may have lost
-    the events before that document to clean-up, and the oplog no longer holds them."""
+@dataclass(frozen=True)
+class Removals:
+    """What may have removed an outbox's documents before the oplog's start, as the servers tell
+    (relay.mongo.replay_source): whether the oplog holds every write since the replica set began
+    and no delete of the outbox (`complete_oplog`), its TTL index (field, seconds), and its
+    clean-up as the lease documents record it (`cleanup_known`; `cleaned_before`: the newest cutoff
+    a pass deleted below, None when clean-up never deleted anything)."""
+
+    complete_oplog: bool = False
+    ttl: tuple[str, int] | None = None
+    cleanup_known: bool = False
+    cleaned_before: dt.datetime | None = None
+
+
+def unseen(parts: list[Part], oldest_document: dt.datetime | None) -> tuple[dt.datetime, dt.datetime] | None:
+    """The span of a collection part that lies before the outbox's oldest document (by
+    occurredAt; None: the outbox is empty), where events may be gone; None when there is none."""
     collection = next((p for p in parts if p.source is Source.COLLECTION), None)
-    if collection is None:
+    if collection is None or (oldest_document is not None and oldest_document <= collection.start):
         return None
-    if oldest_document is not None and oldest_document <= collection.start:
+    return collection.start, collection.end if oldest_document is None else min(oldest_document, collection.end)
+
+
+def gap(
+    namespace: str,
+    parts: list[Part],
+    oldest_document: dt.datetime | None,
+    oplog_start: dt.datetime,
+    removals: Removals | None = None,
+) -> str | None:
+    """What may be gone from `namespace` for these parts, or None. A collection part starting before
+    the outbox's oldest document may have lost the events before it, which the oplog no longer
+    holds, unless nothing can have removed them: the oplog is complete, or the outbox has no TTL
+    index and its clean-up never deleted anything that occurred in the span. Otherwise the span
+    (cut at the clean-up's cutoff when only clean-up could remove documents) and its possible
+    causes; "or there were none", since an empty span looks the same."""
+    span = unseen(parts, oldest_document)
+    removals = removals or Removals()
+    if span is None or removals.complete_oplog:
         return None
-    gone_until = collection.end if oldest_document is None else min(oldest_document, collection.end)
+    start, gone_until = span
+    if removals.ttl is None and removals.cleanup_known:
+        if removals.cleaned_before is None or removals.cleaned_before <= start:
+            return None
+        gone_until = min(gone_until, removals.cleaned_before)
     held = (
         "the outbox is empty" if oldest_document is None else f"its oldest document occurred at {iso(oldest_document)}"
     )
     return (
-        f"{namespace}: events from {iso(collection.start)} to {iso(gone_until)} may be gone: {held} "
-        f"and the oplog starts at {iso(collection.end)} (clean-up or a TTL index removed them); "
-        f"replay from {iso(gone_until)}, or pass --allow-gap to replay what is left"
+        f"{namespace}: events from {iso(start)} to {iso(gone_until)} may be gone: {held} and the oplog starts at "
+        f"{iso(oplog_start)}; {_causes(removals)}, or there were none; replay from {iso(gone_until)}, or pass "
+        "--allow-gap to replay what is left"
     )
+
+
+def _causes(removals: Removals) -> str:
+    """What may have removed the documents, as far as the servers tell."""
+    causes = []
+    if removals.ttl is not None:
+        causes.append(f"a TTL index on {removals.ttl[0]} ({removals.ttl[1]} s) removes documents")
+    if not removals.cleanup_known:
+        causes.append("clean-up may have removed them (its lease documents keep no record of it)")
+    elif removals.cleaned_before is not None:
+        causes.append(f"clean-up removed documents that occurred before {iso(removals.cleaned_before)}")
+    return " and ".join(causes)
 
 
 def iso(moment: dt.datetime) -> str:
@@ -127,12 +152,18 @@ def iso(moment: dt.datetime) -> str:
 
 
 REPLAY_HELP = "publish a time range of the outbox again, marked, beside the live relay (docs/replay.md)"
+REPLAY_USAGE = (
+    "%(prog)s (--since TIME | --resume REPLAY_ID) [--until TIME] [--outbox DATABASE.COLLECTION ...]\n"
+    "       [--aggregate ID ...] [--aggregate-type TYPE ...] [--to-topic TOPIC] [--dry-run]\n"
+    "       [--rate-limit EVENTS_PER_S] [--allow-gap] [--state-dir DIR] [--config FILE] [settings (RELAY_*) ...]"
+)
 
 # The replay's flags beside the settings (`run`'s, RELAY_*): flag, then argparse's options.
 _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--outbox",), dict(action="append", metavar="DATABASE.COLLECTION",
                          help="replay this outbox (repeatable; default: every configured outbox, RELAY_OUTBOXES)")),
-    (("--since",), dict(metavar="TIME", help="start of the range, ISO 8601 (no zone: UTC); required")),
+    (("--since",), dict(metavar="TIME",
+                        help="start of the range, ISO 8601 (no zone: UTC); required, unless --resume")),
     (("--until",), dict(metavar="TIME", help="end of the range, ISO 8601 (default: now)")),
     (("--aggregate",), dict(action="append", default=[], metavar="ID", help="only this aggregate id (repeatable)")),
     (("--aggregate-type",), dict(action="append", default=[], metavar="TYPE",
@@ -143,13 +174,18 @@ _FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
                                       help="publish at most this many events per second (default: no limit)")),
     (("--allow-gap",), dict(action="store_true",
                             help="go on when part of the range is gone (clean-up removed it), replaying what is left")),
-    (("--resume",), dict(metavar="REPLAY_ID", help="continue an interrupted replay from its saved progress")),
+    (("--resume",), dict(metavar="REPLAY_ID",
+                         help="continue an interrupted replay from its saved progress, with its range, filters "
+                              "and rate limit (instead of --since)")),
     (("--state-dir",), dict(type=Path, metavar="DIR",
-                            help="where replays save their progress (default: <RELAY_CACHE_DIR>/replays)")),
+                            help="where replays save their progress until they finish (default: "
+                                 "<RELAY_CACHE_DIR>/replays)")),
 ]  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The replay's flags (the settings are `run`'s: RELAY_*)."""
+    """The replay's flags, in a group of their own beside the settings (`run`'s: RELAY_*); the
+    usage line shows that --since or --resume is required (REPLAY_USAGE)."""
+    group = parser.add_argument_group("replay", "what to replay: --since TIME, or --resume REPLAY_ID")
     for flags, options in _FLAGS:
-        parser.add_argument(*flags, **options)
+        group.add_argument(*flags, **options)

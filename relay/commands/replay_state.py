@@ -3,12 +3,16 @@ JSON file per replay in a local folder (`--state-dir`, default `<cache dir>/repl
 else ~/.cache/outbox-relay). Never in MongoDB: the live relay's leases and positions are not
 touched, and nothing the live relay reads is written.
 
-The file holds the request (outboxes, range, filters, target topic) and, per outbox, how far the
+The file holds the request (outboxes, range, filters, target topic, rate limit) and, per outbox, how far the
 confirmed messages reach: after which document of the collection part ((occurredAt, _id), as
 Extended JSON) and after which change of the oplog part (its resume token's `_data`), and whether
 the outbox is done. It is written (atomically: a temporary file renamed) only after Kafka
 acknowledged every message up to what it records, so a resume repeats nothing confirmed and skips
 nothing unconfirmed.
+
+How long it is kept: a replay that finishes removes its file (there is nothing left to resume); a
+replay that stopped (a signal, an error) keeps it until `--resume` finishes it, or until it is
+deleted by hand (`rm <state dir>/<replay id>.json`; nothing else reads it).
 """
 
 from __future__ import annotations
@@ -77,6 +81,10 @@ class ReplayState:
         os.replace(temporary, path)
         return path
 
+    def remove(self, folder: Path) -> None:
+        """Delete the state file (the replay finished: nothing to resume)."""
+        state_path(folder, self.id).unlink(missing_ok=True)
+
 
 def state_path(folder: Path, replay_id: str) -> Path:
     return folder / f"{replay_id}.json"
@@ -92,7 +100,9 @@ def load_state(folder: Path, replay_id: str) -> ReplayState:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise ConfigError("--resume", f"no saved replay {replay_id!r} in {folder} (see --state-dir)") from exc
+        raise ConfigError(
+            "--resume", f"no saved replay {replay_id!r} in {folder} (see --state-dir; a finished replay leaves none)"
+        ) from exc
     except (OSError, ValueError) as exc:
         raise ConfigError("--resume", f"cannot read {path}: {exc}") from exc
     progress = {k: OutboxProgress(**v) for k, v in raw.get("progress", {}).items()}

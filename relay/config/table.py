@@ -18,7 +18,7 @@ import functools
 import os
 import socket
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,17 +270,30 @@ class Settings:
         """The texts (`database.collection`) of `namespaces`, as logs, labels and commands show them."""
         return tuple(str(n) for n in self.namespaces)
 
-    def pick_outboxes(self, given: str | None, every: bool = True) -> tuple[Namespace, ...]:
-        """The outboxes a command acts on: `given` (`--outbox`, one of them), else all of them
-        (`every`), else the only one; ConfigError naming --outbox otherwise."""
+    def pick_outboxes(self, given: str | Sequence[str] | None, every: bool = True) -> tuple[Namespace, ...]:
+        """The outboxes a command acts on, the one way every command picks them: those `given`
+        (`--outbox`, once or, for `replay`, repeated; each one of the outboxes, in the order given,
+        each once), else all of them (`every`), else the only one; ConfigError naming --outbox
+        otherwise, and the setting the outboxes come from (RELAY_OUTBOXES when it is set, else
+        RELAY_DATABASE and RELAY_OUTBOX_COLLECTION)."""
         names = self.outbox_namespaces
-        if given is not None:
-            if given not in names:
-                raise ConfigError("--outbox", f"{given!r} is not one of the outboxes: {', '.join(names)}")
-            return (self.namespaces[names.index(given)],)
+        wanted = [given] if isinstance(given, str) else list(given or [])
+        for name in wanted:
+            if name not in names:
+                raise ConfigError("--outbox", f"{name!r} is not one of the outboxes ({self._outboxes_source()})")
+        if wanted:
+            return tuple(self.namespaces[names.index(name)] for name in dict.fromkeys(wanted))
         if every or len(names) == 1:
             return self.namespaces
         raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
+
+    def _outboxes_source(self) -> str:
+        """Where the outboxes come from, as a refusal names it: `RELAY_OUTBOXES: a.b, c.d`, or
+        `RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: app.outbox` when RELAY_OUTBOXES is not set."""
+        listed = ", ".join(self.outbox_namespaces)
+        if parse_outboxes(self.outboxes):
+            return f"{env_name('outboxes')}: {listed}"
+        return f"{env_name('database')}.{env_name('outbox_collection')}: {listed}"
 
     def kafka_client_config(self) -> dict[str, str]:
         """The configuration of the relay's other Kafka clients (KafkaConfig.client_config)."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
 
-STOP, DEAD_LETTER = "stop", "dead-letter"
-POISON_POLICIES = (STOP, DEAD_LETTER)  # RELAY_ON_POISON (relay.core.poison)
+STOP, DEAD_LETTER, SKIP = "stop", "dead-letter", "skip"
+POISON_POLICIES = (STOP, DEAD_LETTER)  # RELAY_ON_POISON (relay.core.poison; SKIP is the replay's alone)
 HISTORY_LOST_POLICIES = ("stop", "rescan")
 LEASE_LOST_POLICIES = ("standby", "exit")
 AT_LEAST_ONCE, EXACTLY_ONCE = "at-least-once", "exactly-once"
@@ -22,18 +22,24 @@ START_KEYWORDS = ("oplog-start", "now")  # RELAY_START_AT values that are not a 
 WAIT_SLICE_S = 0.5
 
 
-def parse_start_time(text: str) -> dt.datetime:
-    """RELAY_START_AT as a time (UTC when it names no zone); ConfigError if it is not ISO-8601."""
+def parse_time(setting: str, text: str, others: str = "") -> dt.datetime:
+    """The one parser of a time a user gives (RELAY_START_AT, `replay --since` and `--until`): ISO
+    8601 as an aware UTC datetime, UTC when it names no zone (`Z` and offsets both read).
+    ConfigError naming `setting` otherwise; `others` lists the setting's other values for it."""
     try:
-        value = dt.datetime.fromisoformat(text)
+        moment = dt.datetime.fromisoformat(text.strip().upper())  # `z` too
     except ValueError as exc:
-        raise ConfigError(env_name("start_at"), f"must be oplog-start, now, or an ISO-8601 time; got {text!r}") from exc
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        raise ConfigError(
+            setting, f"must be {others}an ISO 8601 time (e.g. 2026-11-27T10:00:00Z); got {text!r}"
+        ) from exc
+    return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
 
 
 def start_at_time(start_at: str) -> dt.datetime | None:
     """The operator-given start time of RELAY_START_AT, or None for `oplog-start` / `now`."""
-    return None if start_at in START_KEYWORDS else parse_start_time(start_at)
+    if start_at in START_KEYWORDS:
+        return None
+    return parse_time(env_name("start_at"), start_at, others=f"{', '.join(START_KEYWORDS)}, or ")
 
 
 def positive(value: float, setting: str) -> None:

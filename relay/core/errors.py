@@ -100,8 +100,22 @@ class OperatorActionError(RelayError):
     exit_code = EXIT_DATA
 
 
+HISTORY_LOST_RUNBOOK = "see the README runbook 'history lost'"
+
+
 class HistoryLostError(OperatorActionError):
-    """Raised when the stored checkpoint is no longer in the oplog (ChangeStreamHistoryLost)."""
+    """Raised when the point a change stream was to start at is no longer in the oplog
+    (ChangeStreamHistoryLost): the live relay's stored checkpoint, or the start of a replay's
+    oplog part."""
+
+    @classmethod
+    def of(cls, start: str = "the stored checkpoint", then: str = HISTORY_LOST_RUNBOOK) -> HistoryLostError:
+        """The one history-lost message: `start` (what the stream was to start at) is gone, and
+        `then` what to do."""
+        return cls(
+            f"{start} is no longer in the oplog (ChangeStreamHistoryLost): events between it and the oldest "
+            f"oplog entry cannot be read from the change stream; {then}"
+        )
 
 
 class StreamInvalidatedError(OperatorActionError):

@@ -12,7 +12,15 @@ request to find the event responsible. The policy returns one `Decision` per err
 
 Events refused by the broker are remembered (event id -> reason) for the replay that puts them on
 the dead-letter topic; events the relay itself cannot encode are dead-lettered as they are met.
-Nothing here does I/O; the loop (`relay.core.loop`) acts on the decisions.
+
+A third policy, `skip`, is `outbox-relay replay`'s alone (not a RELAY_ON_POISON value): an event
+the encoder refuses is left out, with no message in its place, and the caller is told (the replay
+writes a WARNING and counts it). The live relay keeps guarantee 6 (a poison event stops it or is
+dead-lettered, never dropped): its loop also relies on one message per change (each parcel's
+token and wall times are the changes' at the same indexes), which a skipped event would break.
+The replay may skip because it publishes again what the live relay already stopped at or
+dead-lettered. A broker's refusal is not the encoder's: under `skip` it is decided as under `stop`.
+Nothing here does I/O; the loop (`relay.core.loop`) and the replay act on the decisions.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from relay.core.boundaries import Encoder
 from relay.core.change import Change
-from relay.core.config import DEAD_LETTER, POISON_POLICIES, STOP
+from relay.core.config import DEAD_LETTER, POISON_POLICIES, SKIP, STOP
 from relay.core.errors import BatchRefusedError, PoisonEventError
 from relay.core.message import OutgoingMessage
 
@@ -34,12 +42,13 @@ class Decision(enum.Enum):
 
 
 class PoisonPolicy:
-    """RELAY_ON_POISON (`stop` or `dead-letter`) and what it has learned so far."""
+    """RELAY_ON_POISON (`stop` or `dead-letter`; `skip`: the replay's) and what it has learned so far."""
 
     def __init__(self, on_poison: str) -> None:
-        if on_poison not in POISON_POLICIES:
+        if on_poison not in (*POISON_POLICIES, SKIP):
             raise ValueError(f"unknown poison policy {on_poison!r}")
         self.dead_letters = on_poison == DEAD_LETTER
+        self.skips = on_poison == SKIP
         self._refused: dict[str, str] = {}  # event id -> the broker's reason
         self._one_by_one = 0  # events still to send one per request
 
@@ -77,14 +86,15 @@ def encode(
     fencing_token: int,
     encoder: Encoder,
     policy: PoisonPolicy,
-    dead_lettered: Callable[[str, str], None],
+    set_aside: Callable[[str, str], None],
 ) -> tuple[list[OutgoingMessage], PoisonEventError | None]:
     """The messages for `changes`, in order, with the policy applied as they are built.
 
-    Under the dead-letter policy a poison event's dead letter takes its place (and
-    `dead_lettered(event_id, reason)` is told); under the stop policy the messages end before the
-    first poison event, which is returned with them. Messages and changes correspond one to one.
-    The encoder's batch path (`build_many`) goes first; what it declines is built one by one.
+    Under the dead-letter policy a poison event's dead letter takes its place; under the skip
+    policy (the replay's) it has no message; either way `set_aside(event_id, reason)` is told.
+    Under the stop policy the messages end before the first poison event, which is returned with
+    them. So messages and changes correspond one to one, but under `skip`. The encoder's batch
+    path (`build_many`) goes first; what it declines is built one by one.
     """
     fast = [None] * len(changes) if policy.remembers_refusals else encoder.build_many(changes, fencing_token)
     if None not in fast:
@@ -100,9 +110,11 @@ def encode(
                         raise PoisonEventError(change.event_id, reason)
                 message = encoder.build(change, fencing_token)
             except PoisonEventError as exc:
-                if not policy.dead_letters:
+                if not (policy.dead_letters or policy.skips):
                     return messages, exc
-                dead_lettered(exc.event_id, exc.reason)
+                set_aside(exc.event_id, exc.reason)
+                if policy.skips:
+                    continue
                 message = encoder.dead_letter(change, exc.reason, fencing_token)
         messages.append(message)
     return messages, None

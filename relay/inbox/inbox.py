@@ -23,9 +23,7 @@ import contextlib
 import datetime as dt
 import inspect
 import logging
-import signal
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +32,7 @@ from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
 from relay.avro.folder import SchemaFolder
+from relay.core.signals import stopping_on_signals
 from relay.inbox.config import RunOptions
 from relay.inbox.consumer import KafkaSource
 from relay.inbox.deadletters import DeadLetterSender
@@ -122,7 +121,7 @@ class Inbox(InboxBase):
             )
         opts = RunOptions.of(topics, group_id, bootstrap_servers, options)
         try:
-            with _signals(self.stop), contextlib.ExitStack() as resources:
+            with stopping_on_signals(self.stop), contextlib.ExitStack() as resources:
                 steps = self._open(opts, handler, resources)
                 session = resources.enter_context(self.collection.database.client.start_session())
                 log.info("inbox consuming %s as group %s", ",".join(opts.topics), group_id, extra={"group": group_id})
@@ -196,17 +195,3 @@ class Steps(BatchSteps):
             assert self.dead_letters is not None  # only yielded under the dead-letter policy
             return self.dead_letters.send(action.poisoned, action.message)
         return self.retry.call(lambda: self.store.record_dead_letter(session, action.event_id, action.where))
-
-
-@contextlib.contextmanager
-def _signals(stop: Any) -> Iterator[None]:
-    """SIGTERM and SIGINT call `stop` while the block runs (main thread only; restored after)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, lambda *_: stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -189,11 +189,7 @@ def translate(exc: PyMongoError) -> BaseException:
         if exc.code == UNAUTHORIZED:
             return unauthorized(exc)
         if exc.code in HISTORY_LOST_CODES:
-            return HistoryLostError(
-                "the stored checkpoint is no longer in the oplog (ChangeStreamHistoryLost): "
-                "events between it and the oldest oplog entry cannot be read from the change "
-                "stream; see the README runbook 'history lost'"
-            )
+            return HistoryLostError.of()
         if exc.code in REOPENABLE_CODES:
             name, _, message = _parts(exc)
             return ReopenableStreamError(int(exc.code), name, message, doing(exc.details) or "the change stream")

@@ -26,6 +26,10 @@ the process (relay.core.coalescer, up to RELAY_CHECKPOINT_INTERVAL_MS) is not in
 yet, so clean-up waits for it, and a crash that loses it never leaves a deleted document uncovered.
 Exactly-once mode stores the same checkpoint in MongoDB (it may lag the offsets record: clean-up
 then waits for it, which is safe).
+
+Before a pass deletes its first document, it records its cutoff in the partition's lease document
+(`cleanedUpBefore`, forward only: relay.mongo.lease), so `replay` knows what clean-up may have
+removed (nothing that occurred at or after it) and when it never ran.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from relay.core.partitions import Scope, partitions
 from relay.core.positions import ClusterTime
 from relay.mongo.config import MongoConfig, OutboxCleanupConfig
 from relay.mongo.cursor import oplog_start
-from relay.mongo.lease import cluster_time
+from relay.mongo.lease import CLEANED_UP_BEFORE, cluster_time
 from relay.mongo.pipeline import scan_filter
 
 log = logging.getLogger("relay.outbox")
@@ -218,10 +222,17 @@ class Cleaner:
                 continue
             if not ids:
                 break  # the rest waits for the position to move on
-            result.deleted += self.outbox.delete_many({"_id": {"$in": ids}}).deleted_count
+            result.deleted += self._delete(lease_id, ids, cutoff, first=not result.deleted)
             if len(candidates) < self._config.batch:
                 break
         return result
+
+    def _delete(self, lease_id: str, ids: list[Any], cutoff: dt.datetime, first: bool) -> int:
+        """Delete `ids`; a pass's first delete records its cutoff in the lease document before it,
+        so no delete goes unrecorded (`cleanedUpBefore`, relay.mongo.lease)."""
+        if first:
+            self._leases.update_one({"_id": lease_id}, {"$max": {CLEANED_UP_BEFORE: cutoff}})
+        return self.outbox.delete_many({"_id": {"$in": ids}}).deleted_count
 
 
 def cleaner_for(

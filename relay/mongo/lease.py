@@ -22,6 +22,11 @@ RELAY_PARTITIONS (relay.mongo.repartition), `startAtClusterTime`: where the part
 has no checkpoint of its own.
 A document created for an outbox added to RELAY_OUTBOXES holds `rescan: true` until its first
 checkpoint (relay.mongo.outboxes): it starts by publishing what the outbox already holds.
+`cleanedUpBefore` records the outbox's clean-up (relay.mongo.housekeeping, `outbox prune`): null
+from the document's creation, then the newest cutoff a clean-up pass deleted below (documents whose
+occurredAt is before it may be gone), written before that pass deletes. A document created by an
+earlier release, or by a change of RELAY_PARTITIONS, has none until its first clean-up: nothing is
+known of its clean-up. `replay`'s gap check reads it (docs/replay.md).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from relay.core.partitions import Scope
 from relay.core.positions import Checkpoint, ClusterTime, Grant, token_cluster_time
 
 MAJORITY = WriteConcern("majority")
+CLEANED_UP_BEFORE = "cleanedUpBefore"  # the clean-up's record (module docstring)
 
 
 class LeaseStore:
@@ -72,7 +78,7 @@ class LeaseStore:
         # the document is created first (idempotently) and then only ever updated.
         created = False
         if not self._ensured:
-            new = {"owner": None, "fencingToken": 0, "expiresAt": None, **self._fields}
+            new = {"owner": None, "fencingToken": 0, "expiresAt": None, CLEANED_UP_BEFORE: None, **self._fields}
             if rescan:
                 new["rescan"] = True
             result = self._coll.update_one({"_id": self.lease_id}, {"$setOnInsert": new}, upsert=True)

@@ -449,11 +449,7 @@ def _open_failure(error: BaseException, join: _Join, at: Timestamp | None) -> Ba
 
 
 def _history_lost(scope: Scope) -> HistoryLostError:
-    return HistoryLostError(
-        f"the stored checkpoint of {scope} is no longer in the oplog (ChangeStreamHistoryLost): events "
-        "between it and the oldest oplog entry cannot be read from the change stream; see the README runbook "
-        "'history lost'"
-    )
+    return HistoryLostError.of(f"the stored checkpoint of {scope}")
 
 
 def _invalidated(change: Any) -> StreamInvalidatedError:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relay.core.redact import Properties, Uri, hold_masked, register_secrets
+from relay.core.signals import stopping_on_signals
 from relay.mongo.config import uri_credentials
 from relay.spark import PipelineError
 from relay.spark.decode import decode_events, kafka_options, topic_pattern
@@ -440,28 +440,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, spark_opts, settings = config_from_args(args)
     setup_job_logging(settings)
     stop = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping the queries", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    owned = active_session() is None
-    spark = spark_session("outbox-relay materialize", spark_opts.master, spark_opts.shuffle_partitions, spark_opts.conf)
-    log.info(
-        "materialize %s -> %s (checkpoint %s)%s",
-        cfg.topics or cfg.topic_pattern,
-        cfg.output,
-        cfg.checkpoint,
-        " once" if cfg.once else f" every {cfg.interval_s}s",
-    )
-    try:
-        for run in materialize(spark, cfg, stop, log_progress=True):
-            log.info("%s: %d rows in %d micro-batches, %.1f s", run.name, run.rows, run.batches, run.seconds)
-    finally:
-        if owned:
-            spark.stop()
+    with stopping_on_signals(stop.set, says="stopping the queries"):
+        owned = active_session() is None
+        spark = spark_session(
+            "outbox-relay materialize", spark_opts.master, spark_opts.shuffle_partitions, spark_opts.conf
+        )
+        log.info(
+            "materialize %s -> %s (checkpoint %s)%s",
+            cfg.topics or cfg.topic_pattern,
+            cfg.output,
+            cfg.checkpoint,
+            " once" if cfg.once else f" every {cfg.interval_s}s",
+        )
+        try:
+            for run in materialize(spark, cfg, stop, log_progress=True):
+                log.info("%s: %d rows in %d micro-batches, %.1f s", run.name, run.rows, run.batches, run.seconds)
+        finally:
+            if owned:
+                spark.stop()
     log.info("stopped")
     return 0
 

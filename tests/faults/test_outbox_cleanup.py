@@ -173,10 +173,14 @@ def test_prune_dry_run_changes_nothing_and_prune_deletes_only_what_the_position_
     assert dry.returncode == 0, dry.stderr
     assert "would delete 200 documents" in dry.stdout, dry.stdout
     assert outbox.count_documents({}) == 250, "a dry run deletes nothing"
+    assert lease_doc(env.db, settings)["cleanedUpBefore"] is None, "nothing deleted, nothing recorded"
+    before = dt.datetime.now(dt.UTC)
     done = _prune(settings)
     assert done.returncode == 0 and "deleted 200 documents" in done.stdout, done
     left = {str(d["_id"]) for d in outbox.find({}, {"_id": 1})}
     assert left == {e.id_str for e in later}, "only the uncovered events are left"
+    # The cutoff it deleted below is recorded (replay's gap check reads it): now, retention 0.
+    assert lease_doc(env.db, settings)["cleanedUpBefore"] >= before - dt.timedelta(seconds=1)
 
 
 def test_prune_of_a_partitioned_outbox_refuses_while_one_partition_has_no_position(env):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from bson import ObjectId
+from pymongo import MongoClient
 
 from relay.cli import main
 from relay.core.message import HEADER_REPLAY
@@ -33,9 +35,11 @@ from tests.inbox_support import (
 )
 from tests.security_servers import SaslKafka, sasl_kafka
 from tests.support.leases import CheckpointWatcher, lease_doc
+from tests.support.mongodb import failpoint
 from tests.support.oracle import all_published, assert_complete_and_ordered
 from tests.support.paths import ROOT
 from tests.support.relays import RelayThread, settings_env
+from tests.support.servers import replica_set
 from tests.support.topics import read_messages, read_topic, topic_size
 from tests.support.waiting import wait_until
 from tests.support.writes import Written, background_writes, write_events
@@ -57,12 +61,16 @@ def replay(env, monkeypatch, capsys, tmp_path):
         if key.startswith("RELAY_"):
             monkeypatch.setenv(key, value)
 
+    err: list[str] = []
+
     def run(*args: str) -> tuple[int, list[dict]]:
         capsys.readouterr()
         code = main(["replay", "--state-dir", str(tmp_path / "replays"), *args])
-        out = capsys.readouterr().out
-        return code, [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        captured = capsys.readouterr()
+        err[:] = [line for line in captured.err.splitlines() if line.strip()]
+        return code, [json.loads(line) for line in captured.out.splitlines() if line.startswith("{")]
 
+    run.stderr = err  # the last run's stderr lines (its log and its stop line)
     return run
 
 
@@ -193,10 +201,12 @@ def test_filters_by_aggregate_and_type_to_another_topic_and_a_dry_run(env, repla
     since = _now() - dt.timedelta(milliseconds=5)
     _insert(env, [OutboxEvent.new(kind, f"{kind}-{i % 4}", "Changed", {"seq": i}) for kind in ("order", "customer")
                   for i in range(20)])
+    env.outbox.insert_one({"_id": "poison", "aggregateType": "order", "aggregateId": "order-0"})  # no eventType
     target = f"{env.topic()}.replayed"
 
     code, lines = replay("--since", _iso(since), "--dry-run")
     assert code == 0 and lines[-1]["dryRun"] is True
+    assert lines[-1]["skippedPoison"] == {env.settings.namespace: 1}  # left out, on the loop's encode path
     assert lines[-1]["summary"][env.settings.namespace] == {
         env.topic("order"): {"oplog": 20, "collection": 0}, env.topic("customer"): {"oplog": 20, "collection": 0}}
     assert topic_size(env.servers.kafka_bootstrap, env.topic("order")) == 0  # a dry run publishes nothing
@@ -209,41 +219,98 @@ def test_filters_by_aggregate_and_type_to_another_topic_and_a_dry_run(env, repla
     assert [r.event["payload"] for r in records if r.key == "customer-1"] == [json.dumps({"seq": s}) for s in (1, 5, 9, 13, 17)]
 
 
+def _interrupted(env, tmp_path: Path, state: Path, *args: str) -> list[dict]:
+    """Run `replay ARGS` as a child, SIGTERM it once it saved progress it had not saved before (130);
+    its JSON lines, its log lines under the key "log"."""
+    saved = {p: p.read_text() for p in state.glob("*.json")}
+    log_path = tmp_path / f"replay-{len(list(tmp_path.glob('replay-*.out')))}.out"
+    with log_path.open("w") as log:
+        child = spawn([sys.executable, "-m", "relay", "replay", "--state-dir", str(state), *args], stdout=log,
+                      stderr=subprocess.STDOUT, env=settings_env(env.settings), cwd=ROOT)
+        try:
+            wait_until(lambda: any(saved.get(p) != p.read_text() for p in state.glob("*.json")), 60,
+                       "the replay's next saved progress")
+            child.send_signal(signal.SIGTERM)
+            assert child.wait(60) == 130
+        finally:
+            if child.poll() is None:
+                child.kill()
+    lines = log_path.read_text().splitlines()
+    out = [json.loads(line) for line in lines if line.startswith('{"replay"')]
+    return [*out, {"log": [line for line in lines if not line.startswith('{"replay"')]}]
+
+
 def test_an_interrupted_replay_resumes_where_it_stopped_or_runs_again_with_duplicates_only(env, tmp_path):
+    """Interrupted at --rate-limit 50, resumed at the saved rate, interrupted again, resumed with
+    --rate-limit 1000 (it overrides the saved rate, saying so): every event once, in order."""
     since = _now() - dt.timedelta(milliseconds=5)
     written = write_events(env.db, env.settings.outbox_collection, 400, writers=2)
     state = tmp_path / "replays"
-    args = ["replay", "--since", _iso(since), "--rate-limit", "100", "--state-dir", str(state)]
-    log = (tmp_path / "replay.out").open("w")
-    child = spawn([sys.executable, "-m", "relay", *args], stdout=log, stderr=subprocess.STDOUT,
-                             env=settings_env(env.settings), cwd=ROOT)
-    try:
-        wait_until(lambda: any(state.glob("*.json")), 60, "the replay's first saved progress")
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(60) == 130
-    finally:
-        if child.poll() is None:
-            child.kill()
-        log.close()
-    out = [json.loads(line) for line in Path(log.name).read_text().splitlines() if line.startswith("{")]
+    *out, _ = _interrupted(env, tmp_path, state, "--since", _iso(since), "--rate-limit", "50")
     replay_id, stopped = out[0]["replay"], out[-1]
+    assert out[0]["rateLimit"] == 50
     assert stopped["interrupted"] is True and 0 < stopped["events"] < 400
+    assert stopped["resumeWith"].startswith(f"outbox-relay replay --resume {replay_id} --state-dir {state}  # ")
+    assert "--rate-limit 50" in stopped["resumeWith"]
     messages = _marked(read_messages(env.servers.kafka_bootstrap, env.topic()), replay_id)
     assert len(messages) == stopped["events"]
 
-    resumed = _cli(env, "--resume", replay_id, "--state-dir", str(state))
+    *again, _ = _interrupted(env, tmp_path, state, "--resume", replay_id)
+    assert again[0]["rateLimit"] == 50 and again[0]["resumed"] is True  # the saved rate, kept
+    done = stopped["events"] + again[-1]["events"]
+    assert again[-1]["interrupted"] is True and done < 400
+
+    resumed = _cli(env, "--resume", replay_id, "--state-dir", str(state), "--rate-limit", "1000")
     assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout.splitlines()[0])["rateLimit"] == 1000
+    assert "--rate-limit 1000 given beside --resume overrides the saved rate limit (50 events/s)" in resumed.stderr
     summary = json.loads(resumed.stdout.splitlines()[-1])
-    assert summary["events"] == 400 - stopped["events"]
+    assert summary["events"] == 400 - done
     records = [r for r in read_topic(env.servers.kafka_bootstrap, env.topic()) if r.headers.get(HEADER_REPLAY) == replay_id]
     verdict = assert_complete_and_ordered(records, written)
-    assert not verdict.duplicates  # what was confirmed before the stop is not sent again
+    assert not verdict.duplicates  # what was confirmed before each stop is not sent again
+    assert not (state / f"{replay_id}.json").exists()  # finished: its state file is removed
+    finished = _cli(env, "--resume", replay_id, "--state-dir", str(state))
+    assert finished.returncode == 2 and "a finished replay leaves none" in finished.stderr, finished.stderr
 
     again = _cli(env, "--since", _iso(since), "--state-dir", str(state))
     assert again.returncode == 0, again.stderr
     second = json.loads(again.stdout.splitlines()[0])["replay"]
     assert second != replay_id
     assert len(_marked(read_messages(env.servers.kafka_bootstrap, env.topic()), second)) == 400
+
+
+@pytest.mark.parametrize("times", [1, 2, 3, "always"])
+def test_the_replays_change_stream_recovers_on_the_live_readers_rule_under_getmore_failures(
+        env, replay, monkeypatch, times):
+    """`failCommand` on the replay's getMores with a resumable error (docs/architecture.md,
+    "Recovery bound"): once, invisible (one reopen at once); twice, the restart policy's first
+    restart (at once); three times, its second (after the backoff's first wait); always, a named
+    stop once RELAY_CONNECT_TIMEOUT_S has passed without a read, exit 3. Whatever was replayed
+    is complete, in order, with no duplicate."""
+    since = _now() - dt.timedelta(milliseconds=5)
+    written = write_events(env.db, env.settings.outbox_collection, 60, writers=2)
+    monkeypatch.setenv("RELAY_CONNECT_TIMEOUT_S", "3")
+    mode = "alwaysOn" if times == "always" else {"times": times}
+    with failpoint(env.client, mode, failCommands=["getMore"], errorCode=6, errorLabels=["ResumableChangeStreamError"]):
+        code, lines = replay("--since", _iso(since))
+    err = replay.stderr
+    resumed = [line for line in err if "resumed after" in line]
+    waits = [float(m[1]) for line in err if (m := re.search(r"failed again: .*opening it again in ([\d.]+) s", line))]
+    if times == "always":
+        assert code == 3, err
+        [stop] = [line for line in err if "ServerUnreachableError" in line]
+        assert f"has not served the replay's change stream of {env.settings.namespace}" in stop
+        assert "RELAY_CONNECT_TIMEOUT_S" in stop and "HostUnreachable (6)" in stop, stop
+        assert "Traceback" not in "\n".join(err) and len(resumed) == 1 and waits[:2] == [0.0, waits[1]], err
+        return
+    assert code == 0 and lines[-1]["events"] == 60, (lines, err)
+    assert len(resumed) == 1, err  # the one reopen at once
+    assert len(waits) == times - 1, err  # then the restarts: at once, then after the backoff's first wait
+    assert waits[:1] in ([], [0.0]) and all(w > 0 for w in waits[1:]), waits
+    records = [r for r in read_topic(env.servers.kafka_bootstrap, env.topic())
+               if r.headers.get(HEADER_REPLAY) == lines[0]["replay"]]
+    assert not assert_complete_and_ordered(records, written).duplicates
 
 
 def test_exactly_once_mode_replays_in_transactions_of_its_own(env, replay, monkeypatch):
@@ -297,17 +364,115 @@ def test_bad_input_is_one_line_and_its_exit_code(env):
     cases = [
         (2, "--until", ["--since", _iso(now - dt.timedelta(minutes=1)), "--until", _iso(now - dt.timedelta(minutes=2))]),
         (2, "empty", ["--since", _iso(now - dt.timedelta(minutes=1)), "--until", _iso(now - dt.timedelta(minutes=1))]),
-        (2, "not a configured outbox", ["--since", _iso(now), "--outbox", "elsewhere.outbox"]),
+        (2, "is not one of the outboxes (RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: ", ["--since", _iso(now), "--outbox", "elsewhere.outbox"]),
         (2, "--to-topic", ["--since", _iso(now - dt.timedelta(minutes=1)), "--to-topic", "no spaces allowed"]),
         (2, "--since", ["--since", "yesterday"]),
         (2, "--resume", ["--resume", str(ObjectId())]),
-        (4, "may be gone", ["--since", _iso(oplog_start - dt.timedelta(hours=2))]),
     ]
     for code, says, args in cases:
         result = _cli(env, *args)
         err = [line for line in result.stderr.splitlines() if line.strip()]
         assert result.returncode == code, (args, result.stderr)
         assert len(err) == 1 and says in err[0] and "Traceback" not in result.stderr, (args, result.stderr)
+    _remove_one(env)  # with a TTL index below: documents may have been removed, a gap
+    env.outbox.create_index("occurredAt", expireAfterSeconds=30 * 86400)
+    gone = _cli(env, "--since", _iso(oplog_start - dt.timedelta(hours=2)))
+    err = [line for line in gone.stderr.splitlines() if line.strip()]
+    assert gone.returncode == 4 and len(err) == 1 and "may be gone" in err[0], gone.stderr
     allowed = _cli(env, "--since", _iso(oplog_start - dt.timedelta(hours=2)), "--allow-gap")
     assert allowed.returncode == 0, allowed.stderr
-    assert json.loads(allowed.stdout.splitlines()[-1])["events"] == 1
+    assert json.loads(allowed.stdout.splitlines()[-1])["events"] == 2  # the removed one's insert is in the oplog
+
+
+# ---- the gap check: "may be gone" only where something can have removed the events -----------------
+
+def _remove_one(env) -> None:
+    """An event written and deleted: the oplog holds a delete of the outbox (a complete oplog no
+    longer proves that nothing was removed)."""
+    event = OutboxEvent.new("order", "removed", "Changed", {"seq": 0})
+    Outbox(env.outbox).add(event)
+    env.outbox.delete_one({"_id": event.event_id})
+
+
+def _gap_line(replay) -> str:
+    [line] = [line for line in replay.stderr if "may be gone" in line]
+    return line
+
+
+def test_on_a_fresh_replica_set_a_range_before_the_oplog_replays_without_a_false_alarm(env, replay):
+    """The young deployment of issue 54: the oplog has never rolled over and holds no delete of the
+    outbox, so nothing before its start can have been removed: no exit 4, not even a WARNING."""
+    oplog_start = _oplog_start(env)
+    _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": 1})])
+    code, lines = replay("--since", _iso(oplog_start - dt.timedelta(hours=2)))
+    assert code == 0 and lines[-1]["events"] == 1, (lines, replay.stderr)
+    assert [p["from"] for p in lines[0]["parts"][env.settings.namespace]] == ["collection", "oplog"]
+    assert not [line for line in replay.stderr if "may be gone" in line]
+
+
+def test_where_removal_cannot_be_ruled_out_the_gap_names_what_may_have_removed_events_or_none(env, replay):
+    """A delete of the outbox in the oplog: the oplog no longer proves nothing was removed. Then no
+    TTL index and no clean-up (no relay ever ran: no lease document) still means none; a TTL index,
+    clean-up recorded by `outbox prune`, or a lease document that keeps no record (an earlier
+    release's) means "may be gone", each named, "or there were none"."""
+    oplog_start = _oplog_start(env)
+    since = _iso(oplog_start - dt.timedelta(hours=2))
+    _remove_one(env)
+    _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": 1})])
+    code, lines = replay("--since", since)
+    assert code == 0 and lines[-1]["events"] == 2, (lines, replay.stderr)  # no TTL index, no clean-up
+
+    env.outbox.create_index("occurredAt", name="ttl", expireAfterSeconds=3600)
+    assert replay("--since", since)[0] == 4
+    assert "a TTL index on occurredAt (3600 s) removes documents, or there were none" in _gap_line(replay)
+    env.outbox.drop_index("ttl")
+
+    written = _publish(env, 5)  # the relay ran: its lease document records clean-up from its creation
+    assert replay("--since", since)[0] == 0
+    assert main(["outbox", "prune"]) == 0  # deletes what the stored position covers, recording its cutoff
+    assert env.outbox.count_documents({}) < len(written.ids) + 1
+    cutoff = lease_doc(env.db, env.settings)["cleanedUpBefore"]
+    assert replay("--since", since)[0] == 4
+    assert f"clean-up removed documents that occurred before {_iso(cutoff)}, or there were none" in _gap_line(replay)
+
+    env.db[env.settings.lease_collection].update_one({"_id": env.settings.namespace},
+                                                     {"$unset": {"cleanedUpBefore": ""}})  # as an earlier release
+    assert replay("--since", since)[0] == 4
+    assert "its lease documents keep no record of it), or there were none" in _gap_line(replay)
+
+
+@pytest.fixture
+def rolled_over(servers):
+    """A single-member replica set with a 1 MB oplog that has rolled over."""
+    with replica_set("outbox-relay-replay-oplog-", members=1, oplog_size_mb=1, sync_delay_s=1) as rs:
+        client = MongoClient(rs.uri, tz_aware=True)
+        try:
+            for _ in range(120):
+                client.filler.pad.insert_many([{"pad": "x" * 10_000} for _ in range(100)])
+                first = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])
+                if first is not None and first.get("o", {}).get("msg") != "initiating set":
+                    break
+                time.sleep(0.5)  # truncation waits for the next storage checkpoint (--syncdelay 1)
+            else:
+                raise AssertionError("the oplog did not roll over")
+        finally:
+            client.close()
+        yield rs
+
+
+def test_after_the_oplog_rolled_over_an_outbox_never_cleaned_up_without_ttl_index_has_no_gap(
+        env, replay, rolled_over, monkeypatch):
+    monkeypatch.setenv("RELAY_MONGODB_URI", rolled_over.uri)
+    client = MongoClient(rolled_over.uri, tz_aware=True)
+    try:
+        outbox = client[env.settings.database][env.settings.outbox_collection]
+        Outbox(outbox).add(OutboxEvent.new("order", "a", "Changed", {"seq": 1}))
+        oplog_start = client.local["oplog.rs"].find_one({}, sort=[("$natural", 1)])["ts"].as_datetime()
+        since = _iso(oplog_start - dt.timedelta(hours=2))
+        code, lines = replay("--since", since, "--dry-run")
+        assert code == 0 and lines[-1]["events"] == 1, (lines, replay.stderr)
+        outbox.create_index("occurredAt", name="ttl", expireAfterSeconds=3600)
+        assert replay("--since", since, "--dry-run")[0] == 4
+        assert "removes documents, or there were none" in _gap_line(replay)
+    finally:
+        client.close()
