@@ -18,6 +18,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from relay import __version__
 from relay import config as cfg
