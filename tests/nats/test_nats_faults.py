@@ -173,3 +173,25 @@ def test_wrong_credentials_stop_at_start_with_one_line_naming_the_setting_and_no
     assert "RELAY_NATS_PASSWORD" in errors[0] and "Authorization Violation" in errors[0]
     assert "wrong-password-456" not in log and "right-password-123" not in log
     assert "Traceback" not in log
+
+
+def test_a_nats_server_whose_port_is_taken_starts_on_another(tmp_path):
+    """Issue 50: a port held by another process when the server starts: it starts on another."""
+    import socket
+
+    from relay.dev.ports import Ports
+
+    squatter = Ports()
+    [port] = squatter.take([0], "the test")
+    squatter.release()  # free for the server to pick, then taken by a plain listener
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    server = NatsServer(tmp_path / "nats", port=port)
+    try:
+        server.start()
+        assert server.port != port and server.process is not None and server.process.alive
+    finally:
+        server.stop()
+        listener.close()
