@@ -41,6 +41,11 @@ class SlowCommitSource(KafkaSource):
 
 
 def run_options(topic: str, group: str, bootstrap: str) -> dict[str, Any]:
+    if bootstrap.startswith("nats://"):
+        # NATS JetStream (tests/nats): BOOTSTRAP is the server, the stream in INBOX_TEST_NATS_STREAM;
+        # a killed consumer's batch is delivered again after ack_wait_s (short here).
+        return dict(topics=[topic], group_id=group, nats_servers=bootstrap, batch_max_events=40, batch_max_ms=50,
+                    nats_stream=os.environ["INBOX_TEST_NATS_STREAM"], ack_wait_s=2.0)
     # Small batches: more MongoDB commits followed by Kafka commits for a kill to fall between.
     return dict(topics=[topic], group_id=group, bootstrap_servers=bootstrap, batch_max_events=40, batch_max_ms=50,
                 # Static membership: the restarted process takes its partitions back at once

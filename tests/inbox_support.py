@@ -188,10 +188,11 @@ class InboxProcess(ChildProcess):
     `form` "async" runs the AsyncInbox in it."""
 
     def __init__(self, log_path: Path, mongodb_uri: str, database: str, topic: str, group: str, bootstrap: str,
-                 commit_delay_s: float = 0.0, form: str = "sync") -> None:
+                 commit_delay_s: float = 0.0, form: str = "sync", nats_stream: str = "") -> None:
         self.args = [mongodb_uri, database, topic, group, bootstrap, form]
         self.log_path = log_path
         self.commit_delay_s = commit_delay_s
+        self.nats_stream = nats_stream  # with a nats:// `bootstrap`: the stream it reads
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "tests.inbox_service", *self.args]
@@ -200,5 +201,7 @@ class InboxProcess(ChildProcess):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         if self.commit_delay_s:
             env["INBOX_TEST_COMMIT_DELAY_S"] = str(self.commit_delay_s)
+        if self.nats_stream:
+            env["INBOX_TEST_NATS_STREAM"] = self.nats_stream
         return env
 

@@ -53,12 +53,11 @@ from pymongo.asynchronous.collection import AsyncCollection
 from relay.avro.folder import SchemaFolder
 from relay.inbox.async_store import AsyncHandler, AsyncInboxStore
 from relay.inbox.config import RunOptions
-from relay.inbox.consumer import KafkaSource
-from relay.inbox.deadletters import DeadLetterSender
 from relay.inbox.decoding import EventDecoder
 from relay.inbox.inbox import InboxBase, is_async_callable
 from relay.inbox.metrics import InboxMetrics
 from relay.inbox.records import DEFAULT_RETENTION
+from relay.inbox.sources import DeadLetters, MessageSource, open_dead_letters, open_source
 from relay.inbox.steps import Action, Apply, BatchSteps, Commit, SendDeadLetter, decode_all, drive_async
 from relay.inbox.stopping import StopRequested, StopSignal
 from relay.outbox.writer import require_async_collection
@@ -89,10 +88,10 @@ class KafkaThread:
 class AsyncInboxParts:
     """The boundaries one `AsyncInbox.run` call uses (fakes in tests/unit/test_inbox_steps.py)."""
 
-    source: KafkaSource
+    source: MessageSource
     decoder: EventDecoder
     store: AsyncInboxStore
-    dead_letters: DeadLetterSender | None
+    dead_letters: DeadLetters | None
     kafka: KafkaThread
 
 
@@ -161,7 +160,7 @@ class AsyncInbox(InboxBase):
         *,
         topics: Sequence[str] | str,
         group_id: str,
-        bootstrap_servers: str,
+        bootstrap_servers: str | None = None,
         **options: Any,
     ) -> None:
         """Consume `topics` as `group_id`, awaiting `handler(event, session)` inside a MongoDB
@@ -203,9 +202,9 @@ class AsyncInbox(InboxBase):
         decoder = self._decoder(opts)
         dead_letters = None
         if opts.on_poison == "dead-letter":
-            dead_letters = await kafka.call(DeadLetterSender, opts)
+            dead_letters = await kafka.call(open_dead_letters, opts)
             resources.push_async_callback(kafka.call, dead_letters.close)
-        source = await kafka.call(KafkaSource, opts)
+        source = await kafka.call(open_source, opts)
         resources.push_async_callback(kafka.call, source.close)
         steps = AsyncSteps(
             InboxMetrics(self.registry, opts.group_id),

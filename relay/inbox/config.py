@@ -28,11 +28,13 @@ FORCED_CONSUMER_SETTINGS = {
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What `Inbox.run(handler, *, topics, group_id, bootstrap_servers, **options)` takes."""
+    """What `Inbox.run(handler, *, topics, group_id, bootstrap_servers, **options)` takes: Kafka's
+    `bootstrap_servers`, or NATS JetStream's `nats_servers` (`topics` are then subjects of
+    `nats_stream`, `group_id` the durable consumer: relay.inbox.jetstream)."""
 
     topics: tuple[str, ...]
     group_id: str
-    bootstrap_servers: str
+    bootstrap_servers: str  # Kafka ("" with nats_servers)
     batch_max_events: int = 500  # messages per MongoDB transaction, at most
     batch_max_ms: int = 200  # how long a batch gathers after its first message, at most
     poll_timeout_s: float = 0.5  # longest wait in one poll: how quickly stop() is noticed when idle
@@ -44,6 +46,23 @@ class RunOptions:
     schema_registry_basic_auth: str = field(default="", repr=False)
     retry_backoff_max_s: float = 10.0  # the longest wait before a batch whose transaction failed is retried
     kafka: Mapping[str, str] = field(default_factory=dict)  # more librdkafka settings for both clients
+    # NATS JetStream instead of Kafka (docs/nats.md, "Consumers"): the servers, the stream, the
+    # credentials (as RELAY_NATS_*), how long a delivered batch waits for its acknowledgement
+    # before JetStream delivers it again, and how long opening waits for the servers.
+    nats_servers: str = ""
+    nats_stream: str = "OUTBOX"
+    nats_user: str = ""
+    nats_password: str = field(default="", repr=False)
+    nats_token: str = field(default="", repr=False)
+    nats_creds: str = ""
+    nats_tls_ca: str = ""
+    ack_wait_s: float = 30.0
+    connect_timeout_s: float = 30.0
+
+    @property
+    def broker(self) -> str:
+        """`nats` when `nats_servers` is given, else `kafka`."""
+        return "nats" if self.nats_servers else "kafka"
 
     def __repr__(self) -> str:
         """Every option, credentials as the relay shows them: `***`, a URL's user info `user:***@`."""
@@ -53,9 +72,13 @@ class RunOptions:
     def __post_init__(self) -> None:
         if not self.topics or not all(isinstance(t, str) and t for t in self.topics):
             raise ConfigError("topics", f"must be a non-empty list of topic names, got {self.topics!r}")
-        for name in ("group_id", "bootstrap_servers"):
-            if not getattr(self, name):
-                raise ConfigError(name, "must be set")
+        if not self.group_id:
+            raise ConfigError("group_id", "must be set")
+        if bool(self.bootstrap_servers) == bool(self.nats_servers):
+            raise ConfigError(
+                "bootstrap_servers", "give Kafka's bootstrap_servers or NATS's nats_servers (one of them)"
+            )
+        register_secrets([s for s in (self.nats_password, self.nats_token) if s] + uri_secrets(self.nats_servers))
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -73,14 +96,14 @@ class RunOptions:
                 raise ConfigError(f"kafka[{key!r}]", "is set by the inbox (or by its own option); remove it")
 
     @classmethod
-    def of(cls, topics: Any, group_id: str, bootstrap_servers: str, options: Mapping[str, Any]) -> RunOptions:
+    def of(cls, topics: Any, group_id: str, bootstrap_servers: str | None, options: Mapping[str, Any]) -> RunOptions:
         """The options of one `run` call; an unknown option raises ConfigError naming it."""
         known = {f.name for f in fields(cls)} - {"topics", "group_id", "bootstrap_servers"}
         for name in options:
             if name not in known:
                 raise ConfigError(name, f"is not an option of Inbox.run (known: {', '.join(sorted(known))})")
         names = (topics,) if isinstance(topics, str) else tuple(topics)
-        return cls(names, group_id, bootstrap_servers, **options)
+        return cls(names, group_id, bootstrap_servers or "", **options)
 
     def consumer_config(self) -> dict[str, str]:
         """The consumer's librdkafka configuration."""

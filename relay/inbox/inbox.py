@@ -34,11 +34,10 @@ from pymongo.collection import Collection
 from relay.avro.folder import SchemaFolder
 from relay.core.signals import stopping_on_signals
 from relay.inbox.config import RunOptions
-from relay.inbox.consumer import KafkaSource
-from relay.inbox.deadletters import DeadLetterSender
 from relay.inbox.decoding import EventDecoder
 from relay.inbox.metrics import InboxMetrics, series_on
 from relay.inbox.records import DEFAULT_RETENTION
+from relay.inbox.sources import DeadLetters, MessageSource, open_dead_letters, open_source
 from relay.inbox.steps import Action, Apply, BatchSteps, Commit, SendDeadLetter, decode_all, drive
 from relay.inbox.stopping import StopRequested, StopSignal
 from relay.inbox.store import Handler, InboxStore
@@ -106,10 +105,17 @@ class Inbox(InboxBase):
         super().__init__(collection, retention=retention, registry=registry, schema_folder=schema_folder)
 
     def run(
-        self, handler: Handler, *, topics: Sequence[str] | str, group_id: str, bootstrap_servers: str, **options: Any
+        self,
+        handler: Handler,
+        *,
+        topics: Sequence[str] | str,
+        group_id: str,
+        bootstrap_servers: str | None = None,
+        **options: Any,
     ) -> None:
         """Consume `topics` as `group_id`, calling `handler(event, session)` inside a MongoDB
-        transaction once per event, ever; blocks until SIGTERM/SIGINT (in the main thread) or
+        transaction once per event, ever (from Kafka's `bootstrap_servers`, or NATS JetStream's
+        `nats_servers=` option: relay.inbox.jetstream); blocks until SIGTERM/SIGINT (in the main thread) or
         `stop()`, then returns. Raises InboxPoisonError at a poison event under `on_poison="stop"`,
         ConfigError for a bad option (relay.inbox.config.RunOptions lists them), and any error
         that is neither poison nor retryable (relay.inbox.errors); TypeError for an `async def`
@@ -139,9 +145,9 @@ class Inbox(InboxBase):
         decoder = self._decoder(opts)
         dead_letters = None
         if opts.on_poison == "dead-letter":
-            dead_letters = DeadLetterSender(opts)
+            dead_letters = open_dead_letters(opts)
             resources.callback(dead_letters.close)
-        source = KafkaSource(opts)
+        source = open_source(opts)
         resources.callback(source.close)
         steps = Steps(
             InboxMetrics(self.registry, opts.group_id),
@@ -158,10 +164,10 @@ class Inbox(InboxBase):
 class InboxParts:
     """The boundaries one `run` call uses (fakes in tests/unit/test_inbox_steps.py)."""
 
-    source: KafkaSource
+    source: MessageSource
     decoder: EventDecoder
     store: InboxStore
-    dead_letters: DeadLetterSender | None
+    dead_letters: DeadLetters | None
 
 
 class Steps(BatchSteps):

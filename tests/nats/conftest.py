@@ -73,3 +73,16 @@ def nenv(servers: Any, nats_server: NatsServer) -> Iterator[NatsEnv]:
     finally:
         client.drop_database(settings.database)
         client.close()
+
+
+@pytest.fixture
+def short_transaction_lifetime(nenv):
+    """A killed consumer's open transaction keeps its write locks until the server aborts it
+    (transactionLifetimeLimitSeconds, 60 s by default): 5 s here, as tests/faults/test_inbox_faults.py."""
+    admin = nenv.client.admin
+    before = admin.command("getParameter", 1, transactionLifetimeLimitSeconds=1)["transactionLifetimeLimitSeconds"]
+    admin.command("setParameter", 1, transactionLifetimeLimitSeconds=5)
+    try:
+        yield
+    finally:
+        admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)
