@@ -209,7 +209,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _status(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import status
 
-    emit(json.dumps(status(settings, args.outbox), indent=2, default=str))
+    emit(json.dumps(status(settings, args.outbox), indent=2, default=str, ensure_ascii=False))
     return 0
 
 

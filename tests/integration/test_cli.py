@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -108,6 +109,11 @@ def test_status_reports_lease_and_checkpoint_lag(env):
     # "now minus the checkpoint's cluster time": at most the time since the checkpoint read before
     # the command (the one it read can only be newer)
     assert status["checkpoint"]["lagSeconds"] is not None and 0 <= status["checkpoint"]["lagSeconds"] <= finished - stored
+    # One time format throughout (RFC 3339, UTC, ms), and the token's ellipsis as it is, not \u2026.
+    times = [status["lease"]["expiresAt"], status["lease"]["acquiredAt"], status["checkpoint"]["clusterTime"],
+             status["checkpoint"]["storedAt"], *[r["joinedAt"] for r in status["replicas"]]]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", t) for t in times), times
+    assert status["checkpoint"]["token"].endswith("…") and "\\u" not in result.stdout, result.stdout
 
 
 def test_a_misspelled_setting_exits_2_naming_the_one_meant_in_one_line(env):
