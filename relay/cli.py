@@ -6,7 +6,8 @@ lost, invalidated stream, changed pipeline), `schemas check` found a breaking sc
 `pipeline audit` found a missing event or an order violation, or `replay` found part of its range
 removed by clean-up; 5 a server refused a request with an error the relay does not expect
 (ServerRefusedError); 130 interrupted (`replay` saves its progress first). `--version` prints the
-package's version (the newest entry of CHANGELOG.md).
+package's version (the newest entry of CHANGELOG.md, plus `+dev` for a build carrying the changes
+listed under its [Unreleased]).
 """
 
 from __future__ import annotations
