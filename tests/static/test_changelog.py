@@ -54,6 +54,7 @@ def test_the_readme_names_the_built_files_by_a_glob_their_names_match():
     installs = re.findall(r"pip install ([^\s`]*outbox_relay[^\s`]*)", README)
     assert set(installs) == {"dist/outbox_relay-*_$(uname", "dist/outbox_relay-*.tar.gz"}, installs
     assert "pip install dist/outbox_relay-*_$(uname -m).whl" in README
+    assert 'pip install "$(echo dist/outbox_relay-*_$(uname -m).whl)[dev]"' in README, "the wheel with an extra"
     for machine, (_target, policy) in build_wheel.ARCHES.items():
         pattern = f"dist/outbox_relay-*_{machine}.whl"  # what the shell makes of the README's glob
         tags = (f"manylinux2014_{machine}", policy)
