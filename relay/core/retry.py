@@ -14,12 +14,13 @@
 - `said_while_waiting(...)`: one call that waits for a server itself (pymongo's server selection,
   librdkafka's metadata request), given a short first budget: when that runs out, one line says
   what is awaited and for how long, then the call gets the rest of the budget (start-up checks:
-  never silence for the whole connect timeout).
+  never silence for the whole connect timeout); `waiting_line(...)` writes that line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
@@ -37,6 +38,8 @@ from tenacity import (
     wait_none,
 )
 from tenacity.wait import wait_base
+
+from relay.core.names import env_name
 
 T = TypeVar("T")
 FIRST_WAIT_S = 1.0  # said_while_waiting: how long a server may take to answer before the line
@@ -163,3 +166,23 @@ def said_while_waiting(
     left = max(total_s - (time.monotonic() - started), 0.001)
     waiting(left)
     return attempt(left)
+
+
+def waiting_line(server: str, address: object, setting: str, timeout_s: float) -> Callable[[float], None]:
+    """The `waiting` of `said_while_waiting` for a start-up check: one WARNING line naming the
+    server, where it is looked for, its setting and how much longer the wait goes on
+    (`waiting up to 29s more for MongoDB at ... (RELAY_MONGODB_URI, RELAY_CONNECT_TIMEOUT_S=30): no
+    answer yet`)."""
+
+    def waiting(left: float) -> None:
+        logging.getLogger("relay").warning(
+            "waiting up to %.0fs more for %s at %s (%s, %s=%g): no answer yet",
+            left,
+            server,
+            address,
+            env_name(setting),
+            env_name("connect_timeout_s"),
+            timeout_s,
+        )
+
+    return waiting

@@ -10,10 +10,8 @@ from confluent_kafka.admin import AdminClient
 
 from relay.core.errors import ServerUnreachableError
 from relay.core.names import env_name
-from relay.core.retry import said_while_waiting
+from relay.core.retry import said_while_waiting, waiting_line
 from relay.kafka.config import KafkaConfig
-
-log = logging.getLogger("relay")
 
 
 def client_config(config: KafkaConfig, logger: str) -> dict[str, Any]:
@@ -36,19 +34,11 @@ def check_kafka(config: KafkaConfig) -> None:
         if not admin.list_topics(timeout=seconds).brokers:
             raise KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN, "no broker in the metadata"))
 
-    def waiting(left: float) -> None:
-        log.warning(
-            "waiting up to %.0fs more for Kafka at %s (%s, %s=%g): no answer yet",
-            left,
-            config.bootstrap_servers,
-            env_name("kafka_bootstrap_servers"),
-            env_name("connect_timeout_s"),
-            config.connect_timeout_s,
-        )
-
     cause: KafkaException | None = None
     try:
-        said_while_waiting(metadata, config.connect_timeout_s, lambda exc: isinstance(exc, KafkaException), waiting)
+        timeout = config.connect_timeout_s
+        waiting = waiting_line("Kafka", config.bootstrap_servers, "kafka_bootstrap_servers", timeout)
+        said_while_waiting(metadata, timeout, lambda exc: isinstance(exc, KafkaException), waiting)
         return
     except KafkaException as exc:
         cause = exc

@@ -7,7 +7,6 @@ server answers but is not what the settings promise (a MongoDB that is not a rep
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
@@ -18,13 +17,12 @@ from pymongo.server_api import ServerApi
 
 from relay.core.errors import ConfigError, ServerUnreachableError
 from relay.core.names import env_name
-from relay.core.retry import said_while_waiting
+from relay.core.retry import said_while_waiting, waiting_line
 from relay.mongo.commands import CommandNames
 from relay.mongo.config import URI_ERRORS, MongoConfig, uri_error
 from relay.mongo.errors import AUTHENTICATION_FAILED
 
 _TIMEOUTS = re.compile(r" \(configured timeouts: [^)]*\)")
-log = logging.getLogger("relay")
 
 
 def mongo_client(config: MongoConfig, **kw: Any) -> MongoClient[Any]:
@@ -74,18 +72,11 @@ def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
         with pymongo.timeout(seconds):
             return client.admin.command("hello")
 
-    def waiting(left: float) -> None:
-        log.warning(
-            "waiting up to %.0fs more for MongoDB at %s (%s, %s=%g): no answer yet",
-            left,
-            config.uri,
-            env_name("mongodb_uri"),
-            env_name("connect_timeout_s"),
-            config.connect_timeout_s,
-        )
-
+    timeout = config.connect_timeout_s
     try:
-        reply = said_while_waiting(hello, config.connect_timeout_s, _not_answering, waiting)
+        reply = said_while_waiting(
+            hello, timeout, _not_answering, waiting_line("MongoDB", config.uri, "mongodb_uri", timeout)
+        )
     except OperationFailure as exc:
         if exc.code != AUTHENTICATION_FAILED:
             raise

@@ -254,8 +254,8 @@ def test_the_text_stop_line_says_its_kind_event_and_reason_once():
     with captured_logs("text") as capture:
         stop()
     [line] = capture.text.splitlines()
-    assert line.endswith("ERROR relay stopping on PoisonEventError: poison event e-1: payload field missing"
-                         "  exit_code=4 cause=ValueError: boom"), line
+    assert ("ERROR relay stopping on PoisonEventError: poison event e-1: payload field missing"
+            "  exit_code=4 cause=ValueError: boom") in line, line
     assert line.count("payload field missing") == 1 and line.count("e-1") == 1
     with captured_logs("json") as capture:
         stop()
