@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 3
 BENCH_ARGS ?=
 
-.PHONY: setup containers demo test soak test-fast lint bench dev-up dev-down docs dist clean
+.PHONY: setup containers demo test soak test-fast lint bench dev-up dev-down docs dist dist-aarch64 clean
 
 # relay/_native*.so goes first: a module of an older build under another name (before the stable
 # ABI, _native.cpython-311-*.so) would be imported before the new _native.abi3.so.
@@ -82,12 +82,16 @@ docs: $(STAMP)
 
 # What services install (README, "Installing in a service"): the sdist and one wheel for CPython
 # 3.11+ on x86_64 Linux with relay._native inside, tagged manylinux2014 (glibc 2.17), in dist/.
-# Needs cargo and Python 3.11+ only: tools/build_wheel.py installs its own tools (build-constraints.txt:
-# cargo-zigbuild, zig, auditwheel) into the cache folder, once. The Dockerfile runs the same script.
-# Then the aarch64 wheel, with Debian's rustc and its aarch64 standard library (relay.dev.aarch64,
-# fetched pinned into the cache; tested under qemu-user by tests/integration/test_aarch64_wheel.py).
-dist: $(STAMP)
+# Needs cargo and Python 3.11+ only, not the contributor environment (.venv): tools/build_wheel.py
+# installs its own tools (build-constraints.txt: cargo-zigbuild, zig, auditwheel) into the cache
+# folder, once. The Dockerfile runs the same script.
+dist:
 	$(PYTHON) tools/build_wheel.py --out dist
+
+# The aarch64 wheel, on its own: Debian's rustc with its aarch64 standard library (relay.dev.aarch64:
+# about 126 MB of pinned packages fetched into the cache once), run from the contributor environment;
+# tested under qemu-user by tests/integration/test_aarch64_wheel.py.
+dist-aarch64: $(STAMP)
 	$(PY) -m relay.dev.aarch64 build --out dist
 
 clean:

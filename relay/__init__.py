@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from relay.outbox import AsyncOutbox, Outbox, OutboxEvent
 
 __all__ = ["AsyncOutbox", "Outbox", "OutboxEvent"]
-__version__ = "0.2.0"
+__version__ = "0.2.0+dev"
 
 
 def __getattr__(name: str) -> Any:

@@ -6,12 +6,14 @@ lost, invalidated stream, changed pipeline), `schemas check` found a breaking sc
 `pipeline audit` found a missing event or an order violation, or `replay` found part of its range
 removed by clean-up; 5 a server refused a request with an error the relay does not expect
 (ServerRefusedError); 130 interrupted (`replay` saves its progress first). `--version` prints the
-package's version (the newest entry of CHANGELOG.md).
+package's version (the newest entry of CHANGELOG.md, plus `+dev` for a build carrying the changes
+listed under its [Unreleased]).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import importlib.util
 import json
 import logging
@@ -85,6 +87,15 @@ def _parser() -> argparse.ArgumentParser:
     _add_schemas(sub.add_parser("schemas", help="check the Avro schemas: parse, envelope rules, compatibility"))
     _add_tail(sub.add_parser("tail", parents=[settings], help="print a topic's messages, decoded, as JSON lines"))
     add_replay(sub.add_parser("replay", parents=[settings], help=REPLAY_HELP, usage=REPLAY_USAGE))
+    _add_inbox(
+        sub.add_parser(
+            "inbox",
+            parents=[settings],
+            help="a consumer's inbox records: forget those of lost effects, so a replay applies them again",
+            description="forget: delete a consumer group's inbox records selected by the replay's filters "
+            "(docs/inbox.md, README's runbook 'a consumer lost its state')",
+        )
+    )
     _add_security(
         sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
     )
@@ -142,6 +153,27 @@ def _add_tail(tail: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_inbox(inbox: argparse.ArgumentParser) -> None:
+    inbox.add_argument("action", choices=["forget"])
+    inbox.add_argument("--group", default="", metavar="GROUP", help="the consumer group whose records to forget")
+    inbox.add_argument(
+        "--inbox",
+        default=None,
+        metavar="[DATABASE.]COLLECTION",
+        help="the inbox collection (default: inbox, in RELAY_DATABASE when no database is given)",
+    )
+    inbox.add_argument("--since", metavar="TIME", help="events that occurred at or after TIME (ISO 8601, as replay's)")
+    inbox.add_argument("--until", metavar="TIME", help="events that occurred at or before TIME (ISO 8601)")
+    inbox.add_argument(
+        "--aggregate", action="append", default=[], metavar="ID", help="only this aggregate id (repeatable)"
+    )
+    inbox.add_argument(
+        "--aggregate-type", action="append", default=[], metavar="TYPE", help="only this aggregate type (repeatable)"
+    )
+    inbox.add_argument("--all", action="store_true", help="every record of the group (needed when no filter is given)")
+    inbox.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+
+
 def _add_security(security: argparse.ArgumentParser) -> None:
     security.add_argument("action", choices=["role"])
     security.add_argument("--role-name", default="outboxRelay", help="the role's name (on the admin database)")
@@ -185,7 +217,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _status(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.status import status
 
-    emit(json.dumps(status(settings, args.outbox), indent=2, default=str))
+    emit(json.dumps(status(settings, args.outbox), indent=2, default=str, ensure_ascii=False))
     return 0
 
 
@@ -242,6 +274,23 @@ def _replay(settings: cfg.Settings, args: argparse.Namespace) -> int:
     from relay.commands.replay import replay
 
     return replay(settings, args)
+
+
+def _inbox(settings: cfg.Settings, args: argparse.Namespace) -> int:
+    """`inbox forget`: the times parsed and the range checked by the replay's rules."""
+    from relay.commands.replay_plan import check_range, parse_time
+    from relay.inbox.forget import Selection, forget_records
+
+    now = dt.datetime.now(dt.UTC)
+    since = parse_time("--since", args.since) if args.since else None
+    until = parse_time("--until", args.until) if args.until else None
+    if since is not None:
+        checked = check_range(since, until or now, now)
+        until = None if until is None else checked
+    selection = Selection(args.group, since, until, tuple(args.aggregate), tuple(args.aggregate_type), args.all)
+    for line in forget_records(settings, selection, args.inbox, args.dry_run):
+        emit(line)
+    return 0
 
 
 def _checkpoint(settings: cfg.Settings, args: argparse.Namespace) -> int:
@@ -352,4 +401,5 @@ _WITH_SETTINGS: dict[str, Callable[[cfg.Settings, argparse.Namespace], int]] = {
     "checkpoint": _checkpoint,
     "security": _security,
     "replay": _replay,
+    "inbox": _inbox,
 }

@@ -10,6 +10,7 @@ are published again (`duplicateWindow`). `sharedTopics` lists the outboxes the t
 to the same topics (an aggregate type two of them use lands on one topic: relay.avro.shared_topics).
 `broker` names where events are published (RELAY_BROKER) and its address: Kafka's bootstrap
 servers, or NATS's servers and the JetStream stream (credentials masked).
+Every time is RFC 3339 in UTC with milliseconds (`2026-11-27T10:00:00.000Z`: relay.core.times).
 `checkpoint reset` resets one
 outbox's leases (every partition's), named with `--outbox` when there are several.
 """
@@ -25,6 +26,7 @@ from relay.core.errors import LeaseHeldError
 from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, described, partitions
 from relay.core.positions import short_token, token_cluster_time
+from relay.core.times import rfc3339
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
@@ -112,7 +114,7 @@ def _partition_row(p: Partition, lid: str, doc: dict[str, Any] | None) -> dict[s
     row["lease"] = _lease(doc, now)
     row["checkpoint"] = _checkpoint(doc, now)
     if doc.get("startAtClusterTime") is not None and row["checkpoint"] is None:
-        row["startsAt"] = dt.datetime.fromtimestamp(doc["startAtClusterTime"].time, dt.UTC).isoformat()
+        row["startsAt"] = rfc3339(dt.datetime.fromtimestamp(doc["startAtClusterTime"].time, dt.UTC))
     return row
 
 
@@ -133,7 +135,7 @@ def _replica(r: dict[str, Any], holders: dict[str, list[dict[str, Any]]], ttl_s:
         "role": role,
         "leading": leading,
         "lastSeenSecondsAgo": round(age, 1),
-        "joinedAt": r.get("joinedAt"),
+        "joinedAt": _time(r.get("joinedAt")),
     }
 
 
@@ -142,9 +144,9 @@ def _lease(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any]:
     return {
         "owner": doc.get("owner"),
         "fencingToken": doc.get("fencingToken"),
-        "expiresAt": expires,
+        "expiresAt": _time(expires),
         "expired": expires is None or expires <= now,
-        "acquiredAt": doc.get("acquiredAt"),
+        "acquiredAt": _time(doc.get("acquiredAt")),
     }
 
 
@@ -157,13 +159,18 @@ def _checkpoint(doc: dict[str, Any], now: dt.datetime) -> dict[str, Any] | None:
     at = dt.datetime.fromtimestamp(ts.time, dt.UTC) if ts else None
     return {
         "token": short_token(token),
-        "clusterTime": at.isoformat() if at else None,
+        "clusterTime": _time(at),
         "lagSeconds": round((now - at).total_seconds(), 3) if at else None,
-        "storedAt": stored,
+        "storedAt": _time(stored),
         "storedSecondsAgo": round((now - stored).total_seconds(), 1) if stored is not None else None,
         "pipelineFingerprint": doc.get("pipelineFingerprint"),
         "delivery": doc.get("delivery"),
     }
+
+
+def _time(value: Any) -> str | None:
+    """A stored time as `status` shows it (relay.core.times.rfc3339); None when there is none."""
+    return rfc3339(value) if isinstance(value, dt.datetime) else None
 
 
 def reset_checkpoint(settings: Settings, force: bool = False, outbox: str | None = None) -> str:

@@ -11,14 +11,19 @@
   `retrying_async(...)` is the same for a coroutine, its waits awaited (the async inbox).
 - `Backoff`: a schedule of waits across calls, for what is not one call (the relay loop restarts a
   failed session on a later pass): `wait()` sleeps the next wait, `reset()` starts over.
+- `said_while_waiting(...)`: one call that waits for a server itself (pymongo's server selection,
+  librdkafka's metadata request), given a short first budget: when that runs out, one line says
+  what is awaited and for how long, then the call gets the rest of the budget (start-up checks:
+  never silence for the whole connect timeout); `waiting_line(...)` writes that line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -34,6 +39,11 @@ from tenacity import (
     wait_none,
 )
 from tenacity.wait import wait_base
+
+from relay.core.names import env_name
+
+T = TypeVar("T")
+FIRST_WAIT_S = 1.0  # said_while_waiting: how long a server may take to answer before the line
 
 
 def _policy(
@@ -136,3 +146,48 @@ class Backoff:
         attempt = next(self._attempts)  # tenacity sleeps before every attempt but the first
         with attempt:
             pass  # this attempt is the session about to start; retry_always asks for the next one
+
+
+def said_while_waiting(
+    attempt: Callable[[float], T],
+    total_s: float,
+    retry_on: Callable[[BaseException], bool],
+    waiting: Callable[[float], None],
+    first_s: float = FIRST_WAIT_S,
+) -> T:
+    """`attempt(seconds)`, one call that waits up to `seconds` for a server, given `first_s` of
+    `total_s` first. When it fails with an error `retry_on` accepts (no answer yet), `waiting(left)`
+    writes the line saying what is awaited and for how long, then `attempt(left)` with the rest of
+    `total_s`; its error is raised as it is. A server that answers within `first_s`, or an error
+    `retry_on` refuses (a refused password), says nothing more. At most two attempts, `total_s`
+    (plus the second call's own overrun) in all."""
+    started = time.monotonic()
+    first = min(first_s, total_s)
+    try:
+        return attempt(first)
+    except Exception as exc:
+        if first >= total_s or not retry_on(exc):
+            raise
+    left = max(total_s - (time.monotonic() - started), 0.001)
+    waiting(left)
+    return attempt(left)
+
+
+def waiting_line(server: str, address: object, setting: str, timeout_s: float) -> Callable[[float], None]:
+    """The `waiting` of `said_while_waiting` for a start-up check: one WARNING line naming the
+    server, where it is looked for, its setting and how much longer the wait goes on
+    (`waiting up to 29s more for MongoDB at ... (RELAY_MONGODB_URI, RELAY_CONNECT_TIMEOUT_S=30): no
+    answer yet`)."""
+
+    def waiting(left: float) -> None:
+        logging.getLogger("relay").warning(
+            "waiting up to %.0fs more for %s at %s (%s, %s=%g): no answer yet",
+            left,
+            server,
+            address,
+            env_name(setting),
+            env_name("connect_timeout_s"),
+            timeout_s,
+        )
+
+    return waiting

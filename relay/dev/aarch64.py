@@ -14,7 +14,7 @@ with its `.complete` marker. They are Debian 12's current builds: a security upd
 a file in the security pool (`updates/...`), after which its pin must move with it (the download
 then fails naming the URL). Set-up only: nothing here is installed into the system.
 
-    python -m relay.dev.aarch64 build [--out dist]   # the aarch64 wheel, as `make dist` does
+    python -m relay.dev.aarch64 build [--out dist]   # the aarch64 wheel, as `make dist-aarch64` does
 """
 
 from __future__ import annotations

@@ -29,6 +29,14 @@ class GroupConfig:
         """The group's name in the membership documents: the outbox, or the sorted list of them."""
         return ",".join(sorted(self.outboxes))
 
+    def joined(self) -> str:
+        """The line a replica writes once it joined its group: which group and, when the outboxes
+        are split, into how many partitions (`4 partitions`, or `4 partitions each` for several)."""
+        split = ""
+        if self.partitions > 1:
+            split = f" ({self.partitions} partitions{' each' if len(self.outboxes) > 1 else ''})"
+        return f"relay {self.instance_id} in the group of {self.name}{split}"
+
     def __post_init__(self) -> None:
         if not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ConfigError(env_name("partitions"), f"must be between 1 and {MAX_PARTITIONS}, got {self.partitions}")

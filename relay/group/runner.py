@@ -93,8 +93,7 @@ class Group:
                 if isinstance(exc, RelayError):
                     exc.logged = True
                 raise
-            c = self.config
-            log.info("relay %s in the group of %s (%d partitions each)", c.instance_id, c.name, c.partitions)
+            log.info("%s", self.config.joined())
             for scope, relay in self.relays:
                 thread = threading.Thread(target=self._run_relay, args=(relay,), daemon=True, name=f"relay-{scope}")
                 thread.start()

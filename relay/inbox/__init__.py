@@ -18,7 +18,8 @@ pure rules: what runs, what is skipped, which offsets are committed, when a batc
 records), `store` / `async_store` (the MongoDB transaction), `consumer` (the Kafka side), `errors`
 (what retries the batch, what is poison), `retrying` (how a batch is retried), `stopping`,
 `poison` and `deadletters` (the poison policy), `metrics`, `config` (run's options), `inbox` and
-`async_inbox` (each form's run and the driver of its steps). docs/inbox.md has the guarantee.
+`async_inbox` (each form's run and the driver of its steps), `forget` (`outbox-relay inbox forget`:
+a group's records selected by the replay's filters, deleted). docs/inbox.md has the guarantee.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ class AsyncSteps(BatchSteps):
             assert self.dead_letters is not None  # only yielded under the dead-letter policy
             return await self.kafka.call(self.dead_letters.send, action.poisoned, action.message)
         return await self.retry.call_async(
-            lambda: self.store.record_dead_letter(session, action.event_id, action.where)
+            lambda: self.store.record_dead_letter(session, action.event_id, action.where, action.event)
         )
 
 

@@ -44,9 +44,10 @@ class AsyncInboxStore:
         self.group_id = group_id
 
     async def ensure_indexes(self) -> None:
-        """As InboxStore.ensure_indexes: the unique and the TTL index (changed by collMod)."""
-        keys, options = self.records.unique_index()
-        await self.collection.create_index(keys, **options)
+        """As InboxStore.ensure_indexes: the unique, the selection and the TTL indexes (the TTL one
+        changed by collMod)."""
+        for keys, options in [self.records.unique_index(), *self.records.selection_indexes()]:
+            await self.collection.create_index(keys, **options)
         field, options = self.records.ttl_index()
         try:
             await self.collection.create_index(field, **options)
@@ -80,12 +81,15 @@ class AsyncInboxStore:
         await session.with_transaction(callback, read_concern=SNAPSHOT, write_concern=MAJORITY)
         return result[-1]
 
-    async def record_dead_letter(self, session: AsyncClientSession, event_id: str, where: tuple[str, int, int]) -> None:
-        """Record a dead-lettered event (in its own transaction), so a replay of it is skipped."""
+    async def record_dead_letter(
+        self, session: AsyncClientSession, event_id: str, where: tuple[str, int, int], event: InboxEvent | None = None
+    ) -> None:
+        """Record a dead-lettered event (in its own transaction), so a replay of it is skipped;
+        with its fields when it was decoded (`event`)."""
 
         async def callback(s: AsyncClientSession) -> None:
             if not await self.recorded([event_id], s):
-                await self.collection.insert_one(self.records.dead_letter(event_id, where), session=s)
+                await self.collection.insert_one(self.records.dead_letter(event_id, where, event), session=s)
 
         await session.with_transaction(callback, write_concern=MAJORITY)
 

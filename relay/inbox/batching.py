@@ -50,13 +50,15 @@ E = TypeVar("E", bound=Identified)
 
 @dataclass(frozen=True)
 class Poisoned:
-    """A message that is not a usable event (it could not be decoded, or its handler raised)."""
+    """A message that is not a usable event (it could not be decoded, or its handler raised);
+    `event`: the decoded event whose handler raised (None: undecodable)."""
 
     topic: str
     partition: int
     offset: int
     event_id: str | None
     reason: str
+    event: Identified | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -200,4 +200,6 @@ class Steps(BatchSteps):
         if isinstance(action, SendDeadLetter):
             assert self.dead_letters is not None  # only yielded under the dead-letter policy
             return self.dead_letters.send(action.poisoned, action.message)
-        return self.retry.call(lambda: self.store.record_dead_letter(session, action.event_id, action.where))
+        return self.retry.call(
+            lambda: self.store.record_dead_letter(session, action.event_id, action.where, action.event)
+        )

@@ -71,10 +71,12 @@ class SendDeadLetter:
 
 @dataclass(frozen=True)
 class RecordDeadLetter:
-    """Record the dead-lettered event in the inbox (its own transaction, retried)."""
+    """Record the dead-lettered event in the inbox (its own transaction, retried); `event`: the
+    decoded event, whose fields the record keeps (None: the message could not be decoded)."""
 
     event_id: str
     where: tuple[str, int, int]
+    event: InboxEvent | None = None
 
 
 Action = Apply | Commit | SendDeadLetter | RecordDeadLetter
@@ -140,7 +142,7 @@ class BatchSteps:
             if poisoned is not None:  # the handler failed earlier this time: stop there
                 return applied, poisoned, [*after, *events[index:]]
             e = exc.event
-            return applied, Poisoned(e.topic, e.partition, e.offset, e.event_id, str(exc)), events[index + 1 :]
+            return applied, Poisoned(e.topic, e.partition, e.offset, e.event_id, str(exc), e), events[index + 1 :]
         self.metrics.applied(done.ran, done.skipped, done.attempts)
         self.metrics.batch_seconds.observe(time.monotonic() - started)
         return events, None, []
@@ -152,7 +154,8 @@ class BatchSteps:
         log_dead_letter(poisoned, self.options.dead_letter_topic)
         yield SendDeadLetter(poisoned, message)
         if poisoned.event_id is not None:
-            yield RecordDeadLetter(poisoned.event_id, (poisoned.topic, poisoned.partition, poisoned.offset))
+            event = poisoned.event if isinstance(poisoned.event, InboxEvent) else None
+            yield RecordDeadLetter(poisoned.event_id, (poisoned.topic, poisoned.partition, poisoned.offset), event)
         self.metrics.poison(poisoned.topic, "dead_letters")
         yield Commit(offsets_to_commit([poisoned]))
 

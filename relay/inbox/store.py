@@ -47,10 +47,12 @@ class InboxStore:
         self.retention = self.records.retention
 
     def ensure_indexes(self) -> None:
-        """The unique index on (group, eventId) and the TTL index on `processedAt`; a TTL index
-        created earlier with another retention is changed to this one (collMod)."""
-        keys, options = self.records.unique_index()
-        self.collection.create_index(keys, **options)
+        """The unique index on (group, eventId), the indexes `inbox forget` selects by
+        (relay.inbox.records), and the TTL index on `processedAt`; a TTL index created earlier with
+        another retention is changed to this one (collMod). On a collection of records written
+        before the selection indexes existed, the first start builds them (and waits for that)."""
+        for keys, options in [self.records.unique_index(), *self.records.selection_indexes()]:
+            self.collection.create_index(keys, **options)
         field, options = self.records.ttl_index()
         try:
             self.collection.create_index(field, **options)
@@ -88,12 +90,15 @@ class InboxStore:
         session.with_transaction(callback, read_concern=SNAPSHOT, write_concern=MAJORITY)
         return result[-1]
 
-    def record_dead_letter(self, session: ClientSession, event_id: str, where: tuple[str, int, int]) -> None:
-        """Record a dead-lettered event (in its own transaction), so a replay of it is skipped."""
+    def record_dead_letter(
+        self, session: ClientSession, event_id: str, where: tuple[str, int, int], event: InboxEvent | None = None
+    ) -> None:
+        """Record a dead-lettered event (in its own transaction), so a replay of it is skipped;
+        with its fields when it was decoded (`event`)."""
 
         def callback(s: ClientSession) -> None:
             if not self.recorded([event_id], s):
-                self.collection.insert_one(self.records.dead_letter(event_id, where), session=s)
+                self.collection.insert_one(self.records.dead_letter(event_id, where, event), session=s)
 
         session.with_transaction(callback, write_concern=MAJORITY)
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pymongo
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.server_api import ServerApi
 
 from relay.core.errors import ConfigError, ServerUnreachableError
 from relay.core.names import env_name
+from relay.core.retry import said_while_waiting, waiting_line
 from relay.mongo.commands import CommandNames
 from relay.mongo.config import URI_ERRORS, MongoConfig, uri_error
 from relay.mongo.errors import AUTHENTICATION_FAILED
@@ -59,12 +61,22 @@ def mongo_cause(exc: PyMongoError) -> str:
 def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
     """Return once MongoDB answers and is a replica set member.
 
+    A MongoDB that does not answer within a second gets one WARNING line at once, naming what is
+    awaited and for how long (relay.core.retry.said_while_waiting); then the wait goes on.
     Raises ServerUnreachableError when nothing answers within RELAY_CONNECT_TIMEOUT_S, and
     ConfigError naming RELAY_MONGODB_URI when the server refuses the credentials or answers but
     is not a replica set member (change streams need one). The URI shows no password (a `Uri`).
     """
+
+    def hello(seconds: float) -> dict[str, Any]:
+        with pymongo.timeout(seconds):
+            return client.admin.command("hello")
+
+    timeout = config.connect_timeout_s
     try:
-        hello = client.admin.command("hello")
+        reply = said_while_waiting(
+            hello, timeout, _not_answering, waiting_line("MongoDB", config.uri, "mongodb_uri", timeout)
+        )
     except OperationFailure as exc:
         if exc.code != AUTHENTICATION_FAILED:
             raise
@@ -78,9 +90,14 @@ def check_mongodb(client: MongoClient[Any], config: MongoConfig) -> None:
             f"cannot reach MongoDB at {config.uri} within {config.connect_timeout_s:g}s "
             f"({env_name('mongodb_uri')}): {mongo_cause(exc)}"
         ) from exc
-    if "setName" not in hello:
+    if "setName" not in reply:
         raise ConfigError(
             env_name("mongodb_uri"),
             f"MongoDB at {config.uri} answers but is not a replica set member; "
             "change streams need one (start mongod with --replSet and initiate it)",
         )
+
+
+def _not_answering(exc: BaseException) -> bool:
+    """No answer yet (a refused connection, a selection timeout), not a refusal the server sent."""
+    return isinstance(exc, PyMongoError) and not isinstance(exc, OperationFailure)

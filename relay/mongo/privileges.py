@@ -14,8 +14,9 @@
   holds it); its `_replicas` companion: `find`, `insert`, `update` (every replica records itself);
 - `local.oplog.rs`: `find` (where `oplog-start` begins, the clean-up's coverage check);
 - an inbox collection (relay.inbox, optional): `find` and `insert` (the ids of processed events),
-  `createIndex` (its unique and TTL indexes, at every start) and `collMod` (a changed retention
-  changes the TTL index); the inbox never updates or removes a record (the TTL monitor does).
+  `createIndex` (its unique, selection and TTL indexes, at every start) and `collMod` (a changed
+  retention changes the TTL index); the inbox never updates or removes a record (the TTL monitor
+  does, and an operator's `outbox-relay inbox forget`, with `remove` of the operator's own).
 
 Exactly-once mode needs nothing more on MongoDB (its offsets live in Kafka).
 

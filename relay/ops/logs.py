@@ -44,6 +44,9 @@ __all__ = [
 # Attributes every LogRecord has; anything else on a record came from `extra` or a filter.
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
 _TEXT_HIDDEN = frozenset({"instance", "summary"})  # in JSON only: noise on a terminal
+# In text, left out when the message already says their value (a stop line names its kind, event
+# and reason in its message: `stopping on PoisonEventError: poison event e-1: ...`); JSON keeps them.
+_TEXT_SAID = frozenset({"error_kind", "event_id", "reason"})
 _context = threading.local()
 
 
@@ -121,14 +124,20 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """`time level logger message key=value ...` for people at a terminal."""
+    """`time level logger message key=value ...` for people at a terminal; a field whose value
+    the message already says (`_TEXT_SAID`) is not repeated."""
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
-        fields = [f"{k}={v}" for k, v in _extras(record).items() if k not in _TEXT_HIDDEN]
+        said = record.getMessage()
+        fields = [
+            f"{k}={v}"
+            for k, v in _extras(record).items()
+            if k not in _TEXT_HIDDEN and not (k in _TEXT_SAID and str(v) in said)
+        ]
         if not fields:
             return scrub(line)
         head, sep, tail = line.partition("\n")  # keep a traceback below the fields

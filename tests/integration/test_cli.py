@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
 
 import pytest
 
+from relay.dev.processes import spawn
 from relay.dev.stack import free_port
 from relay.outbox import Outbox, OutboxEvent
 from tests.support.leases import lease_doc
@@ -59,6 +62,36 @@ def test_unreachable_kafka_is_a_clear_error_not_a_traceback(env, command):
     assert "Traceback" not in result.stderr and "|FAIL|" not in result.stderr, "no librdkafka log noise"
 
 
+@pytest.mark.parametrize(("command", "setting", "server"), [
+    (["status"], "RELAY_MONGODB_URI", "MongoDB"),
+    (["tail", "any-topic"], "RELAY_KAFKA_BOOTSTRAP_SERVERS", "Kafka"),
+], ids=["mongodb", "kafka"])
+def test_a_server_that_does_not_answer_is_named_at_once_not_after_the_timeout(tmp_path, command, setting, server):
+    """Nothing listens on the port: one line names what the command waits for and how long, while
+    it still waits (the connect timeout is far from over), instead of the timeout's silence."""
+    port = free_port()
+    value = f"mongodb://127.0.0.1:{port}/?replicaSet=rs0" if server == "MongoDB" else f"127.0.0.1:{port}"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")} | {
+        setting: value, "RELAY_CONNECT_TIMEOUT_S": "300", "RELAY_LOG_FORMAT": "text", "PYTHONPATH": str(ROOT)}
+    log = tmp_path / "stderr.log"
+    with log.open("wb") as err:
+        proc = spawn([sys.executable, "-m", "relay", *command], env=environ, cwd=ROOT, stdout=subprocess.DEVNULL,
+                     stderr=err)
+
+    def alive() -> None:
+        assert proc.poll() is None, f"it ended: {log.read_text()}"
+
+    try:
+        line = wait_until(lambda: next((x for x in log.read_text().splitlines() if "waiting" in x), None), 120,
+                          "the waiting line", alive=alive)
+        alive()  # the line comes while it waits, not at the timeout
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert "WARNING relay waiting up to " in line and f"s more for {server} at {value} ({setting}, " in line, line
+    assert "RELAY_CONNECT_TIMEOUT_S=300): no answer yet" in line, line
+
+
 def test_status_reports_lease_and_checkpoint_lag(env):
     Outbox(env.outbox).add(OutboxEvent.new("order", "s1", "Created", {}))
     with RelayThread(env.settings):
@@ -76,6 +109,11 @@ def test_status_reports_lease_and_checkpoint_lag(env):
     # "now minus the checkpoint's cluster time": at most the time since the checkpoint read before
     # the command (the one it read can only be newer)
     assert status["checkpoint"]["lagSeconds"] is not None and 0 <= status["checkpoint"]["lagSeconds"] <= finished - stored
+    # One time format throughout (RFC 3339, UTC, ms), and the token's ellipsis as it is, not \u2026.
+    times = [status["lease"]["expiresAt"], status["lease"]["acquiredAt"], status["checkpoint"]["clusterTime"],
+             status["checkpoint"]["storedAt"], *[r["joinedAt"] for r in status["replicas"]]]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", t) for t in times), times
+    assert status["checkpoint"]["token"].endswith("…") and "\\u" not in result.stdout, result.stdout
 
 
 def test_a_misspelled_setting_exits_2_naming_the_one_meant_in_one_line(env):

@@ -8,6 +8,9 @@ consumes them with `Inbox.run` (tests/packaged_service.py): every order's steps 
 in order. The wheel's relay runs the compiled module from the wheel; the sdist, installed
 without cargo, has none, and its relay says so once, with the price, and delivers all the same.
 The base install is the light client: a command whose extra is missing names it in one line.
+The README's install lines ("Installing in a service") run as written, in a shell, in fresh
+virtual environments beside a `dist/` holding what `make dist` wrote, and so does the line a
+command prints when its extra is missing.
 
 Cost: the first build on a machine installs the build tools and compiles the crate for its
 glibc 2.17 target (minutes; kept in RELAY_CACHE_DIR, build tools and cargo's build folder, then
@@ -20,6 +23,7 @@ environment here is a copy of it into which the wheel or the sdist alone is inst
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -198,3 +202,65 @@ def test_a_command_whose_extra_is_missing_names_it_in_one_line(from_wheel, argv,
     assert result.returncode == 2, result
     assert result.stderr == (f"outbox-relay {' '.join(argv)}: needs the '{extra}' extra: "
                              f"pip install 'outbox-relay[{extra}]'\n"), result.stderr
+
+
+def _readme_install_lines() -> list[str]:
+    """The `pip install` lines of the README's "Installing in a service" block, comments dropped."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Installing in a service"):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [line.split(" #")[0].strip() for line in block.splitlines() if line.startswith("pip install")]
+
+
+def _beside_dist(built: dict[str, Path], dependencies: Path, where: Path) -> tuple[Path, Path]:
+    """A fresh copy of the dependencies' environment (no outbox-relay in it) and a folder holding
+    `dist/` as `make dist` leaves it (the wheel and the sdist): (its bin, the folder)."""
+    cached.fresh_copy(dependencies, where / "venv")
+    (where / "work" / "dist").mkdir(parents=True)
+    for path in built.values():
+        shutil.copy2(path, where / "work" / "dist" / path.name)
+    return where / "venv" / "bin", where / "work"
+
+
+def _shell(bin: Path, cwd: Path, line: str) -> subprocess.CompletedProcess[str]:
+    """`line` in bash, as a user types it with the environment activated (`pip` is its pip: the
+    copy's own scripts still name the cached environment's python). The bare PATH leaves out
+    /usr/bin (it holds a compiler): bash and `uname` come from a folder of their own."""
+    tools = cwd / "tools"
+    tools.mkdir(exist_ok=True)
+    for name in ("bash", "uname"):
+        found = shutil.which(name)
+        assert found is not None, name
+        if not (tools / name).exists():
+            (tools / name).symlink_to(found)
+    return subprocess.run([str(tools / "bash"), "-c", f'pip() {{ python -m pip "$@"; }}\n{line}'], cwd=cwd,
+                          env=_bare_env(bin, tools), capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_the_readmes_install_lines_work_as_written_with_only_the_wheel(built, dependencies, tmp_path):
+    """The wheel alone, the wheel with an extra (`dev`: psutil comes from the index); then, with
+    the package installed, the line `schemas check` prints when its extra is missing adds it."""
+    lines = _readme_install_lines()
+    assert len(lines) == 2 and lines[1].endswith('[dev]"'), lines
+    version = built["wheel"].name.split("-")[1]
+    for n, (line, extra) in enumerate(zip(lines, (None, "dev"))):
+        bin, cwd = _beside_dist(built, dependencies, tmp_path / f"line-{n}")
+        done = _shell(bin, cwd, line)
+        assert done.returncode == 0, f"{line}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        shown = subprocess.run([str(bin / "outbox-relay"), "--version"], env=_bare_env(bin), cwd=cwd,
+                               capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+        assert shown == f"outbox-relay {version}", shown
+        probe = "import importlib.util as u, relay._native; print(u.find_spec('psutil') is not None)"
+        has_psutil = subprocess.run([str(bin / "python"), "-c", probe], env=_bare_env(bin), cwd=cwd,
+                                    capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+        assert has_psutil == str(extra == "dev"), (line, has_psutil)
+
+    bin, cwd = tmp_path / "line-0" / "venv" / "bin", tmp_path / "line-0" / "work"
+    refused = subprocess.run([str(bin / "outbox-relay"), "schemas", "check"], env=_bare_env(bin), cwd=cwd,
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode == 2, refused
+    hint = refused.stderr.strip().partition("needs the 'schemas' extra: ")[2]
+    assert hint == "pip install 'outbox-relay[schemas]'", refused.stderr
+    done = _shell(bin, cwd, hint)
+    assert done.returncode == 0, f"{hint}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    subprocess.run([str(bin / "python"), "-c", "import avro"], env=_bare_env(bin), cwd=cwd, timeout=120, check=True)

@@ -1,6 +1,7 @@
 """The version, the changelog and the README's release facts agree (issue 42, "docs that cannot
 drift"): pyproject's version is `relay.__version__`, what `outbox-relay --version` prints and the
-newest entry of CHANGELOG.md (Keep a Changelog); the README names the built wheel and sdist with
+newest entry of CHANGELOG.md (Keep a Changelog), plus `+dev` while [Unreleased] lists changes
+(issue 54); the README names the built wheel and sdist with
 a glob that matches the names the build gives; the suite's figures live in docs/testing.md only."""
 
 from __future__ import annotations
@@ -22,13 +23,17 @@ RELEASE = re.compile(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", re.M)
 SECTIONS = {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
 
 
-def test_the_package_version_is_the_changelogs_newest_and_what_version_prints():
+def test_the_package_version_is_the_changelogs_newest_plus_dev_while_unreleased_changes_wait():
+    """A build between releases says so: with entries under [Unreleased] the version is the newest
+    release's plus `+dev`; right after a release (nothing under [Unreleased]) it is the release's."""
     releases = RELEASE.findall(CHANGELOG)
     assert releases, "CHANGELOG.md has `## [x.y.z] - YYYY-MM-DD` entries"
-    assert releases[0][0] == VERSION == relay.__version__
+    unreleased = CHANGELOG.partition("## [Unreleased]")[2].partition("\n## [")[0]
+    expected = releases[0][0] + ("+dev" if re.search(r"^- ", unreleased, re.M) else "")
+    assert VERSION == relay.__version__ == expected
     printed = subprocess.run([sys.executable, "-m", "relay", "--version"], capture_output=True, text=True,
                              cwd=ROOT, check=True).stdout.strip()
-    assert printed == f"outbox-relay {VERSION}"
+    assert printed == f"outbox-relay {expected}"
 
 
 def test_the_changelog_is_in_keep_a_changelog_form():
@@ -49,6 +54,7 @@ def test_the_readme_names_the_built_files_by_a_glob_their_names_match():
     installs = re.findall(r"pip install ([^\s`]*outbox_relay[^\s`]*)", README)
     assert set(installs) == {"dist/outbox_relay-*_$(uname", "dist/outbox_relay-*.tar.gz"}, installs
     assert "pip install dist/outbox_relay-*_$(uname -m).whl" in README
+    assert 'pip install "$(echo dist/outbox_relay-*_$(uname -m).whl)[dev]"' in README, "the wheel with an extra"
     for machine, (_target, policy) in build_wheel.ARCHES.items():
         pattern = f"dist/outbox_relay-*_{machine}.whl"  # what the shell makes of the README's glob
         tags = (f"manylinux2014_{machine}", policy)

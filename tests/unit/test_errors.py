@@ -233,3 +233,32 @@ def test_a_permission_refusal_stop_line_lists_each_refused_action_and_resource()
     with captured_logs("json") as capture:
         write_stop_line(ConfigError("RELAY_X", "bad"))
     assert "refused" not in capture.lines()[0]
+
+
+def test_the_text_stop_line_says_its_kind_event_and_reason_once():
+    """A terminal's stop line: the message names the kind, the event and the reason; the fields
+    after it add only what it does not say (the exit code, the cause). JSON keeps every field."""
+    from relay.core.errors import PoisonEventError
+    from relay.ops.observe import write_stop_line
+    from tests.support.logs import captured_logs
+
+    def stop() -> None:
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            try:
+                raise PoisonEventError("e-1", "payload field missing") from exc
+            except PoisonEventError as poison:
+                write_stop_line(poison)
+
+    with captured_logs("text") as capture:
+        stop()
+    [line] = capture.text.splitlines()
+    assert ("ERROR relay stopping on PoisonEventError: poison event e-1: payload field missing"
+            "  exit_code=4 cause=ValueError: boom") in line, line
+    assert line.count("payload field missing") == 1 and line.count("e-1") == 1
+    with captured_logs("json") as capture:
+        stop()
+    [fields] = capture.lines()
+    assert (fields["error_kind"], fields["event_id"], fields["reason"]) == (
+        "PoisonEventError", "e-1", "payload field missing")

@@ -106,7 +106,7 @@ class FakeStore:
         self.journal.append(("transaction", staged))
         return Applied(todo.run, todo.skip, 1)
 
-    def record_dead_letter(self, session, event_id, where):
+    def record_dead_letter(self, session, event_id, where, event=None):
         self.recorded.add(event_id)
         self.journal.append(("recorded dead letter", event_id))
 
@@ -121,8 +121,8 @@ class AsyncFakeStore(FakeStore):
             self.handled.append(e.event_id)
         return self._end(todo)
 
-    async def record_dead_letter(self, session, event_id, where):
-        super().record_dead_letter(session, event_id, where)
+    async def record_dead_letter(self, session, event_id, where, event=None):
+        super().record_dead_letter(session, event_id, where, event)
 
 
 class FakeDeadLetters:

@@ -3,7 +3,7 @@
 The formula is checked against MongoDB itself in tests/integration/test_partitions.py; here the
 known value from MongoDB's manual, the properties the relay relies on, and the convergence of
 the balancing rule (the real `relay.group.balance.Balance` for each replica over a simulated lease table)
-under joins, graceful leaves and crashes.
+under joins, graceful leaves and crashes; and the line a replica writes when it joins its group.
 """
 
 from __future__ import annotations
@@ -232,3 +232,17 @@ class BalancingMachine(RuleBasedStateMachine):
 TestBalancingMachine = BalancingMachine.TestCase
 TestBalancingMachine.settings = hsettings(max_examples=200, stateful_step_count=25, deadline=None,
                                           suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_joined_line_says_the_partition_count_in_words_that_fit_it():
+    from relay.core.config import LeaseTiming
+    from relay.group.config import GroupConfig
+
+    timing = LeaseTiming(lease_ttl_s=30.0, heartbeat_interval_s=5.0, standby_poll_s=2.0)
+
+    def joined(outboxes: tuple[str, ...], partitions: int) -> str:
+        return GroupConfig(instance_id="r1", outboxes=outboxes, partitions=partitions, timing=timing).joined()
+
+    assert joined(("app.outbox",), 1) == "relay r1 in the group of app.outbox"
+    assert joined(("app.outbox",), 4) == "relay r1 in the group of app.outbox (4 partitions)"
+    assert joined(("b.outbox", "a.outbox"), 4) == "relay r1 in the group of a.outbox,b.outbox (4 partitions each)"

@@ -1,4 +1,5 @@
-"""The restart policy's rules (relay.core.restarts), fast: the waits it sleeps, recorded."""
+"""The restart policy's rules (relay.core.restarts), fast: the waits it sleeps, recorded; and the
+line a start-up check writes while it waits for a server (relay.core.retry.said_while_waiting)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import pytest
 
 from relay.core.errors import ReopenableStreamError, RepeatedStreamError, TransientError
 from relay.core.restarts import FIRST_WAIT_S, JITTER_S, RestartPolicy
+from relay.core.retry import FIRST_WAIT_S as FIRST_TRY_S
+from relay.core.retry import said_while_waiting
 
 
 def _policy(max_s: float = 30.0) -> tuple[RestartPolicy, list[float], list[tuple[str, float]]]:
@@ -54,3 +57,44 @@ def test_the_same_reopenable_code_twice_without_progress_stops():
         policy.check_reopen(ReopenableStreamError(136, "CappedPositionLost", "y"))
     policy.progressed()
     policy.check_reopen(ReopenableStreamError(136, "CappedPositionLost", "y"))  # after progress: once more
+
+
+# ---- a start-up check that waits for a server (relay.core.retry.said_while_waiting) -----------
+
+
+class _Server:
+    """A call that waits for a server: fails with `errors` in turn, then answers; records each budget."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.budgets = list(errors), []
+
+    def __call__(self, seconds: float) -> str:
+        self.budgets.append(seconds)
+        if self.errors:
+            raise self.errors.pop(0)
+        return "answer"
+
+
+def test_a_server_answering_within_the_first_second_says_nothing():
+    server, said = _Server(), []
+    assert said_while_waiting(server, 30.0, lambda e: True, said.append) == "answer"
+    assert server.budgets == [FIRST_TRY_S] and said == []
+
+
+def test_a_server_not_answering_yet_is_said_once_then_waited_for_with_the_rest_of_the_budget():
+    server, said = _Server(TimeoutError("no answer")), []
+    assert said_while_waiting(server, 30.0, lambda e: isinstance(e, TimeoutError), said.append) == "answer"
+    assert len(said) == 1 and server.budgets == [FIRST_TRY_S, said[0]]
+    assert 30.0 - FIRST_TRY_S - 1 < said[0] <= 30.0, "the whole wait stays within the budget"
+
+    gone = _Server(TimeoutError("no answer"), TimeoutError("still none"))
+    with pytest.raises(TimeoutError, match="still none"):
+        said_while_waiting(gone, 30.0, lambda e: isinstance(e, TimeoutError), said.append)
+    assert len(gone.budgets) == 2, "two attempts at most"
+
+
+def test_a_refusal_the_server_answers_with_is_raised_at_once_without_the_waiting_line():
+    server, said = _Server(PermissionError("bad password")), []
+    with pytest.raises(PermissionError):
+        said_while_waiting(server, 30.0, lambda e: isinstance(e, TimeoutError), said.append)
+    assert said == [] and len(server.budgets) == 1
