@@ -278,7 +278,8 @@ def _replay(settings: cfg.Settings, args: argparse.Namespace) -> int:
 
 def _inbox(settings: cfg.Settings, args: argparse.Namespace) -> int:
     """`inbox forget`: the times parsed and the range checked by the replay's rules."""
-    from relay.commands.replay_plan import check_range, parse_time
+    from relay.commands.replay_plan import check_range
+    from relay.core.config import parse_time
     from relay.inbox.forget import Selection, forget_records
 
     now = dt.datetime.now(dt.UTC)
