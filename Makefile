@@ -12,6 +12,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EVENTS ?= 300
+# The broker `make demo` runs the relay against: kafka, or nats (nats-server with JetStream, no Java).
+BROKER ?= kafka
 PYTEST_ARGS ?=
 # Server tests run side by side on this many workers (pytest-xdist; each worker starts its own
 # MongoDB and Kafka; tests/conftest.py keeps the Spark and Schema Registry tests on one worker).
@@ -33,11 +35,12 @@ $(STAMP): pyproject.toml constraints.txt native/Cargo.toml native/Cargo.lock $(w
 
 setup: $(STAMP)
 	$(PY) -m relay dev fetch
+	$(PY) -m relay dev fetch --broker nats
 	$(PY) -m relay.dev.mongodb
 	$(PY) -m relay.dev.spark_jars
 
 demo: setup
-	$(PY) -m relay demo --events $(EVENTS)
+	$(PY) -m relay demo --events $(EVENTS) --broker $(BROKER)
 
 # Static checks: lint and format (ruff), types (mypy; strict on relay/core), the import rules
 # (import-linter: the layers, relay/core free of drivers, no circles; pyproject.toml).

@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="the local MongoDB replica set and Kafka broker")
     dev.add_argument("action", choices=["up", "down", "status", "fetch"])
     dev.add_argument(
+        "--broker",
+        choices=["kafka", "nats"],
+        default="kafka",
+        help="up: the broker beside MongoDB (nats: nats-server with JetStream, no Java); fetch: fetch it",
+    )
+    dev.add_argument(
         "--schema-registry",
         action="store_true",
         help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
@@ -199,7 +205,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(missing, file=sys.stderr)
         return EXIT_CONFIG
     if args.command == "dev":
-        return _dev(args.action, args.schema_registry, args.format)
+        return _dev(args.action, args.schema_registry, args.format, args.broker)
     if args.command == "pipeline":
         from relay.spark.pipeline import main as pipeline
 
@@ -319,14 +325,19 @@ def _run(settings: cfg.Settings) -> int:
     return 0
 
 
-def _dev(action: str, schema_registry: bool = False, fmt: str = "text") -> int:
+def _dev(action: str, schema_registry: bool = False, fmt: str = "text", broker: str = "kafka") -> int:
     from relay.dev import stack as devstack
 
     if fmt == "env" and action not in ("up", "status"):
         print(f"outbox-relay dev {action}: --format env goes with up or status", file=sys.stderr)
         return EXIT_CONFIG
     if action == "fetch":
-        print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
+        if broker == "nats":
+            from relay.dev.nats_server import VERSION, installed
+
+            print(f"nats-server {VERSION} at {installed()}")
+        else:
+            print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
         mongod = devstack.default_mongod()
         print(f"mongod {mongod.version()} at {mongod.path}")
         if schema_registry:
@@ -335,7 +346,7 @@ def _dev(action: str, schema_registry: bool = False, fmt: str = "text") -> int:
             print(f"Apicurio Registry {APICURIO_VERSION} in {registry_home()}")
         return 0
     if action == "up":
-        result = devstack.dev_up(schema_registry=schema_registry)
+        result = devstack.dev_up(schema_registry=schema_registry, broker=broker)
     else:
         result = {"down": devstack.dev_down, "status": devstack.dev_status}[action]()
     if fmt == "env":
@@ -352,10 +363,11 @@ def _dev(action: str, schema_registry: bool = False, fmt: str = "text") -> int:
 
 def _exports(stack: dict[str, Any]) -> list[str]:
     """`export` lines for the stack's addresses, each value single-quoted for a POSIX shell."""
-    values = {
-        "RELAY_MONGODB_URI": stack["mongodb"]["uri"],
-        "RELAY_KAFKA_BOOTSTRAP_SERVERS": stack["kafka"]["bootstrap_servers"],
-    }
+    values = {"RELAY_MONGODB_URI": stack["mongodb"]["uri"]}
+    if "nats" in stack:
+        values |= {"RELAY_BROKER": "nats", "RELAY_NATS_SERVERS": stack["nats"]["url"]}
+    else:
+        values["RELAY_KAFKA_BOOTSTRAP_SERVERS"] = stack["kafka"]["bootstrap_servers"]
     if "schema_registry" in stack:
         values["RELAY_SCHEMA_REGISTRY_URL"] = stack["schema_registry"]["url"]
     return [f"export {name}={_single_quoted(value)}" for name, value in values.items()]

@@ -1,12 +1,15 @@
 """`outbox-relay demo`: the whole path on one machine.
 
-With no servers configured (RELAY_MONGODB_URI and RELAY_KAFKA_BOOTSTRAP_SERVERS unset) it
-starts the local stack in a temporary folder. Then a demo service writes orders and their
-outbox events in transactions, the relay publishes them, a consumer prints each decoded event
-with a progress line, and a shipping service consumes them through the inbox (relay.inbox).
-`--events N` stops after N distinct events arrived: then the relay's checkpoint is reset, the
-relay publishes every event again, and the shipping service's effects and skipped duplicates
-are printed. Ctrl-C stops earlier. Everything the demo started is stopped on the way out.
+With no servers configured (RELAY_MONGODB_URI and RELAY_KAFKA_BOOTSTRAP_SERVERS, or with
+RELAY_BROKER=nats RELAY_NATS_SERVERS, unset) it starts the local stack in a temporary folder: MongoDB
+and the broker (`--broker nats`: nats-server with JetStream). Then a demo service writes orders and
+their outbox events in transactions, the relay publishes them, a consumer prints each decoded
+event with a progress line, and a shipping service consumes them through the inbox (relay.inbox).
+`--events N` stops after N distinct events arrived: then the relay's checkpoint is reset and the
+relay publishes every event again: on Kafka the shipping service's inbox skips them as duplicates;
+on NATS the stream itself drops them (Nats-Msg-Id within its duplicate window). The effects and
+those figures are printed. Ctrl-C stops earlier. Everything the demo started is stopped on the way
+out.
 """
 
 from __future__ import annotations
@@ -81,16 +84,21 @@ class ShippingService:
         self.db = db
         self.inbox = Inbox(db.demo_inbox)
         self.topic = topic
-        kafka = {k: v for k, v in settings.kafka_client_config().items() if k != "bootstrap.servers"}
         self.run_options: dict[str, Any] = {
             "topics": [topic],
             "group_id": self.GROUP,
-            "bootstrap_servers": settings.kafka_bootstrap_servers,
-            "kafka": kafka,
             # The relay's Schema Registry, when it writes the Confluent wire format.
             "schema_registry_url": settings.schema_registry_url,
             "schema_registry_basic_auth": settings.schema_registry_basic_auth,
         }
+        if settings.broker == "nats":
+            self.run_options |= {"nats_servers": settings.nats_servers, "nats_stream": settings.nats_stream,
+                                 "nats_user": settings.nats_user, "nats_password": settings.nats_password,
+                                 "nats_token": settings.nats_token, "nats_creds": settings.nats_creds,
+                                 "nats_tls_ca": settings.nats_tls_ca}  # fmt: skip
+        else:
+            kafka = {k: v for k, v in settings.kafka_client_config().items() if k != "bootstrap.servers"}
+            self.run_options |= {"bootstrap_servers": settings.kafka_bootstrap_servers, "kafka": kafka}
 
     def handle(self, event: InboxEvent, session: Any) -> None:
         self.db.shipments.update_one(
@@ -144,8 +152,43 @@ def _replay(
     thread = threading.Thread(target=replayed.run, name="relay-replay", daemon=True)
     thread.start()
     threads.append(thread)
-    shipping.wait("relay_inbox_duplicates_skipped_total", events, 60, stop)
+    if settings.broker == "nats":
+        _wait_published(replayed, events, 60, stop)
+        print(f"demo: the relay published all {events} events again; stream {settings.nats_stream} holds "
+              f"{stream_messages(settings)} messages: it dropped every copy (Nats-Msg-Id within its duplicate "
+              "window)", file=sys.stderr, flush=True)  # fmt: skip
+    else:
+        shipping.wait("relay_inbox_duplicates_skipped_total", events, 60, stop)
     return replayed
+
+
+def _wait_published(relay: Any, at_least: int, timeout_s: float, stop: threading.Event) -> None:
+    """Until `relay` (a Group) had `at_least` events acknowledged by the broker."""
+    registry = relay.observer.metrics.registry
+    deadline = time.monotonic() + timeout_s
+
+    def published() -> float:
+        return float(sum(s.value for f in registry.collect() if f.name == "relay_events_published"
+                         for s in f.samples if s.name.endswith("_total")))  # fmt: skip
+
+    while published() < at_least and time.monotonic() < deadline and not stop.is_set():
+        stop.wait(0.1)
+
+
+def stream_messages(settings: Settings) -> int:
+    """How many messages RELAY_NATS_STREAM holds."""
+    import asyncio
+
+    from relay.nats.client import connect
+
+    async def count() -> int:
+        connection = await connect(settings.parts().nats)
+        try:
+            return int((await connection.jetstream().stream_info(settings.nats_stream)).state.messages)
+        finally:
+            await connection.close()
+
+    return asyncio.run(count())
 
 
 def _json_text(payload: Any) -> str:
@@ -153,7 +196,71 @@ def _json_text(payload: Any) -> str:
     return payload if isinstance(payload, str) else json.dumps(to_json(payload))
 
 
+def _print_event(where: str, event: dict[str, Any], headers: dict[str, str]) -> None:
+    print(
+        f"{where} {event['aggregateId']} {event['eventType']:<13} id={event['id']} "
+        f"fencing={headers.get('relay_fencing_token')} payload={_json_text(event['payload'])}",
+        flush=True,
+    )
+
+
+class _Progress:
+    """The progress line: events received so far and their rate (in place on a terminal)."""
+
+    def __init__(self, want: int | None) -> None:
+        self.want, self.tty = want, sys.stderr.isatty()
+        self.started = self.last = time.monotonic()
+
+    def show(self, seen: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= (0.2 if self.tty else 2.0):
+            self.last = now
+            rate = seen / max(now - self.started, 1e-9)
+            line = f"received {seen}{'/' + str(self.want) if self.want else ''} events, {rate:.0f}/s"
+            print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
+
+
+def _nats_printer(
+    registry: SchemaFolder, settings: Settings, subject: str, want: int | None, stop: threading.Event
+) -> int:
+    """The stream's messages on `subject`, from its first, decoded and printed (an ephemeral
+    consumer that acknowledges nothing)."""
+    import asyncio
+
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    from relay.nats.client import connect
+
+    seen: set[str] = set()
+    progress = _Progress(want)
+
+    async def read() -> None:
+        connection = await connect(settings.parts().nats)
+        try:
+            sub = await connection.jetstream().pull_subscribe(
+                subject, stream=settings.nats_stream, config=ConsumerConfig(ack_policy=AckPolicy.NONE)
+            )
+            while not stop.is_set() and (want is None or len(seen) < want):
+                try:
+                    batch = await sub.fetch(100, timeout=0.5)
+                except NatsTimeout:
+                    batch = []
+                for msg in batch:
+                    event = registry.decode(msg.data)
+                    seen.add(event["id"])
+                    _print_event(f"{msg.subject}#{msg.metadata.sequence.stream}", event, dict(msg.headers or {}))
+                progress.show(len(seen))
+        finally:
+            await connection.close()
+
+    asyncio.run(read())
+    return len(seen)
+
+
 def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int | None, stop: threading.Event) -> int:
+    if settings.broker == "nats":
+        return _nats_printer(registry, settings, topic, want, stop)
     consumer = Consumer(
         {
             **settings.kafka_client_config(),
@@ -164,8 +271,7 @@ def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int |
     )
     consumer.subscribe([topic])
     seen: set[str] = set()
-    tty = sys.stderr.isatty()
-    started = last_progress = time.monotonic()
+    progress = _Progress(want)
     try:
         while not stop.is_set() and (want is None or len(seen) < want):
             msg = consumer.poll(0.5)
@@ -175,18 +281,8 @@ def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int |
                 pairs = raw.items() if isinstance(raw, dict) else raw
                 headers = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in pairs}
                 seen.add(event["id"])
-                print(
-                    f"{msg.topic()}[{msg.partition()}]@{msg.offset()} {event['aggregateId']} "
-                    f"{event['eventType']:<13} id={event['id']} fencing={headers.get('relay_fencing_token')} "
-                    f"payload={_json_text(event['payload'])}",
-                    flush=True,
-                )
-            now = time.monotonic()
-            if now - last_progress >= (0.2 if tty else 2.0):
-                last_progress = now
-                rate = len(seen) / max(now - started, 1e-9)
-                line = f"received {len(seen)}{'/' + str(want) if want else ''} events, {rate:.0f}/s"
-                print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+                _print_event(f"{msg.topic()}[{msg.partition()}]@{msg.offset()}", event, headers)
+            progress.show(len(seen))
     finally:
         consumer.close()
     return len(seen)
@@ -199,7 +295,8 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     from relay.wiring import build
 
     stack: LocalStack | None = None
-    if not (os.environ.get("RELAY_MONGODB_URI") or os.environ.get("RELAY_KAFKA_BOOTSTRAP_SERVERS")):
+    broker_set = os.environ.get("RELAY_NATS_SERVERS" if settings.broker == "nats" else "RELAY_KAFKA_BOOTSTRAP_SERVERS")
+    if not (os.environ.get("RELAY_MONGODB_URI") or broker_set):
         stack, settings = _local_stack(settings)
     stop = threading.Event()
     threads: list[threading.Thread] = []
@@ -208,7 +305,8 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
         _check_servers(settings)
-        AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])  # exists: ignored
+        if settings.broker == "kafka":
+            AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])  # exists: ignored
         with MongoClient[dict[str, Any]](settings.mongodb_uri) as client:
             db: Database[Any] = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
@@ -234,24 +332,33 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
 
 
 def _check_servers(settings: Settings) -> None:
-    """ServerUnreachableError (naming the setting, its password masked) when the MongoDB or Kafka
-    the settings name does not answer within RELAY_CONNECT_TIMEOUT_S."""
-    from relay.kafka.admin import check_kafka
+    """ServerUnreachableError (naming the setting, its password masked) when the MongoDB or the
+    broker the settings name does not answer within RELAY_CONNECT_TIMEOUT_S (the stream is checked,
+    or created, as the relay does)."""
     from relay.mongo.connection import check_mongodb, mongo_client
+    from relay.wiring import broker_for
 
     mongo = settings.parts().mongo
     with mongo_client(mongo) as client:
         check_mongodb(client, mongo)
-    check_kafka(settings.parts().kafka)
+    broker = broker_for(settings.parts())
+    try:
+        broker.check_servers()
+    finally:
+        broker.close()
 
 
 def _local_stack(settings: Settings) -> tuple[Any, Settings]:
-    """A local MongoDB replica set and Kafka broker in a temporary folder, and the settings for them."""
+    """A local MongoDB replica set and the broker in a temporary folder, and the settings for them."""
     from relay.dev.stack import LocalStack
 
-    stack = LocalStack.in_temp_dir()
-    print(f"starting a local MongoDB replica set and Kafka broker in {stack.base_dir} ...", file=sys.stderr, flush=True)
+    stack = LocalStack.in_temp_dir(broker=settings.broker)
+    name = "nats-server (JetStream)" if settings.broker == "nats" else "Kafka broker"
+    print(f"starting a local MongoDB replica set and {name} in {stack.base_dir} ...", file=sys.stderr, flush=True)
     stack.start()
+    if settings.broker == "nats":
+        print(f"MongoDB {stack.mongo.uri}\nNATS    {stack.nats.url}", file=sys.stderr)
+        return stack, settings.replace(mongodb_uri=stack.mongo.uri, nats_servers=stack.nats.url)
     print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
     return stack, settings.replace(mongodb_uri=stack.mongo.uri, kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
 

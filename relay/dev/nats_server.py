@@ -138,6 +138,14 @@ class NatsServer:
             return {"user": args[args.index("--user") + 1], "password": args[args.index("--pass") + 1]}
         return {}
 
+    def state(self) -> dict[str, object]:
+        return {
+            "url": self.url,
+            "port": self.port,
+            "pid": self.process.pid if self.process else None,
+            "log": str(self.process.log_path) if self.process else None,
+        }
+
     def kill(self) -> None:
         """SIGKILL: nothing flushed, the store as the crash left it."""
         if self.process is not None:

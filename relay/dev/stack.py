@@ -30,8 +30,9 @@ from typing import Any
 import psutil
 
 from relay.cachedir import cache_dir
-from relay.dev import kafka_jars, maven, mongodb
+from relay.dev import kafka_jars, maven, mongodb, nats_server
 from relay.dev.mongodb import Mongod
+from relay.dev.nats_server import NatsServer
 from relay.dev.ports import Ports
 from relay.dev.processes import (
     DevStackError,
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 KAFKA_VERSION = kafka_jars.KAFKA_VERSION  # the broker dev up, the demo and the tests run
+BROKERS = ("kafka", "nats")  # what a stack may run beside MongoDB (`dev up --broker`, `demo --broker`)
 
 _START_TIMEOUT_S = 90.0
 
@@ -413,37 +415,50 @@ class KafkaBroker:
 
 @dataclass
 class LocalStack:
-    """A replica set and a broker under one folder; started in parallel, stopped together."""
+    """A replica set and a broker under one folder; started in parallel, stopped together.
+    `broker` is the one started: `kafka` (a Kafka broker: needs Java), or `nats` (nats-server
+    with JetStream, relay.dev.nats_server: no Java)."""
 
     base_dir: Path
     mongo_members: int = 1
     partitions: int = 3
     kafka_jvm_options: tuple[str, ...] = KafkaBroker.jvm_options
+    broker: str = "kafka"
     mongo: MongoReplicaSet = field(init=False)
     kafka: KafkaBroker = field(init=False)
+    nats: NatsServer = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.broker not in BROKERS:
+            raise DevStackError(f"--broker must be one of {', '.join(BROKERS)}, got {self.broker!r}")
         self.mongo = MongoReplicaSet(self.base_dir / "mongo", members=self.mongo_members)
         self.kafka = KafkaBroker(
             self.base_dir / "kafka", partitions=self.partitions, jvm_options=self.kafka_jvm_options
         )
+        self.nats = NatsServer(self.base_dir / "nats")
+
+    def _broker_server(self) -> KafkaBroker | NatsServer:
+        return self.nats if self.broker == "nats" else self.kafka
 
     @classmethod
     def in_temp_dir(cls, **kwargs: Any) -> LocalStack:
         return cls(Path(tempfile.mkdtemp(prefix="outbox-relay-stack-")), **kwargs)
 
     def start(self) -> None:
-        java()  # Java first: nothing fetched or started on a machine that cannot run the broker
-        kafka_libs()  # resolve jars before starting anything (may take a minute once)
+        if self.broker == "kafka":
+            java()  # Java first: nothing fetched or started on a machine that cannot run the broker
+            kafka_libs()  # resolve jars before starting anything (may take a minute once)
+        else:
+            nats_server.installed()  # fetched (pinned) before anything starts
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(self.mongo.start), pool.submit(self.kafka.start)]
+            futures = [pool.submit(self.mongo.start), pool.submit(self._broker_server().start)]
             errors = [f.exception() for f in futures]
         if any(errors):
             self.stop()
             raise next(e for e in errors if e is not None)
 
     def stop(self) -> None:
-        self.kafka.stop()
+        self._broker_server().stop()
         self.mongo.stop()
 
     def __enter__(self) -> LocalStack:
@@ -454,7 +469,18 @@ class LocalStack:
         self.stop()
 
     def state(self) -> dict[str, Any]:
-        return {"base_dir": str(self.base_dir), "mongodb": self.mongo.state(), "kafka": self.kafka.state()}
+        return {
+            "base_dir": str(self.base_dir),
+            "broker": self.broker,
+            "mongodb": self.mongo.state(),
+            self.broker: self._broker_server().state(),
+        }
+
+    @property
+    def processes(self) -> list[ManagedProcess]:
+        """Every server process started (the replica set's and the broker's)."""
+        broker = self._broker_server().process
+        return [*self.mongo.processes, *([broker] if broker is not None else [])]
 
 
 # ---- `dev up` / `dev down`: a detached stack remembered in a state file --------------------
@@ -486,11 +512,12 @@ def _remember(**ports: Any) -> None:
     _ports_file().write_text(json.dumps(_remembered() | ports, indent=2))
 
 
-def dev_up(schema_registry: bool = False) -> dict[str, Any]:
+def dev_up(schema_registry: bool = False, broker: str = "kafka") -> dict[str, Any]:
     """Start a detached local stack (or report the running one); return its addresses.
-    `schema_registry`: also a Schema Registry (relay.dev.registry), added to a running stack
-    that lacks one. JavaMissingError (exit 2) before anything is fetched, stopped or started when
-    the machine has no Java 17+.
+    `broker`: the broker beside MongoDB (kafka, or nats: nats-server with JetStream, no Java); a
+    running stack of another broker is stopped first. `schema_registry`: also a Schema Registry
+    (relay.dev.registry), added to a running stack that lacks one. JavaMissingError (exit 2)
+    before anything is fetched, stopped or started when Java 17+ is needed and missing.
 
     Invariants:
     - the stack starts with no data. A replica set's configuration names its members' host:port,
@@ -502,35 +529,40 @@ def dev_up(schema_registry: bool = False) -> dict[str, Any]:
       (relay.dev.ports) and its lock inherited by its server, so it stays reserved while the
       detached server runs.
     """
-    java("the Kafka broker")  # before anything is fetched, stopped or started
+    if broker == "kafka" or schema_registry:
+        java("the Kafka broker" if broker == "kafka" else "the Schema Registry")  # before anything else
     current = dev_status()
-    if current.get("running") and (current.get("schema_registry") or not schema_registry):
+    same = current.get("running") and current.get("broker", "kafka") == broker
+    if same and (current.get("schema_registry") or not schema_registry):
         return current
-    if current.get("running"):
+    if same:
         state = {k: v for k, v in current.items() if k != "running"}
     else:
         dev_down()
-        state = _start_detached()
+        state = _start_detached(broker)
     if schema_registry:
         state["schema_registry"] = _start_detached_registry()
     _state_file().write_text(json.dumps(state, indent=2))
     return {"running": True, **state}
 
 
-def _start_detached() -> dict[str, Any]:
+def _start_detached(broker: str) -> dict[str, Any]:
     """Start the stack on its remembered ports (where free), detached; its state, saved."""
     remembered = _remembered()
-    stack = LocalStack(_dev_dir())
+    stack = LocalStack(_dev_dir(), broker=broker)
     stack.mongo.ports = [int(p) for p in remembered.get("mongodb", [])]
     stack.kafka.port = int(remembered.get("kafka", 0))
     stack.kafka.controller_port = int(remembered.get("kafka_controller", 0))
+    stack.nats.port = int(remembered.get("nats", 0))
     stack.start()
-    for process in [*stack.mongo.processes, stack.kafka.process]:
-        if process is not None:
-            process.detach()  # the detached stack outlives this command (relay.dev.reaper)
+    for process in stack.processes:
+        process.detach()  # the detached stack outlives this command (relay.dev.reaper)
     state = stack.state()
     _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
-    _remember(mongodb=stack.mongo.ports, kafka=stack.kafka.port, kafka_controller=stack.kafka.controller_port)
+    if broker == "kafka":
+        _remember(mongodb=stack.mongo.ports, kafka=stack.kafka.port, kafka_controller=stack.kafka.controller_port)
+    else:
+        _remember(mongodb=stack.mongo.ports, nats=stack.nats.port)
     return state
 
 
@@ -550,9 +582,7 @@ def dev_status() -> dict[str, Any]:
     if not path.exists():
         return {"running": False}
     state = json.loads(path.read_text())
-    pids = [*state["mongodb"]["pids"], state["kafka"]["pid"]]
-    if "schema_registry" in state:
-        pids.append(state["schema_registry"]["pid"])
+    pids = [*state["mongodb"]["pids"], *(state[k]["pid"] for k in (*BROKERS, "schema_registry") if k in state)]
     return {"running": all(pid and pid_alive(pid) for pid in pids), **state}
 
 
@@ -565,9 +595,8 @@ def dev_down() -> dict[str, Any]:
         return {"running": False, "stopped": []}
     state = json.loads(path.read_text())
     stopped = []
-    servers = [("kafka", state["kafka"]["pid"]), *[(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]]
-    if "schema_registry" in state:
-        servers.append(("schema-registry", state["schema_registry"]["pid"]))
+    servers = [(k, state[k]["pid"]) for k in (*BROKERS, "schema_registry") if k in state]
+    servers += [(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]
     for name, pid in servers:
         if pid and pid_alive(pid) and _is_ours(pid):
             proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
@@ -591,10 +620,10 @@ def _discard_data() -> None:
 
 
 def _is_ours(pid: int) -> bool:
-    """Guard against a recycled pid: the process must be a mongod, our Kafka java or our
-    Schema Registry java."""
+    """Guard against a recycled pid: the process must be a mongod, our Kafka java, our
+    Schema Registry java or a nats-server."""
     try:
         cmdline = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
-    return "mongod" in cmdline or "kafka.Kafka" in cmdline or "apicurio-registry" in cmdline
+    return any(name in cmdline for name in ("mongod", "kafka.Kafka", "apicurio-registry", "nats-server"))

@@ -32,12 +32,13 @@ class EventLoopThread:
     def run(self, coroutine: Coroutine[Any, Any, T], timeout: float) -> T:
         """The coroutine's result, run on the loop; TimeoutError (after cancelling it) when it takes
         longer than `timeout` seconds; its own exception otherwise."""
+        what = getattr(coroutine, "__qualname__", "a call")
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError as exc:
             future.cancel()
-            raise TimeoutError(f"no answer within {timeout:g} s") from exc
+            raise TimeoutError(f"{what}: no answer within {timeout:g} s") from exc
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Start the coroutine on the loop without waiting for it."""

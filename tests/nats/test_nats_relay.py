@@ -3,6 +3,9 @@ mongod: what a message carries, acknowledgement before position, the stream's ch
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from relay.core.errors import ConfigError
@@ -105,3 +108,53 @@ def test_tail_prints_a_subjects_messages_decoded_and_status_names_the_broker_and
     assert tail(nenv.settings.replace(nats_stream="NOPE"), ">", out=io.StringIO()) == 2
     shown = status(nenv.settings)
     assert shown["broker"] == {"name": "nats", "servers": nenv.server.url, "stream": nenv.stream}
+
+
+def test_dev_up_with_nats_evals_to_settings_the_relay_runs_on_and_down_stops_it(tmp_path):
+    """`eval "$(outbox-relay dev up --broker nats --format env)"`: MongoDB and nats-server (no
+    Kafka, no Java needed), the relay publishing to it with only those variables; `dev down`
+    stops both by pid."""
+    import os
+    import subprocess
+    import sys
+
+    from relay.dev.stack import pid_alive
+    from tests.support.paths import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env |= {"RELAY_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    (tmp_path / "cache").mkdir()
+    for name in ("mongodb-6.0.27", "nats-server-2.15.1"):  # the fetched servers, not fetched again
+        os.symlink(Path.home() / ".cache" / "outbox-relay" / name, tmp_path / "cache" / name)
+    up = (f'eval "$({sys.executable} -m relay dev up --broker nats --format env)" && '
+          'printf "%s\\n" "$RELAY_BROKER" "$RELAY_NATS_SERVERS" "$RELAY_MONGODB_URI" "${RELAY_KAFKA_BOOTSTRAP_SERVERS:-none}"')
+    proc = subprocess.run(["bash", "-c", up], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    try:
+        broker, servers, uri, kafka = proc.stdout.splitlines()
+        assert broker == "nats" and servers.startswith("nats://127.0.0.1:") and kafka == "none"
+        status = json.loads(subprocess.run([sys.executable, "-m", "relay", "dev", "status", "--format", "json"],
+                                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout)
+        assert status["running"] and status["broker"] == "nats" and "kafka" not in status
+        pids = [*status["mongodb"]["pids"], status["nats"]["pid"]]
+    finally:
+        down = subprocess.run([sys.executable, "-m", "relay", "dev", "down"], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not [pid for pid in pids if pid_alive(pid)], "dev down stops mongod and nats-server"
+
+
+def test_the_demo_runs_end_to_end_on_nats(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")} | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "relay", "demo", "--broker", "nats", "--events", "40", "--rate", "400"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"written": 40, "delivered": 40}
+    assert "shipping service (inbox): 40 events applied" in proc.stdout
+    assert "stream OUTBOX holds 40 messages: it dropped every copy" in proc.stderr
