@@ -8,7 +8,7 @@ Two threads, each piece of state with one owner:
 | part | owned by | what it holds |
 | --- | --- | --- |
 | `JetStreamPublisher` | the loop's thread | messages not yet reported (`_queued`), the first failure it took (`_broken`), the server's max_payload |
-| `Sender` | the event loop's thread (relay.nats.loop_thread) | the parcels handed over and not yet published (an asyncio queue), the first failure it saw (`_stopped`), the connection |
+| `Sender` | the event loop's thread (relay.loop_thread) | the parcels handed over and not yet published (an asyncio queue), the first failure it saw (`_stopped`), the connection |
 | `reports` (a `queue.SimpleQueue`) | both: the sender puts `(parcel, count, failure)`, the publisher takes | |
 
 A parcel itself is touched only on the loop's thread: the sender gets its messages as plain tuples
@@ -45,8 +45,8 @@ from nats.js.errors import APIError, NoStreamResponseError
 
 from relay.core.errors import DeliveryError, LeaseUnrenewedError, PoisonEventError, ServerRefusedError
 from relay.core.window import Parcel
+from relay.loop_thread import EventLoopThread
 from relay.nats.errors import UNAVAILABLE, describe, refusal_of
-from relay.nats.loop_thread import EventLoopThread
 from relay.nats.messages import Headers, Refused, to_nats
 
 log = logging.getLogger(__name__)
