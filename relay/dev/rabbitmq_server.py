@@ -180,7 +180,10 @@ class RabbitServer:
             self.epmd = ManagedProcess("epmd", epmd, self.base_dir / "epmd.log")
             self.epmd.start()
         self.process = ManagedProcess(
-            "rabbitmq-server", [str(installation.server)], self.base_dir / "rabbitmq.log", env=self._environ(installation)
+            "rabbitmq-server",
+            [str(installation.server)],
+            self.base_dir / "rabbitmq.log",
+            env=self._environ(installation),
         )
         self.process.start()
         wait_until("rabbitmq-server", lambda: port_open(self.port) and self._answers(), _START_TIMEOUT_S, self.process)

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pika import spec
 from pika.exceptions import ChannelClosed, ConnectionClosed
 
 from relay.core.errors import (
@@ -181,7 +182,7 @@ class Sender:
         """A `basic.ack` or `basic.nack` (pika's confirm callback) for one delivery tag, or with
         `multiple` for every tag up to it."""
         method = frame.method
-        nack = type(method).__name__ == "Nack"
+        nack = isinstance(method, spec.Basic.Nack)
         for tag in self._tags(method.delivery_tag, method.multiple):
             pending = self._unconfirmed.pop(tag)
             if pending.reported:
