@@ -76,14 +76,28 @@ def rabbit_settings(servers: Any, server: RabbitServer, tag: str) -> Settings:
     )  # fmt: skip
 
 
-@pytest.fixture
-def renv(servers: Any, rabbitmq_server: RabbitServer) -> Iterator[RabbitEnv]:
+def rabbit_env(servers: Any, server: RabbitServer) -> Iterator[RabbitEnv]:
     tag = uuid.uuid4().hex[:8]
-    settings = rabbit_settings(servers, rabbitmq_server, tag)
+    settings = rabbit_settings(servers, server, tag)
     client: pymongo.MongoClient[Any] = pymongo.MongoClient(servers.mongodb_uri, tz_aware=True)
     client[settings.database].create_collection(settings.outbox_collection)
     try:
-        yield RabbitEnv(rabbitmq_server, settings, client, tag)
+        yield RabbitEnv(server, settings, client, tag)
     finally:
         client.drop_database(settings.database)
         client.close()
+
+
+@pytest.fixture
+def renv(servers: Any, rabbitmq_server: RabbitServer) -> Iterator[RabbitEnv]:
+    yield from rabbit_env(servers, rabbitmq_server)
+
+
+@pytest.fixture
+def own_renv(servers: Any) -> Iterator[RabbitEnv]:
+    """A test's world on a rabbitmq-server of its own (the test kills it)."""
+    server = started("outbox-relay-rabbitmq-own-")
+    try:
+        yield from rabbit_env(servers, server)
+    finally:
+        stopped(server)

@@ -76,15 +76,15 @@ class QueueReader:
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=1000)
-            last = None
+            last = acked = 0
             for method, properties, body in channel.consume(self.queue, inactivity_timeout=0.5):
                 if method is None:
                     break
                 self.records.append(_record(method, properties, body, len(self.records), decode))
                 last = method.delivery_tag
-                if len(self.records) % 500 == 0:
-                    channel.basic_ack(last, multiple=True)
-            if last is not None:
+                if last - acked >= 500:
+                    channel.basic_ack(acked := last, multiple=True)
+            if last > acked:
                 channel.basic_ack(last, multiple=True)
             channel.cancel()
         finally:
