@@ -21,13 +21,14 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 
 from relay.core.boundaries import Publisher
 from relay.core.errors import Action, ConfigError, ServerError, ServerUnreachableError
+from relay.core.handover import Report
 from relay.core.names import env_name
 from relay.core.positions import Grant
 from relay.loop_thread import EventLoopThread
 from relay.rabbitmq import errors
 from relay.rabbitmq.client import channel, close, connect, ensure_exchange, rpc
 from relay.rabbitmq.config import NO_EXACTLY_ONCE, RabbitConfig
-from relay.rabbitmq.publisher import RabbitPublisher, Report, Sender
+from relay.rabbitmq.publisher import RabbitPublisher, Sender
 
 Heartbeat = Callable[[], None]
 _SESSION_CONNECT_S = 5.0  # a session's connection, while it holds the lease (a failure restarts it)

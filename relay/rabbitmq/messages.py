@@ -5,7 +5,7 @@ persistent delivery, `timestamp` (when the relay published it, in seconds: the e
 with the aggregate id (Kafka's key) in `relay_aggregate_id`. A header value that is UTF-8 travels as
 a string (AMQP's longstr), any other as a byte array (`x`): either way its bytes are unchanged.
 
-What AMQP cannot carry unchanged makes the event poison, named (`Refused`): a routing key or header
+What AMQP cannot carry unchanged makes the event poison, named (relay.core.handover.Refused): a routing key or header
 name longer than 255 bytes (AMQP's short strings), or properties too large for one frame (the
 content header is never split: `frame_max`, which the server announces).
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 from pika import BasicProperties, DeliveryMode
 
+from relay.core.handover import Refused
 from relay.core.message import HEADER_AGGREGATE_ID, HEADER_CONTENT_TYPE, OutgoingMessage
 
 HEADER_TYPE = "ce_type"
@@ -27,10 +28,6 @@ _HEADER_FRAME_OVERHEAD = 8 + 14 + 64
 _ENTRY_OVERHEAD = 1 + 1 + 4
 
 Message = tuple[str, bytes, BasicProperties]
-
-
-class Refused(Exception):
-    """Raised when a message cannot go to RabbitMQ as it is; the text says why (the event is poison)."""
 
 
 def to_amqp(m: OutgoingMessage, timestamp: int, frame_max: int) -> Message:

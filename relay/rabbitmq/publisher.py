@@ -8,7 +8,7 @@ Two threads, each piece of state with one owner:
 
 | part | owned by | what it holds |
 | --- | --- | --- |
-| `RabbitPublisher` | the loop's thread | messages not yet reported (`_queued`), the first failure it took (`_broken`), the server's frame_max |
+| `RabbitPublisher` | the loop's thread | what relay.core.handover.HandOverPublisher holds (messages not yet reported, the first failure it took), the server's frame_max |
 | `Sender` | the event loop's thread (relay.loop_thread) | the channel, the next delivery tag, each unconfirmed tag's parcel (`_unconfirmed`), the first failure it saw (`_stopped`), why the server blocked the connection |
 | `reports` (a `queue.SimpleQueue`) | both: the sender puts `(parcel, count, failure)`, the publisher takes | |
 
@@ -36,7 +36,6 @@ Rules, each enforced here:
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import re
 import time
@@ -48,38 +47,17 @@ from typing import Any, Protocol
 from pika import spec
 from pika.exceptions import ChannelClosed, ConnectionClosed
 
-from relay.core.errors import (
-    ConfigError,
-    DeliveryError,
-    LeaseUnrenewedError,
-    PoisonEventError,
-    ServerRefusedError,
-)
+from relay.core.errors import ConfigError, DeliveryError, PoisonEventError, ServerRefusedError
+from relay.core.handover import HandOverPublisher, LeaseNotHeld, Report, Unsent
+from relay.core.message import OutgoingMessage
 from relay.core.names import env_name
 from relay.core.window import Parcel
 from relay.loop_thread import EventLoopThread
 from relay.rabbitmq.errors import ACCESS_REFUSED, PRECONDITION_FAILED, describe
-from relay.rabbitmq.messages import Message, Refused, to_amqp
+from relay.rabbitmq.messages import Message, to_amqp
 
-log = logging.getLogger(__name__)
-
-Report = tuple[Parcel, int, "tuple[bytes, BaseException] | None"]
-_CLOSE_TIMEOUT_S = 5.0
 # RabbitMQ's words when a message is larger than its max_message_size (the channel closes, 406).
 _TOO_LARGE = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
-
-
-class Unsent(Exception):
-    """Raised (as a parcel's failure) for a message the publisher did not put on the wire: refused
-    as it is (`event_id`, the reason), or left unsent after an earlier failure."""
-
-    def __init__(self, reason: str, event_id: str | None = None) -> None:
-        super().__init__(reason)
-        self.event_id = event_id
-
-
-class LeaseNotHeld(Exception):
-    """A parcel's `publish_by` passed before it went on the wire."""
 
 
 class Returned(Exception):
@@ -275,10 +253,11 @@ def _too_large(reason: BaseException) -> int | None:
     return None
 
 
-class RabbitPublisher:
-    """The loop's side of one session's publishing (relay.core.boundaries.Publisher). Every method
-    runs on the loop's thread. `dead_letter` is the dead-letter routing key when poison events are
-    dead-lettered (a return of it is the operator's to fix: nothing is bound for it)."""
+class RabbitPublisher(HandOverPublisher[Message]):
+    """The loop's side of one session's publishing (relay.core.boundaries.Publisher, through
+    relay.core.handover). Every method runs on the loop's thread. `dead_letter` is the dead-letter
+    routing key when poison events are dead-lettered (a return of it is the operator's to fix:
+    nothing is bound for it); `close` closes the session's connection."""
 
     def __init__(
         self,
@@ -289,77 +268,17 @@ class RabbitPublisher:
         dead_letter: str | None,
         close: Callable[[], None] = lambda: None,
     ) -> None:
-        self._thread = thread
-        self._sender = sender
-        self._reports = reports
+        super().__init__(reports, lambda parcel, messages, by: thread.call(sender.hand, parcel, messages, by))
         self._frame_max = frame_max
         self._dead_letter = dead_letter
-        self._close = close  # closes the connection, on the event loop's thread
-        self._queued = 0
-        self._broken: BaseException | None = None
+        self._close = close
 
-    def send(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
-        """Hand the parcel's messages to the sender (never blocks). A message AMQP cannot carry
-        fails the parcel there, naming its event; the messages before it are sent."""
-        if self._broken is not None:
-            parcel.refuse(len(parcel.messages), (b"", Unsent(f"not sent after an earlier failure: {self._broken}")))
-            return
-        messages: list[Message] = []
-        refused: tuple[bytes, BaseException] | None = None
+    def converter(self) -> Callable[[OutgoingMessage], Message]:
+        """A parcel's messages as AMQP's, stamped with the time it is handed over."""
         now = int(time.time())
-        for m in parcel.messages:
-            try:
-                messages.append(to_amqp(m, now, self._frame_max))
-            except Refused as exc:
-                refused = (m.value, Unsent(str(exc), m.event_id))
-                break
-        if messages:
-            self._queued += len(messages)
-            self._thread.call(self._sender.hand, parcel, messages, parcel.publish_by)
-        if refused is not None:
-            parcel.refuse(len(parcel.messages) - len(messages), refused)
+        return lambda m: to_amqp(m, now, self._frame_max)
 
-    def poll(self, timeout: float) -> None:
-        """Take the reports that came in, waiting up to `timeout` for the first."""
-        try:
-            report = self._reports.get(timeout=timeout) if timeout > 0 else self._reports.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            self._take(report)
-            try:
-                report = self._reports.get_nowait()
-            except queue.Empty:
-                return
-
-    def drain(self, timeout: float) -> None:
-        """Wait up to `timeout` for every report (nothing is held back to fill a batch)."""
-        deadline = time.monotonic() + timeout
-        while self._queued and self._broken is None and (left := deadline - time.monotonic()) > 0:
-            self.poll(left)
-
-    def due_in(self) -> float | None:
-        """Nothing is held open: the loop decides when to wait."""
-        return None
-
-    def _take(self, report: Report) -> None:
-        parcel, count, failure = report
-        parcel.reported(count, failure)
-        self._queued -= count
-        if failure is not None and self._broken is None:
-            self._broken = failure[1]
-
-    def failure(self, parcel: Parcel) -> Exception:
-        """The relay's error for the parcel's first failure."""
-        assert parcel.failure is not None, "no failed report"
-        error = parcel.failure[1]
-        event_id = parcel.failed_event_id()
-        if isinstance(error, Unsent):
-            if error.event_id is not None:
-                return PoisonEventError(error.event_id, str(error))
-            return DeliveryError(event_id, str(error))
-        if isinstance(error, LeaseNotHeld):
-            return LeaseUnrenewedError(f"event {event_id} not published: {error}; restarting from the stored position")
+    def broker_failure(self, parcel: Parcel, event_id: str, error: BaseException) -> Exception:
         if isinstance(error, Returned):
             return self._returned(event_id, error)
         if isinstance(error, (ChannelClosed, ConnectionClosed)):
@@ -382,11 +301,6 @@ class RabbitPublisher:
         if size is not None and any(len(m.value) == size and m.event_id == event_id for m in parcel.messages):
             return PoisonEventError(event_id, f"RabbitMQ refused it: {error.reply_text} (max_message_size)")
         return DeliveryError(event_id, f"RabbitMQ: {describe(error)}")
-
-    @property
-    def queued(self) -> int:
-        """Messages handed over and not yet reported."""
-        return self._queued
 
     def close(self) -> None:
         """Stop the sender and close the connection: what is in flight is dropped (nothing of it
