@@ -60,15 +60,19 @@ DRIVER_ERRORS = first_of(mongo_errors.action_for, kafka_errors.action_for)
 
 
 def broker_for(parts: PartConfigs) -> Broker:
-    """The process's broker, chosen here once (RELAY_BROKER): Kafka, or NATS JetStream (relay.nats
-    needs the `nats` extra: imported only when chosen)."""
+    """The process's broker, chosen here once (RELAY_BROKER): Kafka, NATS JetStream or RabbitMQ
+    (relay.nats and relay.rabbitmq need the `nats` and `rabbitmq` extras: imported only when chosen)."""
     scopes = parts.scopes()
+    dead_letter = parts.encoding.dead_letter_topic if parts.loop.on_poison == DEAD_LETTER else None
     if parts.broker == "nats":
         from relay.nats.broker import JetStream
 
         templates = [parts.encoding_for(n).event_topic_template for n in parts.mongo.outboxes]
-        dead_letter = parts.encoding.dead_letter_topic if parts.loop.on_poison == DEAD_LETTER else None
         return JetStream(parts.nats, parts.loop, templates, dead_letter)
+    if parts.broker == "rabbitmq":
+        from relay.rabbitmq.broker import RabbitMQ
+
+        return RabbitMQ(parts.rabbitmq, dead_letter)
     return Kafka(parts.kafka, [scope.lease_id for scope in scopes])
 
 
@@ -248,7 +252,7 @@ def _preflight(parts: PartConfigs, client: MongoClient[Any], broker: Broker) -> 
     count did not change under running relays (or each outbox moves to it: relay.mongo.repartition);
     every scope's lease document exists (an added outbox's marked to rescan: relay.mongo.outboxes);
     the broker answers and holds what the relay needs (Kafka's offsets topic in exactly-once mode,
-    NATS's stream: relay.kafka.broker, relay.nats.broker)."""
+    NATS's stream, RabbitMQ's exchange: relay.kafka.broker, relay.nats.broker, relay.rabbitmq.broker)."""
     mongo, count = parts.mongo, parts.group.partitions
     scopes = parts.scopes()
     broker.check_settings()

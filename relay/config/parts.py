@@ -21,6 +21,7 @@ from relay.mongo.config import MongoConfig, OutboxCleanupConfig
 from relay.nats.config import NatsConfig
 from relay.ops.config import HealthConfig, ObserverConfig
 from relay.outbox import FieldNames
+from relay.rabbitmq.config import RabbitConfig
 
 if TYPE_CHECKING:
     from relay.config.table import Settings
@@ -35,6 +36,7 @@ class PartConfigs:
     broker: str  # RELAY_BROKER: which of the broker parts below the relay publishes to
     kafka: KafkaConfig
     nats: NatsConfig
+    rabbitmq: RabbitConfig
     encoding: EncodingConfig
     registry: RegistryConfig
     observer: ObserverConfig
@@ -61,19 +63,11 @@ def part_configs(s: Settings) -> PartConfigs:
     kafka = _kafka(s)
     return PartConfigs(
         loop=_loop(s, timing, kafka),
-        mongo=MongoConfig(
-            uri=Uri(s.mongodb_uri),
-            database=s.database,
-            outboxes=s.namespaces,
-            change_streams=s.change_streams,
-            lease_collection=s.lease_collection,
-            connect_timeout_s=s.connect_timeout_s,
-            max_await_ms=s.max_await_ms,
-            read_linger_ms=s.read_linger_ms,
-        ),
+        mongo=_mongo(s),
         broker=_broker(s),
         kafka=kafka,
         nats=_nats(s),
+        rabbitmq=_rabbitmq(s),
         encoding=_encoding(s, kafka),
         registry=RegistryConfig(
             url=Uri(s.schema_registry_url),
@@ -90,6 +84,19 @@ def part_configs(s: Settings) -> PartConfigs:
             check_interval_s=s.outbox_check_interval_s,
             ttl_headroom_warn_s=s.ttl_headroom_warn_s,
         ),
+    )
+
+
+def _mongo(s: Settings) -> MongoConfig:
+    return MongoConfig(
+        uri=Uri(s.mongodb_uri),
+        database=s.database,
+        outboxes=s.namespaces,
+        change_streams=s.change_streams,
+        lease_collection=s.lease_collection,
+        connect_timeout_s=s.connect_timeout_s,
+        max_await_ms=s.max_await_ms,
+        read_linger_ms=s.read_linger_ms,
     )
 
 
@@ -113,7 +120,7 @@ def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
     )
 
 
-BROKERS = ("kafka", "nats")  # RELAY_BROKER
+BROKERS = ("kafka", "nats", "rabbitmq")  # RELAY_BROKER
 NO_SIZE_LIMIT = 2**31 - 1  # no message is this large: MongoDB's documents stop at 16 MiB
 
 
@@ -150,6 +157,17 @@ def _kafka(s: Settings) -> KafkaConfig:
         transaction_max_events=s.transaction_max_events,
         transaction_max_bytes=s.transaction_max_bytes,
         transaction_max_ms=s.transaction_max_ms,
+    )
+
+
+def _rabbitmq(s: Settings) -> RabbitConfig:
+    return RabbitConfig(
+        url=Uri(s.rabbitmq_url),
+        exchange=s.rabbitmq_exchange,
+        tls_ca=s.rabbitmq_tls_ca,
+        confirm_timeout_ms=s.rabbitmq_confirm_timeout_ms,
+        connect_timeout_s=s.connect_timeout_s,
+        delivery=s.delivery,
     )
 
 

@@ -73,7 +73,8 @@ class Settings:
     )
     broker: str = _setting(
         "kafka",
-        "where events are published: kafka, or nats (JetStream: RELAY_NATS_*, docs/nats.md)",
+        "where events are published: kafka, nats (JetStream: RELAY_NATS_*, docs/nats.md), or rabbitmq "
+        "(RELAY_RABBITMQ_*, docs/rabbitmq.md)",
     )
     kafka_bootstrap_servers: str = _setting("localhost:9092", "Kafka bootstrap servers")
     nats_servers: str = _setting(
@@ -101,6 +102,22 @@ class Settings:
         120.0,
         "RELAY_BROKER=nats: the duplicate window of a stream the relay creates (seconds): a republished "
         "event within it is dropped by the server (Nats-Msg-Id)",
+    )
+    rabbitmq_url: str = _setting(
+        "amqp://localhost:5672/%2F",
+        "RELAY_BROKER=rabbitmq: the amqp:// or amqps:// URL of the server (user and password, default guest; host, port, "
+        "virtual host; shown masked)",
+    )
+    rabbitmq_exchange: str = _setting(
+        "outbox",
+        "RELAY_BROKER=rabbitmq: the durable topic exchange events are published to, the topic as routing key "
+        "(declared if missing; the relay never declares or binds queues)",
+    )
+    rabbitmq_tls_ca: str = _setting("", "RELAY_BROKER=rabbitmq: CA certificate file for amqps:// (empty: the system's)")
+    rabbitmq_confirm_timeout_ms: int = _setting(
+        10000,
+        "RELAY_BROKER=rabbitmq: longest a publish waits for RabbitMQ's publisher confirm before the relay "
+        "publishes again from its stored position (ms)",
     )
     topic_template: str = _setting(
         "outbox.event.{aggregateType}",
@@ -320,6 +337,7 @@ class Settings:
             found += [self.schema_registry_basic_auth, self.schema_registry_basic_auth.partition(":")[2]]
         found += [v for k, value in self.kafka.items() for v in credential_values(k, value)]
         found += uri_secrets(self.nats_servers) + [s for s in (self.nats_password, self.nats_token) if s]
+        found += uri_secrets(self.rabbitmq_url)
         return found
 
     # ---- loading --------------------------------------------------------------------------

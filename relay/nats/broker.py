@@ -21,12 +21,13 @@ from collections.abc import Callable, Sequence
 from relay.core.boundaries import Publisher
 from relay.core.config import LoopConfig
 from relay.core.errors import Action, ServerError, ServerUnreachableError
+from relay.core.handover import Report
 from relay.core.positions import Grant
+from relay.loop_thread import EventLoopThread
 from relay.nats import errors
 from relay.nats.client import connect
 from relay.nats.config import NatsConfig
-from relay.nats.loop_thread import EventLoopThread
-from relay.nats.publisher import JetStreamPublisher, Report, Sender
+from relay.nats.publisher import JetStreamPublisher, Sender
 from relay.nats.stream import ensure_stream, stream_storing
 from relay.nats.subjects import pattern_of
 

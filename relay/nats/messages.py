@@ -3,7 +3,7 @@ bytes, the headers the Kafka headers' names and values, with the aggregate id (K
 `relay_aggregate_id` and the event id as `Nats-Msg-Id` (the server drops a copy it stored within
 the stream's duplicate window).
 
-What NATS cannot carry unchanged makes the event poison, named (`Refused`): an invalid subject; a
+What NATS cannot carry unchanged makes the event poison, named (relay.core.handover.Refused): an invalid subject; a
 header name outside HTTP's token characters; a header value that is not UTF-8, holds a line break
 or starts or ends with white space (nats-py would trim or replace it, silently); more bytes of data
 and headers than the server's max_payload.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from relay.core.handover import Refused
 from relay.core.message import HEADER_AGGREGATE_ID, OutgoingMessage
 from relay.nats.subjects import valid_subject
 
@@ -20,10 +21,6 @@ HEADER_MSG_ID = "Nats-Msg-Id"
 # RFC 9110's token characters, the names nats-py accepts (it refuses others with BadHeaderError).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEAD_LINE = len(b"NATS/1.0\r\n") + len(b"\r\n")  # around the header lines
-
-
-class Refused(Exception):
-    """Raised when a message cannot go to NATS as it is; the text says why (the event is poison)."""
 
 
 Headers = dict[str, str]

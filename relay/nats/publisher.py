@@ -7,8 +7,8 @@ Two threads, each piece of state with one owner:
 
 | part | owned by | what it holds |
 | --- | --- | --- |
-| `JetStreamPublisher` | the loop's thread | messages not yet reported (`_queued`), the first failure it took (`_broken`), the server's max_payload |
-| `Sender` | the event loop's thread (relay.nats.loop_thread) | the parcels handed over and not yet published (an asyncio queue), the first failure it saw (`_stopped`), the connection |
+| `JetStreamPublisher` | the loop's thread | what relay.core.handover.HandOverPublisher holds (messages not yet reported, the first failure it took), the server's max_payload |
+| `Sender` | the event loop's thread (relay.loop_thread) | the parcels handed over and not yet published (an asyncio queue), the first failure it saw (`_stopped`), the connection |
 | `reports` (a `queue.SimpleQueue`) | both: the sender puts `(parcel, count, failure)`, the publisher takes | |
 
 A parcel itself is touched only on the loop's thread: the sender gets its messages as plain tuples
@@ -43,30 +43,18 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, NoStreamResponseError
 
-from relay.core.errors import DeliveryError, LeaseUnrenewedError, PoisonEventError, ServerRefusedError
+from relay.core.errors import DeliveryError, PoisonEventError, ServerRefusedError
+from relay.core.handover import HandOverPublisher, LeaseNotHeld, Report, Unsent
+from relay.core.message import OutgoingMessage
 from relay.core.window import Parcel
+from relay.loop_thread import EventLoopThread
 from relay.nats.errors import UNAVAILABLE, describe, refusal_of
-from relay.nats.loop_thread import EventLoopThread
-from relay.nats.messages import Headers, Refused, to_nats
+from relay.nats.messages import Headers, to_nats
 
 log = logging.getLogger(__name__)
 
 Message = tuple[str, bytes, Headers]
-Report = tuple[Parcel, int, "tuple[bytes, BaseException] | None"]
 _CLOSE_TIMEOUT_S = 5.0
-
-
-class Unsent(Exception):
-    """Raised (as a parcel's failure) for a message the publisher did not put on the wire: refused
-    as it is (`event_id`, the reason), or left unsent after an earlier failure."""
-
-    def __init__(self, reason: str, event_id: str | None = None) -> None:
-        super().__init__(reason)
-        self.event_id = event_id
-
-
-class LeaseNotHeld(Exception):
-    """A parcel's `publish_by` passed before it went on the wire."""
 
 
 class Sender:
@@ -169,9 +157,9 @@ class Sender:
                 await self._connection.close()
 
 
-class JetStreamPublisher:
-    """The loop's side of one session's publishing (relay.core.boundaries.Publisher). Every method
-    runs on the loop's thread."""
+class JetStreamPublisher(HandOverPublisher[Message]):
+    """The loop's side of one session's publishing (relay.core.boundaries.Publisher, through
+    relay.core.handover). Every method runs on the loop's thread."""
 
     def __init__(
         self,
@@ -181,75 +169,17 @@ class JetStreamPublisher:
         max_payload: int,
         stream_of: Callable[[str], str | None],
     ) -> None:
+        super().__init__(reports, lambda parcel, messages, by: thread.call(sender.hand, parcel, messages, by))
         self._thread = thread
         self._sender = sender
-        self._reports = reports
         self._max_payload = max_payload
         self._stream_of = stream_of  # the stream storing a subject (None: none), asked after "no responders"
-        self._queued = 0
-        self._broken: BaseException | None = None
 
-    def send(self, parcel: Parcel, while_waiting: Callable[[], None]) -> None:
-        """Hand the parcel's messages to the sender (never blocks). A message NATS cannot carry
-        fails the parcel there, naming its event; the messages before it are sent."""
-        if self._broken is not None:
-            parcel.refuse(len(parcel.messages), (b"", Unsent(f"not sent after an earlier failure: {self._broken}")))
-            return
-        messages: list[Message] = []
-        refused: tuple[bytes, BaseException] | None = None
-        for m in parcel.messages:
-            try:
-                messages.append(to_nats(m, self._max_payload))
-            except Refused as exc:
-                refused = (m.value, Unsent(str(exc), m.event_id))
-                break
-        if messages:
-            self._queued += len(messages)
-            self._thread.call(self._sender.hand, parcel, messages, parcel.publish_by)
-        if refused is not None:
-            parcel.refuse(len(parcel.messages) - len(messages), refused)
+    def converter(self) -> Callable[[OutgoingMessage], Message]:
+        return lambda m: to_nats(m, self._max_payload)
 
-    def poll(self, timeout: float) -> None:
-        """Take the reports that came in, waiting up to `timeout` for the first."""
-        try:
-            report = self._reports.get(timeout=timeout) if timeout > 0 else self._reports.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            self._take(report)
-            try:
-                report = self._reports.get_nowait()
-            except queue.Empty:
-                return
-
-    def drain(self, timeout: float) -> None:
-        """Wait up to `timeout` for every report (nothing is held back to fill a batch)."""
-        deadline = time.monotonic() + timeout
-        while self._queued and self._broken is None and (left := deadline - time.monotonic()) > 0:
-            self.poll(left)
-
-    def due_in(self) -> float | None:
-        """Nothing is held open: the loop decides when to wait."""
-        return None
-
-    def _take(self, report: Report) -> None:
-        parcel, count, failure = report
-        parcel.reported(count, failure)
-        self._queued -= count
-        if failure is not None and self._broken is None:
-            self._broken = failure[1]
-
-    def failure(self, parcel: Parcel) -> Exception:
-        """The relay's error for the parcel's first failure."""
-        assert parcel.failure is not None, "no failed report"
-        error = parcel.failure[1]
-        event_id = parcel.failed_event_id()
-        if isinstance(error, Unsent):
-            if error.event_id is not None:
-                return PoisonEventError(error.event_id, str(error))
-            return DeliveryError(event_id, str(error))
-        if isinstance(error, LeaseNotHeld):
-            return LeaseUnrenewedError(f"event {event_id} not published: {error}; restarting from the stored position")
+    def broker_failure(self, parcel: Parcel, event_id: str, error: BaseException) -> Exception:
+        """The relay's error for a failure JetStream's client reported."""
         refusal = refusal_of(error)
         if refusal is not None:
             return PoisonEventError(event_id, f"JetStream refused it: {refusal}")
@@ -270,11 +200,6 @@ class JetStreamPublisher:
         if stored_by is None:
             return PoisonEventError(event_id, f"no JetStream stream stores its subject {subject}")
         return DeliveryError(event_id, f"stream {stored_by} did not answer for subject {subject}")
-
-    @property
-    def queued(self) -> int:
-        """Messages handed over and not yet reported."""
-        return self._queued
 
     def close(self) -> None:
         """Stop the sender and close the connection: what is in flight is dropped (nothing of it

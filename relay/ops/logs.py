@@ -172,7 +172,8 @@ def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None
     """Log to stderr (or `stream`) as JSON lines or text (RELAY_LOG_FORMAT); returns the handler.
 
     Calling it again replaces the handler it installed before; other handlers stay. librdkafka's
-    own lines (connection attempts) and py4j's (Spark's Python bridge) show only at DEBUG. An
+    own lines (connection attempts), pika's (RabbitMQ's client: each connection step, each failed
+    attempt, which the relay's error names once) and py4j's (Spark's Python bridge) show only at DEBUG. An
     exception that ends a thread is logged as an ERROR line too (`threading.excepthook`).
     """
     stream = stream or sys.stderr
@@ -191,4 +192,5 @@ def setup_logging(level: str = "INFO", fmt: str = "auto", stream: IO[str] | None
     logging.getLogger("kafka.admin").setLevel(logging.CRITICAL)
     logging.getLogger("kafka.producer").setLevel(logging.DEBUG if debug else logging.ERROR)
     logging.getLogger("py4j").setLevel(logging.DEBUG if debug else logging.WARNING)
+    logging.getLogger("pika").setLevel(logging.DEBUG if debug else logging.CRITICAL)
     return handler

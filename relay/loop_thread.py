@@ -1,5 +1,7 @@
-"""An asyncio event loop on a thread of its own, for the nats-py client (asyncio only) used from the
-relay's threads (its loops, the start-up checks, the commands).
+"""An asyncio event loop on a thread of its own, for the brokers' asyncio clients (nats-py, pika on
+its asyncio adapter) used from the relay's threads (its loops, the start-up checks, the commands).
+It sits at the bottom of the layers beside relay.core, not in it: relay.nats and relay.rabbitmq both
+use it, and relay.core holds no client's machinery; it imports nothing of the relay.
 
 Why not anyio's BlockingPortal: the publisher hands parcels over with `call` (the loop's
 `call_soon_threadsafe`: callbacks from one thread run in the order given, without waiting for a

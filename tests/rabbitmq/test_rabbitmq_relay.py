@@ -1,0 +1,141 @@
+"""The relay on RabbitMQ (RELAY_BROKER=rabbitmq; docs/rabbitmq.md), against a real rabbitmq-server
+and mongod: what a message carries, confirm before position, a message no queue takes, the
+exchange at start, the refusals at start (credentials, exactly-once)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from relay.core.errors import ConfigError, PoisonEventError
+from relay.core.message import HEADER_AGGREGATE_ID
+from relay.rabbitmq.config import NO_EXACTLY_ONCE
+from tests.support.leases import lease_doc
+from tests.support.oracle import assert_complete_and_ordered
+from tests.support.rabbitmq import exchange_exists
+from tests.support.relays import RelayProcess, RelayThread
+from tests.support.waiting import wait_until
+from tests.support.writes import write_events
+
+
+def published(reader, written, timeout: float = 90):
+    """Every written event consumed from the queue; every record consumed."""
+    return wait_until(lambda: (r := reader.read()) and {x.id for x in r} >= written.ids and r, timeout,
+                      "every event in the queue", interval=0.5)
+
+
+def test_events_reach_a_bound_quorum_queue_in_commit_order_with_their_properties_and_the_kafka_headers(renv):
+    reader = renv.bind()
+    written = write_events(renv.db, renv.settings.outbox_collection, total=300, writers=3)
+    before = int(time.time())
+    with RelayThread(renv.settings) as relay:
+        records = published(reader, written)
+        wait_until(lambda: (lease_doc(renv.db, renv.settings) or {}).get("resumeToken"), 30, "a stored position")
+    assert relay.error is None, relay.error
+    verdict = assert_complete_and_ordered(records, written)
+    assert not verdict.duplicates
+    first = records[0]
+    p = first.properties
+    assert p.message_id == first.headers["ce_id"] == first.id
+    assert p.content_type == "application/avro" == first.headers["content-type"]
+    assert p.delivery_mode == 2 and p.type == first.headers["ce_type"] == "Changed"
+    assert before <= p.timestamp <= int(time.time())
+    assert first.headers[HEADER_AGGREGATE_ID] == first.headers["ce_subject"] == first.key
+    assert first.headers["relay_fencing_token"] == "1"
+    assert {"ce_id", "ce_type", "ce_source", "ce_specversion", "ce_time", "ce_subject"} <= set(first.headers)
+    assert first.topic == "outbox.event.order"  # the routing key: the topic
+    assert first.body[:2] == b"\xc3\x01"  # Avro single-object encoding, as the Kafka value
+    assert exchange_exists(renv.server.url, renv.exchange)  # the operator's, used as it is
+
+
+def test_the_relay_declares_a_missing_exchange_as_a_durable_topic_exchange(renv):
+    assert not exchange_exists(renv.server.url, renv.exchange)
+    with RelayThread(renv.settings) as relay:
+        wait_until(lambda: exchange_exists(renv.server.url, renv.exchange), 60, "the exchange declared")
+        reader = renv.bind()  # bound afterwards: a topic exchange of the relay's kind takes the binding
+        written = write_events(renv.db, renv.settings.outbox_collection, total=20, writers=1)
+        published(reader, written)
+    assert relay.error is None, relay.error
+
+
+def test_an_exchange_of_another_kind_stops_the_relay_naming_the_setting(renv):
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(renv.server.url))
+    connection.channel().exchange_declare(renv.exchange, "fanout", durable=True)
+    connection.close()
+    with RelayThread(renv.settings) as relay:
+        relay.thread.join(timeout=60)
+    assert isinstance(relay.error, ConfigError)
+    assert str(relay.error).startswith("RELAY_RABBITMQ_EXCHANGE:") and "not a durable topic exchange" in str(relay.error)
+
+
+def test_a_message_no_queue_takes_stops_the_relay_naming_the_event_and_its_routing_key(renv):
+    reader = renv.bind("outbox.event.order")  # nothing bound for invoice
+    from relay.outbox import Outbox, OutboxEvent
+
+    events = [OutboxEvent.new("order", "o-1", "Changed", {"n": 1}),
+              OutboxEvent.new("invoice", "i-1", "Changed", {"n": 2}),
+              OutboxEvent.new("order", "o-1", "Changed", {"n": 3})]
+    with renv.client.start_session() as session, session.start_transaction():
+        Outbox(renv.db[renv.settings.outbox_collection]).add_many(events, session=session)
+    with RelayThread(renv.settings) as relay:
+        relay.thread.join(timeout=60)
+    assert isinstance(relay.error, PoisonEventError), relay.error
+    message = str(relay.error)
+    assert events[1].id_str in message and "outbox.event.invoice" in message and "unroutable" in message
+    # What precedes the poison event is in its queue. The order event after it may be there too
+    # (it was on the wire before the return came back): nothing covering it was stored, so a
+    # restart publishes it again (at-least-once).
+    ids = [r.id for r in reader.read()]
+    assert ids[0] == events[0].id_str and set(ids) <= {events[0].id_str, events[2].id_str}
+
+
+def test_a_message_no_queue_takes_is_dead_lettered_where_configured(renv):
+    reader = renv.bind("outbox.event.order", "outbox.deadletter")
+    settings = renv.settings.replace(on_poison="dead-letter")
+    orders = write_events(renv.db, settings.outbox_collection, total=20, writers=1)
+    invoices = write_events(renv.db, settings.outbox_collection, total=5, writers=1, aggregate_type="invoice", seed=2)
+    total = len(orders.ids) + len(invoices.ids)
+    with RelayThread(settings) as relay:
+        def every_id():
+            records = reader.read(decode=False)
+            return records if len({x.properties.message_id for x in records}) >= total else None
+
+        records = wait_until(every_id, 90, "every event or its dead letter in the queue", interval=0.5)
+        assert relay.thread.is_alive(), relay.error
+    # Each poison event restarts the session from its stored position (at-least-once: the events
+    # after it come again, with their message_id).
+    by_key = {key: [r for r in records if r.topic == key] for key in ("outbox.event.order", "outbox.deadletter")}
+    assert {r.properties.message_id for r in by_key["outbox.event.order"]} == orders.ids
+    assert {r.properties.message_id for r in by_key["outbox.deadletter"]} == invoices.ids
+    assert len(by_key["outbox.event.order"]) + len(by_key["outbox.deadletter"]) == len(records)
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("amqp://guest:{secret}@127.0.0.1:{port}/%2F", "refused the credentials"),
+    ("amqp://guest:guest@127.0.0.1:{port}/no-such-vhost-{secret}", "refused access to the virtual host"),
+])
+def test_refused_credentials_stop_the_relay_with_one_line_exit_code_2_and_no_secret(renv, tmp_path, url, said):
+    secret = "not-the-password-42"
+    settings = renv.settings.replace(rabbitmq_url=url.format(secret=secret, port=renv.server.port))
+    relay = RelayProcess(settings, tmp_path, "relay").start()
+    try:
+        code = relay.proc.wait(timeout=90)
+    finally:
+        relay.stop()
+    log = relay.log()
+    errors = [line for line in log.splitlines() if "ERROR" in line or "error" in line.lower()]
+    assert code == 2, log
+    assert len(errors) == 1, log
+    assert "RELAY_RABBITMQ_URL" in errors[0] and said in errors[0], errors[0]
+    if "guest:{secret}" in url:
+        assert secret not in log
+
+
+def test_exactly_once_is_refused_at_start_with_one_line_naming_what_to_use(renv):
+    with RelayThread(renv.settings.replace(delivery="exactly-once")) as relay:
+        relay.thread.join(timeout=60)
+    assert isinstance(relay.error, ConfigError)
+    assert str(relay.error) == f"RELAY_DELIVERY: {NO_EXACTLY_ONCE}"
