@@ -32,9 +32,9 @@ from relay.inbox.batching import BatchLimits, Gathering, Poisoned
 from relay.inbox.config import RunOptions
 from relay.inbox.consumer import Received, Stopping
 from relay.inbox.poison import dead_letter
+from relay.loop_thread import EventLoopThread
 from relay.nats.client import connect
 from relay.nats.config import NatsConfig
-from relay.nats.loop_thread import EventLoopThread
 
 log = logging.getLogger("relay.inbox")
 

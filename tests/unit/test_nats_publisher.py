@@ -22,7 +22,7 @@ from nats.js.errors import APIError
 from relay.core.errors import DeliveryError, LeaseUnrenewedError, PoisonEventError, ServerRefusedError
 from relay.core.message import OutgoingMessage
 from relay.core.window import Parcel
-from relay.nats.loop_thread import EventLoopThread
+from relay.loop_thread import EventLoopThread
 from relay.nats.publisher import JetStreamPublisher, Sender
 from tests.support.waiting import wait_until
 
