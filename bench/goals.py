@@ -1,4 +1,4 @@
-"""The performance goals (issues 37 and 45) as `bench.run` reports them: measured values, met or
+"""The performance goals (issues 37, 45 and 51) as `bench.run` reports them: measured values, met or
 missed, never asserted. Ratios come from medians on equal terms where the run has them (the rotated
 rounds of scenarios/fair.py and scenarios/steady.py), else from the single samples.
 
@@ -6,6 +6,10 @@ Issue 45's catch-up goals, on the fair harness: the relay at least 2x the tuned 
 and 3x tuned Debezium, at least 0.9 of the bare change stream; exactly-once at least 0.95 of
 at-least-once; every payload at least 0.9 of its bare relay; peak RSS under 100 MB through
 1,000,000 events.
+
+Issue 51's, on NATS JetStream: the relay to NATS at least 0.9 of the bare relay to NATS, in
+both delivery modes (medians of the NATS field on equal terms); its p99 at each latency step beside
+the relay on Kafka's, and CPU per event beside it, reported with no target.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 from bench.common import COMPARED, ratio
 
-TITLE = "goals (issues 37 and 45; reported, never asserted)"
+TITLE = "goals (issues 37, 45 and 51; reported, never asserted)"
 Goal = Callable[..., None]
 
 
@@ -31,10 +35,14 @@ def goals(report: Any) -> list[dict[str, Any]]:
 
     if report.fair:
         _equal_terms(report.fair, goal, out)
-    else:
+    elif report.rows:
         _single_samples(report, goal)
+    nats_field = getattr(report, "nats_fair", None)
+    if nats_field is not None:
+        _nats(nats_field.entrants, goal, out)
     _variants(report, goal)
     _latency(report.summaries(), goal)
+    _nats_latency(report.summaries(), out)
     long_relay = next((r for r in report.long_run if r.kind == "relay"), None)
     if long_relay is not None:
         goal(f"peak RSS through a {long_relay.events:,}-event backlog", long_relay.peak_rss_mb, 100.0, False, "MB")
@@ -68,6 +76,35 @@ def _equal_terms(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> 
                     "target": 0.0, "unit": "x", "met": None})
     bare = _median_of(entrants, "baseline: bare relay")
     goal("catch-up / bare relay (200 B)", relay.median / bare.median if bare else math.nan, 0.9)
+
+
+def _nats(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> None:
+    """Issue 51: the relay to NATS against the bare relay to NATS, each mode (medians on equal terms);
+    the relay to NATS against the relay to Kafka of the same rounds, reported with no target."""
+    bare = _median_of(entrants, "baseline: bare relay to NATS")
+    for name, what in (("relay to NATS", "at-least-once"), ("relay to NATS, exactly-once", "exactly-once")):
+        relay = _median_of(entrants, name)
+        if relay is not None or bare is not None:
+            goal(f"NATS {what}: relay to NATS / bare relay to NATS",
+                 relay.median / bare.median if relay and bare else math.nan, 0.9)
+    nats, kafka = _median_of(entrants, "relay to NATS"), _median_of(entrants, "relay to Kafka (reference)")
+    if nats is not None and kafka is not None:
+        out.append({"goal": "NATS: relay to NATS / relay to Kafka, catch-up (no target)",
+                    "value": nats.median / kafka.median, "target": 0.0, "unit": "x", "met": None})
+        out.append({"goal": "NATS: relay to NATS / relay to Kafka, CPU per event (no target)",
+                    "value": nats.median_of("cpu_us_per_event") / kafka.median_of("cpu_us_per_event"),
+                    "target": 0.0, "unit": "x", "met": None})
+
+
+def _nats_latency(summaries: list[Any], out: list[dict[str, Any]]) -> None:
+    """Issue 51: at each steady-state step, the relay to NATS's p99 beside the relay on Kafka's
+    (medians of the rounds whose writer kept the rate), reported with no target."""
+    for nats in (s for s in summaries if s.contender == "relay to NATS"):
+        kafka = next((s for s in summaries if s.step == nats.step and s.contender == "relay"), None)
+        p99, kafka_p99 = nats.median("p99_ms"), kafka.median("p99_ms") if kafka else math.nan
+        out.append({"goal": f"NATS: p99 at {nats.step.label}, relay to NATS {_ms(p99)} / on Kafka "
+                            f"{_ms(kafka_p99)} (no target)",
+                    "value": p99 / kafka_p99 if kafka_p99 > 0 else math.nan, "target": 0.0, "unit": "x", "met": None})
 
 
 def _single_samples(report: Any, goal: Goal) -> None:

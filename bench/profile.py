@@ -11,6 +11,11 @@ the process's CPU per event from its first event on, mongod's and the broker's, 
 loop's wall time went; then the bare relay and the bare change stream, each its own process, on
 the same backlog. (`python:` does not apply there: the process builds with the compiled encoder.)
 
+`--broker nats` runs the relay to NATS JetStream instead (RELAY_BROKER=nats, on a nats-server the
+stack starts too; issue 51), beside the bare relay to NATS (bench/scenarios/bare_nats.py); with
+`--process` its stages are the NATS publisher's, and the event loop thread that puts messages on the
+wire and takes their PubAcks (nats-py) is profiled with the others.
+
 Each `--config` is one relay configuration to measure, by name, as RELAY_* variables
 (`depth2:RELAY_PIPELINE_DEPTH=2`, `nolinger:RELAY_KAFKA_LINGER_MS=0`, `eos:RELAY_DELIVERY=exactly-once`,
 which runs bench.scenarios.catch_up's exactly-once mode); `python:` (no variables)
@@ -47,6 +52,7 @@ from bench.events import variants
 from bench.profiled_relay import OUT
 from bench.relay_under_test import relay_settings
 from bench.scenarios.backlog import write_backlog
+from bench.scenarios.bare_nats import bare_nats_relay
 from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
@@ -109,14 +115,29 @@ STAGES = [  # (stage, file, function): the loop's calls and the reader thread, a
     ("", "producer.py", "poll"),
     ("storing checkpoints", "lease.py", "store_checkpoint"),
 ]
+NATS_STAGES = [  # the same for RELAY_BROKER=nats: relay/nats/publisher.py, and the event loop thread (nats-py)
+    ("reading (loop: next_batch)", "stream.py", "next_batch"),
+    ("read-ahead thread (getMore, decode)", "stream.py", "_run"),
+    ("encoding (build_many)", "encoding.py", "build_many"),
+    ("sending (to_nats, hand to the loop)", "nats/publisher.py", "send"),
+    ("acknowledgements (drain, poll)", "nats/publisher.py", "drain"),
+    ("", "nats/publisher.py", "poll"),
+    ("storing checkpoints", "lease.py", "store_checkpoint"),
+    ("event loop: publishing (Sender._publish)", "nats/publisher.py", "_publish"),
+    ("  of which nats-py publish_async", "js/client.py", "publish_async"),
+    ("event loop: PubAcks (_acknowledged)", "nats/publisher.py", "_acknowledged"),
+    ("event loop: reading replies (nats-py)", "aio/client.py", "_read_loop"),
+    ("event loop: writing (nats-py flusher)", "aio/client.py", "_flusher"),
+]
 
 
-def stage_cpu(stats: pstats.Stats, events: int) -> list[tuple[str, float, float]]:
+def stage_cpu(stats: pstats.Stats, events: int, stages: list[tuple[str, str, str]] = STAGES
+              ) -> list[tuple[str, float, float]]:
     """(stage, CPU s, µs per event) from a thread-CPU profile: each stage's functions' cumulative
     time (a stage named "" adds to the one before it)."""
     rows: list[tuple[str, float, float]] = []
     table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
-    for stage, file, function in STAGES:
+    for stage, file, function in stages:
         seconds = sum(v[3] for (path, _line, name), v in table.items() if path.endswith(file) and name == function)
         if not stage and rows:
             name, before, _ = rows[-1]
@@ -127,22 +148,23 @@ def stage_cpu(stats: pstats.Stats, events: int) -> list[tuple[str, float, float]
 
 
 def _profiled_process(stack: LocalStack, client: Any, backlog: Any, tag: str, env: dict[str, str], delivery: str,
-                      name: str, top: int) -> Any:
+                      name: str, top: int, broker: str = "kafka") -> Any:
     """One catch-up by the profiled relay process (bench.profiled_relay); prints its stages."""
     out = Path(tempfile.mkdtemp(prefix="bench-profile-")) / "relay"
     row = relay_catch_up(stack, client, backlog, tag, env=env, delivery=delivery, module="bench.profiled_relay",
-                         process_env={OUT: str(out)})
+                         process_env={OUT: str(out)}, broker=broker)
     row.scenario = f"relay process [{name}]"
     stats = pstats.Stats(str(out.with_suffix(".pstats")))
     print(f"CPU per event by stage, {backlog.events:,} events (thread CPU under cProfile, which inflates it; "
           f"the process: {row.cpu_us_per_event:.1f} µs/event from its first event on)")
-    for stage, seconds, per_event in stage_cpu(stats, backlog.events):
+    for stage, seconds, per_event in stage_cpu(stats, backlog.events, NATS_STAGES if broker == "nats" else STAGES):
         print(f"  {stage:<40} {seconds:7.2f} s {per_event:7.1f} µs/event")
     print(out.with_suffix(".txt").read_text().rstrip())
     if top:
         text = io.StringIO()
         stats.stream = text  # type: ignore[attr-defined]
         stats.strip_dirs().sort_stats("tottime").print_stats(top)
+        stats.sort_stats("cumulative").print_stats(top)
         print(text.getvalue())
     shutil.rmtree(out.parent, ignore_errors=True)
     return row
@@ -153,6 +175,7 @@ def _print(row: Any) -> None:
           f"{row.cpu_us_per_event:6.1f} µs/event here  "
           f"{row.mongod_cpu_us_per_event:6.1f} mongod  "
           f"{row.extra.get('kafka_cpu_us_per_event', float('nan')):6.1f} kafka  "
+          f"{row.extra.get('nats_cpu_us_per_event', float('nan')):6.1f} nats  "
           f"other load {row.other_cores:.2f} cores", flush=True)
 
 
@@ -168,11 +191,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile the relay as its own process (bench.profiled_relay), CPU per event by stage")
     p.add_argument("--config", action="append", default=[], metavar="NAME:KEY=VALUE,...",
                    help="a relay configuration to measure (repeatable; default: the defaults)")
+    p.add_argument("--broker", default="kafka", choices=["kafka", "nats"],
+                   help="the relay's broker (nats: RELAY_BROKER=nats on a nats-server of the stack, beside the "
+                        "bare relay to NATS; issue 51)")
     args = p.parse_args(argv)
     configs = [_config(text) for text in args.config] or [("defaults", {}, True)]
     timeline = Timeline() if args.where else None  # before any client is built: it monitors their commands
     variant = next(v for v in variants(args.events, 200, True, True) if v.key == args.variant)
-    with bench_stack() as (stack, client):
+    nats = args.broker == "nats"
+    with bench_stack(nats=nats) as (stack, client):
         run_id = uuid.uuid4().hex[:6]
         backlog = write_backlog(client, f"profile_{run_id}", variant)
         for attempt in range(args.repeat):
@@ -183,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"run {attempt + 1}, {name}")
                 if args.process:
                     _print(_profiled_process(stack, client, backlog, tag, env, delivery, name, args.top
-                                             if args.profile else 0))
+                                             if args.profile else 0, args.broker))
                     continue
                 with ExitStack() as around:
                     profiled = around.enter_context(_ProfiledThreads()) if args.profile else None
@@ -191,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                         around.enter_context(timeline.hooked())
                         around.enter_context(timeline.recording())
                     row = relay_catch_up(stack, client, backlog, tag, env=env, native=native, delivery=delivery,
-                                         in_process=True)  # cProfile and the timeline watch this process
+                                         in_process=True, broker=args.broker)  # cProfile and the timeline watch it
                 if profiled is not None:
                     print(profiled.report(args.top))
                 if timeline is not None:
@@ -199,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                 row.scenario = f"relay [{name}]"
                 _print(row)
             settings = relay_settings(stack, backlog.database, "unused", "now")
-            _print(bare_relay(stack, client, backlog, settings, f"profile.{run_id}{attempt}.bare"))
+            if nats:
+                _print(bare_nats_relay(stack, client, backlog, settings, f"profile{run_id}{attempt}"))
+            else:
+                _print(bare_relay(stack, client, backlog, settings, f"profile.{run_id}{attempt}.bare"))
             _print(bare_change_stream(stack, client, backlog))
     progress("done")
     return 0

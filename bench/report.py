@@ -36,6 +36,7 @@ class Report:
     fair: list[Any] = field(default_factory=list)  # bench.scenarios.fair.Contestant: catch-up on equal terms
     variant_fair: dict[str, list[Any]] = field(default_factory=dict)  # variant key -> relay and bare relay, same way
     fair_runs: dict[str, Any] = field(default_factory=dict)  # variant key -> bench.scenarios.fair.Field (table)
+    nats_fair: Any = None  # bench.scenarios.fair.Field: the NATS JetStream field on equal terms (issue 51)
     inbox: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.inbox.inbox_scenario's results
     outboxes: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.outboxes.outboxes_scenario's results
 
@@ -53,6 +54,11 @@ class Report:
                 "equal_terms_backlogs": {k: {"drain_s": f.drain_s, "backlogs": f.backlogs,
                                              "calibration": [asdict(r) for r in f.calibration]}
                                          for k, f in self.fair_runs.items()},
+                "nats_equal_terms": None if self.nats_fair is None else {
+                    "drain_s": self.nats_fair.drain_s, "backlogs": self.nats_fair.backlogs,
+                    "calibration": [asdict(r) for r in self.nats_fair.calibration],
+                    "contestants": [{"name": c.name, "median_events_per_s": c.median,
+                                     "rows": [asdict(r) for r in c.rows]} for c in self.nats_fair.entrants]},
                 "inbox": self.inbox, "outboxes": self.outboxes}
 
     def row(self, prefix: str, variant: str = "default") -> Row | None:
@@ -86,7 +92,9 @@ def format_report(report: Report) -> str:
         if only_inbox else
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
         f"(every contestant as its own process; 1 mongod, 1 Kafka broker, "
-        f"{PARTITIONS} partitions)",
+        f"{PARTITIONS} partitions" + (f"; nats-server {p['nats']['nats_server']}, nats-py {p['nats']['nats_py']}"
+                                      if p.get("nats") else "") + ")"
+        + ("  NATS JetStream only (issue 51)" if p.get("only_nats") else ""),
         f"relay code: {p['relay_source']}",
         f"command: {p['command']}",
     ]
@@ -124,6 +132,9 @@ def _fair_table(report: Report) -> list[str]:
             lines += ["", f"{report.variants.get(key, key)}: " + table[0], *table[1:-1]]
         elif table:
             lines += table
+    if report.nats_fair is not None:
+        table = format_fair(report.nats_fair, report.params.get("rounds", 0))
+        lines += [*([""] if lines and table else []), *table]
     return lines
 
 
@@ -282,7 +293,7 @@ def _partition_table(report: Report) -> list[str]:
 
 
 def _goal_table(report: Report) -> list[str]:
-    return format_goals(goals(report)) if report.rows or report.fair or report.latency else []
+    return format_goals(goals(report)) if report.rows or report.fair or report.latency or report.nats_fair else []
 
 
 # ---- files ------------------------------------------------------------------------------------

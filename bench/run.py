@@ -9,6 +9,12 @@ with the 1,000,000-event memory run (`variant_scenarios`); Conduit when it build
 terms (scenarios/steady.py); optionally the partitioned outbox; many outboxes through one stream
 (scenarios/outboxes.py, unless `--no-outboxes`); the inbox; then the tables and the goals
 (report.py). `--help` lists the options; BENCHMARKS.md says what each figure means.
+
+NATS JetStream (issue 51, unless `--no-nats`): a nats-server in the same stack, the relay to NATS
+in both modes beside a bare relay to NATS and the relay to Kafka on equal terms (after the Kafka
+catch-up's field and its payloads), and the relay to NATS in the latency steps beside the relay on
+Kafka. `--only-nats` runs just that part: the NATS field, then the latency steps (500 and 1000x10
+unless `--rates` says otherwise) for the relay on Kafka and on NATS, then the tables and goals.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
 from bench.scenarios.exactly_once import exactly_once_catch_up
-from bench.scenarios.fair import contestants, fair_catch_up, relay_and_bare
+from bench.scenarios.fair import contestants, fair_catch_up, nats_contestants, nats_field, relay_and_bare
 from bench.scenarios.inbox import inbox_scenario
 from bench.scenarios.memory import memory_run
 from bench.scenarios.outbox_writer import writer_overhead
@@ -51,6 +57,8 @@ from bench.scenarios.steady import contenders, latency_rounds, parse_steps, writ
 from bench.stack import bench_stack
 from relay.dev.stack import LocalStack
 
+NATS_RATES = "500,1000x10"  # --only-nats: the steps of issue 51 (the full run: the --rates default)
+RATES = "500,1000x10,5000x50"
 GROUPS = [(1, 1), (4, 1), (4, 2), (4, 4)]  # (RELAY_PARTITIONS, relay processes) of the group catch-up
 STREAMS = [1, 2, 4, 8]
 
@@ -144,6 +152,30 @@ def equal_terms(stack: LocalStack, client: MongoClient[Any], args: argparse.Name
         report.variant_fair[variant.key], report.fair_runs[variant.key] = pair.entrants, pair
 
 
+def nats_equal_terms(stack: LocalStack, client: MongoClient[Any], args: argparse.Namespace, variant: Variant,
+                     report: Report) -> None:
+    """The NATS JetStream field on equal terms (issue 51; bench.scenarios.fair.nats_contestants)."""
+    field = nats_contestants(stack, client, args.exactly_once)
+    field = [c for c in field if not any(part in c.name for part in args.skip_contestants)]
+    report.nats_fair = fair_catch_up(stack, client, variant, report.params["run_id"], args.rounds,
+                                     nats_field(field, args.drain_seconds), args.drain_seconds, args.probe_events)
+
+
+def nats_scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namespace, variant: Variant,
+                   report: Report) -> None:
+    """`--only-nats`: the NATS field on equal terms, then (unless `--only-equal-terms`) the latency
+    steps for the relay on Kafka and the relay to NATS, same rounds, same writer."""
+    run_id = report.params["run_id"]
+    if args.rounds:
+        nats_equal_terms(stack, client, args, variant, report)
+    if args.only_equal_terms:
+        return
+    entrants = contenders(stack, client, run_id, None, exactly_once=False, nats=True)
+    report.writer_reach = writer_reach(stack, client, variant.factory(), args.payload_bytes, args.rates)
+    report.latency = latency_rounds(stack, client, variant.factory(), args.payload_bytes, args.rates,
+                                    args.seconds, args.latency_rounds, entrants, run_id)
+
+
 def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namespace, prepared: dict[str, Any],
               report: Report) -> None:
     """Every scenario the arguments ask for, in the order of the module docstring."""
@@ -155,8 +187,14 @@ def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namesp
         runs = variants(args.events, args.payload_bytes, sizes=args.variants, typed=args.variants)
         runs = runs[:1] + [v for v in runs[1:] if v.key in args.variant_keys]
         report.variants = {v.key: v.label for v in runs}
+        if args.only_nats:
+            report.variants = {runs[0].key: runs[0].label}
+            nats_scenarios(stack, client, args, runs[0], report)
+            return
         if args.rounds:
             equal_terms(stack, client, args, runs, prepared, report)
+            if args.nats:
+                nats_equal_terms(stack, client, args, runs[0], report)
         if args.only_equal_terms:
             return
         default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events, args.exactly_once)
@@ -166,7 +204,8 @@ def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namesp
             progress("peer: Conduit")
             report.rows.append(peer_catch_up(stack, default, conduit_peer(stack, default, run_id, prepared["conduit"],
                                                                           prepared["conduit_error"])))
-        entrants = contenders(stack, client, run_id, prepared.get("jars") if args.peers else None, args.exactly_once)
+        entrants = contenders(stack, client, run_id, prepared.get("jars") if args.peers else None, args.exactly_once,
+                              nats=args.nats)
         report.writer_reach = writer_reach(stack, client, runs[0].factory(), args.payload_bytes, args.rates)
         report.latency = latency_rounds(stack, client, runs[0].factory(), args.payload_bytes, args.rates,
                                         args.seconds, args.latency_rounds, entrants, run_id)
@@ -184,10 +223,10 @@ def run(args: argparse.Namespace) -> Report:
     """Start the stack, run every scenario, stop and delete the stack; return the results."""
     started = time.monotonic()
     report = Report(params=parameters(args))
-    peers_needed = args.peers and not (args.only_partitions or args.only_inbox)
+    peers_needed = args.peers and not (args.only_partitions or args.only_inbox or args.only_nats)
     prepared = prepare_peers(args, report) if peers_needed else {}
     try:
-        with bench_stack() as (stack, client):
+        with bench_stack(nats=args.nats and not (args.only_partitions or args.only_inbox)) as (stack, client):
             scenarios(stack, client, args, prepared, report)
     finally:
         report.params["load_average_at_end"] = os.getloadavg()
@@ -206,12 +245,23 @@ def parameters(args: argparse.Namespace) -> dict[str, Any]:
         "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
         "inbox_events": args.inbox_events if args.inbox else None, "inbox_rounds": args.inbox_rounds,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "nats": nats_versions() if args.nats and not (args.only_partitions or args.only_inbox) else None,
+        "only_nats": args.only_nats,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
                  "pymongo": pymongo.version, "confluent_kafka": confluent_kafka.__version__,
                  "librdkafka": confluent_kafka.libversion()[0]},
         "relay_source": relay_source(),
         "load_average_at_start": os.getloadavg(),
     }
+
+
+def nats_versions() -> dict[str, str]:
+    """The nats-server the stack runs (relay.dev.nats_server's pinned wheel) and the nats-py client."""
+    from importlib.metadata import version
+
+    from relay.dev.nats_server import VERSION
+
+    return {"nats_server": VERSION, "nats_py": version("nats-py")}
 
 
 def java_version() -> str:
@@ -247,9 +297,9 @@ def parser() -> argparse.ArgumentParser:
       help="backlog of the default variant (default 100000; 2 KB: half, 20 KB: a fifth)")
     a("--payload-bytes", type=int, default=200,
       help="BSON size of each event's payload document in the default variant (default 200)")
-    a("--rates", default="500,1000x10,5000x50",
-      help="steady-state steps, RATE[xBATCH] comma-separated: events/s and events per transaction "
-           "(default 500,1000x10,5000x50; no xBATCH: one transaction per event)")
+    a("--rates", default=None,
+      help=f"steady-state steps, RATE[xBATCH] comma-separated: events/s and events per transaction "
+           f"(default {RATES}, with --only-nats {NATS_RATES}; no xBATCH: one transaction per event)")
     a("--seconds", type=float, default=20.0, help="writes per steady-state round (default 20)")
     a("--latency-rounds", type=int, default=3, help="rounds of each steady-state step (default 3)")
     a("--long-events", type=int, default=1_000_000, help="backlog of the memory run (default 1000000; 0 skips it)")
@@ -278,6 +328,13 @@ def parser() -> argparse.ArgumentParser:
     a("--no-inbox", dest="inbox", action="store_false",
       help="skip the inbox beside two bare consumers (bench/scenarios/inbox.py)")
     a("--only-inbox", action="store_true", help="run only the inbox's scenario")
+    a("--no-nats", dest="nats", action="store_false",
+      help="skip NATS JetStream (issue 51): no nats-server, no NATS field on equal terms, no relay to NATS in "
+           "the latency steps")
+    a("--only-nats", action="store_true",
+      help="run only NATS JetStream (issue 51): the relay to NATS in both modes, the bare relay to NATS and the "
+           f"relay to Kafka on equal terms, then latency at --rates (default {NATS_RATES}) for the relay on "
+           "Kafka and on NATS; with --only-equal-terms only the first")
     a("--inbox-events", type=int, default=20_000,
       help="events on the inbox scenario's topic (default 20000; the per-event consumer reads 3000)")
     a("--inbox-rounds", type=int, default=3, help="rounds of the inbox scenario, in a rotated order (default 3)")
@@ -294,7 +351,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.variant_keys = [k.strip() for k in args.variant_keys.split(",") if k.strip()]
     args.skip_contestants = [k.strip() for k in args.skip_contestants.split(",") if k.strip()]
     try:
-        args.rates = parse_steps(args.rates)
+        args.rates = parse_steps(args.rates or (NATS_RATES if args.only_nats else RATES))
     except ValueError as exc:
         p.error(f"--rates: {exc}")
     problems = [
@@ -305,6 +362,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         (args.inbox_events < 1 or args.inbox_rounds < 1, "--inbox-events and --inbox-rounds must be at least 1"),
         (args.only_inbox and (args.only_partitions or not args.inbox),
          "--only-inbox cannot go with --only-partitions or --no-inbox"),
+        (args.only_nats and (args.only_partitions or args.only_inbox or not args.nats),
+         "--only-nats cannot go with --only-partitions, --only-inbox or --no-nats"),
         (args.events < 1 or args.seconds <= 0 or args.payload_bytes < 32 or args.long_events < 0,
          "--events >= 1, --seconds > 0, --payload-bytes >= 32 and --long-events >= 0 are required"),
         (any(int(s.rate * args.seconds) < s.batch for s in args.rates),

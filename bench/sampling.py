@@ -176,21 +176,33 @@ class Sampler:
         return usage
 
 
+def _nats_pid(stack: Any) -> int | None:
+    """The pid of the stack's nats-server (bench.stack.BenchStack), if it runs one."""
+    server = getattr(stack, "nats_server", None)
+    process = server.process if server is not None else None
+    return process.pid if process is not None else None
+
+
 def stack_roles(stack: Any, extra: Roles | None = None) -> Roles:
     """Roles of a `relay.dev.stack.LocalStack` run: this process ("bench"), mongod, the broker,
-    plus `extra()` (e.g. a peer's process, known only once it is started)."""
+    the nats-server when the stack runs one ("nats"), plus `extra()` (e.g. a peer's process,
+    known only once it is started)."""
     def roles() -> dict[str, int | None]:
         mongo = [p.pid for p in stack.mongo.processes if p is not None]
         kafka = stack.kafka.process
+        nats = _nats_pid(stack)
         return {"bench": os.getpid(), "mongod": mongo[0] if mongo else None,
-                "kafka": kafka.pid if kafka is not None else None, **(extra() if extra else {})}
+                "kafka": kafka.pid if kafka is not None else None, **({"nats": nats} if nats else {}),
+                **(extra() if extra else {})}
     return roles
 
 
 def wait_idle(stack: Any) -> float:
-    """Wait until mongod and the broker of a `LocalStack` use less than IDLE_CORES together
-    (measured over 1 s; not a fixed sleep); return their last CPU, in cores."""
-    pids = [p.pid for p in stack.mongo.processes] + [stack.kafka.process.pid if stack.kafka.process else None]
+    """Wait until mongod and the brokers of a `LocalStack` (Kafka, and the nats-server when it runs
+    one) use less than IDLE_CORES together (measured over 1 s; not a fixed sleep); return their last
+    CPU, in cores."""
+    pids = [p.pid for p in stack.mongo.processes] + [stack.kafka.process.pid if stack.kafka.process else None,
+                                                     _nats_pid(stack)]
     procs = [psutil.Process(pid) for pid in pids if pid is not None]
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     cores = math.nan

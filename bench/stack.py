@@ -1,26 +1,56 @@
 """The benchmark's servers: one fresh local stack (a mongod replica-set member and a Kafka broker
 in a temporary folder, topics of PARTITIONS partitions), the broker warmed up, a client on mongod;
-stopped by pid and deleted on exit. `bench.run` and every scenario that runs alone start it here."""
+with `nats=True` also a nats-server with JetStream (relay.dev.nats_server, from the pinned wheel,
+on a loopback port reserved for it, its store in the same folder). Everything is stopped by pid
+and deleted on exit. `bench.run` and every scenario that runs alone start it here, once.
+"""
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from pymongo import MongoClient
 
 from bench.common import PARTITIONS, log, progress, warm_up_kafka
+from relay.dev.nats_server import NatsServer
 from relay.dev.stack import LocalStack
 
 
+@dataclass
+class BenchStack(LocalStack):
+    """The local stack, and the benchmark's nats-server when it runs one (`nats_server`)."""
+
+    nats_server: NatsServer | None = None
+
+
+def nats_server_of(stack: Any) -> NatsServer | None:
+    """The stack's nats-server, if it runs one (any LocalStack: None)."""
+    return getattr(stack, "nats_server", None)
+
+
+def nats_url(stack: Any) -> str:
+    """The URL of the stack's nats-server; RuntimeError when it runs none."""
+    server = nats_server_of(stack)
+    if server is None:
+        raise RuntimeError("the benchmark stack runs no nats-server: start it with bench_stack(nats=True)")
+    return server.url
+
+
 @contextmanager
-def bench_stack() -> Iterator[tuple[LocalStack, MongoClient[Any]]]:
-    """The started stack and a tz-aware client on its mongod; everything stopped and deleted on exit."""
-    stack = LocalStack.in_temp_dir(partitions=PARTITIONS)
-    progress(f"starting MongoDB and Kafka in {stack.base_dir}")
+def bench_stack(nats: bool = False) -> Iterator[tuple[BenchStack, MongoClient[Any]]]:
+    """The started stack (with a nats-server when `nats`) and a tz-aware client on its mongod;
+    everything stopped and deleted on exit."""
+    stack = BenchStack.in_temp_dir(partitions=PARTITIONS)
+    assert isinstance(stack, BenchStack)
+    progress(f"starting MongoDB and Kafka{' and nats-server' if nats else ''} in {stack.base_dir}")
     try:
+        if nats:
+            stack.nats_server = NatsServer(stack.base_dir / "nats")
+            stack.nats_server.start()
         stack.start()
         warm_up_kafka(stack.kafka.bootstrap_servers)
         client: MongoClient[Any]
@@ -29,7 +59,11 @@ def bench_stack() -> Iterator[tuple[LocalStack, MongoClient[Any]]]:
     finally:
         progress("stopping the stack")
         stack.stop()
-        leftovers = [p.pid for p in [*stack.mongo.processes, stack.kafka.process] if p is not None and p.alive]
+        processes = [*stack.mongo.processes, stack.kafka.process]
+        if stack.nats_server is not None:
+            stack.nats_server.stop()
+            processes.append(stack.nats_server.process)
+        leftovers = [p.pid for p in processes if p is not None and p.alive]
         if leftovers:
             log.error("stack processes still running after stop(): %s", leftovers)
         shutil.rmtree(stack.base_dir, ignore_errors=True)

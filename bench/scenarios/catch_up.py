@@ -4,7 +4,8 @@ Timed by bench.scenarios.drain's rule, as every contestant: from its first messa
 in the topic to its last one, start-up (launch to first message) reported apart. The run ends once
 the stored checkpoint covers the backlog and every event is in Kafka. `in_process=True` builds the
 relay in a thread of this process instead (bench.profile, which profiles that thread): its CPU and
-RSS are then this process's, harness included.
+RSS are then this process's, harness included. `broker="nats"`: the relay to NATS JetStream, into a
+stream of its own, timed by its stored times (bench.scenarios.drain.Output says how either is read).
 """
 
 from __future__ import annotations
@@ -21,21 +22,12 @@ from typing import Any
 
 from pymongo import MongoClient
 
-from bench.common import (
-    AGGREGATE_TYPE,
-    Row,
-    committed_messages,
-    consumer,
-    create_topic,
-    in_kafka,
-    log,
-    wait_for,
-    warm_up_transactions,
-)
+from bench.common import AGGREGATE_TYPE, Row, log, wait_for, warm_up_transactions
 from bench.relay_under_test import lease_token_data, relay_settings, running_relay
 from bench.sampling import Sampler, Usage, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
-from bench.scenarios.drain import CpuAtFirst, Span, rate_of, topic_span
+from bench.scenarios.drain import CpuAtFirst, Output, Span, TopicOutput, rate_of
+from bench.stack import nats_url
 from relay.config import Settings
 from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
@@ -56,7 +48,7 @@ class _Drained:
 def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, run_id: str,
                    label: str = "relay catch-up (to checkpoint)", delivery: str = "at-least-once",
                    env: dict[str, str] | None = None, native: bool = True, in_process: bool = False,
-                   module: str = "relay", process_env: dict[str, str] | None = None) -> Row:
+                   module: str = "relay", process_env: dict[str, str] | None = None, broker: str = "kafka") -> Row:
     """Start the relay on the backlog; run it until a checkpoint covers the last backlog event.
 
     Done-condition: the lease document's `resumeToken._data` >= the `_data` of the last
@@ -76,22 +68,47 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     consumer reads them (the watermarks also count commit markers), after the sampled interval.
     `module` and `process_env`: what `python -m <module> run` starts, with these variables too
     (bench.profiled_relay, the relay with a profiler inside, for `bench.profile --process`).
+
+    `broker="nats"` runs the relay with RELAY_BROKER=nats on the stack's nats-server
+    (bench.stack.BenchStack), into a stream of its own created before it starts
+    (bench.jetstream.StreamOutput): counted by the stream's stored messages, timed by their stored
+    times, the same done-condition; the stream is deleted once measured.
     """
     exactly_once = delivery == "exactly-once"
     name = f"catchup-eos-{backlog.variant.key}" if exactly_once else f"catchup-{backlog.variant.key}"
+    if broker == "nats":
+        name = f"nats-{name}"
     topic_template = f"bench.{run_id}.{name}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
-    create_topic(stack.kafka.bootstrap_servers, topic)
     start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.UTC).isoformat()
     settings = relay_settings(stack, backlog.database, topic_template, start_at, env)
-    if exactly_once:
+    output: Output
+    if broker == "nats":
+        from bench.jetstream import StreamOutput, stream_name
+
+        output = StreamOutput(nats_url(stack), stream_name("bench", run_id, name), [f"bench.{run_id}.{name}.>"])
+        settings = settings.replace(broker="nats", nats_servers=output.url, nats_stream=output.stream,
+                                    delivery=delivery)
+    else:
+        output = TopicOutput(stack.kafka.bootstrap_servers, topic, committed=exactly_once)
+    output.prepare()
+    if exactly_once and broker != "nats":
         # A lease document of its own: in the at-least-once run's, the checkpoint already covers
         # the backlog (and the relay would resume after it, as a switch of modes does).
         settings = settings.replace(delivery=delivery, offsets_topic=f"bench.{run_id}.offsets-{backlog.variant.key}",
                                     lease_collection=f"{settings.lease_collection}_exactly_once")
         warm_up_transactions(stack.kafka.bootstrap_servers)
-    drained = _drain(stack, client, backlog, settings, topic, label, _launcher(settings, native, in_process, module, process_env))
-    return _row(label, backlog, drained, topic, exactly_once)
+    elif exactly_once:
+        settings = settings.replace(lease_collection=f"{settings.lease_collection}_exactly_once")
+    try:
+        drained = _drain(stack, client, backlog, settings, output, label,
+                         _launcher(settings, native, in_process, module, process_env))
+    finally:
+        output.discard()
+    row = _row(label, backlog, drained, topic, exactly_once, broker)
+    if broker == "nats":
+        row.extra["stream"] = getattr(output, "stream", None)
+    return row
 
 
 class _Launched:
@@ -136,14 +153,9 @@ def _launcher(settings: Settings, native: bool, in_process: bool, module: str,
     return lambda: _Launched(settings, native, in_process, module, process_env)
 
 
-def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settings: Settings, topic: str,
+def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settings: Settings, output: Output,
            label: str, launch: Callable[[], _Launched]) -> _Drained:
-    """Run the relay until a checkpoint covers the backlog and Kafka holds it (see `relay_catch_up`)."""
-    exactly_once = settings.delivery == "exactly-once"
-
-    def count(c: Any) -> int:
-        return committed_messages(stack.kafka.bootstrap_servers, topic) if exactly_once else in_kafka(c, topic)
-
+    """Run the relay until a checkpoint covers the backlog and `output` holds it (see `relay_catch_up`)."""
     leases = client[backlog.database][settings.lease_collection]
 
     def covered() -> bool:
@@ -152,34 +164,39 @@ def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settin
         return data is not None and data >= backlog.last_token_data
 
     relay = launch()
-    with consumer(stack.kafka.bootstrap_servers) as c:
-        at_first = CpuAtFirst(lambda: relay.roles().get("relay"), lambda: in_kafka(c, topic))
+    with output.opened():
+        at_first = CpuAtFirst(lambda: relay.roles().get("relay"), output.delivered)
         try:
             with Sampler(stack_roles(stack, relay.roles)) as sampler:
                 launched = time.time()
                 relay.start()
                 wait_for(f"{label} ({backlog.variant.key})", covered, max(120.0, backlog.events / 500),
                          relay.check_alive)
-                at_checkpoint = count(c)
+                at_checkpoint = output.count()
                 if at_checkpoint < backlog.events:
                     log.error("catch-up: the checkpoint covered the backlog while only %d of %d events "
-                              "were in Kafka", at_checkpoint, backlog.events)
-                    wait_for("catch-up events in Kafka", lambda: count(c) >= backlog.events, 120, relay.check_alive)
+                              "were delivered", at_checkpoint, backlog.events)
+                    wait_for("catch-up events delivered", lambda: output.count() >= backlog.events, 120,
+                             relay.check_alive)
                 usage = sampler.stop()
         finally:
             relay.stop()
-        final = count(c)
-    span = topic_span(stack.kafka.bootstrap_servers, topic, launched)
+        final = output.count()
+        span = output.span(launched)
     return _Drained(span, usage, relay.role, at_first, at_checkpoint, final)
 
 
-def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bool) -> Row:
+def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bool, broker: str = "kafka") -> Row:
     note = f"first to last message; start-up {d.span.start_up_s:.1f} s apart (and its CPU)"
-    note += "; Kafka transactions spanning reads" if exactly_once else ""
+    if broker == "nats":
+        note += "; JetStream, Nats-Msg-Id within the duplicate window" if exactly_once else "; JetStream"
+    else:
+        note += "; Kafka transactions spanning reads" if exactly_once else ""
+    where = "stream" if broker == "nats" else "topic"
     if d.at_checkpoint < backlog.events:
-        note += f"; CHECKPOINT AHEAD OF KAFKA ({d.at_checkpoint} in topic)"
+        note += f"; CHECKPOINT AHEAD OF {broker.upper()} ({d.at_checkpoint} in {where})"
     if d.final != backlog.events:
-        note += f"; {d.final} messages in topic"
+        note += f"; {d.final} messages in {where}"
     usage, n, who = d.usage, backlog.events, d.role
     return Row(label, n, d.span.drain_s, rate_of(n, d.span), variant=backlog.variant.key, kind="relay",
                cpu_us_per_event=(d.at_first.per_event_us(usage.cpu_s.get(who, math.nan), n) if who == "relay"
@@ -191,4 +208,5 @@ def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bo
                       "start_up_s": d.span.start_up_s, "process": who, "start_up_cpu_s": d.at_first.cpu_s,
                       "rss_before_mb": usage.rss_start_mb.get(who), "rss_after_mb": usage.rss_end_mb.get(who),
                       "ru_maxrss_mb": self_peak_rss_mb() if who == "bench" else None, "cpu_s": usage.cpu_s,
-                      "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", n)})
+                      "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", n),
+                      "nats_cpu_us_per_event": usage.cpu_us_per_event("nats", n), "broker": broker})

@@ -21,14 +21,16 @@ import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, TopicPartition
 
+from bench.common import committed_messages, consumer, create_topic, in_kafka
 from relay.dev.harness import ROOT
 from relay.dev.harness.relays import ChildProcess
 
@@ -127,6 +129,52 @@ def _append_times(c: Consumer, topic: str, partition: int, offset: int, first_on
         if first_only:
             break
     return out
+
+
+class Output(Protocol):
+    """Where a catch-up contestant's messages land, and how they are counted and timed: a Kafka
+    topic (`TopicOutput`) or a JetStream stream (bench.jetstream.StreamOutput)."""
+
+    def prepare(self) -> None: ...                      # before the contestant starts (not timed)
+    def opened(self) -> AbstractContextManager[Any]: ...  # the methods below work inside it
+    def delivered(self) -> int: ...                     # messages there so far (for CpuAtFirst)
+    def count(self) -> int: ...                         # messages a reader reads (read_committed)
+    def span(self, launched: float) -> Span: ...        # first delivered message to the last
+    def discard(self) -> None: ...                      # once measured
+
+
+class TopicOutput:
+    """A Kafka topic as an Output: counted by its watermarks (or, `committed`, as a read_committed
+    consumer reads it) and timed by its append times (`topic_span`)."""
+
+    def __init__(self, bootstrap: str, topic: str, committed: bool = False) -> None:
+        self.bootstrap, self.topic, self.committed = bootstrap, topic, committed
+        self._consumer: Consumer | None = None
+
+    def prepare(self) -> None:
+        create_topic(self.bootstrap, self.topic)
+
+    @contextmanager
+    def opened(self) -> Iterator[TopicOutput]:
+        with consumer(self.bootstrap) as c:
+            self._consumer = c
+            try:
+                yield self
+            finally:
+                self._consumer = None
+
+    def delivered(self) -> int:
+        assert self._consumer is not None, "TopicOutput used outside opened()"
+        return in_kafka(self._consumer, self.topic)
+
+    def count(self) -> int:
+        return committed_messages(self.bootstrap, self.topic) if self.committed else self.delivered()
+
+    def span(self, launched: float) -> Span:
+        return topic_span(self.bootstrap, self.topic, launched, "read_committed")
+
+    def discard(self) -> None:
+        """Topics stay (as before: small, and the broker's retention is not what is measured)."""
 
 
 class BenchChild(ChildProcess):

@@ -21,6 +21,10 @@ in an order rotated by one each round (`rotated`):
 
 The report gives each contestant's median and range, ratios of medians, and flags a contestant
 whose mongod CPU per event differs by more than 1.5x from the relay's (a sign of unequal terms).
+
+The NATS JetStream field (issue 51, `nats_contestants`, `nats_field`) runs the same way with its own
+calibration: the relay to NATS in both modes, the bare relay to NATS and the relay to Kafka as the
+reference of the same rounds, compared with the relay to NATS, with nats-server's CPU per event.
 """
 
 from __future__ import annotations
@@ -116,6 +120,40 @@ def contestants(stack: LocalStack, client: MongoClient[Any], jars: Any, jars_err
     return out
 
 
+NATS_RELAY = "relay to NATS"
+NATS_PROBES = (NATS_RELAY, "baseline: bare relay to NATS", "relay to Kafka (reference)")
+
+
+def nats_contestants(stack: LocalStack, client: MongoClient[Any], exactly_once: bool = True,
+                     kafka_reference: bool = True) -> list[Contestant]:
+    """The NATS JetStream field (issue 51): the relay to NATS (RELAY_BROKER=nats) in both delivery
+    modes, the bare relay to NATS (bench.scenarios.bare_nats), and the relay to Kafka as the
+    reference of the same rounds; each into a topic or stream of its own."""
+    from bench.scenarios.bare_nats import bare_nats_relay
+
+    def relay(b: Backlog, rid: str) -> Row:
+        return relay_catch_up(stack, client, b, rid, label="relay to NATS (to checkpoint)", broker="nats")
+
+    def eos(b: Backlog, rid: str) -> Row:
+        return relay_catch_up(stack, client, b, rid, label="relay to NATS, exactly-once (to checkpoint)",
+                              delivery="exactly-once", broker="nats")
+
+    def bare(b: Backlog, rid: str) -> Row:
+        settings = relay_settings(stack, b.database, "unused", "now")
+        return bare_nats_relay(stack, client, b, settings, rid)
+
+    def kafka(b: Backlog, rid: str) -> Row:
+        return relay_catch_up(stack, client, b, rid)
+
+    out = [Contestant(NATS_RELAY, relay)]
+    if exactly_once:
+        out.append(Contestant("relay to NATS, exactly-once", eos))
+    out.append(Contestant("baseline: bare relay to NATS", bare))
+    if kafka_reference:
+        out.append(Contestant("relay to Kafka (reference)", kafka))
+    return out
+
+
 def relay_and_bare(stack: LocalStack, client: MongoClient[Any]) -> list[Contestant]:
     """The relay and its bare relay: the payload variants' pair on equal terms."""
     return [c for c in contestants(stack, client, None, None, peers=False, exactly_once=False)
@@ -147,9 +185,10 @@ def next_backlog(events: int, rows: list[Row], drain_s: float) -> int:
 
 
 def calibrate(client: MongoClient[Any], variant: Variant, run_id: str, entrants: list[Contestant], drain_s: float,
-              probe_events: int, stack: LocalStack) -> tuple[int, list[Row]]:
-    """The backlog size of round 1 (module docstring), and the probes' rows (reported, not counted)."""
-    probes = [c for c in entrants if c.name in PROBES] or entrants[:1]
+              probe_events: int, stack: LocalStack, names: Sequence[str] = PROBES) -> tuple[int, list[Row]]:
+    """The backlog size of round 1 (module docstring), and the probes' rows (reported, not counted);
+    the probes are the entrants named in `names` (none of them: the first entrant)."""
+    probes = [c for c in entrants if c.name in names] or entrants[:1]
     rows = []
     for c in probes:
         progress(f"[equal terms, calibration] {c.name} on a probe backlog of {probe_events:,}")
@@ -173,24 +212,43 @@ def _one(stack: LocalStack, client: MongoClient[Any], variant: Variant, events: 
     return row
 
 
+KAFKA_CLOCK = "topic append times; the bare stream's own clock"
+NATS_CLOCK = "JetStream's stored times for NATS, topic append times for Kafka"
+
+
 @dataclass
 class Field:
-    """A catch-up on equal terms: its contestants, the backlog of each round and the calibration."""
+    """A catch-up on equal terms: its contestants, the backlog of each round and the calibration.
+    `reference` names the contestant the others are compared with (`relay/it`), `probes` those the
+    calibration runs, `clock` what the drain times are read from, `broker_role` the Sampler role of
+    a broker whose CPU per event gets a column of its own ("nats"), `title` what the table is of."""
 
     entrants: list[Contestant]
     drain_s: float
     backlogs: list[int] = field(default_factory=list)
     calibration: list[Row] = field(default_factory=list)
+    reference: str = RELAY
+    probes: tuple[str, ...] = PROBES
+    clock: str = KAFKA_CLOCK
+    broker_role: str | None = None
+    title: str = "catch-up on equal terms"
+
+
+def nats_field(entrants: list[Contestant], drain_s: float) -> Field:
+    """The NATS JetStream field's table settings (issue 51): compared with the relay to NATS."""
+    return Field(entrants, drain_s, reference=NATS_RELAY, probes=NATS_PROBES, clock=NATS_CLOCK, broker_role="nats",
+                 title="NATS JetStream (issue 51): catch-up on equal terms")
 
 
 def fair_catch_up(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str, rounds: int,
-                  entrants: list[Contestant], drain_s: float, probe_events: int) -> Field:
+                  entrants: list[Contestant] | Field, drain_s: float, probe_events: int) -> Field:
     """Run every contestant `rounds` times on equal terms (see the module docstring); none when
-    `--skip-contestants` left none."""
-    out = Field(entrants, drain_s)
+    `--skip-contestants` left none. `entrants` may come as a Field already (its table settings)."""
+    out = entrants if isinstance(entrants, Field) else Field(entrants, drain_s)
+    entrants = out.entrants
     if not entrants or not rounds:
         return out
-    events, out.calibration = calibrate(client, variant, run_id, entrants, drain_s, probe_events, stack)
+    events, out.calibration = calibrate(client, variant, run_id, entrants, drain_s, probe_events, stack, out.probes)
     for r in range(rounds):
         out.backlogs.append(events)
         this_round = []
@@ -208,17 +266,20 @@ def fair_catch_up(stack: LocalStack, client: MongoClient[Any], variant: Variant,
 
 def format_fair(f: Field, rounds: int) -> list[str]:
     entrants = f.entrants
-    relay = next((c for c in entrants if c.name == RELAY), None)
-    if relay is None or not relay.rates:
+    if not any(c.rows for c in entrants):
         return []
-    mongod_relay = relay.median_of("mongod_cpu_us_per_event")
+    relay = next((c for c in entrants if c.name == f.reference and c.rates), None)
+    reference_median = relay.median if relay is not None else math.nan  # failed or left out: no ratios
+    mongod_relay = relay.median_of("mongod_cpu_us_per_event") if relay is not None else math.nan
     probes = ", ".join(f"{r.scenario} {r.events_per_s:,.0f}/s" for r in f.calibration if not r.error)
-    lines = [f"catch-up on equal terms: {rounds} rounds, rotated order, every contestant its own process on a fresh "
+    broker = f.broker_role
+    broker_head = f" {broker + ' µs/ev':>12}" if broker else ""
+    lines = [f"{f.title}: {rounds} rounds, rotated order, every contestant its own process on a fresh "
              f"backlog written just before it, servers idle first; backlogs {', '.join(f'{n:,}' for n in f.backlogs)} "
              f"events, sized for >= {f.drain_s:g} s of draining (calibration: {probes}); timed from the first "
              "delivered event to the last (medians; range in brackets)",
              f"{'contestant':<36} {'events/s':>9} {'range':>17} {'relay/it':>9} {'drain s':>8} {'start s':>8} "
-             f"{'CPU µs/ev':>10} {'mongod µs/ev':>13} {'RSS MB':>7}  terms"]
+             f"{'CPU µs/ev':>10} {'mongod µs/ev':>13}{broker_head} {'RSS MB':>7}  terms"]
     for c in entrants:
         if not c.rates:
             errors = "; ".join(r.error or "" for r in c.rows)[:300]
@@ -228,14 +289,24 @@ def format_fair(f: Field, rounds: int) -> list[str]:
         unequal = mongod_relay > 0 and (mongod / mongod_relay > UNEQUAL_MONGOD or mongod_relay / mongod > UNEQUAL_MONGOD)
         short = sum(1 for r in c.rows if not r.error and r.seconds < f.drain_s)
         starts = [r.extra["start_up_s"] for r in c.rows if not r.error and "start_up_s" in r.extra]
-        terms = f"UNEQUAL? mongod/event {mongod / mongod_relay:.2f}x the relay's" if unequal else "equal"
+        whose = "the relay's" if f.reference == RELAY else "the reference's"
+        terms = f"UNEQUAL? mongod/event {mongod / mongod_relay:.2f}x {whose}" if unequal else "equal"
         terms += f"; SHORT: {short} round(s) under {f.drain_s:g} s" if short else ""
+        broker_cell = f" {_extra_median(c, f'{broker}_cpu_us_per_event'):>12.0f}" if broker else ""
         lines.append(f"{c.name:<36} {c.median:>9,.0f} {f'({min(c.rates):,.0f}-{max(c.rates):,.0f})':>17} "
-                     f"{relay.median / c.median:>9.2f} {c.median_of('seconds'):>8.1f} "
+                     f"{reference_median / c.median:>9.2f} {c.median_of('seconds'):>8.1f} "
                      f"{statistics.median(starts) if starts else math.nan:>8.1f} {c.median_of('cpu_us_per_event'):>10.0f} "
-                     f"{mongod:>13.0f} {c.median_of('peak_rss_mb'):>7.0f}  {terms}")
-    lines.append("  relay/it = median / median. drain = first delivered event to the last (topic append times; the "
-                 "bare stream's own clock); start = launch to first event, not in the rate. CPU µs/ev = the "
+                     f"{mongod:>13.0f}{broker_cell} {c.median_of('peak_rss_mb'):>7.0f}  {terms}")
+    ratio = "median / median" if f.reference == RELAY else f"the median of {f.reference} / its median"
+    lines.append(f"  relay/it = {ratio}. drain = first delivered event to the "
+                 f"last ({f.clock}); start = launch to first event, not in the rate. CPU µs/ev = the "
                  "contestant's process from its first event on (a peer's from its connector's start, JVM start-up "
-                 "excluded).")
+                 "excluded)." + (f" {broker} µs/ev = the {broker} server's CPU per event during the contestant's run."
+                                 if broker else ""))
     return lines
+
+
+def _extra_median(c: Contestant, key: str) -> float:
+    values = [r.extra[key] for r in c.rows if not r.error and isinstance(r.extra.get(key), float)
+              and not math.isnan(r.extra[key])]
+    return statistics.median(values) if values else math.nan

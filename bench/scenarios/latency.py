@@ -18,6 +18,11 @@ interpolated within buckets as Prometheus' `histogram_quantile` does. A live rea
 consumer in this process notes when each event first arrives (`visible`, from the same oplog wall
 time; in exactly-once mode a message is visible only once its transaction commits); it runs for
 every contender alike, since its fetches cost the broker about a tenth of a core even when idle.
+
+A contender on NATS JetStream (the relay with RELAY_BROKER=nats) publishes into a stream of its own
+instead (its `sink`, bench.jetstream.StreamSink): the latency is then to the message's stored time
+in the stream (JetStream stamps it with the server's clock when it stores it, as Kafka's append
+time), and the live reader is an ordered push consumer of the stream. Everything else is the same.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Message
 from pymongo import MongoClient
@@ -103,17 +109,53 @@ class Running:
     own_share: Callable[[], Buckets] | None = None
 
 
+Arrival = tuple[str, float]  # (event id, the broker's append or stored time in ms)
+
+
+class Sink(Protocol):
+    """Where a contender's messages land: created before it starts, counted while it runs, watched
+    by a live reader, and read back (event id, append time) once the writes are in."""
+
+    def prepare(self) -> None: ...
+    def counting(self) -> AbstractContextManager[Callable[[], int]]: ...
+    def live(self) -> Any: ...  # something whose stop() returns {event id: first seen (s)}
+    def arrivals(self, expected: int) -> list[Arrival]: ...
+
+
 @dataclass(frozen=True)
 class Contender:
     """One pipeline of a steady-state step: its label, output topic, how to start it (at the
     current time, on its database; a context manager yielding Running), and how to find a
-    message's event id."""
+    message's event id; `sink`: where its messages land when that is not the Kafka topic `topic`
+    (a JetStream stream, bench.jetstream.StreamSink)."""
 
     label: str
     topic: str
     start: Callable[[], Any]
     event_id: Callable[[Message], str]
     live: bool = True          # measure read_committed visibility with a live consumer
+    sink: Sink | None = None
+
+
+class KafkaSink:
+    """A contender's Kafka topic (LogAppendTime) as its Sink."""
+
+    def __init__(self, bootstrap: str, topic: str, event_id: Callable[[Message], str]) -> None:
+        self.bootstrap, self.topic, self.event_id = bootstrap, topic, event_id
+
+    def prepare(self) -> None:
+        create_topic(self.bootstrap, self.topic, {"message.timestamp.type": "LogAppendTime"})
+
+    @contextmanager
+    def counting(self) -> Iterator[Callable[[], int]]:
+        with consumer(self.bootstrap) as c:
+            yield lambda: in_kafka(c, self.topic)
+
+    def live(self) -> LiveReader:
+        return LiveReader(self.bootstrap, self.topic, self.event_id)
+
+    def arrivals(self, expected: int) -> list[Arrival]:
+        return arrivals_of(read_topic(self.bootstrap, self.topic, expected), self.event_id)
 
 
 @dataclass
@@ -189,29 +231,29 @@ def histogram_quantile(q: float, before: Buckets, after: Buckets) -> float:
 def steady_state(stack: LocalStack, client: MongoClient[Any], factory: EventFactory, payload_bytes: int,
                  rate_per_s: float, seconds: float, batch: int, database: str, contender: Contender) -> Latency:
     """`contender` running on `database` and warmed up; a writer process commits at `rate_per_s`,
-    `batch` events per transaction. The topic is read after the run, so consuming does not compete
-    with the contender; append times are set by the broker, not by when they are read."""
-    create_topic(stack.kafka.bootstrap_servers, contender.topic, {"message.timestamp.type": "LogAppendTime"})
+    `batch` events per transaction. The topic (or stream) is read after the run, so consuming does
+    not compete with the contender; append times are set by the broker, not by when they are read."""
+    sink = contender.sink or KafkaSink(stack.kafka.bootstrap_servers, contender.topic, contender.event_id)
+    sink.prepare()
     outbox = Outbox(client[database]["outbox"])
     outbox.init()
-    writes = _write(stack, outbox, factory, payload_bytes, rate_per_s, seconds, batch, database, contender)
+    writes = _write(stack, outbox, factory, payload_bytes, rate_per_s, seconds, batch, database, contender, sink)
     expected = WARM_UP_EVENTS + len(writes.result["committed"])
-    messages = read_topic(stack.kafka.bootstrap_servers, contender.topic, expected)
+    arrivals = sink.arrivals(expected)
     walls = oplog_wall_times(client, f"{database}.outbox")
-    return _measured(contender, rate_per_s, batch, writes, messages, walls)
+    return _measured(contender, rate_per_s, batch, writes, arrivals, walls)
 
 
 def _write(stack: LocalStack, outbox: Outbox, factory: EventFactory, payload_bytes: int, rate_per_s: float,
-           seconds: float, batch: int, database: str, contender: Contender) -> _Writes:
+           seconds: float, batch: int, database: str, contender: Contender, sink: Sink) -> _Writes:
     """Start the writer and the contender, warm up, then let the writer run its schedule; wait
-    until every written event is in Kafka."""
-    topic, bootstrap = contender.topic, stack.kafka.bootstrap_servers
-    live = LiveReader(bootstrap, topic, contender.event_id) if contender.live else None
+    until every written event is in Kafka (or the contender's stream)."""
+    live = sink.live() if contender.live else None
     try:
         with writer_child(stack.mongo.uri, database, rate_per_s, seconds, payload_bytes, batch) as conn, \
-                contender.start() as running, consumer(bootstrap) as c:
+                contender.start() as running, sink.counting() as count:
             warm_up_ids = {str(i) for i in outbox.add_many(factory.event(-1 - i) for i in range(WARM_UP_EVENTS))}
-            wait_for(f"{contender.label}: warm-up events in Kafka", lambda: in_kafka(c, topic) >= WARM_UP_EVENTS,
+            wait_for(f"{contender.label}: warm-up events delivered", lambda: count() >= WARM_UP_EVENTS,
                      WARM_UP_TIMEOUT_S, running.check_alive)
             receive(conn, 60, "ready")
             own_before = running.own_share() if running.own_share else []
@@ -220,7 +262,7 @@ def _write(stack: LocalStack, outbox: Outbox, factory: EventFactory, payload_byt
                 conn.send("go")
                 result = receive(conn, seconds * 3 + 120, "result")
                 expected = WARM_UP_EVENTS + len(result["committed"])
-                wait_for(f"{contender.label}: steady-state events in Kafka", lambda: in_kafka(c, topic) >= expected,
+                wait_for(f"{contender.label}: steady-state events delivered", lambda: count() >= expected,
                          120, running.check_alive)
             own_after = running.own_share() if running.own_share else []
             time.sleep(0.5)  # anything still in flight (duplicates) lands before the topic is read
@@ -230,12 +272,11 @@ def _write(stack: LocalStack, outbox: Outbox, factory: EventFactory, payload_byt
     return _Writes(result, sampler.stop(), (own_before, own_after), warm_up_ids, visible, who)
 
 
-def _measured(contender: Contender, rate_per_s: float, batch: int, writes: _Writes, messages: list[Message],
+def _measured(contender: Contender, rate_per_s: float, batch: int, writes: _Writes, arrivals: list[Arrival],
               walls: dict[str, float]) -> Latency:
-    """The round's figures from the topic's messages, the oplog's wall times and the writer's report."""
+    """The round's figures from the messages' arrivals, the oplog's wall times and the writer's report."""
     result, usage, committed = writes.result, writes.usage, writes.result["committed"]
-    from_wall, from_returned, duplicates = latencies(messages, committed, walls, writes.warm_up_ids,
-                                                     contender.event_id)
+    from_wall, from_returned, duplicates = latencies_of(arrivals, committed, walls, writes.warm_up_ids)
     round_trips = sorted(t * 1000 for t in result["round_trips"])
     behind = sorted(t * 1000 for t in result["behind"])
     visible = sorted((writes.visible[e] - walls[e]) * 1000 for e in committed if e in writes.visible and e in walls)
@@ -282,23 +323,37 @@ def oplog_wall_times(client: MongoClient[Any], namespace: str) -> dict[str, floa
     return out
 
 
+def arrivals_of(messages: list[Message], event_id: Callable[[Message], str] = relay_event_id) -> list[Arrival]:
+    """(event id, append time in ms) of Kafka messages, in their order; RuntimeError when a topic
+    does not carry the broker's append time."""
+    out: list[Arrival] = []
+    for m in messages:
+        kind, append_ms = m.timestamp()
+        if kind != TIMESTAMP_LOG_APPEND_TIME:
+            raise RuntimeError("steady-state topic does not carry LogAppendTime timestamps")
+        out.append((event_id(m), float(append_ms)))
+    return out
+
+
 def latencies(messages: list[Message], committed: dict[str, float], walls: dict[str, float],
               warm_up_ids: set[str], event_id: Callable[[Message], str] = relay_event_id,
               ) -> tuple[list[float], list[float], int]:
+    """`latencies_of` Kafka messages (`event_id`: the relay's `ce_id` header)."""
+    return latencies_of(arrivals_of(messages, event_id), committed, walls, warm_up_ids)
+
+
+def latencies_of(arrivals: list[Arrival], committed: dict[str, float], walls: dict[str, float],
+                 warm_up_ids: set[str]) -> tuple[list[float], list[float], int]:
     """(from oplog wall, from commit returned) in ms, ascending, and the duplicate count.
 
-    Messages are matched to writes by their event id (`event_id`: the relay's `ce_id` header);
-    a repeated id is a duplicate and counts once, at its first append.
+    Messages are matched to writes by their event id; a repeated id is a duplicate and counts once,
+    at its first append.
     """
     from_wall: list[float] = []
     from_returned: list[float] = []
     seen: set[str] = set()
     duplicates = 0
-    for m in messages:
-        kind, append_ms = m.timestamp()
-        if kind != TIMESTAMP_LOG_APPEND_TIME:
-            raise RuntimeError("steady-state topic does not carry LogAppendTime timestamps")
-        eid = event_id(m)
+    for eid, append_ms in arrivals:
         if eid in seen:
             duplicates += 1
             continue

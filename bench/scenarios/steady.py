@@ -32,6 +32,7 @@ from bench.relay_process import ROOT, RelayChild
 from bench.relay_under_test import lease_token_data
 from bench.sampling import wait_idle
 from bench.scenarios.latency import Contender, Latency, Running, failed, peer_event_id, relay_event_id, steady_state
+from bench.stack import nats_url
 from relay.dev.stack import LocalStack
 
 Maker = Callable[[str], Contender]  # database -> a contender on it
@@ -93,8 +94,10 @@ def summarize(results: list[tuple[Step, Latency]], strict: bool = True) -> list[
 
 
 def relay_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, delivery: str = "at-least-once",
-                code: Path = ROOT, label: str | None = None) -> Maker:
-    """The relay as deployed (bench.relay_process) from `code`, on the given database."""
+                code: Path = ROOT, label: str | None = None, broker: str = "kafka") -> Maker:
+    """The relay as deployed (bench.relay_process) from `code`, on the given database; with
+    `broker="nats"` to the stack's nats-server (RELAY_BROKER=nats), into a stream of its own
+    created before it starts (bench.jetstream.StreamSink)."""
     def make(database: str) -> Contender:
         topic_template = f"bench.{run_id}.{database}.{{aggregateType}}"
         env = {"RELAY_MONGODB_URI": stack.mongo.uri, "RELAY_KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
@@ -102,6 +105,13 @@ def relay_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, delive
                "RELAY_INSTANCE_ID": f"bench-{database}"}
         if delivery == "exactly-once":
             env |= {"RELAY_DELIVERY": delivery, "RELAY_OFFSETS_TOPIC": f"bench.{run_id}.{database}.offsets"}
+        sink = None
+        if broker == "nats":
+            from bench.jetstream import StreamSink, stream_name
+
+            sink = StreamSink(nats_url(stack), stream_name("bench", run_id, database),
+                              [f"bench.{run_id}.{database}.>"])
+            env |= {"RELAY_BROKER": "nats", "RELAY_NATS_SERVERS": sink.url, "RELAY_NATS_STREAM": sink.stream}
 
         @contextmanager
         def start() -> Iterator[Running]:
@@ -114,7 +124,10 @@ def relay_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, delive
                 yield Running(relay.check_alive, relay.pid, relay.buckets)
 
         name = label or ("relay, exactly-once" if delivery == "exactly-once" else "relay")
-        return Contender(name, topic_template.format(aggregateType=AGGREGATE_TYPE), start, relay_event_id, live=True)
+        if broker == "nats" and label is None:
+            name = NATS_RELAY + (", exactly-once" if delivery == "exactly-once" else "")
+        return Contender(name, topic_template.format(aggregateType=AGGREGATE_TYPE), start, relay_event_id, live=True,
+                         sink=sink)
     return make
 
 
@@ -145,14 +158,20 @@ def peer_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, which: 
     return make
 
 
+NATS_RELAY = "relay to NATS"
+
+
 def contenders(stack: LocalStack, client: MongoClient[Any], run_id: str, peers: Any,
-               exactly_once: bool) -> list[tuple[str, Maker]]:
-    """(key, maker) of the relay, its exactly-once mode, and (with `peers`, the resolved Kafka
+               exactly_once: bool, nats: bool = False) -> list[tuple[str, Maker]]:
+    """(key, maker) of the relay, its exactly-once mode, with `nats` the relay to NATS JetStream
+    (issue 51: beside the relay on Kafka, same rounds), and (with `peers`, the resolved Kafka
     Connect jars) each peer at its defaults and tuned by its documentation (for throughput: a
     linger of 100 ms, larger polls; at a low rate the defaults may be faster)."""
     out = [("relay", relay_maker(stack, client, run_id))]
     if exactly_once:
         out.append(("relay-eos", relay_maker(stack, client, run_id, "exactly-once")))
+    if nats:
+        out.append(("relay-nats", relay_maker(stack, client, run_id, broker="nats")))
     if peers is not None:
         out += [(w, peer_maker(stack, client, run_id, w, peers))
                 for w in ("mongo", "mongo-tuned", "debezium", "debezium-tuned")]
@@ -251,6 +270,10 @@ def format_steady(summaries: list[Summary], rounds: int) -> list[str]:
                      "read_committed = when a live read_committed consumer first had the event; rounds = rounds "
                      "counted / run (a round whose writer fell more than 5% short of the target is left out: "
                      "it measured a saturated machine); CPU and RSS of the contender's own process")
+        if any(s.contender.startswith(NATS_RELAY) for s in summaries):
+            lines.append(f"  {NATS_RELAY}: latency to the message's stored time in its JetStream stream (the server's "
+                         "clock, as LogAppendTime); own = read -> JetStream's PubAck; read_committed = a live ordered "
+                         "push consumer of the stream")
     return lines
 
 
