@@ -33,6 +33,8 @@ from relay.ops.exits import run_command
 
 log = logging.getLogger("relay")
 
+DEV_BROKERS = ("kafka", "nats")  # relay.dev.stack.BROKERS (the dev tooling is imported only when used)
+
 DESCRIPTION = (
     "Publish a MongoDB outbox collection to Kafka through its change stream: in commit order, "
     "Avro-encoded, at least once (or exactly once for read_committed consumers), one active "
@@ -45,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="outbox-relay", description=DESCRIPTION)
     p.add_argument("--version", action="version", version=f"outbox-relay {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", parents=[settings], help="publish the outbox to Kafka until stopped")
+    sub.add_parser("run", parents=[settings], help="publish the outbox to the broker (RELAY_BROKER) until stopped")
     _add_outbox_choice(
         sub.add_parser("status", parents=[settings], help="print every lease, checkpoint and replica as JSON"),
         "show only this outbox (database.collection; default: every outbox)",
@@ -53,26 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[settings], help="local stack + demo service + relay + consumer, end to end")
     demo.add_argument("--events", type=int, default=None, help="stop after this many events arrive")
     demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
-    dev = sub.add_parser("dev", help="the local MongoDB replica set and Kafka broker")
-    dev.add_argument("action", choices=["up", "down", "status", "fetch"])
-    dev.add_argument(
-        "--broker",
-        choices=["kafka", "nats"],
-        default="kafka",
-        help="up: the broker beside MongoDB (nats: nats-server with JetStream, no Java); fetch: fetch it",
-    )
-    dev.add_argument(
-        "--schema-registry",
-        action="store_true",
-        help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
-    )
-    dev.add_argument(
-        "--format",
-        choices=["text", "json", "env"],
-        default="text",
-        help="text: the JSON, then (up) the export lines; json: the JSON only; "
-        'env (up, status): only the export lines, for eval "$(outbox-relay dev up --format env)"',
-    )
+    _add_dev(sub.add_parser("dev", help="the local MongoDB replica set and a broker (Kafka by default)"))
     _add_outbox(sub.add_parser("outbox", parents=[settings], help="outbox collection tasks"))
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
@@ -106,6 +89,28 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
     )
     return p
+
+
+def _add_dev(dev: argparse.ArgumentParser) -> None:
+    dev.add_argument("action", choices=["up", "down", "status", "fetch"])
+    dev.add_argument(
+        "--broker",
+        choices=list(DEV_BROKERS),
+        default="kafka",
+        help="up: the broker beside MongoDB (nats: nats-server with JetStream, no Java); fetch: fetch it",
+    )
+    dev.add_argument(
+        "--schema-registry",
+        action="store_true",
+        help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
+    )
+    dev.add_argument(
+        "--format",
+        choices=["text", "json", "env"],
+        default="text",
+        help="text: the JSON, then (up) the export lines; json: the JSON only; "
+        'env (up, status): only the export lines, for eval "$(outbox-relay dev up --format env)"',
+    )
 
 
 def _add_outbox_choice(parser: argparse.ArgumentParser, help: str) -> None:

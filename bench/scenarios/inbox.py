@@ -54,8 +54,7 @@ from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.dev.harness.changes import change_value
 from relay.inbox import AsyncInbox, Inbox, InboxEvent
-from relay.inbox import async_inbox as async_inbox_module
-from relay.inbox import inbox as inbox_module
+from relay.inbox import sources as sources_module
 from relay.inbox.consumer import KafkaSource
 from relay.inbox.decoding import EventDecoder, header_dict
 from relay.outbox import OutboxEvent
@@ -136,7 +135,7 @@ def run_inbox(db: Any, bootstrap: str, topic: str, events: int, batch: int) -> f
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    with mock.patch.object(inbox_module, "KafkaSource", window.timed_source()):
+    with mock.patch.object(sources_module, "KafkaSource", window.timed_source()):
         inbox.run(window.handler(db), topics=[topic], group_id=group, bootstrap_servers=bootstrap,
                   batch_max_events=batch)
     watcher.join()
@@ -160,7 +159,7 @@ def run_async_inbox(uri: str, database: str, bootstrap: str, topic: str, events:
 
         watcher = asyncio.create_task(watch())
         try:
-            with mock.patch.object(async_inbox_module, "KafkaSource", window.timed_source()):
+            with mock.patch.object(sources_module, "KafkaSource", window.timed_source()):
                 await inbox.run(window.async_handler(db), topics=[topic], group_id=group, bootstrap_servers=bootstrap,
                                 batch_max_events=batch)
         finally:

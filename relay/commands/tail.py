@@ -89,22 +89,36 @@ def tail(
     refused ACL PermissionDeniedError (exit 2), naming the topic or group and the operation.
     With RELAY_BROKER=nats, `topic` is a subject (wildcards allowed) of RELAY_NATS_STREAM
     (relay.commands.tail_nats)."""
-    if settings.parts().broker == "nats":
+    parts = settings.parts()
+    source = None
+    if outbox is not None:
+        [namespace] = settings.pick_outboxes(outbox)
+        source = parts.encoding_for(namespace).cloudevents_source
+    out = out or sys.stdout
+    decoder = decoder or MessageDecoder.from_config(parts.registry, registry or SchemaFolder.bundled())
+    if parts.broker == "nats":
         from relay.commands.tail_nats import tail_subject
 
-        return tail_subject(settings, topic, from_beginning=from_beginning, last=last, follow=follow,
-                            max_messages=max_messages, out=out, decoder=decoder, registry=registry, outbox=outbox)  # fmt: skip
+        return tail_subject(settings, topic, from_beginning, last, follow, max_messages, out, decoder, source)
+    return _tail_topic(settings, topic, (from_beginning, last, follow, max_messages), out, decoder, isolation, source)
+
+
+def _tail_topic(
+    settings: Settings,
+    topic: str,
+    reading: tuple[bool, int, bool, int | None],
+    out: TextIO,
+    decoder: MessageDecoder,
+    isolation: str,
+    source: str | None,
+) -> int:
+    """`tail` of a Kafka topic: `reading` is (from_beginning, last, follow, max_messages)."""
     from confluent_kafka import Consumer
 
     from relay.kafka.admin import check_kafka
 
+    from_beginning, last, follow, max_messages = reading
     check_kafka(settings.parts().kafka)
-    source = None
-    if outbox is not None:
-        [namespace] = settings.pick_outboxes(outbox)
-        source = settings.parts().encoding_for(namespace).cloudevents_source.encode()
-    out = out or sys.stdout
-    decoder = decoder or MessageDecoder.from_config(settings.parts().registry, registry or SchemaFolder.bundled())
     consumer = Consumer(consumer_config(settings, isolation))
     try:
         meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s).topics.get(topic)
@@ -112,7 +126,7 @@ def tail(
             emit(f"outbox-relay tail: no topic {topic!r} at {settings.parts().kafka.bootstrap_servers}", sys.stderr)
             return 2
         pending = _assign(consumer, topic, sorted(meta.partitions), from_beginning, last, settings.connect_timeout_s)
-        _print(consumer, pending, decoder, out, follow, max_messages, source)
+        _print(consumer, pending, decoder, out, follow, max_messages, None if source is None else source.encode())
         return 0
     except KeyboardInterrupt:
         return 0

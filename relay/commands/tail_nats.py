@@ -17,7 +17,6 @@ import json
 import sys
 from typing import Any, TextIO
 
-from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
 from relay.commands.message_json import decoded_into, to_json
 from relay.config import Settings
@@ -31,25 +30,18 @@ _IDLE_S = 0.5
 def tail_subject(
     settings: Settings,
     subject: str,
-    *,
-    from_beginning: bool = False,
-    last: int = 10,
-    follow: bool = False,
-    max_messages: int | None = None,
-    out: TextIO | None = None,
-    decoder: MessageDecoder | None = None,
-    registry: SchemaFolder | None = None,
-    outbox: str | None = None,
+    from_beginning: bool,
+    last: int,
+    follow: bool,
+    max_messages: int | None,
+    out: TextIO,
+    decoder: MessageDecoder,
+    source: str | None,
 ) -> int:
-    """Print the stream's messages on `subject` to `out`; the exit code (2: no such stream). An
-    unreachable server raises ServerUnreachableError (exit 3), refused credentials ConfigError."""
-    parts = settings.parts()
-    source = None
-    if outbox is not None:
-        [namespace] = settings.pick_outboxes(outbox)
-        source = parts.encoding_for(namespace).cloudevents_source
-    decoder = decoder or MessageDecoder.from_config(parts.registry, registry or SchemaFolder.bundled())
-    reader = _Reader(settings, subject, decoder, out or sys.stdout, source)
+    """Print the stream's messages on `subject` to `out` (`source`: only those whose `ce_source`
+    it is); the exit code (2: no such stream). An unreachable server raises
+    ServerUnreachableError (exit 3), refused credentials ConfigError."""
+    reader = _Reader(settings, subject, decoder, out, source)
     try:
         return asyncio.run(reader.run(from_beginning, last, follow, max_messages))
     except KeyboardInterrupt:

@@ -304,9 +304,7 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     shipping: ShippingService | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
-        _check_servers(settings)
-        if settings.broker == "kafka":
-            AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])  # exists: ignored
+        _prepare_servers(settings, topic)
         with MongoClient[dict[str, Any]](settings.mongodb_uri) as client:
             db: Database[Any] = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
@@ -331,10 +329,11 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     return 0
 
 
-def _check_servers(settings: Settings) -> None:
+def _prepare_servers(settings: Settings, topic: str) -> None:
     """ServerUnreachableError (naming the setting, its password masked) when the MongoDB or the
     broker the settings name does not answer within RELAY_CONNECT_TIMEOUT_S (the stream is checked,
-    or created, as the relay does)."""
+    or created, as the relay does); Kafka's `topic` created with 3 partitions (one that exists is
+    left as it is)."""
     from relay.mongo.connection import check_mongodb, mongo_client
     from relay.wiring import broker_for
 
@@ -346,6 +345,8 @@ def _check_servers(settings: Settings) -> None:
         broker.check_servers()
     finally:
         broker.close()
+    if settings.broker == "kafka":
+        AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])
 
 
 def _local_stack(settings: Settings) -> tuple[Any, Settings]:
