@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from typing import Any
 
 import nats
@@ -20,7 +21,7 @@ from tenacity import wait_fixed
 
 from relay.core.errors import ConfigError, ServerUnreachableError
 from relay.core.names import env_name
-from relay.core.retry import retrying_async
+from relay.core.retry import FIRST_WAIT_S, retrying_async, waiting_line
 from relay.nats.config import NatsConfig
 from relay.nats.errors import auth_refused
 
@@ -60,16 +61,28 @@ def options(config: NatsConfig) -> dict[str, Any]:
 
 async def connect(config: NatsConfig, timeout_s: float | None = None, **extra: Any) -> Client:
     """A connection to one of the servers, tried again until `timeout_s` (default
-    RELAY_CONNECT_TIMEOUT_S) while none answers: ServerUnreachableError then; ConfigError naming
-    the credentials' setting when a server refuses them (at once)."""
+    RELAY_CONNECT_TIMEOUT_S, and the start-up's WARNING line once none answered for a second:
+    relay.core.retry.waiting_line) while none answers: ServerUnreachableError then; ConfigError
+    naming the credentials' setting when a server refuses them (at once)."""
     limit = config.connect_timeout_s if timeout_s is None else timeout_s
+    started, said = time.monotonic(), [False]
+    say = waiting_line("NATS", config.servers, "nats_servers", limit)
 
     async def attempt() -> Client:
         return await nats.connect(**options(config), **extra)
 
+    def before_wait(_error: BaseException, _seconds: float) -> None:
+        elapsed = time.monotonic() - started
+        if timeout_s is None and not said[0] and elapsed >= FIRST_WAIT_S:
+            said[0] = True
+            say(limit - elapsed)
+
     try:
         return await retrying_async(
-            lambda exc: auth_refused(exc) is None, give_up_after_s=limit, wait=wait_fixed(_RETRY_WAIT_S)
+            lambda exc: auth_refused(exc) is None,
+            give_up_after_s=limit,
+            wait=wait_fixed(_RETRY_WAIT_S),
+            before_wait=before_wait,
         )(attempt)
     except Exception as exc:  # every failure to connect becomes one relay error
         refused = auth_refused(exc)

@@ -158,3 +158,23 @@ def test_the_demo_runs_end_to_end_on_nats(tmp_path):
     assert json.loads(proc.stdout.splitlines()[-1]) == {"written": 40, "delivered": 40}
     assert "shipping service (inbox): 40 events applied" in proc.stdout
     assert "stream OUTBOX holds 40 messages: it dropped every copy" in proc.stderr
+
+
+def test_nats_unreachable_at_start_says_so_at_once_then_stops_with_one_line_exit_3(nenv, tmp_path):
+    import time as clock
+
+    from relay.dev.ports import Ports
+    from tests.support.relays import RelayProcess
+
+    [port] = Ports().take([0], "a closed port")  # reserved: nothing listens there
+    settings = nenv.settings.replace(nats_servers=f"nats://127.0.0.1:{port}", connect_timeout_s=6.0)
+    proc = RelayProcess(settings, tmp_path, "unreachable").start()
+    started = clock.monotonic()
+    wait_until(lambda: "waiting up to" in proc.log(), 30, "the waiting line")
+    assert clock.monotonic() - started < 6 + 5, "said before the timeout"
+    wait_until(lambda: not proc.alive, 60, "the relay to stop")
+    log = proc.log()
+    assert proc.returncode == 3, log
+    assert "waiting up to" in log and "NATS at nats://127.0.0.1" in log and "RELAY_NATS_SERVERS" in log
+    errors = [line for line in log.splitlines() if '"level": "ERROR"' in line]
+    assert len(errors) == 1 and "cannot reach NATS" in errors[0] and "Traceback" not in log
