@@ -100,7 +100,8 @@ class Sender:
         acks: list[asyncio.Future[Any]] = []
         try:
             for subject, data, headers in messages:
-                acks.append(await js.publish_async(subject, data, headers=headers))
+                # wait_stall: at nats-py's cap of PubAcks in flight, wait at most as long as for one
+                acks.append(await js.publish_async(subject, data, headers=headers, wait_stall=self._ack_timeout_s))
         except Exception as exc:  # noqa: BLE001 - any failure to put a message on the wire fails the parcel
             self._stop(exc)
             self._report(parcel, messages, exc, at=len(acks))

@@ -34,7 +34,8 @@ class FakeJetStream:
         self.sent: list[tuple[str, bytes, dict[str, str]]] = []
         self.acks: list[asyncio.Future[Any]] = []
 
-    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[Any]:
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str],
+                            wait_stall: float | None = None) -> asyncio.Future[Any]:
         self.sent.append((subject, payload, headers))
         self.acks.append(asyncio.get_running_loop().create_future())
         return self.acks[-1]
