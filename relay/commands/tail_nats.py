@@ -84,13 +84,12 @@ class _Reader:
             await connection.close()
 
     async def _print(self, sub: Any, end: int, follow: bool, max_messages: int | None) -> None:
-        import nats.errors
 
         printed, seen = 0, 0
         while (follow or seen < end) and (max_messages is None or printed < max_messages):
             try:
                 batch = await sub.fetch(_FETCH, timeout=_IDLE_S)
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py's and asyncio's: nothing more within the wait
                 if not follow:
                     return  # nothing more on these subjects up to the end
                 continue

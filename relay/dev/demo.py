@@ -227,7 +227,6 @@ def _nats_printer(
     consumer that acknowledges nothing)."""
     import asyncio
 
-    from nats.errors import TimeoutError as NatsTimeout
     from nats.js.api import AckPolicy, ConsumerConfig
 
     from relay.nats.client import connect
@@ -244,7 +243,7 @@ def _nats_printer(
             while not stop.is_set() and (want is None or len(seen) < want):
                 try:
                     batch = await sub.fetch(100, timeout=0.5)
-                except NatsTimeout:
+                except TimeoutError:  # nats-py's and asyncio's: nothing within the wait
                     batch = []
                 for msg in batch:
                     event = registry.decode(msg.data)

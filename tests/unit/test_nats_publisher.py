@@ -34,8 +34,9 @@ class FakeJetStream:
         self.sent: list[tuple[str, bytes, dict[str, str]]] = []
         self.acks: list[asyncio.Future[Any]] = []
 
-    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str],
-                            wait_stall: float | None = None) -> asyncio.Future[Any]:
+    async def publish_async(
+        self, subject: str, payload: bytes, headers: dict[str, str], wait_stall: float | None = None
+    ) -> asyncio.Future[Any]:
         self.sent.append((subject, payload, headers))
         self.acks.append(asyncio.get_running_loop().create_future())
         return self.acks[-1]
@@ -109,8 +110,13 @@ def world():
 
 
 def _message(i: int, **changes: Any) -> OutgoingMessage:
-    m = OutgoingMessage(f"e{i}", "outbox.event.order", f"a{i % 3}".encode(), f"value-{i}".encode(),
-                        [("ce_id", f"e{i}".encode()), ("relay_fencing_token", b"1")])
+    m = OutgoingMessage(
+        f"e{i}",
+        "outbox.event.order",
+        f"a{i % 3}".encode(),
+        f"value-{i}".encode(),
+        [("ce_id", f"e{i}".encode()), ("relay_fencing_token", b"1")],
+    )
     for k, v in changes.items():
         setattr(m, k, v)
     return m
@@ -198,12 +204,15 @@ def test_a_missing_puback_fails_the_parcel_after_the_timeout():
         w.close()
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"headers": [("ce_id", b"e1"), ("note", b"two\r\nNats-Msg-Id: x")]}, "line break"),
-    ({"headers": [("ce_id", b"e1"), ("bad name", b"x")]}, "header name"),
-    ({"topic": "outbox..order"}, "not one NATS accepts"),
-    ({"value": b"x" * 2000}, "max_payload"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"headers": [("ce_id", b"e1"), ("note", b"two\r\nNats-Msg-Id: x")]}, "line break"),
+        ({"headers": [("ce_id", b"e1"), ("bad name", b"x")]}, "header name"),
+        ({"topic": "outbox..order"}, "not one NATS accepts"),
+        ({"value": b"x" * 2000}, "max_payload"),
+    ],
+)
 def test_what_nats_cannot_carry_is_a_poison_event_the_messages_before_it_sent(change, reason):
     w = World(max_payload=1500)
     try:
@@ -243,3 +252,24 @@ def test_a_message_too_large_for_the_stream_is_poison_and_no_stream_for_a_subjec
         assert isinstance(w.publisher.failure(parcel), DeliveryError), "JetStream not answering: try again"
     finally:
         w.close()
+
+
+def test_the_event_loop_thread_passes_a_coroutines_own_timeout_error_on_as_it_is():
+    """A coroutine that raises TimeoutError itself (nats-py's fetch with nothing to fetch) is not
+    reported as the thread's own wait running out."""
+    thread = EventLoopThread("test-timeout")
+    try:
+
+        async def fails() -> None:
+            raise TimeoutError("nothing to fetch")
+
+        with pytest.raises(TimeoutError, match="^nothing to fetch$"):
+            thread.run(fails(), 5)
+
+        async def slow() -> None:
+            await asyncio.sleep(5)
+
+        with pytest.raises(TimeoutError, match="no answer within 0.1 s"):
+            thread.run(slow(), 0.1)
+    finally:
+        thread.close()
