@@ -11,7 +11,6 @@ settings themselves. This is the only place that builds clients for the loops; t
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ from relay.core.loop import Relay
 from relay.core.namespace import Namespace
 from relay.core.partitions import Scope
 from relay.group.balance import LeaseAssignment, balance_for
+from relay.group.config import group_name
 from relay.group.runner import Group
 from relay.kafka import errors as kafka_errors
 from relay.kafka.broker import Kafka
@@ -66,7 +66,7 @@ def broker_for(parts: PartConfigs) -> Broker:
     if parts.broker == "nats":
         from relay.nats.broker import JetStream
 
-        templates = [parts.encoding_for(n).event_topic_template for n in parts.mongo.outboxes]
+        templates = [parts.encoding_for(n).event_topic_template for n in parts.outboxes]
         dead_letter = parts.encoding.dead_letter_topic if parts.loop.on_poison == DEAD_LETTER else None
         return JetStream(parts.nats, parts.loop, templates, dead_letter)
     return Kafka(parts.kafka, [scope.lease_id for scope in scopes])
@@ -86,7 +86,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     mongo, group = parts.mongo, parts.group
     client = mongo_client(mongo)
     folder = folder or SchemaFolder.bundled()
-    observer = ProcessObserver(parts.observer)
+    observer = ProcessObserver(parts.observer, parts.outboxes)
     scopes = parts.scopes()
     balance = balance_for(len(scopes), group.partitions)
     broker = broker_for(parts)
@@ -114,7 +114,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
         client.close()
         broker.close()
 
-    membership = Membership(mongo.leases(client), group.name, group.instance_id, group.partitions,
+    membership = Membership(mongo.leases(client), group_name(parts.outboxes), group.instance_id, group.partitions,
                             group.timing.lease_ttl_s)  # fmt: skip
     return Group(group, relays, balance, membership, observer, start, close)
 
@@ -152,9 +152,9 @@ def stream_plans(parts: PartConfigs) -> list[StreamPlan]:
     cluster (RELAY_CHANGE_STREAMS)."""
     mongo, count = parts.mongo, parts.group.partitions
     if mongo.change_streams == CLUSTER:
-        return [StreamPlan(mongo.outboxes, count, None)]
+        return [StreamPlan(parts.outboxes, count, None)]
     databases: dict[str, list[Namespace]] = {}
-    for namespace in mongo.outboxes:
+    for namespace in parts.outboxes:
         databases.setdefault(namespace.database, []).append(namespace)
     return [StreamPlan(tuple(outboxes), count, database) for database, outboxes in databases.items()]
 
@@ -213,7 +213,7 @@ def _relay(
     `lease`, change source, delivery mode, message builder and assignment."""
     selection = fingerprint(scope, parts.encoding.fields.aggregate_id)
     return Relay(
-        dataclasses.replace(parts.loop, lease_id=scope.lease_id),
+        parts.loop,
         source=change_source(parts, client, stream, scope),
         mode=broker.mode(scope.lease_id, selection),
         lease=lease,
@@ -253,14 +253,14 @@ def _preflight(parts: PartConfigs, client: MongoClient[Any], broker: Broker) -> 
     scopes = parts.scopes()
     broker.check_settings()
     check_mongodb(client, mongo)
-    check_privileges(client, required_for(mongo, parts.cleanup))
-    check_server(mongo.outbox(client, mongo.outboxes[0]), count)
+    check_privileges(client, required_for(mongo, parts.outboxes, parts.cleanup))
+    check_server(mongo.outbox(client, parts.outboxes[0]), count)
     leases = mongo.leases(client)
-    for namespace in mongo.outboxes:
-        prepare(leases, str(namespace), count)
-    new = added(leases, [str(n) for n in mongo.outboxes])
+    for namespace in parts.outboxes:
+        prepare(leases, namespace, count)
+    new = added(leases, parts.outboxes)
     for scope in scopes:  # so a later change of count finds all of them
-        lease_store(parts, client, scope).ensure(rescan=str(scope.namespace) in new)
+        lease_store(parts, client, scope).ensure(rescan=scope.namespace in new)
     broker.check_servers()
 
 
@@ -275,8 +275,8 @@ def housekeeping(
         Watched(
             cleaner_for(client, mongo, namespace, field.occurred_at, parts.cleanup),
             shares_of(namespace, parts.group.partitions, field.aggregate_id),
-            OutboxMetrics(series, health, str(namespace)),
+            OutboxMetrics(series, health, namespace),
         )
-        for namespace in mongo.outboxes
+        for namespace in parts.outboxes
     ]
     return Housekeeper(watched, mongo.leases(client), parts.group.instance_id, parts.cleanup)

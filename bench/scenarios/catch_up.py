@@ -148,7 +148,7 @@ def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settin
 
     def covered() -> bool:
         at_first.poll()
-        data, _at = lease_token_data(leases, settings.namespace)
+        data, _at = lease_token_data(leases, str(settings.namespaces[0]))
         return data is not None and data >= backlog.last_token_data
 
     relay = launch()

@@ -27,6 +27,7 @@ from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, described, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.core.times import rfc3339
+from relay.group.config import group_name
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
@@ -56,7 +57,11 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
         check_mongodb(client, mongo)
         shown = {n: [(s, s.read()) for s in _stores(settings, client, n)] for n in chosen}
         membership = Membership(
-            mongo.leases(client), group.name, group.instance_id, group.partitions, group.timing.lease_ttl_s
+            mongo.leases(client),
+            group_name(parts.outboxes),
+            group.instance_id,
+            group.partitions,
+            group.timing.lease_ttl_s,
         )
         members = membership.replicas()
     holders: dict[str, list[dict[str, Any]]] = {}
@@ -72,7 +77,7 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
             if interval
             else "after a crash, the events in flight are published again (positions stored after every batch)"
         ),
-        "sharedTopics": [s.as_status() for s in shared_topics(settings.topic_template, settings.outbox_namespaces)],
+        "sharedTopics": [s.as_status() for s in shared_topics(settings.topic_template, parts.outboxes)],
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
         "replicas": [_replica(r, holders, group.timing.lease_ttl_s, len(outboxes) == 1) for r in members],

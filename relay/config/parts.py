@@ -28,8 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PartConfigs:
-    """The configuration of each part, made from the settings (`Settings.parts`)."""
+    """The configuration of each part, made from the settings (`Settings.parts`), and the outboxes
+    they serve, held here once: a part that acts on the outboxes is handed them (or one of them)
+    by the wiring, never a copy in its own configuration."""
 
+    outboxes: tuple[Namespace, ...]  # RELAY_OUTBOXES, or the one RELAY_DATABASE.RELAY_OUTBOX_COLLECTION
     loop: LoopConfig
     mongo: MongoConfig
     broker: str  # RELAY_BROKER: which of the broker parts below the relay publishes to
@@ -43,12 +46,12 @@ class PartConfigs:
 
     def scopes(self) -> list[Scope]:
         """What this deployment's relay loops publish: every outbox in every partition."""
-        return scopes(self.mongo.outboxes, self.group.partitions)
+        return scopes(self.outboxes, self.group.partitions)
 
     def encoding_for(self, namespace: Namespace) -> EncodingConfig:
         """How the events of the outbox `namespace` become messages (its database and collection
         in the CloudEvents source and the topic template)."""
-        return dataclasses.replace(self.encoding, database=namespace.database, collection=namespace.collection)
+        return dataclasses.replace(self.encoding, outbox=namespace)
 
 
 def part_configs(s: Settings) -> PartConfigs:
@@ -60,11 +63,11 @@ def part_configs(s: Settings) -> PartConfigs:
     )
     kafka = _kafka(s)
     return PartConfigs(
+        outboxes=s.namespaces,
         loop=_loop(s, timing, kafka),
         mongo=MongoConfig(
             uri=Uri(s.mongodb_uri),
             database=s.database,
-            outboxes=s.namespaces,
             change_streams=s.change_streams,
             lease_collection=s.lease_collection,
             connect_timeout_s=s.connect_timeout_s,
@@ -82,9 +85,7 @@ def part_configs(s: Settings) -> PartConfigs:
             basic_auth=Secret(s.schema_registry_basic_auth),
         ),
         observer=_observer(s, timing),
-        group=GroupConfig(
-            instance_id=s.instance_id, outboxes=s.outbox_namespaces, partitions=s.partitions, timing=timing
-        ),
+        group=GroupConfig(instance_id=s.instance_id, partitions=s.partitions, timing=timing),
         cleanup=OutboxCleanupConfig(
             retention=s.outbox_retention,
             check_interval_s=s.outbox_check_interval_s,
@@ -95,8 +96,6 @@ def part_configs(s: Settings) -> PartConfigs:
 
 def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
     return LoopConfig(
-        outboxes=",".join(s.outbox_namespaces),
-        lease_id=None,  # each scope's loop gets its own (relay.wiring)
         timing=timing,
         max_in_flight_events=s.batch_max_events,
         batch_max_bytes=s.batch_max_bytes,
@@ -163,10 +162,8 @@ def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
         headers=s.field_headers,
         topic=s.field_topic,
     )
-    first = s.namespaces[0]
     return EncodingConfig(
-        database=first.database,
-        collection=first.collection,
+        outbox=s.namespaces[0],  # each outbox's own: PartConfigs.encoding_for
         fields=fields,
         topic_template=s.topic_template,
         ce_source=s.ce_source,
@@ -187,7 +184,6 @@ def _observer(s: Settings, timing: LeaseTiming) -> ObserverConfig:
     return ObserverConfig(
         broker=s.broker,
         instance_id=s.instance_id,
-        outboxes=s.outbox_namespaces,
         http_port=s.http_port,
         http_host=s.http_host,
         dead_letter_topic=s.dead_letter_topic,

@@ -246,14 +246,11 @@ class Settings:
     def _parts(self) -> PartConfigs:
         return part_configs(self)
 
-    @property
-    def namespace(self) -> str:
-        """RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: the outbox when RELAY_OUTBOXES is not set."""
-        return f"{self.database}.{self.outbox_collection}"
-
     @functools.cached_property
     def namespaces(self) -> tuple[Namespace, ...]:
-        """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one `namespace`."""
+        """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one
+        RELAY_DATABASE.RELAY_OUTBOX_COLLECTION. The one view of the list: what shows it as text
+        writes `str(namespace)`."""
         listed = parse_outboxes(self.outboxes)
         if listed:
             return listed
@@ -265,32 +262,27 @@ class Settings:
         except NamespaceError as exc:
             raise ConfigError(env_name("database"), str(exc)) from exc
 
-    @functools.cached_property
-    def outbox_namespaces(self) -> tuple[str, ...]:
-        """The texts (`database.collection`) of `namespaces`, as logs, labels and commands show them."""
-        return tuple(str(n) for n in self.namespaces)
-
     def pick_outboxes(self, given: str | Sequence[str] | None, every: bool = True) -> tuple[Namespace, ...]:
         """The outboxes a command acts on, the one way every command picks them: those `given`
         (`--outbox`, once or, for `replay`, repeated; each one of the outboxes, in the order given,
         each once), else all of them (`every`), else the only one; ConfigError naming --outbox
         otherwise, and the setting the outboxes come from (RELAY_OUTBOXES when it is set, else
         RELAY_DATABASE and RELAY_OUTBOX_COLLECTION)."""
-        names = self.outbox_namespaces
+        named = {str(n): n for n in self.namespaces}  # a name given is matched, never parsed
         wanted = [given] if isinstance(given, str) else list(given or [])
         for name in wanted:
-            if name not in names:
+            if name not in named:
                 raise ConfigError("--outbox", f"{name!r} is not one of the outboxes ({self._outboxes_source()})")
         if wanted:
-            return tuple(self.namespaces[names.index(name)] for name in dict.fromkeys(wanted))
-        if every or len(names) == 1:
+            return tuple(named[name] for name in dict.fromkeys(wanted))
+        if every or len(named) == 1:
             return self.namespaces
-        raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
+        raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(named)}")
 
     def _outboxes_source(self) -> str:
         """Where the outboxes come from, as a refusal names it: `RELAY_OUTBOXES: a.b, c.d`, or
         `RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: app.outbox` when RELAY_OUTBOXES is not set."""
-        listed = ", ".join(self.outbox_namespaces)
+        listed = ", ".join(str(n) for n in self.namespaces)
         if parse_outboxes(self.outboxes):
             return f"{env_name('outboxes')}: {listed}"
         return f"{env_name('database')}.{env_name('outbox_collection')}: {listed}"

@@ -82,7 +82,6 @@ class LoopConfig:
     knows; RELAY_START_AT is `oplog-start`, `now` or an ISO-8601 time.
     """
 
-    outboxes: str  # the deployment's outboxes, comma-joined `database.collection` texts (RELAY_OUTBOXES)
     timing: LeaseTiming
     # Most events handed to Kafka and not yet acknowledged (RELAY_BATCH_MAX_EVENTS: its public
     # name predates the window; it caps what is in flight, whatever the reads' sizes).
@@ -102,14 +101,6 @@ class LoopConfig:
     # RELAY_DELIVERY=exactly-once: the events one Kafka transaction may hold over several reads
     # (RELAY_TRANSACTION_MAX_EVENTS), which the window then holds until the commit; None otherwise.
     transaction_max_events: int | None
-    # The lease this loop leads (relay.wiring gives each scope's loop its own); None in the
-    # settings' template, where no lease is chosen yet.
-    lease_id: str | None
-
-    @property
-    def name(self) -> str:
-        """What the loop's log lines name: its lease id, else (a template) the outboxes."""
-        return self.lease_id or self.outboxes
 
     def __post_init__(self) -> None:
         positive(self.max_in_flight_events, env_name("batch_max_events"))

@@ -137,7 +137,7 @@ class Relay(Generic[ObserverT]):
         """Run until `stop()`. Raises the error that made the relay stop, after writing it as the
         stop's one ERROR line (see errors.classify for which errors stop it)."""
         try:
-            log.info("relay watching %s", self.config.name)
+            log.info("relay watching %s", self._lease.lease_id)
             while not self.stopping:
                 self.turn()
             self._finish()
@@ -172,7 +172,7 @@ class Relay(Generic[ObserverT]):
         grant = self._lease.try_acquire()
         self._assignment.led(grant is not None)
         if grant is None:
-            self._wait_as_standby(f"another replica holds the lease on {self.config.name}")
+            self._wait_as_standby(f"another replica holds the lease on {self._lease.lease_id}")
             return
         self._checkpoints.begin(grant, asked_at)  # acquiring renewed the lease
         self.observer.role("leader", grant.fencing_token)
@@ -251,7 +251,7 @@ class Relay(Generic[ObserverT]):
             log.error(
                 "the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
                 "every document in %s (expect duplicates)",
-                self.config.name,
+                self._lease.lease_id,
             )
             source.rescan()
             return False

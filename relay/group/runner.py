@@ -62,6 +62,7 @@ class Group:
     ) -> None:
         self.config = config
         self.relays = list(relays)
+        self.outboxes = tuple(dict.fromkeys(scope.namespace for scope, _ in self.relays))  # in their order
         self.balance = balance
         self.observer = observer
         self._membership = membership
@@ -93,7 +94,7 @@ class Group:
                 if isinstance(exc, RelayError):
                     exc.logged = True
                 raise
-            log.info("%s", self.config.joined())
+            log.info("%s", self.config.joined(self.outboxes))
             for scope, relay in self.relays:
                 thread = threading.Thread(target=self._run_relay, args=(relay,), daemon=True, name=f"relay-{scope}")
                 thread.start()

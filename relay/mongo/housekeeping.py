@@ -87,26 +87,26 @@ def committed_position(client: MongoClient[Any], leases: Collection[Any], lease_
     return Position(lease_id, stored)
 
 
-def _inserts(namespace: str, ids: Sequence[Any] | None) -> dict[str, Any]:
+def _inserts(namespace: Namespace, ids: Sequence[Any] | None) -> dict[str, Any]:
     """An oplog filter for inserts into `namespace` (alone or inside a transaction's applyOps)."""
-    plain: dict[str, Any] = {"op": "i", "ns": namespace}
-    nested: dict[str, Any] = {"op": "i", "ns": namespace}
+    plain: dict[str, Any] = {"op": "i", "ns": str(namespace)}
+    nested: dict[str, Any] = {"op": "i", "ns": str(namespace)}
     if ids is not None:
         plain["o._id"] = {"$in": list(ids)}
         nested["o._id"] = {"$in": list(ids)}
     return {"$or": [plain, {"op": "c", "o.applyOps": {"$elemMatch": nested}}]}
 
 
-def _inserted_ids(entry: Mapping[str, Any], namespace: str) -> Iterable[Any]:
+def _inserted_ids(entry: Mapping[str, Any], namespace: Namespace) -> Iterable[Any]:
     if entry.get("op") == "i":
         yield entry["o"]["_id"]
         return
     for op in entry.get("o", {}).get("applyOps", []):
-        if op.get("op") == "i" and op.get("ns") == namespace:
+        if op.get("op") == "i" and op.get("ns") == str(namespace):
             yield op["o"]["_id"]
 
 
-def uncovered(client: MongoClient[Any], namespace: str, since: ClusterTime, ids: Sequence[Any]) -> set[Any]:
+def uncovered(client: MongoClient[Any], namespace: Namespace, since: ClusterTime, ids: Sequence[Any]) -> set[Any]:
     """Which of `ids` the position at `since` does not cover: inserted by an oplog entry at or
     after it, or by a transaction written in several entries whose last one is (its events take
     that cluster time)."""
@@ -132,7 +132,7 @@ def deletable(candidates: Sequence[Any], not_covered: set[Any]) -> list[Any]:
     return [c for c in candidates if c not in not_covered]
 
 
-def oldest_undelivered(client: MongoClient[Any], namespace: str, since: ClusterTime) -> Mapping[str, Any] | None:
+def oldest_undelivered(client: MongoClient[Any], namespace: Namespace, since: ClusterTime) -> Mapping[str, Any] | None:
     """The first outbox document inserted at or after `since` (from the oplog), or None."""
     oplog = client.local["oplog.rs"]
     entry = oplog.find_one(
@@ -143,7 +143,7 @@ def oldest_undelivered(client: MongoClient[Any], namespace: str, since: ClusterT
     if entry.get("op") == "i":
         return entry["o"]  # type: ignore[no-any-return]
     for op in entry["o"]["applyOps"]:
-        if op.get("op") == "i" and op.get("ns") == namespace:
+        if op.get("op") == "i" and op.get("ns") == str(namespace):
             return op["o"]  # type: ignore[no-any-return]
     return None
 
@@ -169,19 +169,20 @@ class PassResult:
 
 
 class Cleaner:
-    """Deletes the documents a partition's stored position covers (one pass at a time)."""
+    """Deletes the documents a partition's stored position covers in the outbox `namespace` (one
+    pass at a time)."""
 
     def __init__(
         self,
         client: MongoClient[Any],
-        outbox: Collection[Any],
+        namespace: Namespace,
         leases: Collection[Any],
         occurred_at: str,
         config: OutboxCleanupConfig,
     ) -> None:
-        self.client, self.outbox, self._leases = client, outbox, leases
+        self.client, self.namespace, self._leases = client, namespace, leases
+        self.outbox: Collection[Any] = client[namespace.database][namespace.collection]
         self.occurred_at, self._config = occurred_at, config
-        self.namespace = outbox.full_name
 
     def position(self, lease_id: str) -> Position:
         return committed_position(self.client, self._leases, lease_id)
@@ -239,7 +240,7 @@ def cleaner_for(
     client: MongoClient[Any], mongo: MongoConfig, namespace: Namespace, occurred_at: str, config: OutboxCleanupConfig
 ) -> Cleaner:
     """The Cleaner of the outbox `namespace` (its leases in the state database)."""
-    return Cleaner(client, mongo.outbox(client, namespace), mongo.leases(client), occurred_at, config)
+    return Cleaner(client, namespace, mongo.leases(client), occurred_at, config)
 
 
 def shares_of(namespace: Namespace, count: int, aggregate_id_field: str) -> list[tuple[str, dict[str, Any] | None]]:

@@ -17,12 +17,13 @@ from typing import Any
 
 from pymongo.collection import Collection
 
+from relay.core.namespace import Namespace
 from relay.core.partitions import lease_id_pattern
 
 
-def added(leases: Collection[Any], outboxes: Sequence[str]) -> set[str]:
+def added(leases: Collection[Any], outboxes: Sequence[Namespace]) -> set[Namespace]:
     """The outboxes of `outboxes` added since the deployment last ran (the module docstring)."""
-    seen: set[str] = set()
+    seen: set[Namespace] = set()
     positioned = False
     for namespace in outboxes:
         docs = list(leases.find({"_id": {"$regex": lease_id_pattern(namespace)}}, projection={"resumeToken": 1}))

@@ -14,6 +14,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from relay.core.namespace import Namespace
+
 log = logging.getLogger("relay.outbox")
 
 
@@ -53,7 +55,8 @@ class OutboxMetrics:
     The headroom sample exists only while the outbox has a TTL index (a child created at 0 would
     read as "no headroom left" to an alert on it)."""
 
-    def __init__(self, series: OutboxSeries, health: _Degrade, outbox: str) -> None:
+    def __init__(self, series: OutboxSeries, health: _Degrade, namespace: Namespace) -> None:
+        outbox = str(namespace)  # the `outbox` label, and what the WARN line and /readyz name
         self._health, self._outbox = health, outbox
         self.documents = series.documents.labels(outbox)
         self.oldest_age = series.oldest_age.labels(outbox)

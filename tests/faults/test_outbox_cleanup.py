@@ -187,7 +187,7 @@ def test_prune_of_a_partitioned_outbox_refuses_while_one_partition_has_no_positi
     settings = env.settings.replace(partitions=3)
     write_events(env.db, settings.outbox_collection, total=30, writers=1)
     leases = env.db[settings.lease_collection]
-    ids = [Scope(f"{settings.database}.{settings.outbox_collection}", p).lease_id for p in partitions(3)]
+    ids = [Scope(env.namespace, p).lease_id for p in partitions(3)]
     leases.insert_many([{"_id": i} for i in ids])  # lease documents without checkpoints
     result = _prune(settings)
     assert result.returncode == 4 and all(i in result.stderr for i in ids), result.stderr

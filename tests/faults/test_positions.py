@@ -33,6 +33,7 @@ import pytest
 from relay.commands.status import status
 from relay.config import Settings
 from relay.core.names import env_name
+from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, partition_of
 from tests.support.leases import LeaseHistory
 from tests.support.oracle import Verdict, assert_complete_and_ordered
@@ -248,7 +249,7 @@ def test_two_processes_leading_different_outboxes_one_killed_the_other_takes_ove
     assert len(killed) == 4
     for c, verdict in verdicts.items():
         for dup in verdict.duplicates:  # each lease's fencing tokens are its own: find the record's lease
-            lid = Scope(f"{env.settings.database}.{c}", Partition(partition_of(dup.key, 2), 2)).lease_id
+            lid = Scope(Namespace(env.settings.database, c), Partition(partition_of(dup.key, 2), 2)).lease_id
             assert dup.fencing > verdict.first[dup.id].fencing, dup
             assert dup.position > (history.resumed_from(lid).get(dup.fencing) or ""), (
                 f"{lid}: event {dup.id} published again before the position its new leader resumed from")

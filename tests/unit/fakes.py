@@ -484,7 +484,8 @@ def relay_on(world: World, settings: Settings, producers: Any, source: Callable[
 
 def loop_observer(settings: Settings) -> ScopeObserver:
     """The observer of a relay loop on the whole outbox, as the wiring makes it (one partition)."""
-    return ProcessObserver(settings.parts().observer).loop(Scope(settings.namespace))
+    parts = settings.parts()
+    return ProcessObserver(parts.observer, parts.outboxes).loop(Scope(parts.outboxes[0]))
 
 
 def fake_relay(world: World, settings: Settings, observer: ScopeObserver | None = None,

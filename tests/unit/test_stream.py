@@ -28,7 +28,7 @@ from relay.mongo.shared_reader import SharedStream
 from relay.mongo.subscription import Subscription
 from tests.changes import insert_change
 
-A, B = "app.a", "app.b"
+A, B = Namespace("app", "a"), Namespace("app", "b")
 PLAN = StreamPlan((A, B), 1, "app")  # a database's stream over two outboxes: routes 0 (a) and 1 (b)
 
 
@@ -44,25 +44,24 @@ class Oplog:
         self.oldest = Timestamp(1000, 0)
         self.lock = threading.Lock()
 
-    def insert(self, outbox: str, n: int = 1) -> list[str]:
+    def insert(self, outbox: Namespace, n: int = 1) -> list[str]:
         ids = []
         with self.lock:
             for _ in range(n):
                 i = len(self.entries)
-                event_id = f"{outbox[-1]}{i}"
-                change = insert_change({"_id": event_id}, _token(i), r=PLAN.outboxes.index(Namespace.parse(outbox)))
+                event_id = f"{outbox.collection}{i}"
+                change = insert_change({"_id": event_id}, _token(i), r=PLAN.outboxes.index(outbox))
                 self.entries.append((change, Timestamp(1000, 2 * i + 1)))
                 ids.append(event_id)
         return ids
 
-    def drop(self, outbox: str) -> None:
+    def drop(self, outbox: Namespace) -> None:
         import bson
         from bson.raw_bson import RawBSONDocument
 
         with self.lock:
             i = len(self.entries)
-            db, coll = outbox.split(".")
-            doc = {"_id": _token(i), "operationType": "drop", "ns": {"db": db, "coll": coll}}
+            doc = {"_id": _token(i), "operationType": "drop", "ns": {"db": outbox.database, "coll": outbox.collection}}
             self.entries.append((RawBSONDocument(bson.encode(doc), RAW_CHANGE_CODEC), Timestamp(1000, 2 * i + 1)))
 
 
@@ -111,7 +110,7 @@ def world():
     stream.close()
 
 
-def _subscription(stream: SharedStream, outbox: str) -> Subscription:
+def _subscription(stream: SharedStream, outbox: Namespace) -> Subscription:
     return Subscription(stream, Scope(outbox), lambda: iter(()))
 
 
