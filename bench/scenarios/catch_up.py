@@ -36,8 +36,8 @@ from bench.relay_under_test import lease_token_data, relay_settings, running_rel
 from bench.sampling import Sampler, Usage, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
 from bench.scenarios.drain import CpuAtFirst, Span, rate_of, topic_span
+from harness.relays import RelayProcess
 from relay.config import Settings
-from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import psutil
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, TopicPartition
 
-from relay.dev.harness import ROOT
-from relay.dev.harness.relays import ChildProcess
+from harness import ROOT
+from harness.relays import ChildProcess
 
 TAIL = 64  # offsets read back from each partition's end: past any commit markers of exactly-once
 

@@ -105,9 +105,9 @@ from bench.scenarios.outboxes_report import MISSED_BY, SHARED, SIDECARS, STREAM,
 from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.stack import bench_stack
 from bench.writer import OutboxesInTurn, receive, writer_child
+from harness.relays import RelayProcess
 from relay.config import Settings
 from relay.core.namespace import Namespace
-from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 from relay.mongo.pipeline import StreamPlan
 
