@@ -4,7 +4,7 @@
 `Group` (relay.group.runner), running one `Relay` loop per scope (every outbox of the deployment,
 in every partition), each with its own lease and producer; the change streams are the process's,
 one per database holding outboxes (or one for the cluster), shared by the loops that lead
-(relay.mongo.stream). Each part gets its own configuration (`Settings.parts()`), never the
+(relay.mongo.shared_reader). Each part gets its own configuration (`Settings.parts()`), never the
 settings themselves. This is the only place that builds clients for the loops; the loop itself
 (`relay.core.loop.Relay`) never builds one.
 """
@@ -36,6 +36,7 @@ from relay.group.runner import Group
 from relay.kafka import errors as kafka_errors
 from relay.kafka.broker import Kafka
 from relay.mongo import errors as mongo_errors
+from relay.mongo.checkpoints import MongoCheckpointStore
 from relay.mongo.config import CLUSTER
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.cursor import Cursor, oplog_start
@@ -44,7 +45,6 @@ from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.outboxes import added
 from relay.mongo.pipeline import StreamPlan, fingerprint, scan_filter
-from relay.mongo.positions import MongoPositionStore
 from relay.mongo.privileges import check as check_privileges
 from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
@@ -92,12 +92,12 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     broker = broker_for(parts)
     streams = shared_streams(parts, client)
     leases = {scope: lease_store(parts, client, scope) for scope in scopes}
-    positions = process_positions(parts, client, leases.values())
+    checkpoints = process_checkpoints(parts, client, leases.values())
     relays = [
         (
             scope,
             _relay(parts, scope, client, streams[_stream_of(parts, scope)], observer.loop(scope), folder, native,
-                   LeaseAssignment(balance, k), leases[scope], positions, broker),
+                   LeaseAssignment(balance, k), leases[scope], checkpoints, broker),
         )
         for k, scope in enumerate(scopes)
     ]  # fmt: skip
@@ -159,13 +159,13 @@ def stream_plans(parts: PartConfigs) -> list[StreamPlan]:
     return [StreamPlan(tuple(outboxes), count, database) for database, outboxes in databases.items()]
 
 
-def process_positions(parts: PartConfigs, client: MongoClient[Any], leases: Iterable[LeaseStore]) -> Coalescer:
-    """Where the process's loops store their positions: together, in one MongoDB transaction over
+def process_checkpoints(parts: PartConfigs, client: MongoClient[Any], leases: Iterable[LeaseStore]) -> Coalescer:
+    """Where the process's loops store their checkpoints: together, in one MongoDB transaction over
     their lease documents, at most once per RELAY_CHECKPOINT_INTERVAL_MS or every
     RELAY_CHECKPOINT_MAX_EVENTS acknowledged events (relay.core.coalescer).
     The lease documents of every outbox live in one collection (the state database), so one
     write covers every database the process reads."""
-    store = MongoPositionStore(client, {lease.lease_id: lease for lease in leases})
+    store = MongoCheckpointStore(client, {lease.lease_id: lease for lease in leases})
     loop = parts.loop
     return Coalescer(store, loop.checkpoint_interval_ms / 1000, SystemClock(), loop.checkpoint_max_events)
 
@@ -206,10 +206,10 @@ def _relay(
     native: bool,
     assignment: Assignment,
     lease: LeaseStore,
-    positions: Coalescer,
+    checkpoints: Coalescer,
     broker: Broker,
 ) -> Relay[ScopeObserver]:
-    """The relay loop of `scope` on the process's `client`, `stream`, `positions` and `broker`: its
+    """The relay loop of `scope` on the process's `client`, `stream`, `checkpoints` and `broker`: its
     `lease`, change source, delivery mode, message builder and assignment."""
     selection = fingerprint(scope, parts.encoding.fields.aggregate_id)
     return Relay(
@@ -222,7 +222,7 @@ def _relay(
         fingerprint=selection,
         assignment=assignment,
         foreign_errors=driver_errors(broker),
-        positions=positions,
+        coalescer=checkpoints,
     )
 
 
@@ -267,7 +267,7 @@ def _preflight(parts: PartConfigs, client: MongoClient[Any], broker: Broker) -> 
 def housekeeping(
     parts: PartConfigs, client: MongoClient[Any], registry: CollectorRegistry, health: Health
 ) -> Housekeeper:
-    """The outbox checks and clean-up by position (relay.mongo.housekeeping) of one process, over
+    """The outbox checks and clean-up by checkpoint (relay.mongo.housekeeping) of one process, over
     every outbox and the lease ids it may lead, reporting to its metrics and health."""
     mongo, field = parts.mongo, parts.encoding.fields
     series = OutboxSeries(registry)

@@ -6,7 +6,7 @@ holding the replay's id. Per outbox, the parts of the range (relay.commands.repl
 in order: the collection before the oplog's window, then a change stream of its own inside it
 (relay.mongo.replay_source). Outboxes are replayed one after the other.
 
-Never in the live relay's way: no lease is taken and no stored position is written (the lease
+Never in the live relay's way: no lease is taken and no stored checkpoint is written (the lease
 documents are only read, for the fencing token the messages carry); progress is saved in a
 local state file (relay.commands.replay_state) after Kafka acknowledged it.
 

@@ -1,6 +1,6 @@
 """Where an `outbox-relay replay` records its progress, so `--resume REPLAY_ID` continues it: a
 JSON file per replay in a local folder (`--state-dir`, default `<cache dir>/replays`: RELAY_CACHE_DIR,
-else ~/.cache/outbox-relay). Never in MongoDB: the live relay's leases and positions are not
+else ~/.cache/outbox-relay). Never in MongoDB: the live relay's leases and checkpoints are not
 touched, and nothing the live relay reads is written.
 
 The file holds the request (outboxes, range, filters, target topic, rate limit) and, per outbox, how far the

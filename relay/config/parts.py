@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from relay.avro.config import EncodingConfig, RegistryConfig
+from relay.config.table import SettingsTable
 from relay.core.config import LeaseTiming, LoopConfig
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
@@ -21,9 +21,6 @@ from relay.mongo.config import MongoConfig, OutboxCleanupConfig
 from relay.nats.config import NatsConfig
 from relay.ops.config import HealthConfig, ObserverConfig
 from relay.outbox import FieldNames
-
-if TYPE_CHECKING:
-    from relay.config.table import Settings
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,7 @@ class PartConfigs:
         return dataclasses.replace(self.encoding, outbox=namespace)
 
 
-def part_configs(s: Settings) -> PartConfigs:
+def part_configs(s: SettingsTable) -> PartConfigs:
     """Each part's configuration from the settings `s`."""
     timing = LeaseTiming(
         lease_ttl_s=s.lease_ttl_s,
@@ -94,7 +91,7 @@ def part_configs(s: Settings) -> PartConfigs:
     )
 
 
-def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
+def _loop(s: SettingsTable, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
     return LoopConfig(
         timing=timing,
         max_in_flight_events=s.batch_max_events,
@@ -116,13 +113,13 @@ BROKERS = ("kafka", "nats")  # RELAY_BROKER
 NO_SIZE_LIMIT = 2**31 - 1  # no message is this large: MongoDB's documents stop at 16 MiB
 
 
-def _broker(s: Settings) -> str:
+def _broker(s: SettingsTable) -> str:
     if s.broker not in BROKERS:
         raise ConfigError(env_name("broker"), f"must be one of {', '.join(BROKERS)}; got {s.broker!r}")
     return s.broker
 
 
-def _nats(s: Settings) -> NatsConfig:
+def _nats(s: SettingsTable) -> NatsConfig:
     return NatsConfig(
         servers=Uri(s.nats_servers),
         stream=s.nats_stream,
@@ -139,7 +136,7 @@ def _nats(s: Settings) -> NatsConfig:
     )
 
 
-def _kafka(s: Settings) -> KafkaConfig:
+def _kafka(s: SettingsTable) -> KafkaConfig:
     return KafkaConfig(
         bootstrap_servers=Uri(s.kafka_bootstrap_servers),
         properties=Properties(s.kafka),
@@ -152,7 +149,7 @@ def _kafka(s: Settings) -> KafkaConfig:
     )
 
 
-def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
+def _encoding(s: SettingsTable, kafka: KafkaConfig) -> EncodingConfig:
     fields = FieldNames(
         aggregate_type=s.field_aggregate_type,
         aggregate_id=s.field_aggregate_id,
@@ -174,7 +171,7 @@ def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
     )
 
 
-def _observer(s: Settings, timing: LeaseTiming) -> ObserverConfig:
+def _observer(s: SettingsTable, timing: LeaseTiming) -> ObserverConfig:
     health = HealthConfig(
         connect_timeout_s=s.connect_timeout_s,
         restart_backoff_max_s=s.restart_backoff_max_s,

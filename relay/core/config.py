@@ -89,10 +89,10 @@ class LoopConfig:
     batch_max_bytes: int
     pipeline_depth: int
     restart_backoff_max_s: float
-    # RELAY_CHECKPOINT_INTERVAL_MS: most often the process's positions are written (relay.core.coalescer).
+    # RELAY_CHECKPOINT_INTERVAL_MS: most often the process's checkpoints are written (relay.core.coalescer).
     checkpoint_interval_ms: int
     # RELAY_CHECKPOINT_MAX_EVENTS: most events acknowledged, by all the process's loops, before
-    # the positions are written, whether or not the interval has passed (relay.core.coalescer).
+    # the checkpoints are written, whether or not the interval has passed (relay.core.coalescer).
     checkpoint_max_events: int
     on_poison: str
     on_history_lost: str

@@ -2,7 +2,7 @@
 
 A process runs one `relay.core.loop.Relay` per scope (an outbox in one partition of it, with its
 own lease), each in its own thread with its own producer; the change streams are the process's,
-one per database, shared by the loops that lead (relay.mongo.stream). `Relay` keeps the order of
+one per database, shared by the loops that lead (relay.mongo.shared_reader). `Relay` keeps the order of
 steps; this module only decides, through each relay's `Assignment`, whether it should try its
 lease and whether it should hand it over at its next batch boundary (relay.group.balance).
 

@@ -24,10 +24,10 @@ from relay.core.partitions import lease_id_pattern
 def added(leases: Collection[Any], outboxes: Sequence[Namespace]) -> set[Namespace]:
     """The outboxes of `outboxes` added since the deployment last ran (the module docstring)."""
     seen: set[Namespace] = set()
-    positioned = False
+    checkpointed = False
     for namespace in outboxes:
         docs = list(leases.find({"_id": {"$regex": lease_id_pattern(namespace)}}, projection={"resumeToken": 1}))
         if docs:
             seen.add(namespace)
-            positioned = positioned or any(d.get("resumeToken") is not None for d in docs)
-    return {n for n in outboxes if n not in seen} if positioned else set()
+            checkpointed = checkpointed or any(d.get("resumeToken") is not None for d in docs)
+    return {n for n in outboxes if n not in seen} if checkpointed else set()

@@ -23,7 +23,7 @@ Rules, each enforced here:
   it. A PubAck saying `duplicate` is an acknowledgement: the stream holds the message.
 - After the first failure nothing more goes on the wire: the sender stops and closes the
   connection, and every parcel handed over later fails unsent. The loop then publishes again from
-  its stored position on a fresh connection, in order; the stream drops the copies it stored
+  its stored checkpoint on a fresh connection, in order; the stream drops the copies it stored
   within its duplicate window (`Nats-Msg-Id`).
 - A parcel whose `publish_by` passed before the sender took it is not sent (its lease was no longer
   provably held: a replica paused there wakes up without publishing it).
@@ -249,7 +249,9 @@ class JetStreamPublisher:
                 return PoisonEventError(error.event_id, str(error))
             return DeliveryError(event_id, str(error))
         if isinstance(error, LeaseNotHeld):
-            return LeaseUnrenewedError(f"event {event_id} not published: {error}; restarting from the stored position")
+            return LeaseUnrenewedError(
+                f"event {event_id} not published: {error}; restarting from the stored checkpoint"
+            )
         refusal = refusal_of(error)
         if refusal is not None:
             return PoisonEventError(event_id, f"JetStream refused it: {refusal}")
@@ -278,6 +280,6 @@ class JetStreamPublisher:
 
     def close(self) -> None:
         """Stop the sender and close the connection: what is in flight is dropped (nothing of it
-        was stored as a position)."""
+        was stored as a checkpoint)."""
         with contextlib.suppress(Exception):
             self._thread.run(self._sender.close(), _CLOSE_TIMEOUT_S)

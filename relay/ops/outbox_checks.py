@@ -33,7 +33,7 @@ class OutboxSeries:
         )
         self.oldest_age = Gauge(
             "relay_outbox_oldest_undelivered_age_seconds",
-            "Age (occurrence time) of the oldest outbox event the stored position does not cover; 0 when none",
+            "Age (occurrence time) of the oldest outbox event the stored checkpoint does not cover; 0 when none",
             by,
             registry=r,
         )
@@ -81,7 +81,7 @@ class OutboxMetrics:
         if headroom_s < warn_below_s:
             reason = (
                 f"{self._outbox}: TTL headroom {headroom_s:.0f}s is below RELAY_TTL_HEADROOM_WARN_S={warn_below_s:.0f}s: the outbox's "
-                "TTL index will delete events the relay has not published; catch up, or clean up by position "
+                "TTL index will delete events the relay has not published; catch up, or clean up by checkpoint "
                 "(RELAY_OUTBOX_RETENTION) instead of a TTL index"
             )
             if not self._warned:
