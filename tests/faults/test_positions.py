@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 import subprocess
 import sys
 import tarfile
@@ -32,6 +33,7 @@ import pytest
 
 from relay.commands.status import status
 from relay.config import Settings
+from relay.config.table import public_fields
 from relay.core.names import env_name
 from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, partition_of
@@ -299,7 +301,9 @@ def test_a_process_that_loses_one_scopes_lease_keeps_storing_the_others(box, tmp
 
 # ---- upgraded in place -------------------------------------------------------------------------------
 
-NEWER_SETTINGS = ("checkpoint_interval_ms", "read_linger_ms")  # settings the earlier release did not have
+def _declared(tree: Path) -> set[str]:
+    """The settings the release in `tree` declared (its relay/config.py: `name: type = _setting(`)."""
+    return set(re.findall(r"^    (\w+): [^=\n]+= _setting\(", (tree / "relay" / "config.py").read_text(), re.M))
 
 
 class EarlierRelay(ChildProcess):
@@ -315,8 +319,10 @@ class EarlierRelay(ChildProcess):
 
     def environ(self) -> dict[str, str]:
         env = settings_env(self.settings)
-        for newer in NEWER_SETTINGS:  # it would refuse them as unknown
-            env.pop(env_name(newer))
+        known = _declared(self.tree)
+        for field in public_fields():  # a setting it did not have (RELAY_BROKER ...): it would refuse it as unknown
+            if field.name not in known:
+                env.pop(env_name(field.name), None)
         return env | {"PYTHONPATH": str(self.tree)}
 
 

@@ -177,11 +177,12 @@ def test_moving_from_one_to_three_to_two_partitions_under_load_loses_nothing(env
                 Scope(env.namespace, Partition(k, count)).lease_id for k in range(count)), "old documents removed"
             seeds = {d.get("startAtClusterTime") for d in docs}
             if count == 1:  # the unpartitioned document has the fields it had before partitions, no more
-                # (but acquiredAt, which every lease holds since issue 42: `status` shows it)
+                # (but acquiredAt, which every lease holds since issue 42: `status` shows it, and the
+                # clean-up record cleanedUpBefore, null from creation: replay reads it)
                 wait_until(lambda: (leases.find_one() or {}).get("resumeToken"), 60, "the first checkpoint")
                 assert set(leases.find_one()) <= {"_id", "owner", "fencingToken", "expiresAt", "renewedAt", "resumeToken",
                                                   "tokenClusterTime", "pipelineFingerprint", "checkpointAt",
-                                                  "delivery", "acquiredAt"}
+                                                  "delivery", "acquiredAt", "cleanedUpBefore"}
             if count == 3:
                 wait_until(lambda: (leases.find_one({"_id": stuck}) or {}).get("resumeToken"), 60,
                            "partition 0's first checkpoint")
