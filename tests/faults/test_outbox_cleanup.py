@@ -158,11 +158,11 @@ def test_cleanup_during_a_backlog_with_kills_deletes_only_covered_documents_and_
           f"largest outbox seen {sampler.largest} documents")
 
 
-def test_prune_dry_run_changes_nothing_and_prune_deletes_only_what_the_position_covers(env):
+def test_prune_dry_run_changes_nothing_and_prune_deletes_only_what_the_checkpoint_covers(env):
     settings = env.settings
     outbox = env.db[settings.outbox_collection]
     refused = _prune(settings, "--dry-run")
-    assert refused.returncode == 4 and "position is unknown" in refused.stderr, refused
+    assert refused.returncode == 4 and "checkpoint is unknown" in refused.stderr, refused
     written = write_events(env.db, settings.outbox_collection, total=200, writers=2)
     with RelayThread(settings):
         all_published(env, written, timeout=60)

@@ -429,7 +429,7 @@ def test_where_removal_cannot_be_ruled_out_the_gap_names_what_may_have_removed_e
 
     written = _publish(env, 5)  # the relay ran: its lease document records clean-up from its creation
     assert replay("--since", since)[0] == 0
-    assert main(["outbox", "prune"]) == 0  # deletes what the stored position covers, recording its cutoff
+    assert main(["outbox", "prune"]) == 0  # deletes what the stored checkpoint covers, recording its cutoff
     assert env.outbox.count_documents({}) < len(written.ids) + 1
     cutoff = lease_doc(env.db, env.settings)["cleanedUpBefore"]
     assert replay("--since", since)[0] == 4

@@ -38,7 +38,7 @@ def test_a_bad_interval_or_threshold_names_its_setting():
 
 def test_only_candidates_not_found_after_the_position_are_deletable():
     assert deletable([1, 2, 3, 4], {2, 4}) == [1, 3]
-    assert deletable([1, 2], {1, 2}) == [], "nothing the position does not cover"
+    assert deletable([1, 2], {1, 2}) == [], "nothing the checkpoint does not cover"
 
 
 def test_ttl_headroom_below_the_threshold_warns_once_and_degrades_readiness_until_it_recovers(caplog):
