@@ -45,8 +45,8 @@ demo: setup
 # Static checks: lint and format (ruff), types (mypy; strict on relay/core), the import rules
 # (import-linter: the layers, relay/core free of drivers, no circles; pyproject.toml).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check relay tests bench
-	$(VENV)/bin/ruff format --check relay
+	$(VENV)/bin/ruff check relay harness tests bench
+	$(VENV)/bin/ruff format --check relay harness
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

@@ -1,7 +1,7 @@
 """What every benchmark scenario shares: constants, the result row, Kafka topic helpers, waits.
 
-Waiting, reading topics and counting messages come from `relay.dev.harness.waiting` and
-`relay.dev.harness.topics` (the test oracle's helpers), so the benchmark and the tests agree on what
+Waiting, reading topics and counting messages come from `harness.waiting` and
+`harness.topics` (the test oracle's helpers), so the benchmark and the tests agree on what
 "all N messages are in Kafka" means.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from relay.dev.harness.topics import read_messages, watermark_sum
-from relay.dev.harness.waiting import wait_until
+from harness.topics import read_messages, watermark_sum
+from harness.waiting import wait_until
 
 log = logging.getLogger("bench")
 
@@ -108,7 +108,7 @@ def progress(text: str) -> None:
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float,
              alive: Callable[[], None] | None = None) -> Any:
-    """`relay.dev.harness.waiting.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
+    """`harness.waiting.wait_until` at the benchmark's poll interval (raises TimeoutError too)."""
     return wait_until(check, timeout_s, what, interval=POLL_S, alive=alive)
 
 

@@ -36,12 +36,12 @@ from bson import Binary, Decimal128, ObjectId, json_util
 from bson.int64 import Int64
 from bson.json_util import RELAXED_JSON_OPTIONS
 
+from harness.changes import insert_change
 from relay.avro.contract import ENVELOPE
 from relay.avro.encoding import MessageBuilder
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
 from relay.core.change import Change
-from relay.dev.harness.changes import insert_change
 from relay.mongo.codecs import read_changes, read_in_python
 from relay.outbox import OutboxEvent, decode
 from relay.wiring import message_builder

@@ -6,7 +6,7 @@ Run: `.venv/bin/python -m bench.instructions [--variant 20kb] [--events 50,150] 
 CPU time per event moves with the machine's other load; instruction counts do not. A child
 process, under valgrind's callgrind, builds one getMore reply of N raw change events of the
 payload variant (bench.events) and processes it twice as each contestant does: the relay (the
-reply decoded as relay.mongo.changes decodes it, the compiled reader's values, the message builder's
+reply decoded as relay.mongo.codecs decodes it, the compiled reader's values, the message builder's
 `build_many`) and the bare relay (each change's `fullDocument` bytes and `aggregateId`, as
 bench/scenarios/bare_relay.py takes them); a third child only builds the reply, which is
 subtracted. Two sizes of N: their difference, per event processed, leaves out start-up and imports. librdkafka's work (copying, lz4) is the same for both and is not

@@ -1,6 +1,6 @@
 """The relay the benchmarks measure: its settings (defaults except addresses, database, topic,
 start point and `http_port=0`), and, for the tools that watch it from inside (bench.profile,
-bench.tail), the relay built in a thread of this process (`relay.dev.harness.relays.RelayThread`,
+bench.tail), the relay built in a thread of this process (`harness.relays.RelayThread`,
 through `relay.wiring.build` as `outbox-relay run` does). Every measured catch-up and latency step
 runs `outbox-relay run` processes instead (bench.scenarios.catch_up, bench.relay_process).
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 from pymongo.collection import Collection
 
+from harness.relays import RelayThread
 from relay.config import Settings
-from relay.dev.harness.relays import RelayThread
 from relay.dev.stack import LocalStack
 from relay.wiring import build
 

@@ -29,13 +29,14 @@ from typing import Any
 
 from pymongo import MongoClient
 
-from bench.common import PARTITIONS, create_topic, percentile, progress, warm_up_kafka
+from bench.common import PARTITIONS, create_topic, percentile, progress
 from bench.relay_under_test import relay_settings, running_relay
+from bench.stack import bench_stack
+from harness.topics import REGISTRY, read_messages, topic_size
+from harness.waiting import wait_until
 from relay.cli import main
 from relay.dev.stack import LocalStack
 from relay.outbox import Outbox, OutboxEvent
-from tests.support.topics import REGISTRY, read_messages, topic_size
-from tests.support.waiting import wait_until
 
 CHUNK = 1000
 
@@ -156,22 +157,16 @@ def main_bench(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=int, default=300, help="the live writer's events/s for the p99 step")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long the live writer writes")
     options = parser.parse_args(argv)
-    stack = LocalStack.in_temp_dir()
     state = tempfile.mkdtemp(prefix="bench-replay-")
-    stack.start()
     try:
-        warm_up_kafka(stack.kafka.bootstrap_servers)
-        client: MongoClient[Any] = MongoClient(stack.mongo.uri, tz_aware=True)
-        rounds = [run_round(stack, client, options.events, n, state) for n in range(1, options.rounds + 1)]
-        since = rounds[0]["since"]
-        progress(f"the live relay's p99 at {options.rate}/s alone, then beside a replay of {options.events} events")
-        alone = live_p99(stack, client, options.rate, options.seconds, 1, None)
-        beside = live_p99(stack, client, options.rate, options.seconds, 2, lambda: _replay(
-            stack, "replay_live_1", "replay1.live.{aggregateType}", since, state))
-        client.close()
+        with bench_stack() as (stack, client):
+            rounds = [run_round(stack, client, options.events, n, state) for n in range(1, options.rounds + 1)]
+            since = rounds[0]["since"]
+            progress(f"the live relay's p99 at {options.rate}/s alone, then beside a replay of {options.events} events")
+            alone = live_p99(stack, client, options.rate, options.seconds, 1, None)
+            beside = live_p99(stack, client, options.rate, options.seconds, 2, lambda: _replay(
+                stack, "replay_live_1", "replay1.live.{aggregateType}", since, state))
     finally:
-        stack.stop()
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
         shutil.rmtree(state, ignore_errors=True)
     print(f"{options.events} events, {PARTITIONS} partitions, {options.rounds} round(s); events/s per round")
     for label, key in (("live relay catch-up (oplog)", "catch_up"), ("replay from the oplog", "oplog"),

@@ -203,7 +203,7 @@ def one_round(stack: LocalStack, args: argparse.Namespace, live: bool) -> tuple[
         runner.start()
         leases = client[database][settings.lease_collection]
         deadline = time.monotonic() + 60
-        while not lease_token_data(leases, settings.namespace)[0] and time.monotonic() < deadline:
+        while not lease_token_data(leases, str(settings.namespaces[0]))[0] and time.monotonic() < deadline:
             time.sleep(0.1)
         if live:
             on_exit.enter_context(live_reader(stack, f"bench.{run_id}.bench"))

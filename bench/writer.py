@@ -3,23 +3,32 @@
 The writer runs in its own process (like a real service), so its commit times are not
 delayed by the relay holding the benchmark process's GIL: with writer threads next to the
 relay, `time.time()` after `insert_one` was seen up to ~12 ms late (negative latencies).
+
+The child is `python -m bench.writer ARGUMENTS` (JSON), started through the reaper
+(relay.dev.processes.spawn: it dies with the benchmark however that ends); parent and child
+speak JSON lines over its stdin and stdout: "ready", "go", then the results (or "error: ...").
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing
+import json
+import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 from pymongo import MongoClient
 from pymongo.client_session import ClientSession
 from pymongo.collection import Collection
 
 from bench.events import EventFactory
+from harness import ROOT
+from relay.dev.processes import spawn
 from relay.outbox import Outbox, OutboxEvent
 
 # Threads sharing one schedule. An insert_one with majority write concern takes 2-50 ms on two
@@ -129,7 +138,7 @@ class RateWriter:
 
 
 def writer_process(uri: str, database: str, rate_per_s: float, seconds: float, payload_bytes: int,
-                   batch: int, conn: Any, collections: tuple[str, ...] = ("outbox",)) -> None:
+                   batch: int, conn: Any, collections: Sequence[str] = ("outbox",)) -> None:
     """Child-process entry: connect, say "ready", wait for "go", write, send the results. With
     several `collections`, the writes go to those outboxes in turn (OutboxesInTurn)."""
     try:
@@ -143,35 +152,71 @@ def writer_process(uri: str, database: str, rate_per_s: float, seconds: float, p
             if conn.recv() != "go":
                 return
             writer.run()
-            # Plain values: a class defined here would pickle as `__mp_main__.<name>` under -m.
             conn.send({"committed": writer.committed, "seconds": writer.seconds,
                        "max_behind_s": writer.max_behind_s, "round_trips": writer.round_trips,
                        "behind": writer.behind})
+    except EOFError:
+        return  # the parent closed our stdin before "go": nothing to write
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
         conn.send(f"error: {exc!r}")
-    finally:
-        conn.close()
+
+
+class Lines:
+    """One end of the writer's conversation: JSON messages, a line each, sent on `out` and read
+    from `into` (by a thread of its own, so `poll` can wait with a timeout)."""
+
+    def __init__(self, into: IO[bytes], out: IO[bytes]) -> None:
+        self._out = out
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        self._next: bytes | None = None
+        threading.Thread(target=self._read, args=(into,), name="bench-writer-lines", daemon=True).start()
+
+    def _read(self, into: IO[bytes]) -> None:
+        for line in into:
+            self._lines.put(line)
+        self._lines.put(b"")  # end of file
+
+    def send(self, message: Any) -> None:
+        self._out.write(json.dumps(message).encode() + b"\n")
+        self._out.flush()
+
+    def poll(self, timeout_s: float | None) -> bool:
+        """Whether a message (or the end of the file) arrived within `timeout_s`."""
+        if self._next is None:
+            try:
+                self._next = self._lines.get(timeout=timeout_s)
+            except queue.Empty:
+                return False
+        return True
+
+    def recv(self) -> Any:
+        """The next message; EOFError once the other end closed."""
+        self.poll(None)
+        line, self._next = self._next, None
+        if not line:
+            raise EOFError
+        return json.loads(line)
 
 
 @contextmanager
 def writer_child(uri: str, database: str, rate_per_s: float, seconds: float, payload_bytes: int,
-                 batch: int, collections: tuple[str, ...] = ("outbox",)) -> Iterator[Any]:
-    """Start `writer_process` (spawned, so no forked threads) and yield its end of the pipe."""
-    ctx = multiprocessing.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=writer_process, name="bench-writer",
-                       args=(uri, database, rate_per_s, seconds, payload_bytes, batch, child, collections),
-                       daemon=True)
-    proc.start()
-    child.close()
+                 batch: int, collections: tuple[str, ...] = ("outbox",)) -> Iterator[Lines]:
+    """Start `writer_process` in a child process (through the reaper) and yield the parent's end
+    of the conversation."""
+    arguments = json.dumps([uri, database, rate_per_s, seconds, payload_bytes, batch, list(collections)])
+    child = spawn([sys.executable, "-m", "bench.writer", arguments], cwd=ROOT, stdin=subprocess.PIPE,
+                  stdout=subprocess.PIPE)
+    assert child.stdin is not None
+    assert child.stdout is not None
     try:
-        yield parent
+        yield Lines(child.stdout, child.stdin)
     finally:
-        parent.close()  # a child still waiting for "go" gets EOF and exits
-        proc.join(timeout=30)
-        if proc.is_alive():  # our own child, by its pid
-            proc.terminate()
-            proc.join(timeout=10)
+        child.stdin.close()  # a child still waiting for "go" reads the end of the file and exits
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # our own child, by its pid
+            child.terminate()
+            child.wait(timeout=10)
 
 
 def receive(conn: Any, timeout_s: float, what: str) -> Any:
@@ -185,3 +230,14 @@ def receive(conn: Any, timeout_s: float, what: str) -> Any:
     if isinstance(message, str) and message.startswith("error:"):
         raise RuntimeError(f"writer process failed: {message[6:].strip()}")
     return message
+
+
+def main(argv: list[str]) -> None:
+    """`python -m bench.writer ARGUMENTS`: the child `writer_child` starts."""
+    uri, database, rate_per_s, seconds, payload_bytes, batch, collections = json.loads(argv[0])
+    writer_process(uri, database, rate_per_s, seconds, payload_bytes, batch, Lines(sys.stdin.buffer, sys.stdout.buffer),
+                   collections)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

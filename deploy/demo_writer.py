@@ -53,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in Outbox(db[settings.outbox_collection], fields).init():
                 print(f"demo-writer: {line}", flush=True)
             service = DemoService(db, settings.outbox_collection, fields)
-            reporter = threading.Thread(target=_report, args=(service, settings.namespace, stop), daemon=True)
+            written_to = f"{settings.database}.{settings.outbox_collection}"
+            reporter = threading.Thread(target=_report, args=(service, written_to, stop), daemon=True)
             reporter.start()
             service.run(stop, args.rate, args.events)
             stop.set()

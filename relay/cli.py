@@ -316,8 +316,8 @@ def _run(settings: cfg.Settings) -> int:
     from relay.avro.shared_topics import shared_topics
     from relay.wiring import build
 
-    for shared in shared_topics(settings.topic_template, settings.outbox_namespaces):
-        log.warning(shared.warning(), extra={"outboxes": list(shared.outboxes), "missing": shared.missing})
+    for shared in shared_topics(settings.topic_template, settings.namespaces):
+        log.warning(shared.warning(), extra={"outboxes": shared.names, "missing": shared.missing})
     group = build(settings)  # the process: one relay loop per lease it may lead
     server = group.observer.serve()
     try:

@@ -4,14 +4,13 @@
 `Group` (relay.group.runner), running one `Relay` loop per scope (every outbox of the deployment,
 in every partition), each with its own lease and producer; the change streams are the process's,
 one per database holding outboxes (or one for the cluster), shared by the loops that lead
-(relay.mongo.stream). Each part gets its own configuration (`Settings.parts()`), never the
+(relay.mongo.shared_reader). Each part gets its own configuration (`Settings.parts()`), never the
 settings themselves. This is the only place that builds clients for the loops; the loop itself
 (`relay.core.loop.Relay`) never builds one.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -32,10 +31,12 @@ from relay.core.loop import Relay
 from relay.core.namespace import Namespace
 from relay.core.partitions import Scope
 from relay.group.balance import LeaseAssignment, balance_for
+from relay.group.config import group_name
 from relay.group.runner import Group
 from relay.kafka import errors as kafka_errors
 from relay.kafka.broker import Kafka
 from relay.mongo import errors as mongo_errors
+from relay.mongo.checkpoints import MongoCheckpointStore
 from relay.mongo.config import CLUSTER
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.cursor import Cursor, oplog_start
@@ -44,7 +45,6 @@ from relay.mongo.lease import LeaseStore
 from relay.mongo.membership import Membership
 from relay.mongo.outboxes import added
 from relay.mongo.pipeline import StreamPlan, fingerprint, scan_filter
-from relay.mongo.positions import MongoPositionStore
 from relay.mongo.privileges import check as check_privileges
 from relay.mongo.privileges import required_for
 from relay.mongo.repartition import check_server, prepare
@@ -67,7 +67,7 @@ def broker_for(parts: PartConfigs) -> Broker:
     if parts.broker == "nats":
         from relay.nats.broker import JetStream
 
-        templates = [parts.encoding_for(n).event_topic_template for n in parts.mongo.outboxes]
+        templates = [parts.encoding_for(n).event_topic_template for n in parts.outboxes]
         return JetStream(parts.nats, parts.loop, templates, dead_letter)
     if parts.broker == "rabbitmq":
         from relay.rabbitmq.broker import RabbitMQ
@@ -90,18 +90,18 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
     mongo, group = parts.mongo, parts.group
     client = mongo_client(mongo)
     folder = folder or SchemaFolder.bundled()
-    observer = ProcessObserver(parts.observer)
+    observer = ProcessObserver(parts.observer, parts.outboxes)
     scopes = parts.scopes()
     balance = balance_for(len(scopes), group.partitions)
     broker = broker_for(parts)
     streams = shared_streams(parts, client)
     leases = {scope: lease_store(parts, client, scope) for scope in scopes}
-    positions = process_positions(parts, client, leases.values())
+    checkpoints = process_checkpoints(parts, client, leases.values())
     relays = [
         (
             scope,
             _relay(parts, scope, client, streams[_stream_of(parts, scope)], observer.loop(scope), folder, native,
-                   LeaseAssignment(balance, k), leases[scope], positions, broker),
+                   LeaseAssignment(balance, k), leases[scope], checkpoints, broker),
         )
         for k, scope in enumerate(scopes)
     ]  # fmt: skip
@@ -118,7 +118,7 @@ def build(settings: Settings, folder: SchemaFolder | None = None, native: bool =
         client.close()
         broker.close()
 
-    membership = Membership(mongo.leases(client), group.name, group.instance_id, group.partitions,
+    membership = Membership(mongo.leases(client), group_name(parts.outboxes), group.instance_id, group.partitions,
                             group.timing.lease_ttl_s)  # fmt: skip
     return Group(group, relays, balance, membership, observer, start, close)
 
@@ -156,20 +156,20 @@ def stream_plans(parts: PartConfigs) -> list[StreamPlan]:
     cluster (RELAY_CHANGE_STREAMS)."""
     mongo, count = parts.mongo, parts.group.partitions
     if mongo.change_streams == CLUSTER:
-        return [StreamPlan(mongo.outboxes, count, None)]
+        return [StreamPlan(parts.outboxes, count, None)]
     databases: dict[str, list[Namespace]] = {}
-    for namespace in mongo.outboxes:
+    for namespace in parts.outboxes:
         databases.setdefault(namespace.database, []).append(namespace)
     return [StreamPlan(tuple(outboxes), count, database) for database, outboxes in databases.items()]
 
 
-def process_positions(parts: PartConfigs, client: MongoClient[Any], leases: Iterable[LeaseStore]) -> Coalescer:
-    """Where the process's loops store their positions: together, in one MongoDB transaction over
+def process_checkpoints(parts: PartConfigs, client: MongoClient[Any], leases: Iterable[LeaseStore]) -> Coalescer:
+    """Where the process's loops store their checkpoints: together, in one MongoDB transaction over
     their lease documents, at most once per RELAY_CHECKPOINT_INTERVAL_MS or every
     RELAY_CHECKPOINT_MAX_EVENTS acknowledged events (relay.core.coalescer).
     The lease documents of every outbox live in one collection (the state database), so one
     write covers every database the process reads."""
-    store = MongoPositionStore(client, {lease.lease_id: lease for lease in leases})
+    store = MongoCheckpointStore(client, {lease.lease_id: lease for lease in leases})
     loop = parts.loop
     return Coalescer(store, loop.checkpoint_interval_ms / 1000, SystemClock(), loop.checkpoint_max_events)
 
@@ -210,14 +210,14 @@ def _relay(
     native: bool,
     assignment: Assignment,
     lease: LeaseStore,
-    positions: Coalescer,
+    checkpoints: Coalescer,
     broker: Broker,
 ) -> Relay[ScopeObserver]:
-    """The relay loop of `scope` on the process's `client`, `stream`, `positions` and `broker`: its
+    """The relay loop of `scope` on the process's `client`, `stream`, `checkpoints` and `broker`: its
     `lease`, change source, delivery mode, message builder and assignment."""
     selection = fingerprint(scope, parts.encoding.fields.aggregate_id)
     return Relay(
-        dataclasses.replace(parts.loop, lease_id=scope.lease_id),
+        parts.loop,
         source=change_source(parts, client, stream, scope),
         mode=broker.mode(scope.lease_id, selection),
         lease=lease,
@@ -226,7 +226,7 @@ def _relay(
         fingerprint=selection,
         assignment=assignment,
         foreign_errors=driver_errors(broker),
-        positions=positions,
+        coalescer=checkpoints,
     )
 
 
@@ -257,21 +257,21 @@ def _preflight(parts: PartConfigs, client: MongoClient[Any], broker: Broker) -> 
     scopes = parts.scopes()
     broker.check_settings()
     check_mongodb(client, mongo)
-    check_privileges(client, required_for(mongo, parts.cleanup))
-    check_server(mongo.outbox(client, mongo.outboxes[0]), count)
+    check_privileges(client, required_for(mongo, parts.outboxes, parts.cleanup))
+    check_server(mongo.outbox(client, parts.outboxes[0]), count)
     leases = mongo.leases(client)
-    for namespace in mongo.outboxes:
-        prepare(leases, str(namespace), count)
-    new = added(leases, [str(n) for n in mongo.outboxes])
+    for namespace in parts.outboxes:
+        prepare(leases, namespace, count)
+    new = added(leases, parts.outboxes)
     for scope in scopes:  # so a later change of count finds all of them
-        lease_store(parts, client, scope).ensure(rescan=str(scope.namespace) in new)
+        lease_store(parts, client, scope).ensure(rescan=scope.namespace in new)
     broker.check_servers()
 
 
 def housekeeping(
     parts: PartConfigs, client: MongoClient[Any], registry: CollectorRegistry, health: Health
 ) -> Housekeeper:
-    """The outbox checks and clean-up by position (relay.mongo.housekeeping) of one process, over
+    """The outbox checks and clean-up by checkpoint (relay.mongo.housekeeping) of one process, over
     every outbox and the lease ids it may lead, reporting to its metrics and health."""
     mongo, field = parts.mongo, parts.encoding.fields
     series = OutboxSeries(registry)
@@ -279,8 +279,8 @@ def housekeeping(
         Watched(
             cleaner_for(client, mongo, namespace, field.occurred_at, parts.cleanup),
             shares_of(namespace, parts.group.partitions, field.aggregate_id),
-            OutboxMetrics(series, health, str(namespace)),
+            OutboxMetrics(series, health, namespace),
         )
-        for namespace in mongo.outboxes
+        for namespace in parts.outboxes
     ]
     return Housekeeper(watched, mongo.leases(client), parts.group.instance_id, parts.cleanup)

@@ -1,6 +1,6 @@
-"""Change events made by hand: `relay.dev.harness.changes`, shared with the benchmarks
+"""Change events made by hand: `harness.changes`, shared with the benchmarks
 (re-exported here)."""
 
-from relay.dev.harness.changes import change_value, insert_change
+from harness.changes import change_value, insert_change
 
 __all__ = ["change_value", "insert_change"]

@@ -30,6 +30,7 @@ import pymongo
 import pytest
 
 from relay.config import Settings
+from relay.core.namespace import Namespace
 from tests.support.logs import CapturedLogs, captured_logs
 from tests.support.servers import OnDemand, Servers
 from tests.support.topics import close_admin_clients, release_kafka_clients
@@ -186,6 +187,11 @@ class Env:
     @property
     def outbox(self) -> Any:
         return self.db[self.settings.outbox_collection]
+
+    @property
+    def namespace(self) -> Namespace:
+        """The test's one outbox (`str()`: its lease id, and the text logs and commands show)."""
+        return self.settings.namespaces[0]
 
     def topic(self, aggregate_type: str = "order") -> str:
         return self.settings.topic_template.format(aggregateType=aggregate_type, eventType="")

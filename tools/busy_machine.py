@@ -6,13 +6,13 @@ did each 10 s.
 
     python tools/busy_machine.py --seconds 900 --squat &   # then, beside it: make test
 
-Stop it by its process id (it ends its children itself).
+Stop it by its process id (it ends its children itself; its reaper ends them if it is killed:
+relay.dev.processes.spawn).
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import random
 import signal
@@ -21,10 +21,10 @@ import sys
 import threading
 import time
 
+from relay.dev.processes import spawn
 
-def _spin(until: float) -> None:
-    while time.monotonic() < until:
-        pass
+# A spinner: a child process keeping one core busy for SECONDS (its argument).
+_SPIN = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass"
 
 
 def _churn(port: int, until: float, pause: float, counts: list[int], slot: int) -> None:
@@ -71,9 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # SIGTERM ends the spinners too (finally)
     until = time.monotonic() + args.seconds
-    spinners = [multiprocessing.Process(target=_spin, args=(until,), daemon=True) for _ in range(args.spinners)]
-    for spinner in spinners:
-        spinner.start()
+    spinners = [spawn([sys.executable, "-c", _SPIN, str(args.seconds)]) for _ in range(args.spinners)]
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1024)
@@ -100,6 +98,7 @@ def main() -> None:
     finally:
         for spinner in spinners:
             spinner.terminate()
+            spinner.wait()
         server.close()
 
 

@@ -28,8 +28,8 @@ from bench.sampling import Sampler, Usage, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
 from bench.scenarios.drain import CpuAtFirst, Output, Span, TopicOutput, rate_of
 from bench.stack import nats_url
+from harness.relays import RelayProcess
 from relay.config import Settings
-from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 
 
@@ -160,7 +160,7 @@ def _drain(stack: LocalStack, client: MongoClient[Any], backlog: Backlog, settin
 
     def covered() -> bool:
         at_first.poll()
-        data, _at = lease_token_data(leases, settings.namespace)
+        data, _at = lease_token_data(leases, str(settings.namespaces[0]))
         return data is not None and data >= backlog.last_token_data
 
     relay = launch()

@@ -38,7 +38,7 @@ from bench.events import EventFactory
 from bench.relay_under_test import relay_settings
 from bench.scenarios.backlog import last_oplog_write
 from bench.scenarios.positions import lease_writes
-from relay.dev.harness.relays import RelayProcess
+from harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 from relay.outbox import Outbox
 

@@ -31,8 +31,8 @@ import psutil
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, KafkaError, TopicPartition
 
 from bench.common import committed_messages, consumer, create_topic, in_kafka
-from relay.dev.harness import ROOT
-from relay.dev.harness.relays import ChildProcess
+from harness import ROOT
+from harness.relays import ChildProcess
 
 TAIL = 64  # offsets read back from each partition's end: past any commit markers of exactly-once
 

@@ -50,9 +50,9 @@ from pymongo.client_session import ClientSession
 
 from bench.common import create_topic, progress, warm_up_kafka
 from bench.scenarios.outbox_writer import format_writer
+from harness.changes import change_value
 from relay.avro.folder import SchemaFolder
 from relay.config import Settings
-from relay.dev.harness.changes import change_value
 from relay.inbox import AsyncInbox, Inbox, InboxEvent
 from relay.inbox import sources as sources_module
 from relay.inbox.consumer import KafkaSource

@@ -105,8 +105,9 @@ from bench.scenarios.outboxes_report import MISSED_BY, SHARED, SIDECARS, STREAM,
 from bench.scenarios.partitions import group_catch_up, stream_cost
 from bench.stack import bench_stack
 from bench.writer import OutboxesInTurn, receive, writer_child
+from harness.relays import RelayProcess
 from relay.config import Settings
-from relay.dev.harness.relays import RelayProcess
+from relay.core.namespace import Namespace
 from relay.dev.stack import LocalStack
 from relay.mongo.pipeline import StreamPlan
 
@@ -233,7 +234,7 @@ class Launch:
     def __init__(self, configs: list[Settings], leases: Collection[Any], tag: str) -> None:
         self.logs = Path(tempfile.mkdtemp(prefix=f"bench-{tag}-"))
         self.relays = [RelayProcess(s, self.logs, f"relay-{i}") for i, s in enumerate(configs)]
-        self._scopes = {s.instance_id: len(s.outbox_namespaces) for s in configs}
+        self._scopes = {s.instance_id: len(s.namespaces) for s in configs}
         self.leases = leases
         self.up_at: dict[int, float] = {}     # process index -> time.time() it held all its leases
         self.up_cpu_s: dict[int, float] = {}  # ... and its CPU seconds then
@@ -515,7 +516,7 @@ def _catch_up_round(stack: LocalStack, client: MongoClient[Any], options: Option
     idle = wait_idle(stack)
     try:
         if who == STREAM:
-            plan = StreamPlan(tuple(outboxes.namespaces), 1, outboxes.database)
+            plan = StreamPlan(tuple(Namespace(outboxes.database, c) for c in outboxes.collections), 1, outboxes.database)
             assert outboxes.before is not None
             row = bare_stream(stack, client, plan, outboxes.before, outboxes.events, label(n, who))
             row.extra.update(n=n, contestant=who, backlog_write_s=outboxes.seconds)
@@ -555,7 +556,7 @@ def _partitions_round(stack: LocalStack, client: MongoClient[Any], options: Opti
             if kind == "relay":
                 row = group_catch_up(stack, client, backlog, run_id, k, 1, tag=f"outboxes-p{k}-{uuid.uuid4().hex[:4]}")
             elif kind == "stream":
-                plan = StreamPlan((f"{database}.{backlog.collection}",), k, database)
+                plan = StreamPlan((Namespace(database, backlog.collection),), k, database)
                 row = bare_stream(stack, client, plan, backlog.before, backlog.events, PARTITION_KINDS[kind].format(k=k))
             else:
                 row = stream_cost(stack, client, backlog, k)

@@ -37,8 +37,8 @@ from bench.events import aggregate_id
 from bench.relay_under_test import relay_settings
 from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
+from harness.relays import RelayProcess
 from relay.core.partitions import Partition, partition_of
-from relay.dev.harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
 from relay.mongo.pipeline import pipeline
 

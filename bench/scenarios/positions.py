@@ -3,8 +3,8 @@ entries of the lease collection per second and per 1,000 events, for N outboxes 
 and several intervals. Counts, which a shared, noisy machine does not blur (no CPU figures).
 Reported, never asserted.
 
-Run alone, on a stack of its own: `.venv/bin/python -m bench.scenarios.positions [--outboxes 1,5,20]
-[--intervals 0,200,1000,5000] [--rate 300] [--seconds 10]` (results also in
+Run alone, on the benchmark's stack (`bench.stack`): `.venv/bin/python -m bench.scenarios.positions
+[--outboxes 1,5,20] [--intervals 0,200,1000,5000] [--rate 300] [--seconds 10]` (results also in
 `bench/results/positions.json`).
 
 For each N and interval: a fresh database with N outboxes; one `outbox-relay run` process listing
@@ -31,13 +31,14 @@ from typing import Any
 from bson import Timestamp
 from pymongo import MongoClient
 
-from bench.common import RESULTS_DIR, consumer, create_topic, in_kafka, progress, wait_for, warm_up_kafka
+from bench.common import RESULTS_DIR, consumer, create_topic, in_kafka, progress, wait_for
 from bench.events import EventFactory
 from bench.relay_under_test import relay_settings
 from bench.scenarios.backlog import last_oplog_write
 from bench.scenarios.outboxes import create_outboxes, opcounters
+from bench.stack import bench_stack
+from harness.relays import RelayProcess
 from relay.dev.stack import LocalStack
-from tests.support.relays import RelayProcess
 
 COUNTS = (1, 5, 20)
 INTERVALS_MS = (0, 200, 1000, 5000)
@@ -123,24 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=int, default=300, help="events a second in all (default 300)")
     p.add_argument("--seconds", type=float, default=10, help="how long the writer writes (default 10)")
     args = p.parse_args(argv)
-    stack = LocalStack.in_temp_dir(partitions=3)
-    progress(f"starting MongoDB and Kafka in {stack.base_dir}")
     rows: list[Row] = []
-    try:
-        stack.start()
-        warm_up_kafka(stack.kafka.bootstrap_servers)
-        with MongoClient(stack.mongo.uri, tz_aware=True) as client:
-            tag = uuid.uuid4().hex[:6]
-            for n in (int(x) for x in args.outboxes.split(",")):
-                for interval in (int(x) for x in args.intervals.split(",")):
-                    row = measure(stack, client, n, interval, args.rate, args.seconds, tag)
-                    progress(f"N={n} interval={interval} ms: {row.lease_writes} lease writes "
-                             f"({row.writes_per_s:.1f}/s, {row.writes_per_1000_events:.1f} per 1,000 events), "
-                             f"{row.positions} positions, {row.updates_per_1000_events:.1f} updates per 1,000 events")
-                    rows.append(row)
-    finally:
-        stack.stop()
-        shutil.rmtree(stack.base_dir, ignore_errors=True)
+    with bench_stack() as (stack, client):
+        tag = uuid.uuid4().hex[:6]
+        for n in (int(x) for x in args.outboxes.split(",")):
+            for interval in (int(x) for x in args.intervals.split(",")):
+                row = measure(stack, client, n, interval, args.rate, args.seconds, tag)
+                progress(f"N={n} interval={interval} ms: {row.lease_writes} lease writes "
+                         f"({row.writes_per_s:.1f}/s, {row.writes_per_1000_events:.1f} per 1,000 events), "
+                         f"{row.positions} positions, {row.updates_per_1000_events:.1f} updates per 1,000 events")
+                rows.append(row)
     print("| N | interval ms | events | s | lease writes/s | per 1,000 events | positions per write | updates per 1,000 events |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:

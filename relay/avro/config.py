@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from relay.core.errors import ConfigError
 from relay.core.message import valid_topic
 from relay.core.names import env_name
+from relay.core.namespace import Namespace
 from relay.core.redact import Secret, Uri, hold_masked
 from relay.outbox import FieldNames
 
@@ -18,11 +19,10 @@ SUBJECT_STRATEGIES = ("topic", "record", "topic-record")
 
 @dataclass(frozen=True, kw_only=True)
 class EncodingConfig:
-    """How an outbox document becomes a Kafka message (relay.avro.encoding.MessageBuilder) or a
-    dead letter (relay.avro.deadletter)."""
+    """How an outbox document of the outbox `outbox` becomes a Kafka message
+    (relay.avro.encoding.MessageBuilder) or a dead letter (relay.avro.deadletter)."""
 
-    database: str
-    collection: str
+    outbox: Namespace  # its database and collection fill the topic template and the CloudEvents source
     fields: FieldNames
     topic_template: str
     ce_source: str  # CloudEvents source; empty: /outbox-relay/<database>/<collection>
@@ -43,10 +43,6 @@ class EncodingConfig:
             )
 
     @property
-    def namespace(self) -> str:
-        return f"{self.database}.{self.collection}"
-
-    @property
     def event_topic_template(self) -> str:
         """The topic template with this outbox's `{database}` and `{collection}` filled in: what is
         left names only the event's own fields (TOPIC_FIELDS)."""
@@ -56,7 +52,7 @@ class EncodingConfig:
             if field is None:
                 continue
             if field in OUTBOX_FIELDS and not spec and not conversion:
-                value = self.database if field == "database" else self.collection
+                value = self.outbox.database if field == "database" else self.outbox.collection
                 parts.append(value.replace("{", "{{").replace("}", "}}"))
             else:
                 parts.append(
@@ -66,7 +62,7 @@ class EncodingConfig:
 
     @property
     def cloudevents_source(self) -> str:
-        return self.ce_source or f"/outbox-relay/{self.database}/{self.collection}"
+        return self.ce_source or f"/outbox-relay/{self.outbox.database}/{self.outbox.collection}"
 
 
 @dataclass(frozen=True, kw_only=True)

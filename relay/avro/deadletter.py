@@ -36,7 +36,7 @@ def dead_letter_message(change: Change, reason: str, fencing_token: int, config:
         ("ce_id", event_id.encode()),
         (HEADER_REASON, reason.encode()[:2000]),
         (HEADER_FENCING, str(fencing_token).encode()),
-        ("relay_outbox", config.namespace.encode()),
+        ("relay_outbox", str(config.outbox).encode()),
         ("content-type", CONTENT_TYPE_JSON),
     ]
     if len(value) > config.max_message_bytes - _ROOM:

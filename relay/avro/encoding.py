@@ -129,8 +129,7 @@ class MessageBuilder:
         self._framing = framing or SingleObjectFraming(registry)
         self._template = config.event_topic_template
         self._source = config.cloudevents_source.encode()
-        self._database = config.database
-        self._collection = config.collection
+        self._outbox = config.outbox
         self._max_bytes = config.max_message_bytes
         self._native = (
             _native_encoder(config, registry) if native and isinstance(self._framing, SingleObjectFraming) else None
@@ -210,8 +209,8 @@ class MessageBuilder:
             "occurredAt": event.occurred_at,
             "payload": payload,
             "source": {
-                "database": self._database,
-                "collection": self._collection,
+                "database": self._outbox.database,
+                "collection": self._outbox.collection,
                 "clusterTime": (cluster_time.time << 32 | cluster_time.inc) if cluster_time else 0,
                 "position": change.position["_data"],
             },
@@ -290,8 +289,8 @@ def _native_encoder(config: EncodingConfig, folder: SchemaFolder) -> Any:
         template,
         typed,
         folder.fingerprint(generic),
-        config.database,
-        config.collection,
+        config.outbox.database,
+        config.outbox.collection,
         config.cloudevents_source.encode(),
         config.max_message_bytes,
         RECORD_OVERHEAD,

@@ -17,21 +17,28 @@ from dataclasses import dataclass
 
 from relay.avro.config import EncodingConfig
 from relay.core.names import env_name
+from relay.core.namespace import Namespace
 from relay.outbox import FieldNames
 
 
 @dataclass(frozen=True)
 class SharedTopics:
-    """Outboxes (`database.collection`, in the order listed) routing one aggregate type to one
-    topic, the template they share with their own names filled in, and the placeholder missing."""
+    """Outboxes (in the order listed) routing one aggregate type to one topic, the template they
+    share with their own names filled in, and the placeholder missing."""
 
-    outboxes: tuple[str, ...]
+    outboxes: tuple[Namespace, ...]
     template: str
     missing: str
 
+    @property
+    def names(self) -> list[str]:
+        """The outboxes' texts (`database.collection`), as the WARNING line and `status` show them."""
+        return [str(n) for n in self.outboxes]
+
     def warning(self) -> str:
         """The one WARNING line `run` writes at start."""
-        listed = ", ".join(self.outboxes[:-1]) + " and " + self.outboxes[-1]
+        names = self.names
+        listed = ", ".join(names[:-1]) + " and " + names[-1]
         return (
             f"outboxes {listed} publish an aggregate type they share to one topic ({env_name('topic_template')} "
             f"gives {self.template} for each, without {self.missing}): a consumer cannot tell their events "
@@ -39,14 +46,12 @@ class SharedTopics:
         )
 
     def as_status(self) -> dict[str, object]:
-        return {"outboxes": list(self.outboxes), "topicTemplate": self.template, "missingPlaceholder": self.missing}
+        return {"outboxes": self.names, "topicTemplate": self.template, "missingPlaceholder": self.missing}
 
 
-def _filled(template: str, namespace: str) -> str:
-    database, _, collection = namespace.partition(".")
+def _filled(template: str, namespace: Namespace) -> str:
     config = EncodingConfig(
-        database=database,
-        collection=collection,
+        outbox=namespace,
         fields=FieldNames(),
         topic_template=template,
         ce_source="",
@@ -56,16 +61,16 @@ def _filled(template: str, namespace: str) -> str:
     return config.event_topic_template
 
 
-def shared_topics(template: str, outboxes: Iterable[str]) -> list[SharedTopics]:
+def shared_topics(template: str, outboxes: Iterable[Namespace]) -> list[SharedTopics]:
     """Every group of two or more `outboxes` that `template` routes to the same topics (the module
     docstring), in the order the outboxes are listed."""
-    groups: dict[str, list[str]] = {}
+    groups: dict[str, list[Namespace]] = {}
     for namespace in outboxes:
         groups.setdefault(_filled(template, namespace), []).append(namespace)
     found = []
     for filled, names in groups.items():
         if len(names) < 2:
             continue
-        databases = {n.partition(".")[0] for n in names}
+        databases = {n.database for n in names}
         found.append(SharedTopics(tuple(names), filled, "{database}" if len(databases) > 1 else "{collection}"))
     return found

@@ -1,17 +1,17 @@
 """`outbox-relay outbox init` and `outbox prune`: create the outbox collection and its index;
-delete what the stored position covers."""
+delete what the stored checkpoint covers."""
 
 from __future__ import annotations
 
 from relay.config import Settings
 from relay.core.namespace import Namespace
 from relay.mongo.connection import check_mongodb, mongo_client
-from relay.mongo.housekeeping import PositionUnknownError, cleaner_for, shares_of
+from relay.mongo.housekeeping import CheckpointUnknownError, cleaner_for, shares_of
 from relay.outbox import Outbox
 
 TTL_WARNING = (
     "note: a TTL index deletes events whether or not the relay published them; a relay down or "
-    "behind for longer than the TTL loses them. Clean-up by position (RELAY_OUTBOX_RETENTION, or "
+    "behind for longer than the TTL loses them. Clean-up by checkpoint (RELAY_OUTBOX_RETENTION, or "
     "`outbox-relay outbox prune`) is the safe choice; with a TTL index, watch "
     "relay_outbox_ttl_headroom_seconds (the relay warns below RELAY_TTL_HEADROOM_WARN_S)"
 )
@@ -31,7 +31,7 @@ def init_outbox(settings: Settings, ttl_seconds: int | None = None, outbox: str 
 
 def prune_outbox(settings: Settings, dry_run: bool = False, outbox: str | None = None) -> list[str]:
     """`outbox prune [--dry-run] [--outbox NS]`: for each outbox (or the one named), delete (or,
-    dry, count) the documents every partition's stored position covers and older than
+    dry, count) the documents every partition's stored checkpoint covers and older than
     RELAY_OUTBOX_RETENTION (none set: 0 s)."""
     lines: list[str] = []
     for namespace in settings.pick_outboxes(outbox):
@@ -40,7 +40,7 @@ def prune_outbox(settings: Settings, dry_run: bool = False, outbox: str | None =
 
 
 def _prune(settings: Settings, namespace: Namespace, dry_run: bool) -> list[str]:
-    """One outbox's prune. Refuses, deleting nothing, while any of its partitions' positions is
+    """One outbox's prune. Refuses, deleting nothing, while any of its partitions' checkpoints is
     unknown (relay.mongo.housekeeping)."""
     parts = settings.parts()
     retention = parts.cleanup.retention_s
@@ -49,10 +49,10 @@ def _prune(settings: Settings, namespace: Namespace, dry_run: bool) -> list[str]
         check_mongodb(client, parts.mongo)
         cleaner = cleaner_for(client, parts.mongo, namespace, fields.occurred_at, parts.cleanup)
         shares = shares_of(namespace, settings.partitions, fields.aggregate_id)
-        unknown = [p for p in (cleaner.position(lid) for lid, _ in shares) if p.time is None]
+        unknown = [p for p in (cleaner.checkpoint(lid) for lid, _ in shares) if p.time is None]
         if unknown:
-            raise PositionUnknownError(
-                "the relay's stored position is unknown, nothing deleted: "
+            raise CheckpointUnknownError(
+                "the relay's stored checkpoint is unknown, nothing deleted: "
                 + "; ".join(f"{p.lease_id}: {p.why}" for p in unknown)
             )
         lines = [
@@ -65,9 +65,9 @@ def _prune(settings: Settings, namespace: Namespace, dry_run: bool) -> list[str]
             result = cleaner.run_pass(lid, documents, retention or 0.0, dry_run=dry_run)
             total += result.deleted
             verb = "would delete" if dry_run else "deleted"
-            time = result.position.time
+            time = result.checkpoint.time
             lines.append(
-                f"{lid}: stored position at cluster time {time.time if time else '?'}.{time.inc if time else '?'}; "
+                f"{lid}: stored checkpoint at cluster time {time.time if time else '?'}.{time.inc if time else '?'}; "
                 f"{verb} {result.deleted} of {result.candidates} documents older than the retention "
                 f"({result.kept_uncovered} not yet covered, kept)"
             )

@@ -6,7 +6,7 @@ holding the replay's id. Per outbox, the parts of the range (relay.commands.repl
 in order: the collection before the oplog's window, then a change stream of its own inside it
 (relay.mongo.replay_source). Outboxes are replayed one after the other.
 
-Never in the live relay's way: no lease is taken and no stored position is written (the lease
+Never in the live relay's way: no lease is taken and no stored checkpoint is written (the lease
 documents are only read, for the fencing token the messages carry); progress is saved in a
 local state file (relay.commands.replay_state) after Kafka acknowledged it.
 
@@ -267,7 +267,7 @@ class _Replay:
             oldest = oldest_occurred(outbox, unfiltered)
             if unseen(parts, oldest) is None:
                 continue
-            gone = gap(str(namespace), parts, oldest, oplog.as_datetime(), self._removals(namespace))
+            gone = gap(namespace, parts, oldest, oplog.as_datetime(), self._removals(namespace))
             if gone is None:
                 continue
             if not self._args.allow_gap:
@@ -320,7 +320,7 @@ class _Replay:
 
     def _replay_outbox(self, run: _Run, namespace: Namespace, parts: list[Part]) -> bool:
         """Replay one outbox's parts in order; False when stopped by a signal (progress saved)."""
-        done = run.state.outbox(str(namespace))
+        done = run.state.outbox(namespace)
         if done.done:
             return True
         target = self._target(run, namespace)
@@ -344,7 +344,7 @@ class _Replay:
     def _replay_part(self, run: _Run, target: _Target, part: Part) -> bool:
         """Replay one part, chunk by chunk, saving the progress after each confirmed chunk; False
         when stopped by a signal."""
-        done = run.state.outbox(str(target.namespace))
+        done = run.state.outbox(target.namespace)
         field = self._parts.encoding.fields.occurred_at
         try:
             for batch in self._batches(run, target.namespace, part, done):
@@ -386,7 +386,7 @@ class _Replay:
         messages = self._messages(target, chunk)
         self._publish(run.publisher, messages)
         for message in messages:
-            self._counts.add(str(target.namespace), message.topic, source.value)
+            self._counts.add(target.namespace, message.topic, source.value)
 
     def _chunk_size(self) -> int:
         """Messages per confirmation: fewer under a rate limit, so progress is saved every second."""
@@ -400,7 +400,7 @@ class _Replay:
 
         def skipped(event_id: str, reason: str) -> None:
             log.warning("replay: skipping poison event %s: %s", event_id, reason, extra={"event_id": event_id})
-            self._counts.skipped[str(target.namespace)] += 1
+            self._counts.skip(target.namespace)
 
         built, _ = encode(changes, target.fencing_token, target.encoder, self._poison, skipped)
         return [

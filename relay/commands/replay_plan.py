@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from relay.core.errors import ConfigError, OperatorActionError
+from relay.core.namespace import Namespace
 
 
 class ReplayGapError(OperatorActionError):
@@ -103,7 +104,7 @@ def unseen(parts: list[Part], oldest_document: dt.datetime | None) -> tuple[dt.d
 
 
 def gap(
-    namespace: str,
+    namespace: Namespace,
     parts: list[Part],
     oldest_document: dt.datetime | None,
     oplog_start: dt.datetime,

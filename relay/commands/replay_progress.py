@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from relay.core.namespace import Namespace
 from relay.core.redact import emit
 
 BAR_WIDTH = 30
@@ -28,8 +29,12 @@ class Counts:
     def done(self) -> int:
         return sum(self.by_key.values())
 
-    def add(self, outbox: str, topic: str, source: str, count: int = 1) -> None:
-        self.by_key[(outbox, topic, source)] += count
+    def add(self, outbox: Namespace, topic: str, source: str, count: int = 1) -> None:
+        self.by_key[(str(outbox), topic, source)] += count
+
+    def skip(self, outbox: Namespace) -> None:
+        """A poison event of `outbox` left out (the replay's policy, `skip`)."""
+        self.skipped[str(outbox)] += 1
 
     def summary(self) -> dict[str, Any]:
         """{outbox: {topic: {"oplog": n, "collection": n}}}."""

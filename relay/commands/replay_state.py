@@ -1,6 +1,6 @@
 """Where an `outbox-relay replay` records its progress, so `--resume REPLAY_ID` continues it: a
 JSON file per replay in a local folder (`--state-dir`, default `<cache dir>/replays`: RELAY_CACHE_DIR,
-else ~/.cache/outbox-relay). Never in MongoDB: the live relay's leases and positions are not
+else ~/.cache/outbox-relay). Never in MongoDB: the live relay's leases and checkpoints are not
 touched, and nothing the live relay reads is written.
 
 The file holds the request (outboxes, range, filters, target topic, rate limit) and, per outbox, how far the
@@ -29,6 +29,7 @@ from bson import json_util
 
 from relay.cachedir import cache_dir
 from relay.core.errors import ConfigError
+from relay.core.namespace import Namespace
 
 _JSON = json_util.RELAXED_JSON_OPTIONS.with_options(tz_aware=True, tzinfo=dt.UTC)
 
@@ -65,8 +66,9 @@ class ReplayState:
     request: dict[str, Any]
     progress: dict[str, OutboxProgress] = field(default_factory=dict)
 
-    def outbox(self, namespace: str) -> OutboxProgress:
-        return self.progress.setdefault(namespace, OutboxProgress())
+    def outbox(self, namespace: Namespace) -> OutboxProgress:
+        """The progress of the outbox `namespace` (saved under its text)."""
+        return self.progress.setdefault(str(namespace), OutboxProgress())
 
     def save(self, folder: Path) -> Path:
         """Write the state atomically; returns the file."""

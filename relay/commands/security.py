@@ -21,7 +21,7 @@ DEFAULT_ROLE = "outboxRelay"
 
 def privileges(settings: Settings, inbox: str | None = None) -> list[Privilege]:
     parts = settings.parts()
-    return required_for(parts.mongo, parts.cleanup, inbox)
+    return required_for(parts.mongo, parts.outboxes, parts.cleanup, inbox)
 
 
 def role(settings: Settings, name: str = DEFAULT_ROLE, inbox: str | None = None, *, as_json: bool = False) -> str:
@@ -31,7 +31,8 @@ def role(settings: Settings, name: str = DEFAULT_ROLE, inbox: str | None = None,
     doc = role_document(name, needed)
     if as_json:
         return json.dumps(doc, indent=2)
-    lines = [f"// outbox-relay: least privileges for {settings.namespace} (docs/security.md)"]
+    outboxes = ", ".join(str(n) for n in settings.namespaces)
+    lines = [f"// outbox-relay: least privileges for {outboxes} (docs/security.md)"]
     lines += [f"//   {p.namespace}: {', '.join(p.actions)} ({p.why})" for p in needed]
     lines.append(f'db.getSiblingDB("admin").runCommand({json.dumps(doc, indent=2)})')
     lines.append(

@@ -4,7 +4,7 @@
 expiry, checkpoint, its lag and how long ago it was stored; one, the whole outbox's, without RELAY_PARTITIONS, also shown at
 the top as it always was) and every replica of the group with what it leads: partition indexes
 when one outbox is shown, lease ids when several are. With several outboxes and no `--outbox` they
-are listed under `outboxes`. `checkpointIntervalMs` is RELAY_CHECKPOINT_INTERVAL_MS: positions are
+are listed under `outboxes`. `checkpointIntervalMs` is RELAY_CHECKPOINT_INTERVAL_MS: checkpoints are
 stored at most that often, so after a crash the events of about that long (plus what was in flight)
 are published again (`duplicateWindow`). `sharedTopics` lists the outboxes the topic template routes
 to the same topics (an aggregate type two of them use lands on one topic: relay.avro.shared_topics).
@@ -27,6 +27,7 @@ from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, described, partitions
 from relay.core.positions import short_token, token_cluster_time
 from relay.core.times import rfc3339
+from relay.group.config import group_name
 from relay.mongo.connection import check_mongodb, mongo_client
 from relay.mongo.lease_admin import LeaseDocument
 from relay.mongo.membership import Membership
@@ -56,7 +57,11 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
         check_mongodb(client, mongo)
         shown = {n: [(s, s.read()) for s in _stores(settings, client, n)] for n in chosen}
         membership = Membership(
-            mongo.leases(client), group.name, group.instance_id, group.partitions, group.timing.lease_ttl_s
+            mongo.leases(client),
+            group_name(parts.outboxes),
+            group.instance_id,
+            group.partitions,
+            group.timing.lease_ttl_s,
         )
         members = membership.replicas()
     holders: dict[str, list[dict[str, Any]]] = {}
@@ -70,9 +75,9 @@ def status(settings: Settings, outbox: str | None = None) -> dict[str, Any]:
             f"after a crash, the events delivered in its last {interval / 1000:g} s (at most {count:,} of them) "
             "and those in flight are published again"
             if interval
-            else "after a crash, the events in flight are published again (positions stored after every batch)"
+            else "after a crash, the events in flight are published again (checkpoints stored after every batch)"
         ),
-        "sharedTopics": [s.as_status() for s in shared_topics(settings.topic_template, settings.outbox_namespaces)],
+        "sharedTopics": [s.as_status() for s in shared_topics(settings.topic_template, parts.outboxes)],
         "partitions": group.partitions,
         "partitionsLed": sum(len(v) for v in holders.values()),
         "replicas": [_replica(r, holders, group.timing.lease_ttl_s, len(outboxes) == 1) for r in members],
@@ -178,7 +183,7 @@ def reset_checkpoint(settings: Settings, force: bool = False, outbox: str | None
     partition's with RELAY_PARTITIONS > 1; the next leader starts at RELAY_START_AT.
 
     Refused (LeaseHeldError, naming the holder) while a leader holds an unexpired lease: its next
-    commit would store its position again, so the reset would silently do nothing. With `force`
+    write would store its checkpoint again, so the reset would silently do nothing. With `force`
     the holder is also fenced out (the fencing token grows and the lease is freed), so its next
     write fails and it goes back to standby before taking the lease again.
     """
@@ -198,14 +203,14 @@ def reset_checkpoint(settings: Settings, force: bool = False, outbox: str | None
                 lid, doc = busy[0]
                 what = lid
                 raise LeaseHeldError(
-                    f"{doc['owner']} holds the lease on {what}: it would store its position again at "
-                    "its next commit. Stop the relays first, or use --force to fence it out as well"
+                    f"{doc['owner']} holds the lease on {what}: it would store its checkpoint again at "
+                    "its next write. Stop the relays first, or use --force to fence it out as well"
                 )
         fenced = [h for h in (s.reset_checkpoint(force) for s in stores) if h is not None]
     if fenced and not force:
         raise LeaseHeldError(
-            f"{fenced[0]} holds the lease on {namespace}: it would store its position again at "
-            "its next commit. Stop the relays first, or use --force to fence it out as well"
+            f"{fenced[0]} holds the lease on {namespace}: it would store its checkpoint again at "
+            "its next write. Stop the relays first, or use --force to fence it out as well"
         )
     which = described(namespace, settings.partitions)
     note = f" ({', '.join(sorted(set(fenced)))} fenced out)" if fenced else ""

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from relay.config.settings import Settings
 from relay.config.sources import flag_name, parse_pairs
-from relay.config.table import Settings, public_fields
+from relay.config.table import public_fields
 from relay.core.names import env_name
 
 

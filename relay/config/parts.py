@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from relay.avro.config import EncodingConfig, RegistryConfig
+from relay.config.table import SettingsTable
 from relay.core.config import LeaseTiming, LoopConfig
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
@@ -23,14 +23,14 @@ from relay.ops.config import HealthConfig, ObserverConfig
 from relay.outbox import FieldNames
 from relay.rabbitmq.config import RabbitConfig
 
-if TYPE_CHECKING:
-    from relay.config.table import Settings
-
 
 @dataclass(frozen=True)
 class PartConfigs:
-    """The configuration of each part, made from the settings (`Settings.parts`)."""
+    """The configuration of each part, made from the settings (`Settings.parts`), and the outboxes
+    they serve, held here once: a part that acts on the outboxes is handed them (or one of them)
+    by the wiring, never a copy in its own configuration."""
 
+    outboxes: tuple[Namespace, ...]  # RELAY_OUTBOXES, or the one RELAY_DATABASE.RELAY_OUTBOX_COLLECTION
     loop: LoopConfig
     mongo: MongoConfig
     broker: str  # RELAY_BROKER: which of the broker parts below the relay publishes to
@@ -45,15 +45,15 @@ class PartConfigs:
 
     def scopes(self) -> list[Scope]:
         """What this deployment's relay loops publish: every outbox in every partition."""
-        return scopes(self.mongo.outboxes, self.group.partitions)
+        return scopes(self.outboxes, self.group.partitions)
 
     def encoding_for(self, namespace: Namespace) -> EncodingConfig:
         """How the events of the outbox `namespace` become messages (its database and collection
         in the CloudEvents source and the topic template)."""
-        return dataclasses.replace(self.encoding, database=namespace.database, collection=namespace.collection)
+        return dataclasses.replace(self.encoding, outbox=namespace)
 
 
-def part_configs(s: Settings) -> PartConfigs:
+def part_configs(s: SettingsTable) -> PartConfigs:
     """Each part's configuration from the settings `s`."""
     timing = LeaseTiming(
         lease_ttl_s=s.lease_ttl_s,
@@ -62,6 +62,7 @@ def part_configs(s: Settings) -> PartConfigs:
     )
     kafka = _kafka(s)
     return PartConfigs(
+        outboxes=s.namespaces,
         loop=_loop(s, timing, kafka),
         mongo=_mongo(s),
         broker=_broker(s),
@@ -76,9 +77,7 @@ def part_configs(s: Settings) -> PartConfigs:
             basic_auth=Secret(s.schema_registry_basic_auth),
         ),
         observer=_observer(s, timing),
-        group=GroupConfig(
-            instance_id=s.instance_id, outboxes=s.outbox_namespaces, partitions=s.partitions, timing=timing
-        ),
+        group=GroupConfig(instance_id=s.instance_id, partitions=s.partitions, timing=timing),
         cleanup=OutboxCleanupConfig(
             retention=s.outbox_retention,
             check_interval_s=s.outbox_check_interval_s,
@@ -87,11 +86,10 @@ def part_configs(s: Settings) -> PartConfigs:
     )
 
 
-def _mongo(s: Settings) -> MongoConfig:
+def _mongo(s: SettingsTable) -> MongoConfig:
     return MongoConfig(
         uri=Uri(s.mongodb_uri),
         database=s.database,
-        outboxes=s.namespaces,
         change_streams=s.change_streams,
         lease_collection=s.lease_collection,
         connect_timeout_s=s.connect_timeout_s,
@@ -100,10 +98,8 @@ def _mongo(s: Settings) -> MongoConfig:
     )
 
 
-def _loop(s: Settings, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
+def _loop(s: SettingsTable, timing: LeaseTiming, kafka: KafkaConfig) -> LoopConfig:
     return LoopConfig(
-        outboxes=",".join(s.outbox_namespaces),
-        lease_id=None,  # each scope's loop gets its own (relay.wiring)
         timing=timing,
         max_in_flight_events=s.batch_max_events,
         batch_max_bytes=s.batch_max_bytes,
@@ -124,13 +120,13 @@ BROKERS = ("kafka", "nats", "rabbitmq")  # RELAY_BROKER
 NO_SIZE_LIMIT = 2**31 - 1  # no message is this large: MongoDB's documents stop at 16 MiB
 
 
-def _broker(s: Settings) -> str:
+def _broker(s: SettingsTable) -> str:
     if s.broker not in BROKERS:
         raise ConfigError(env_name("broker"), f"must be one of {', '.join(BROKERS)}; got {s.broker!r}")
     return s.broker
 
 
-def _nats(s: Settings) -> NatsConfig:
+def _nats(s: SettingsTable) -> NatsConfig:
     return NatsConfig(
         servers=Uri(s.nats_servers),
         stream=s.nats_stream,
@@ -147,7 +143,7 @@ def _nats(s: Settings) -> NatsConfig:
     )
 
 
-def _kafka(s: Settings) -> KafkaConfig:
+def _kafka(s: SettingsTable) -> KafkaConfig:
     return KafkaConfig(
         bootstrap_servers=Uri(s.kafka_bootstrap_servers),
         properties=Properties(s.kafka),
@@ -160,7 +156,7 @@ def _kafka(s: Settings) -> KafkaConfig:
     )
 
 
-def _rabbitmq(s: Settings) -> RabbitConfig:
+def _rabbitmq(s: SettingsTable) -> RabbitConfig:
     return RabbitConfig(
         url=Uri(s.rabbitmq_url),
         exchange=s.rabbitmq_exchange,
@@ -171,7 +167,7 @@ def _rabbitmq(s: Settings) -> RabbitConfig:
     )
 
 
-def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
+def _encoding(s: SettingsTable, kafka: KafkaConfig) -> EncodingConfig:
     fields = FieldNames(
         aggregate_type=s.field_aggregate_type,
         aggregate_id=s.field_aggregate_id,
@@ -181,10 +177,8 @@ def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
         headers=s.field_headers,
         topic=s.field_topic,
     )
-    first = s.namespaces[0]
     return EncodingConfig(
-        database=first.database,
-        collection=first.collection,
+        outbox=s.namespaces[0],  # each outbox's own: PartConfigs.encoding_for
         fields=fields,
         topic_template=s.topic_template,
         ce_source=s.ce_source,
@@ -195,7 +189,7 @@ def _encoding(s: Settings, kafka: KafkaConfig) -> EncodingConfig:
     )
 
 
-def _observer(s: Settings, timing: LeaseTiming) -> ObserverConfig:
+def _observer(s: SettingsTable, timing: LeaseTiming) -> ObserverConfig:
     health = HealthConfig(
         connect_timeout_s=s.connect_timeout_s,
         restart_backoff_max_s=s.restart_backoff_max_s,
@@ -205,7 +199,6 @@ def _observer(s: Settings, timing: LeaseTiming) -> ObserverConfig:
     return ObserverConfig(
         broker=s.broker,
         instance_id=s.instance_id,
-        outboxes=s.outbox_namespaces,
         http_port=s.http_port,
         http_host=s.http_host,
         dead_letter_topic=s.dead_letter_topic,

@@ -1,14 +1,12 @@
 """The settings table: one frozen object, every setting declared once with its type, default and
-meaning (`_setting`), and what is derived from them (the outboxes, each part's configuration).
+meaning (`_setting`), and the values read from them alone (the outboxes, the credentials, how they
+are shown). The README's configuration table is generated from these declarations
+(relay.config.doc).
 
-`Settings.load()` reads the sources (relay.config.sources) and validates once: `parts()` builds each
-part's small configuration (relay.config.parts), and each checks its own values; a problem raises
-`ConfigError` naming the setting. Only the wiring and the commands read Settings. The README's
-configuration table is generated from these declarations (relay.config.doc).
-
-Judged against pydantic-settings: it would parse the three sources with types too, but not keep
-every message and variable name as they are, and it would put pydantic into the light client's
-installation; the parsing here is some sixty lines (relay.config.sources).
+`SettingsTable` holds the declarations; `relay.config.settings.Settings` is the object users load
+(`Settings.load()`: the sources read, every part's configuration built from this table by
+relay.config.parts and checked). So parts.py reads the table, settings.py reads both, and neither
+of the two modules below it reads the one above.
 """
 
 from __future__ import annotations
@@ -20,17 +18,14 @@ import socket
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
-from relay.config.parts import PartConfigs, part_configs
-from relay.config.sources import parse_outboxes, read_sources
-from relay.core.config import EXACTLY_ONCE
+from relay.config.sources import parse_outboxes
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
 from relay.core.namespace import Namespace, NamespaceError
-from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
+from relay.core.redact import credential_values, redact_mapping, uri_secrets
 from relay.mongo.config import uri_credentials
-from relay.ops.config import check_logging
 
 
 def _default_instance_id() -> str:
@@ -47,9 +42,9 @@ def _setting(default: Any, help: str, *, internal: bool = False) -> Any:
 
 
 @dataclass(frozen=True, repr=False)
-class Settings:
-    """Everything the relay needs to run; immutable after `load()`. Its `repr` and `rendered()`
-    show credentials as `***` (relay.core.redact)."""
+class SettingsTable:
+    """Every setting, declared once; immutable. Its `repr` and `rendered()` show credentials as
+    `***` (relay.core.redact). Users hold the `Settings` subclass (relay.config.settings)."""
 
     mongodb_uri: str = _setting(
         "mongodb://localhost:27017/?replicaSet=rs0",
@@ -96,7 +91,7 @@ class Settings:
     nats_ack_timeout_ms: int = _setting(
         5000,
         "RELAY_BROKER=nats: longest a publish waits for JetStream's acknowledgement before the relay "
-        "publishes again from its stored position (ms)",
+        "publishes again from its stored checkpoint (ms)",
     )
     nats_duplicate_window_s: float = _setting(
         120.0,
@@ -143,12 +138,12 @@ class Settings:
     )
     checkpoint_interval_ms: int = _setting(
         1000,
-        "most often the positions one process leads are stored, together in one write, after delivered "
+        "most often the checkpoints one process leads are stored, together in one write, after delivered "
         "batches (ms; 0: after every batch); after a crash the events of about this long are published again",
     )
     checkpoint_max_events: int = _setting(
         10_000,
-        "most events acknowledged before the positions are stored, whatever RELAY_CHECKPOINT_INTERVAL_MS says "
+        "most events acknowledged before the checkpoints are stored, whatever RELAY_CHECKPOINT_INTERVAL_MS says "
         "(bounds the duplicates after a crash during a catch-up)",
     )
     standby_poll_s: float = _setting(
@@ -181,7 +176,7 @@ class Settings:
     dead_letter_topic: str = _setting("outbox.deadletter", "topic for poison events when RELAY_ON_POISON=dead-letter")
     outbox_retention: str = _setting(
         "",
-        "clean-up by position: delete outbox documents the stored position covers once older than this "
+        "clean-up by checkpoint: delete outbox documents the stored checkpoint covers once older than this "
         "(3600, 90m, 24h, 7d; empty or off: never); docs/outbox-cleanup.md",
     )
     outbox_check_interval_s: float = _setting(
@@ -251,26 +246,13 @@ class Settings:
     )
     kafka: Mapping[str, str] = _setting(dict, "Kafka producer properties (RELAY_KAFKA_<PROPERTY>)", internal=True)
 
-    # ---- the parts' configurations ------------------------------------------------------------
-
-    def parts(self) -> PartConfigs:
-        """Each part's own configuration, made from these settings and checked by the part
-        (ConfigError names the setting); built once per Settings object. `relay.wiring` hands
-        each part its own."""
-        return self._parts
-
-    @functools.cached_property
-    def _parts(self) -> PartConfigs:
-        return part_configs(self)
-
-    @property
-    def namespace(self) -> str:
-        """RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: the outbox when RELAY_OUTBOXES is not set."""
-        return f"{self.database}.{self.outbox_collection}"
+    # ---- the outboxes ---------------------------------------------------------------------------
 
     @functools.cached_property
     def namespaces(self) -> tuple[Namespace, ...]:
-        """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one `namespace`."""
+        """The outboxes this deployment publishes: RELAY_OUTBOXES, or the one
+        RELAY_DATABASE.RELAY_OUTBOX_COLLECTION. The one view of the list: what shows it as text
+        writes `str(namespace)`."""
         listed = parse_outboxes(self.outboxes)
         if listed:
             return listed
@@ -282,41 +264,32 @@ class Settings:
         except NamespaceError as exc:
             raise ConfigError(env_name("database"), str(exc)) from exc
 
-    @functools.cached_property
-    def outbox_namespaces(self) -> tuple[str, ...]:
-        """The texts (`database.collection`) of `namespaces`, as logs, labels and commands show them."""
-        return tuple(str(n) for n in self.namespaces)
-
     def pick_outboxes(self, given: str | Sequence[str] | None, every: bool = True) -> tuple[Namespace, ...]:
         """The outboxes a command acts on, the one way every command picks them: those `given`
         (`--outbox`, once or, for `replay`, repeated; each one of the outboxes, in the order given,
         each once), else all of them (`every`), else the only one; ConfigError naming --outbox
         otherwise, and the setting the outboxes come from (RELAY_OUTBOXES when it is set, else
         RELAY_DATABASE and RELAY_OUTBOX_COLLECTION)."""
-        names = self.outbox_namespaces
+        named = {str(n): n for n in self.namespaces}  # a name given is matched, never parsed
         wanted = [given] if isinstance(given, str) else list(given or [])
         for name in wanted:
-            if name not in names:
+            if name not in named:
                 raise ConfigError("--outbox", f"{name!r} is not one of the outboxes ({self._outboxes_source()})")
         if wanted:
-            return tuple(self.namespaces[names.index(name)] for name in dict.fromkeys(wanted))
-        if every or len(names) == 1:
+            return tuple(named[name] for name in dict.fromkeys(wanted))
+        if every or len(named) == 1:
             return self.namespaces
-        raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(names)}")
+        raise ConfigError("--outbox", f"name the outbox to act on, one of: {', '.join(named)}")
 
     def _outboxes_source(self) -> str:
         """Where the outboxes come from, as a refusal names it: `RELAY_OUTBOXES: a.b, c.d`, or
         `RELAY_DATABASE.RELAY_OUTBOX_COLLECTION: app.outbox` when RELAY_OUTBOXES is not set."""
-        listed = ", ".join(self.outbox_namespaces)
+        listed = ", ".join(str(n) for n in self.namespaces)
         if parse_outboxes(self.outboxes):
             return f"{env_name('outboxes')}: {listed}"
         return f"{env_name('database')}.{env_name('outbox_collection')}: {listed}"
 
-    def kafka_client_config(self) -> dict[str, str]:
-        """The configuration of the relay's other Kafka clients (KafkaConfig.client_config)."""
-        return self.parts().kafka.client_config()
-
-    def replace(self, **changes: Any) -> Settings:
+    def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
 
     # ---- credentials ----------------------------------------------------------------------
@@ -340,44 +313,13 @@ class Settings:
         found += uri_secrets(self.rabbitmq_url)
         return found
 
-    # ---- loading --------------------------------------------------------------------------
-
-    @classmethod
-    def load(
-        cls,
-        env: Mapping[str, str] | None = None,
-        flags: Mapping[str, Any] | None = None,
-        kafka_flags: Mapping[str, str] | None = None,
-        config_file: str | None = None,
-    ) -> Settings:
-        """Merge the sources, parse and validate; raises ConfigError naming the bad setting."""
-        values, kafka = read_sources(
-            public_types(), os.environ if env is None else env, flags or {}, kafka_flags or {}, config_file
-        )
-        settings = cls(**values, kafka=kafka)
-        register_secrets(settings.secrets())  # before validating: a refused value is masked too
-        settings.validate()
-        return settings
-
-    def validate(self) -> None:
-        """Check every part's configuration (each failure names the setting), the logging
-        settings, and what no single part can: exactly-once mode needs one read in flight."""
-        self.parts()
-        check_logging(self.log_level, self.log_format)
-        if self.delivery == EXACTLY_ONCE and self.broker == "kafka" and self.pipeline_depth != 1:
-            raise ConfigError(
-                env_name("pipeline_depth"),
-                f"must be 1 with RELAY_DELIVERY=exactly-once (one Kafka transaction at a time), "
-                f"got {self.pipeline_depth}",
-            )
-
 
 def public_fields() -> list[dataclasses.Field[Any]]:
     """The settings that are RELAY_ variables of their own, in declaration order."""
-    return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")]
+    return [f for f in dataclasses.fields(SettingsTable) if not f.metadata.get("internal")]
 
 
 def public_types() -> dict[str, type]:
     """Each public setting's name and type, for the sources' parser."""
-    hints = typing.get_type_hints(Settings)
+    hints = typing.get_type_hints(SettingsTable)
     return {f.name: hints[f.name] for f in public_fields()}

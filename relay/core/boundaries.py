@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from relay.core.change import Batch, Change
 from relay.core.errors import Action
 from relay.core.message import OutgoingMessage
-from relay.core.positions import Grant, PositionWrite, StartPoint, Token
+from relay.core.positions import CheckpointWrite, Grant, StartPoint, Token
 from relay.core.resume import Committed
 from relay.core.window import Parcel
 
@@ -164,17 +164,17 @@ class LeaseStore(Protocol):
         """Give the lease up so a standby can take it at once."""
 
 
-class PositionStore(Protocol):
-    """Where the positions of the scopes one process leads are written, several at once
-    (relay.mongo.positions.MongoPositionStore: one MongoDB transaction over their lease documents;
-    relay.core.coalescer.LeaseByLease for a loop run alone). relay.core.coalescer.Coalescer decides
-    when, and which positions go together."""
+class CheckpointStore(Protocol):
+    """Where the checkpoints of the scopes one process leads are written, several at once
+    (relay.mongo.checkpoints.MongoCheckpointStore: one MongoDB transaction over their lease
+    documents; relay.core.coalescer.LeaseByLease for a loop run alone).
+    relay.core.coalescer.Coalescer decides when, and which checkpoints go together."""
 
-    def store(self, positions: Sequence[PositionWrite]) -> set[str]:
-        """Store `positions` in one fenced, majority-acknowledged write: each only while its grant's
-        owner and fencing token are still current (its lease renewed with it). Returns the lease
-        ids refused for that (their leases were lost); every other position is stored. Raises on
-        any other failure, having stored none of them."""
+    def store(self, checkpoints: Sequence[CheckpointWrite]) -> set[str]:
+        """Store `checkpoints` in one fenced, majority-acknowledged write: each only while its
+        grant's owner and fencing token are still current (its lease renewed with it). Returns the
+        lease ids refused for that (their leases were lost); every other checkpoint is stored.
+        Raises on any other failure, having stored none of them."""
 
 
 class Encoder(Protocol):

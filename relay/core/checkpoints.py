@@ -1,29 +1,29 @@
 """The checkpoint writer: every write a leading session makes to its lease document.
 
 Rules (each enforced here, tested in tests/unit/test_checkpoints.py):
-- `store(token)` hands the checkpoint to the process's positions (relay.core.coalescer), written
+- `store(token)` hands the checkpoint to the process's coalescer (relay.core.coalescer), written
   fenced with the other scopes' at most once per RELAY_CHECKPOINT_INTERVAL_MS (`now`: at once, for
-  the position a stream opens at); the caller calls it only once every event the token covers was
-  acknowledged by Kafka (guarantee 1: relay.core.loop's `_settle`). Each step (`beat`, `idle`)
+  the token a stream opens at); the caller calls it only once every event the token covers was
+  acknowledged by the broker (guarantee 1: relay.core.loop's `_settle`). Each step (`beat`, `idle`)
   gives the due write its turn and learns what was written for this lease, by whichever loop.
 - While leading, the lease document is written at least every RELAY_HEARTBEAT_INTERVAL_S: `beat()`
-  renews it when that much time passed since the last write (a stored position or a renewal), so a
+  renews it when that much time passed since the last write (a stored checkpoint or a renewal), so a
   slow broker is not a takeover, and a replica that was paused learns at its next write that it
   lost the lease (LeaseLostError).
 - An idle read's newer token (guarantee 7: the post-batch token of an idle outbox) is handed over
   at most every heartbeat interval (`idle`); one not handed over yet is when the session ends
-  (`flush`, which writes everything held at once: a graceful stop stores its final position before
+  (`flush`, which writes everything held at once: a graceful stop stores its final checkpoint before
   the lease is released). A newer read with events makes it moot (`read`). Newer means after the
   last token handed over, which a session starts from its grant's checkpoint: an idle store never
   moves the checkpoint back.
 - A lease is valid, provably, until `valid_until`: RELAY_LEASE_TTL_S after the last write that
-  extended it began (taking it, a renewal, a stored position; the server sets its expiry from its
+  extended it began (taking it, a renewal, a stored checkpoint; the server sets its expiry from its
   own clock after the write arrives, so never earlier), less a margin of one heartbeat interval. A
-  renewal or a due position write that fails with an error a restart would cure (`transient`)
+  renewal or a due checkpoint write that fails with an error a restart would cure (`transient`)
   while the lease is valid does not end the session: it says so in one WARNING line, keeps the
-  positions held and tries again (at most every heartbeat interval / 5). Once the lease is no
+  checkpoints held and tries again (at most every heartbeat interval / 5). Once the lease is no
   longer provably valid and no write succeeded, the next `beat` raises LeaseUnrenewedError: the
-  session stops publishing before the lease can expire and another replica take it. The position
+  session stops publishing before the lease can expire and another replica take it. The token
   a stream opens at (`store(now=True)`), a lost lease and any other error are raised at once.
 """
 
@@ -36,14 +36,14 @@ from relay.core.boundaries import Clock, LeaseStore
 from relay.core.coalescer import Coalescer, LeaseByLease
 from relay.core.config import LeaseTiming
 from relay.core.errors import LeaseUnrenewedError
-from relay.core.positions import Grant, PositionWrite, Token, newer, short_token
+from relay.core.positions import CheckpointWrite, Grant, Token, newer, short_token
 
 log = logging.getLogger("relay")
 
 
 class CheckpointWriter:
     """The writes of one relay loop to its lease document, for the session of `grant` (`begin`);
-    its positions go through `positions`, the process's (alone: written at once, lease by lease)."""
+    its checkpoints go through `coalescer`, the process's (alone: written at once, lease by lease)."""
 
     def __init__(
         self,
@@ -52,11 +52,11 @@ class CheckpointWriter:
         clock: Clock,
         timing: LeaseTiming,
         stored: Callable[[Token], None],
-        positions: Coalescer | None = None,
+        coalescer: Coalescer | None = None,
         transient: Callable[[BaseException], bool] = lambda exc: False,
     ) -> None:
         self._lease = lease
-        self._positions = positions or Coalescer(LeaseByLease(lease), 0.0, clock)
+        self._coalescer = coalescer or Coalescer(LeaseByLease(lease), 0.0, clock)
         self._fingerprint = fingerprint
         self._clock = clock
         self._interval = timing.heartbeat_interval_s
@@ -74,7 +74,7 @@ class CheckpointWriter:
     def begin(self, grant: Grant, asked_at: float | None = None) -> None:
         """A session of `grant` starts: taking the lease (asked for at monotonic `asked_at`,
         default now) was a write; its checkpoint is the last token stored."""
-        self._positions.begin(self._lease.lease_id)
+        self._coalescer.begin(self._lease.lease_id)
         self._grant, self._unstored, self._last_token = grant, None, grant.checkpoint.token
         now = self._clock.monotonic()
         self._last_write, self._failing, self._retry_at = now, None, 0.0
@@ -98,21 +98,21 @@ class CheckpointWriter:
 
     def store(self, token: Token, *, now: bool = False, events: int = 0) -> None:
         """Hand `token` over as the checkpoint (fenced, majority), written with the process's other
-        positions once the interval or the event count is due (`now`: at once, and a failure is
+        checkpoints once the interval or the event count is due (`now`: at once, and a failure is
         raised); called only once every event it covers was acknowledged, `events` of them since
         the last hand-over."""
         lid = self._lease.lease_id
-        self._positions.hold(PositionWrite(lid, self.grant, token, self._fingerprint), events)
+        self._coalescer.hold(CheckpointWrite(lid, self.grant, token, self._fingerprint), events)
         self._last_token, self._unstored = token, None
         if now:
-            self._written(self._positions.write(lid, due=False))
+            self._written(self._coalescer.write(lid, due=False))
         else:
             self._due_write()
 
     def _due_write(self) -> None:
         """Give the process's due write its turn (a failure survives while the lease is valid)."""
         try:
-            token = self._positions.write(self._lease.lease_id)
+            token = self._coalescer.write(self._lease.lease_id)
         except Exception as exc:  # noqa: BLE001 - _failed re-raises all but a transient failure
             self._failed(exc)
             return
@@ -123,7 +123,7 @@ class CheckpointWriter:
         if token is not None:
             self._last_write = self._clock.monotonic()
             self._failing = None
-            began = self._positions.renewed_at(self._lease.lease_id)
+            began = self._coalescer.renewed_at(self._lease.lease_id)
             self._extended(self._last_write if began is None else began)
             self._stored(token)
             log.debug("checkpoint %s fencing=%d", short_token(token), self.grant.fencing_token)
@@ -173,7 +173,7 @@ class CheckpointWriter:
         when = f"{left:.0f} s before it can expire" if left > 0 else "as it may have expired"
         return LeaseUnrenewedError(
             f"the lease on {self._lease.lease_id} could not be renewed ({exc}): stopped publishing {when}; "
-            "restarting from the stored position"
+            "restarting from the stored checkpoint"
         )
 
     def beat(self) -> None:
@@ -211,10 +211,10 @@ class CheckpointWriter:
         if self._unstored is not None:
             self.store(self._unstored, now=True)
         else:
-            self._written(self._positions.write(self._lease.lease_id, due=False))
+            self._written(self._coalescer.write(self._lease.lease_id, due=False))
 
     def end(self, *, store: bool) -> None:
         """The session is over: write what it holds (`store`; raises what the write raised) or drop
         it (its lease is lost); either way nothing of it is written later."""
         self._unstored = None
-        self._written(self._positions.end(self._lease.lease_id, store=store))
+        self._written(self._coalescer.end(self._lease.lease_id, store=store))

@@ -1,31 +1,32 @@
-"""The positions of every scope one process leads, stored together, at most once per
+"""The checkpoints of every scope one process leads, stored together, at most once per
 RELAY_CHECKPOINT_INTERVAL_MS or every RELAY_CHECKPOINT_MAX_EVENTS acknowledged events, whichever
-comes first (docs/architecture.md, "Positions").
+comes first (docs/architecture.md, "Checkpoints").
 
 Each leading loop hands its newest acknowledged token to the process's one `Coalescer` (`hold`),
-with how many events were acknowledged since its last hand-over, which keeps one position per
-lease and writes all it holds in ONE fenced write through its PositionStore (relay.mongo.positions:
-one MongoDB transaction) once the interval has passed since the last write, or once the events
-held by every loop together reach the count. Every loop asks at each step (`write`), so a held
-position waits at most about one interval plus one read, and during a catch-up at most about the
-count; with an interval of 0 each hold is written at once, after every batch.
+with how many events were acknowledged since its last hand-over, which keeps one checkpoint per
+lease and writes all it holds in ONE fenced write through its CheckpointStore
+(relay.mongo.checkpoints: one MongoDB transaction) once the interval has passed since the last
+write, or once the events held by every loop together reach the count. Every loop asks at each
+step (`write`), so a held checkpoint waits at most about one interval plus one read, and during a
+catch-up at most about the count; with an interval of 0 each hold is written at once, after every
+batch.
 
 Rules, each enforced here (tests/unit/test_coalescer.py):
-- Only what a loop hands over is written, and a loop hands over a token only once Kafka
-  acknowledged every event it covers (relay.core.loop `_settle`): a stored position never covers
+- Only what a loop hands over is written, and a loop hands over a token only once the broker
+  acknowledged every event it covers (relay.core.loop `_settle`): a stored checkpoint never covers
   an unacknowledged event. What is held and not yet written is lost on a crash: the duplicate
   window grows by at most the interval or the count (plus one read), nothing is lost.
-- Each position is written under its own grant (owner and fencing token): a lease found lost
-  refuses its own position only; the others are stored by the same write, and the lost lease's
+- Each checkpoint is written under its own grant (owner and fencing token): a lease found lost
+  refuses its own checkpoint only; the others are stored by the same write, and the lost lease's
   loop learns it (LeaseLostError) at its next call, whichever loop made the write.
-- Positions only move forward: a held position is replaced only by a newer one of the same grant;
-  a session starts (`begin`) with nothing held for its lease and ends (`end`) by writing what it
-  holds or dropping it, after any write in flight, so nothing of an earlier session is written
-  once a later session has read its grant.
-- A write that fails keeps its positions held for the next one (a newer hold meanwhile wins), and
-  their events count towards the next; its error reaches the loop that made it. The interval
+- Checkpoints only move forward: a held checkpoint is replaced only by a newer one of the same
+  grant; a session starts (`begin`) with nothing held for its lease and ends (`end`) by writing
+  what it holds or dropping it, after any write in flight, so nothing of an earlier session is
+  written once a later session has read its grant.
+- A write that fails keeps its checkpoints held for the next one (a newer hold meanwhile wins),
+  and their events count towards the next; its error reaches the loop that made it. The interval
   still counts from that attempt.
-- A write renews every lease it stores (relay.mongo.positions): `renewed_at` gives, per lease,
+- A write renews every lease it stores (relay.mongo.checkpoints): `renewed_at` gives, per lease,
   when the last write that stored it began (its lease is valid for a TTL from then, by the server's
   clock: relay.core.checkpoints).
 """
@@ -35,26 +36,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from relay.core.boundaries import Clock, LeaseStore, PositionStore
+from relay.core.boundaries import CheckpointStore, Clock, LeaseStore
 from relay.core.errors import LeaseLostError
-from relay.core.positions import PositionWrite, Token, newer
+from relay.core.positions import CheckpointWrite, Token, newer
 
 
 class Coalescer:
-    """The process's positions on their way to `store`, written together every `interval_s`."""
+    """The process's checkpoints on their way to `store`, written together every `interval_s`."""
 
-    def __init__(self, store: PositionStore, interval_s: float, clock: Clock, max_events: int | None = None) -> None:
+    def __init__(self, store: CheckpointStore, interval_s: float, clock: Clock, max_events: int | None = None) -> None:
         self._store = store
         self.interval_s = interval_s
         self.max_events = max_events  # None: the interval alone decides
         self._clock = clock
         self._lock = threading.Lock()  # guards the fields below, never held across a write
         self._writing = threading.Lock()  # one write at a time; `begin` and `end` wait for it
-        self._held: dict[str, PositionWrite] = {}
+        self._held: dict[str, CheckpointWrite] = {}
         self._stored: dict[str, Token] = {}  # written, not yet reported to its loop
         self._lost: dict[str, LeaseLostError] = {}  # refused, not yet reported to its loop
         self._last_write: float | None = None  # monotonic time the last write began
-        self._events = 0  # events acknowledged in the positions held, since the last write began
+        self._events = 0  # events acknowledged in the checkpoints held, since the last write began
         self._renewed: dict[str, float] = {}  # monotonic time the last write storing a lease began
 
     def begin(self, lease_id: str) -> None:
@@ -62,25 +63,25 @@ class Coalescer:
         with self._writing, self._lock:
             self._forget(lease_id)
 
-    def hold(self, position: PositionWrite, events: int = 0) -> None:
-        """Keep `position` as its lease's next position (every event its token covers acknowledged
-        by the broker), unless one held is newer; `events` were acknowledged since the lease's last
+    def hold(self, checkpoint: CheckpointWrite, events: int = 0) -> None:
+        """Keep `checkpoint` as its lease's next one (every event its token covers acknowledged by
+        the broker), unless one held is newer; `events` were acknowledged since the lease's last
         hold (they count towards RELAY_CHECKPOINT_MAX_EVENTS). Raises LeaseLostError if a write
         refused that lease."""
         with self._lock:
-            self._raise_lost(position.lease_id)
+            self._raise_lost(checkpoint.lease_id)
             self._events += events
-            held = self._held.get(position.lease_id)
-            if held is None or held.grant != position.grant or newer(position.token, held.token):
-                self._held[position.lease_id] = position
+            held = self._held.get(checkpoint.lease_id)
+            if held is None or held.grant != checkpoint.grant or newer(checkpoint.token, held.token):
+                self._held[checkpoint.lease_id] = checkpoint
 
     def holds(self, lease_id: str) -> bool:
-        """Whether a position of `lease_id` waits to be written."""
+        """Whether a checkpoint of `lease_id` waits to be written."""
         with self._lock:
             return lease_id in self._held
 
     def write(self, lease_id: str, *, due: bool = True) -> Token | None:
-        """Write every held position now (`due=False`), or only once the interval has passed since
+        """Write every held checkpoint now (`due=False`), or only once the interval has passed since
         the last write. Returns the newest token of `lease_id` stored since its loop last asked
         (by this write or another loop's), else None; raises LeaseLostError if a write refused it,
         and whatever this write raised."""
@@ -90,7 +91,7 @@ class Coalescer:
             return self._stored.pop(lease_id, None)
 
     def renewed_at(self, lease_id: str) -> float | None:
-        """The monotonic time the last write that stored `lease_id`'s position began (None: none
+        """The monotonic time the last write that stored `lease_id`'s checkpoint began (None: none
         yet): that write renewed its lease."""
         with self._lock:
             return self._renewed.get(lease_id)
@@ -131,18 +132,18 @@ class Coalescer:
                 refused = self._store.store(list(batch.values()))
             except BaseException:
                 with self._lock:
-                    for lid, position in batch.items():
-                        self._held.setdefault(lid, position)
+                    for lid, checkpoint in batch.items():
+                        self._held.setdefault(lid, checkpoint)
                     self._events += events
                 raise
             with self._lock:
-                for lid, position in batch.items():
+                for lid, checkpoint in batch.items():
                     if lid in refused:
-                        self._lost[lid] = _lost(position)
+                        self._lost[lid] = _lost(checkpoint)
                         self._held.pop(lid, None)  # held under the same grant: refused as well
                         self._stored.pop(lid, None)
                     else:
-                        self._stored[lid] = position.token
+                        self._stored[lid] = checkpoint.token
                         self._renewed[lid] = began
 
     def _raise_lost(self, lease_id: str) -> None:
@@ -158,23 +159,23 @@ class Coalescer:
         self._lost.pop(lease_id, None)
 
 
-def _lost(position: PositionWrite) -> LeaseLostError:
-    g = position.grant
+def _lost(checkpoint: CheckpointWrite) -> LeaseLostError:
+    g = checkpoint.grant
     return LeaseLostError(
-        f"lease on {position.lease_id} lost: fencing token {g.fencing_token} of {g.owner} is no longer current"
+        f"lease on {checkpoint.lease_id} lost: fencing token {g.fencing_token} of {g.owner} is no longer current"
     )
 
 
 class LeaseByLease:
-    """A PositionStore writing each position to its own lease document, one update each (a loop run
-    on its own, as the fast loop tests do; the relay process uses relay.mongo.positions)."""
+    """A CheckpointStore writing each checkpoint to its own lease document, one update each (a loop
+    run on its own, as the fast loop tests do; the relay process uses relay.mongo.checkpoints)."""
 
     def __init__(self, lease: LeaseStore) -> None:
         self._lease = lease
 
-    def store(self, positions: Sequence[PositionWrite]) -> set[str]:
+    def store(self, checkpoints: Sequence[CheckpointWrite]) -> set[str]:
         refused = set()
-        for p in positions:
+        for p in checkpoints:
             try:
                 self._lease.store_checkpoint(p.grant, p.token, p.fingerprint)
             except LeaseLostError:

@@ -82,7 +82,6 @@ class LoopConfig:
     knows; RELAY_START_AT is `oplog-start`, `now` or an ISO-8601 time.
     """
 
-    outboxes: str  # the deployment's outboxes, comma-joined `database.collection` texts (RELAY_OUTBOXES)
     timing: LeaseTiming
     # Most events handed to Kafka and not yet acknowledged (RELAY_BATCH_MAX_EVENTS: its public
     # name predates the window; it caps what is in flight, whatever the reads' sizes).
@@ -90,10 +89,10 @@ class LoopConfig:
     batch_max_bytes: int
     pipeline_depth: int
     restart_backoff_max_s: float
-    # RELAY_CHECKPOINT_INTERVAL_MS: most often the process's positions are written (relay.core.coalescer).
+    # RELAY_CHECKPOINT_INTERVAL_MS: most often the process's checkpoints are written (relay.core.coalescer).
     checkpoint_interval_ms: int
     # RELAY_CHECKPOINT_MAX_EVENTS: most events acknowledged, by all the process's loops, before
-    # the positions are written, whether or not the interval has passed (relay.core.coalescer).
+    # the checkpoints are written, whether or not the interval has passed (relay.core.coalescer).
     checkpoint_max_events: int
     on_poison: str
     on_history_lost: str
@@ -102,14 +101,6 @@ class LoopConfig:
     # RELAY_DELIVERY=exactly-once: the events one Kafka transaction may hold over several reads
     # (RELAY_TRANSACTION_MAX_EVENTS), which the window then holds until the commit; None otherwise.
     transaction_max_events: int | None
-    # The lease this loop leads (relay.wiring gives each scope's loop its own); None in the
-    # settings' template, where no lease is chosen yet.
-    lease_id: str | None
-
-    @property
-    def name(self) -> str:
-        """What the loop's log lines name: its lease id, else (a template) the outboxes."""
-        return self.lease_id or self.outboxes
 
     def __post_init__(self) -> None:
         positive(self.max_in_flight_events, env_name("batch_max_events"))

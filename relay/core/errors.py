@@ -127,7 +127,7 @@ class PipelineMismatchError(OperatorActionError):
 
     @classmethod
     def between(cls, stored_in: str, stored: str | None, now: str) -> PipelineMismatchError:
-        """The error for a position stored in `stored_in` by the pipeline `stored`, now `now`."""
+        """The error for a checkpoint stored in `stored_in` by the pipeline `stored`, now `now`."""
         return cls(
             f"{stored_in} was made by a different change stream pipeline (fingerprint {stored}, now {now}); "
             "resuming could skip or repeat events. Reset the checkpoint (`outbox-relay checkpoint reset`) "
@@ -194,7 +194,7 @@ class TransactionAbortedError(TransientError):
 class LeaseUnrenewedError(TransientError):
     """Raised when a leader's lease writes kept failing until the lease is about to expire (by the
     server's clock, less a margin): the session stops publishing before another replica may take
-    the lease, and the loop restarts from its stored position."""
+    the lease, and the loop restarts from its stored checkpoint."""
 
 
 class SchemaRegistryUnavailableError(TransientError):

@@ -83,7 +83,7 @@ class Relay(Generic[ObserverT]):
     `fingerprint` identifies the source's pipeline (stored beside every token); `assignment` says
     when to try the lease and when to hand it over (alone on its outbox: always try, never hand
     over); `foreign_errors` classifies the drivers' exceptions (relay.core.errors.classify);
-    `positions` are the process's, where every loop's positions are written together
+    `coalescer` is the process's, where every loop's checkpoints are written together
     (relay.core.coalescer; without it, each is written at once to `lease`).
     """
 
@@ -100,7 +100,7 @@ class Relay(Generic[ObserverT]):
         clock: Clock | None = None,
         assignment: Assignment = ALWAYS,
         foreign_errors: ForeignClassifier | None = None,
-        positions: Coalescer | None = None,
+        coalescer: Coalescer | None = None,
     ) -> None:
         self.config = config
         self.observer: ObserverT = observer
@@ -117,7 +117,7 @@ class Relay(Generic[ObserverT]):
         self._session: Session | None = None
         self._role = "starting"
         self._checkpoints = CheckpointWriter(
-            lease, fingerprint, self._clock, config.timing, observer.checkpoint_stored, positions, self._transient
+            lease, fingerprint, self._clock, config.timing, observer.checkpoint_stored, coalescer, self._transient
         )
         self._restarts = RestartPolicy(
             config.restart_backoff_max_s, lambda s: self._clock.wait(s, self._stopping), observer.restart
@@ -137,7 +137,7 @@ class Relay(Generic[ObserverT]):
         """Run until `stop()`. Raises the error that made the relay stop, after writing it as the
         stop's one ERROR line (see errors.classify for which errors stop it)."""
         try:
-            log.info("relay watching %s", self.config.name)
+            log.info("relay watching %s", self._lease.lease_id)
             while not self.stopping:
                 self.turn()
             self._finish()
@@ -172,7 +172,7 @@ class Relay(Generic[ObserverT]):
         grant = self._lease.try_acquire()
         self._assignment.led(grant is not None)
         if grant is None:
-            self._wait_as_standby(f"another replica holds the lease on {self.config.name}")
+            self._wait_as_standby(f"another replica holds the lease on {self._lease.lease_id}")
             return
         self._checkpoints.begin(grant, asked_at)  # acquiring renewed the lease
         self.observer.role("leader", grant.fencing_token)
@@ -251,7 +251,7 @@ class Relay(Generic[ObserverT]):
             log.error(
                 "the checkpoint fell off the oplog; RELAY_ON_HISTORY_LOST=rescan: re-publishing "
                 "every document in %s (expect duplicates)",
-                self.config.name,
+                self._lease.lease_id,
             )
             source.rescan()
             return False
@@ -418,7 +418,7 @@ class Relay(Generic[ObserverT]):
     # ---- shutdown -----------------------------------------------------------------------------
 
     def _close_session(self, *, store: bool) -> None:
-        """End the session: write the positions it holds (`store`: what Kafka acknowledged stays
+        """End the session: write the checkpoints it holds (`store`: what Kafka acknowledged stays
         acknowledged; a failure leaves it to the next session, which replays from the stored
         checkpoint) or drop them (its lease is lost), then close the stream and the producer."""
         session, self._session = self._session, None
@@ -427,7 +427,7 @@ class Relay(Generic[ObserverT]):
                 self._checkpoints.end(store=store)
             except Exception as exc:  # noqa: BLE001 - the next session replays from the stored checkpoint
                 log.warning(
-                    "could not store the session's last position (%s); the next leader replays from the stored checkpoint",
+                    "could not store the session's last checkpoint (%s); the next leader replays from the stored one",
                     exc,
                 )
             session.source.close()
@@ -450,7 +450,7 @@ class Relay(Generic[ObserverT]):
     def _release(self) -> None:
         """Close the session and release its lease (a failure leaves it to expire)."""
         session = self._session
-        self._close_session(store=True)  # the final positions, before the lease is released
+        self._close_session(store=True)  # the final checkpoints, before the lease is released
         if session is not None:
             try:
                 self._lease.release(session.grant)

@@ -1,9 +1,12 @@
 """An outbox's MongoDB namespace: its database and collection. Pure: no I/O.
 
-`Namespace` travels wherever an outbox is meant (a scope, a shared stream's plan, the MongoDB
-configuration), so nothing splits a `"db.coll"` string by hand. Its text, `str(ns)`, is the
+`Namespace` travels wherever an outbox is meant, from RELAY_OUTBOXES's parsing
+(relay.config.sources) to the server (a scope, a shared stream's plan, the lease documents'
+regular expressions, the oplog's `ns`), so nothing splits a `"db.coll"` string by hand and no
+signature takes the text where it means the outbox. Its text, `str(ns)`, is the
 `database.collection` form every user-visible string keeps: lease ids, log fields, metric
-labels, status output.
+labels, status output. `parse` is called only where a user's text comes in (the setting, a
+command's `--outbox` or `--inbox`).
 
 Invariants checked here: the database is non-empty and holds none of ` /\\".$`; the collection
 is non-empty (it may hold dots: `app.orders.v2` is collection `orders.v2` of database `app`).
@@ -40,11 +43,6 @@ class Namespace:
         if not dot:
             raise NamespaceError(f"expected database.collection, got {text!r}")
         return cls(database, collection)
-
-    @classmethod
-    def of(cls, value: Namespace | str) -> Namespace:
-        """`value` itself, or the parsed text (for callers that still hold `"db.coll"` strings)."""
-        return value if isinstance(value, Namespace) else cls.parse(value)
 
     def __str__(self) -> str:
         return f"{self.database}.{self.collection}"

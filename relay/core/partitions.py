@@ -102,14 +102,10 @@ def partitions(count: int) -> list[Partition]:
 @dataclass(frozen=True, order=True)
 class Scope:
     """What one relay loop publishes and one lease guards: the events of the outbox `namespace`
-    that fall in `partition`. A `"db.coll"` text given as `namespace` is parsed (Namespace.parse)."""
+    that fall in `partition`."""
 
     namespace: Namespace
     partition: Partition = WHOLE
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.namespace, Namespace):  # a caller holding the text
-            object.__setattr__(self, "namespace", Namespace.parse(self.namespace))
 
     @property
     def database(self) -> str:
@@ -158,7 +154,7 @@ def label_names(count: int) -> list[str]:
     return ["outbox", "partition"] if count > 1 else ["outbox"]
 
 
-def described(namespace: Namespace | str, count: int) -> str:
+def described(namespace: Namespace, count: int) -> str:
     """The outbox as a message names it: `shop.outbox`, or `shop.outbox (4 partitions)`."""
     return str(namespace) if count == 1 else f"{namespace} ({count} partitions)"
 
@@ -204,17 +200,17 @@ def partition_of(aggregate_id: str | None, count: int) -> int:
 # ---- lease ids ----------------------------------------------------------------------------------
 
 
-def lease_id_pattern(namespace: str) -> str:
+def lease_id_pattern(namespace: Namespace) -> str:
     """A regular expression matching every lease id of `namespace`, whatever its partition count."""
-    return f"^{re.escape(namespace)}(#[0-9]+/[0-9]+)?$"
+    return f"^{re.escape(str(namespace))}(#[0-9]+/[0-9]+)?$"
 
 
-def parse_lease_id(namespace: str, value: str) -> Partition | None:
+def parse_lease_id(namespace: Namespace, value: str) -> Partition | None:
     """The partition a lease id names (WHOLE for the namespace itself); None if it is not a lease
     id of `namespace`."""
-    if value == namespace:
+    if value == str(namespace):
         return WHOLE
-    m = re.fullmatch(re.escape(namespace) + r"#([0-9]+)/([0-9]+)", value)
+    m = re.fullmatch(re.escape(str(namespace)) + r"#([0-9]+)/([0-9]+)", value)
     if m is None:
         return None
     try:

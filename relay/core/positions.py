@@ -104,10 +104,10 @@ class Grant:
 
 
 @dataclass(frozen=True)
-class PositionWrite:
-    """One scope's position on its way to the store: its lease, the grant it is stored under (owner
-    and fencing token), the token (every event it covers acknowledged by Kafka) and the pipeline
-    fingerprint stored beside it."""
+class CheckpointWrite:
+    """One scope's checkpoint on its way to the store: its lease, the grant it is stored under
+    (owner and fencing token), the token (every event it covers acknowledged by the broker) and the
+    pipeline fingerprint stored beside it."""
 
     lease_id: str
     grant: Grant

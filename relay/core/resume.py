@@ -12,13 +12,13 @@ applies the result.
 Why the newer of checkpoint and record: in exactly-once mode every Kafka transaction also writes
 the token covering it to the offsets topic; the MongoDB checkpoint is written after each commit.
 It lags the record by at most the transactions of one RELAY_CHECKPOINT_INTERVAL_MS (a crash or a
-fence between the commit and the next stored position: relay.core.coalescer), and is
+fence between the commit and the next stored checkpoint: relay.core.coalescer), and is
 ahead of it only when something else stored it (an idle heartbeat, which covers no new event; an
 at-least-once run after an exactly-once one). Resuming after either loses nothing; after the
 newer one repeats nothing. The MongoDB checkpoint alone decides whether there is a position at
 all: after `checkpoint reset` (no token) the relay starts at RELAY_START_AT, whatever the offsets
 topic holds, and an exactly-once leader forgets that record (a tombstone) so that it can never be
-taken for the new lineage's position.
+taken for the new lineage's checkpoint.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Committed(Protocol):
 class IfLost(enum.Enum):
     """What the loop does when the point it opens at has left the oplog (HistoryLostError)."""
 
-    STOP = "stop"  # raise it: the relay stops, naming the lost position (guarantee 5)
+    STOP = "stop"  # raise it: the relay stops, naming the lost checkpoint (guarantee 5)
     RESCAN = "rescan"  # open at "now" and re-publish every outbox document (relay.mongo.rescan)
     RETRY = "retry"  # the oldest entry rolled over while opening at it: restart and open again
 

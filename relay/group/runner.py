@@ -2,7 +2,7 @@
 
 A process runs one `relay.core.loop.Relay` per scope (an outbox in one partition of it, with its
 own lease), each in its own thread with its own producer; the change streams are the process's,
-one per database, shared by the loops that lead (relay.mongo.stream). `Relay` keeps the order of
+one per database, shared by the loops that lead (relay.mongo.shared_reader). `Relay` keeps the order of
 steps; this module only decides, through each relay's `Assignment`, whether it should try its
 lease and whether it should hand it over at its next batch boundary (relay.group.balance).
 
@@ -62,6 +62,7 @@ class Group:
     ) -> None:
         self.config = config
         self.relays = list(relays)
+        self.outboxes = tuple(dict.fromkeys(scope.namespace for scope, _ in self.relays))  # in their order
         self.balance = balance
         self.observer = observer
         self._membership = membership
@@ -93,7 +94,7 @@ class Group:
                 if isinstance(exc, RelayError):
                     exc.logged = True
                 raise
-            log.info("%s", self.config.joined())
+            log.info("%s", self.config.joined(self.outboxes))
             for scope, relay in self.relays:
                 thread = threading.Thread(target=self._run_relay, args=(relay,), daemon=True, name=f"relay-{scope}")
                 thread.start()

@@ -1,7 +1,7 @@
 """Poison events in the inbox, with the relay's policy names (`stop` / `dead-letter`).
 
 A message is poison when it cannot be decoded (`relay.inbox.decoding`) or when the handler raises
-for it (`relay.inbox.store.HandlerError`). The events before it in its batch are applied and
+for it (`relay.inbox.errors.HandlerError`). The events before it in its batch are applied and
 committed first; then, under
 
 - `stop` (default): one ERROR line as the relay writes it (`stopping on InboxPoisonError: ...`,

@@ -169,7 +169,7 @@ class TransactionalPublisher(LibrdkafkaProducer):
 
     def forget_record(self, heartbeat: Heartbeat) -> None:
         """Tombstone the lease's offsets record, in a transaction of its own, so that a record from
-        before a `checkpoint reset` can never be taken for this lineage's position (asked by the
+        before a `checkpoint reset` can never be taken for this lineage's checkpoint (asked by the
         resume decision, relay.core.resume, after `fence()`, before any `send`)."""
         assert self._grant is not None, "fence() first"
         assert not self._open.parcels, "before any send"

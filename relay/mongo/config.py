@@ -16,7 +16,7 @@ from pymongo.uri_parser import parse_uri, parse_userinfo, split_options
 from relay.core.config import positive
 from relay.core.errors import ConfigError
 from relay.core.names import env_name
-from relay.core.namespace import Namespace, NamespaceError
+from relay.core.namespace import Namespace
 from relay.core.redact import MASK, Uri, hold_masked, secret_name, uri_secrets
 
 SRV_SCHEME = "mongodb+srv://"
@@ -92,7 +92,6 @@ class MongoConfig:
 
     uri: Uri
     database: str  # holds the relay's own state: the lease collection and its _replicas
-    outboxes: tuple[Namespace, ...]  # every outbox (relay.config.parse_outboxes; "db.coll" texts are parsed)
     change_streams: str  # CHANGE_STREAMS: one per database holding outboxes, or one for the cluster
     lease_collection: str
     connect_timeout_s: float
@@ -105,12 +104,6 @@ class MongoConfig:
         for name in ("database", "lease_collection"):
             if not getattr(self, name).strip():
                 raise ConfigError(env_name(name), "must not be empty")
-        if not self.outboxes:
-            raise ConfigError(env_name("outbox_collection"), "must not be empty")
-        try:
-            object.__setattr__(self, "outboxes", tuple(Namespace.of(n) for n in self.outboxes))
-        except NamespaceError as exc:
-            raise ConfigError(env_name("outboxes"), str(exc)) from exc
         if self.change_streams not in CHANGE_STREAMS:
             raise ConfigError(
                 env_name("change_streams"), f"must be one of {', '.join(CHANGE_STREAMS)}; got {self.change_streams!r}"

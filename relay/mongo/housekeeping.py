@@ -1,14 +1,14 @@
-"""Keeping the outbox small without losing an event: clean-up by the stored position, and
+"""Keeping the outbox small without losing an event: clean-up by the stored checkpoint, and
 the headroom a TTL index leaves (RELAY_OUTBOX_RETENTION; docs/outbox-cleanup.md).
 
-A document may be deleted only when the stored position of its partition covers it and it is
+A document may be deleted only when the stored checkpoint of its partition covers it and it is
 older than the retention. Documents do not store when they were inserted, so coverage is read
 from the oplog, which records every insert with its cluster time (`ts`):
 
-- The stored position is the lease document's stored checkpoint: its token and that token's
-  cluster time T (`tokenClusterTime`). A partition without a stored checkpoint, or whose
-  checkpoint is older than the oldest oplog entry (history lost, a rescan under way), has no
-  known position: nothing of it is deleted, and `outbox prune` refuses.
+- The stored checkpoint is the lease document's: its token and that token's cluster time T
+  (`tokenClusterTime`). A partition without a stored checkpoint, or whose checkpoint is older
+  than the oldest oplog entry (history lost, a rescan under way), has no known checkpoint:
+  nothing of it is deleted, and `outbox prune` refuses.
 - Uncovered documents are those whose insert the stream has not passed: inserts at a cluster
   time >= T, found in the oplog among the candidates of the pass. A transaction too large for one
   oplog entry is written in several, chained by `prevOpTime`, and its events take the cluster
@@ -20,9 +20,9 @@ from the oplog, which records every insert with its cluster time (`ts`):
   unless it was inserted before T. Then it deletes the candidates not found uncovered.
 
 Invariant (enforced by `deletable`): an id is deleted only if it is absent from the inserts at or
-after T (and from the transactions ending there), so its insert was before T and the stored checkpoint, which only moves
-forward, covers it. The position read is the STORED one: a position delivered but still held by
-the process (relay.core.coalescer, up to RELAY_CHECKPOINT_INTERVAL_MS) is not in the lease document
+after T (and from the transactions ending there), so its insert was before T and the stored
+checkpoint, which only moves forward, covers it. The checkpoint read is the STORED one: a
+checkpoint delivered but still held by the process (relay.core.coalescer, up to RELAY_CHECKPOINT_INTERVAL_MS) is not in the lease document
 yet, so clean-up waits for it, and a crash that loses it never leaves a deleted document uncovered.
 Exactly-once mode stores the same checkpoint in MongoDB (it may lag the offsets record: clean-up
 then waits for it, which is safe).
@@ -60,54 +60,56 @@ log = logging.getLogger("relay.outbox")
 _NO_TIME = Timestamp(0, 0)
 
 
-class PositionUnknownError(OperatorActionError):
-    """Raised by `outbox prune` while a partition's stored position is not known."""
+class CheckpointUnknownError(OperatorActionError):
+    """Raised by `outbox prune` while a partition's stored checkpoint is not known."""
 
 
 @dataclass(frozen=True)
-class Position:
-    """A partition's stored position as clean-up sees it."""
+class StoredCheckpoint:
+    """A partition's stored checkpoint as clean-up sees it: its cluster time."""
 
     lease_id: str
     time: ClusterTime | None  # None: not known
     why: str = ""  # why it is not known
 
 
-def committed_position(client: MongoClient[Any], leases: Collection[Any], lease_id: str) -> Position:
+def stored_checkpoint(client: MongoClient[Any], leases: Collection[Any], lease_id: str) -> StoredCheckpoint:
     """The stored checkpoint's cluster time, if it is known and still in the oplog."""
     doc = leases.find_one({"_id": lease_id}, projection={"resumeToken": 1, "tokenClusterTime": 1})
     if doc is None or doc.get("resumeToken") is None:
-        return Position(lease_id, None, "no checkpoint stored yet")
+        return StoredCheckpoint(lease_id, None, "no checkpoint stored yet")
     stored = cluster_time(doc.get("tokenClusterTime"))
     if stored is None:
-        return Position(lease_id, None, "the checkpoint has no cluster time")
+        return StoredCheckpoint(lease_id, None, "the checkpoint has no cluster time")
     start = oplog_start(client)
     if ClusterTime(start.time, start.inc) > stored:
-        return Position(lease_id, None, "the checkpoint is older than the oplog (history lost; a rescan re-publishes)")
-    return Position(lease_id, stored)
+        return StoredCheckpoint(
+            lease_id, None, "the checkpoint is older than the oplog (history lost; a rescan re-publishes)"
+        )
+    return StoredCheckpoint(lease_id, stored)
 
 
-def _inserts(namespace: str, ids: Sequence[Any] | None) -> dict[str, Any]:
+def _inserts(namespace: Namespace, ids: Sequence[Any] | None) -> dict[str, Any]:
     """An oplog filter for inserts into `namespace` (alone or inside a transaction's applyOps)."""
-    plain: dict[str, Any] = {"op": "i", "ns": namespace}
-    nested: dict[str, Any] = {"op": "i", "ns": namespace}
+    plain: dict[str, Any] = {"op": "i", "ns": str(namespace)}
+    nested: dict[str, Any] = {"op": "i", "ns": str(namespace)}
     if ids is not None:
         plain["o._id"] = {"$in": list(ids)}
         nested["o._id"] = {"$in": list(ids)}
     return {"$or": [plain, {"op": "c", "o.applyOps": {"$elemMatch": nested}}]}
 
 
-def _inserted_ids(entry: Mapping[str, Any], namespace: str) -> Iterable[Any]:
+def _inserted_ids(entry: Mapping[str, Any], namespace: Namespace) -> Iterable[Any]:
     if entry.get("op") == "i":
         yield entry["o"]["_id"]
         return
     for op in entry.get("o", {}).get("applyOps", []):
-        if op.get("op") == "i" and op.get("ns") == namespace:
+        if op.get("op") == "i" and op.get("ns") == str(namespace):
             yield op["o"]["_id"]
 
 
-def uncovered(client: MongoClient[Any], namespace: str, since: ClusterTime, ids: Sequence[Any]) -> set[Any]:
-    """Which of `ids` the position at `since` does not cover: inserted by an oplog entry at or
+def uncovered(client: MongoClient[Any], namespace: Namespace, since: ClusterTime, ids: Sequence[Any]) -> set[Any]:
+    """Which of `ids` the checkpoint at `since` does not cover: inserted by an oplog entry at or
     after it, or by a transaction written in several entries whose last one is (its events take
     that cluster time)."""
     oplog = client.local["oplog.rs"]
@@ -121,18 +123,18 @@ def uncovered(client: MongoClient[Any], namespace: str, since: ClusterTime, ids:
         while previous > _NO_TIME and previous < start:
             earlier = oplog.find_one({"ts": previous})
             if earlier is None:
-                break  # rolled off the oplog: so did the checkpoint's history (position unknown)
+                break  # rolled off the oplog: so did the checkpoint's history (checkpoint unknown)
             found.update(_inserted_ids(earlier, namespace))
             previous = earlier.get("prevOpTime", {}).get("ts", _NO_TIME)
     return found & set(ids)
 
 
 def deletable(candidates: Sequence[Any], not_covered: set[Any]) -> list[Any]:
-    """The candidates the stored position covers (the invariant of the module docstring)."""
+    """The candidates the stored checkpoint covers (the invariant of the module docstring)."""
     return [c for c in candidates if c not in not_covered]
 
 
-def oldest_undelivered(client: MongoClient[Any], namespace: str, since: ClusterTime) -> Mapping[str, Any] | None:
+def oldest_undelivered(client: MongoClient[Any], namespace: Namespace, since: ClusterTime) -> Mapping[str, Any] | None:
     """The first outbox document inserted at or after `since` (from the oplog), or None."""
     oplog = client.local["oplog.rs"]
     entry = oplog.find_one(
@@ -143,7 +145,7 @@ def oldest_undelivered(client: MongoClient[Any], namespace: str, since: ClusterT
     if entry.get("op") == "i":
         return entry["o"]  # type: ignore[no-any-return]
     for op in entry["o"]["applyOps"]:
-        if op.get("op") == "i" and op.get("ns") == namespace:
+        if op.get("op") == "i" and op.get("ns") == str(namespace):
             return op["o"]  # type: ignore[no-any-return]
     return None
 
@@ -162,29 +164,30 @@ class PassResult:
     """What one clean-up pass over one partition found and did."""
 
     lease_id: str
-    position: Position
+    checkpoint: StoredCheckpoint
     candidates: int = 0
     deleted: int = 0  # or, in a dry run, would delete
     kept_uncovered: int = 0
 
 
 class Cleaner:
-    """Deletes the documents a partition's stored position covers (one pass at a time)."""
+    """Deletes the documents a partition's stored checkpoint covers in the outbox `namespace` (one
+    pass at a time)."""
 
     def __init__(
         self,
         client: MongoClient[Any],
-        outbox: Collection[Any],
+        namespace: Namespace,
         leases: Collection[Any],
         occurred_at: str,
         config: OutboxCleanupConfig,
     ) -> None:
-        self.client, self.outbox, self._leases = client, outbox, leases
+        self.client, self.namespace, self._leases = client, namespace, leases
+        self.outbox: Collection[Any] = client[namespace.database][namespace.collection]
         self.occurred_at, self._config = occurred_at, config
-        self.namespace = outbox.full_name
 
-    def position(self, lease_id: str) -> Position:
-        return committed_position(self.client, self._leases, lease_id)
+    def checkpoint(self, lease_id: str) -> StoredCheckpoint:
+        return stored_checkpoint(self.client, self._leases, lease_id)
 
     def run_pass(
         self,
@@ -196,9 +199,9 @@ class Cleaner:
     ) -> PassResult:
         """Delete (or count, with `dry_run`) the partition's covered documents older than
         `retention_s`, in batches, for at most `budget_s` (no limit: None)."""
-        position = self.position(lease_id)
-        result = PassResult(lease_id, position)
-        if position.time is None:
+        checkpoint = self.checkpoint(lease_id)
+        result = PassResult(lease_id, checkpoint)
+        if checkpoint.time is None:
             return result
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=retention_s)
         query: dict[str, Any] = {self.occurred_at: {"$lt": cutoff}}
@@ -213,7 +216,7 @@ class Cleaner:
             if not candidates:
                 break
             result.candidates += len(candidates)
-            not_covered = uncovered(self.client, self.namespace, position.time, candidates)
+            not_covered = uncovered(self.client, self.namespace, checkpoint.time, candidates)
             ids = deletable(candidates, not_covered)
             result.kept_uncovered += len(not_covered)
             if dry_run:
@@ -221,7 +224,7 @@ class Cleaner:
                 after = candidates[-1]
                 continue
             if not ids:
-                break  # the rest waits for the position to move on
+                break  # the rest waits for the checkpoint to move on
             result.deleted += self._delete(lease_id, ids, cutoff, first=not result.deleted)
             if len(candidates) < self._config.batch:
                 break
@@ -239,7 +242,7 @@ def cleaner_for(
     client: MongoClient[Any], mongo: MongoConfig, namespace: Namespace, occurred_at: str, config: OutboxCleanupConfig
 ) -> Cleaner:
     """The Cleaner of the outbox `namespace` (its leases in the state database)."""
-    return Cleaner(client, mongo.outbox(client, namespace), mongo.leases(client), occurred_at, config)
+    return Cleaner(client, namespace, mongo.leases(client), occurred_at, config)
 
 
 def shares_of(namespace: Namespace, count: int, aggregate_id_field: str) -> list[tuple[str, dict[str, Any] | None]]:
@@ -323,7 +326,7 @@ class Housekeeper:
         outbox age), then clean up the partitions this replica leads (if retention is set)."""
         c, report = watched.cleaner, watched.report
         report.size(c.outbox.estimated_document_count())
-        self._measure(watched, [c.position(lid) for lid, _ in watched.shares])
+        self._measure(watched, [c.checkpoint(lid) for lid, _ in watched.shares])
         retention = self._config.retention_s
         if retention is None:
             return []
@@ -336,9 +339,9 @@ class Housekeeper:
             results.append(result)
         return results
 
-    def _measure(self, watched: Watched, positions: Sequence[Position]) -> None:
+    def _measure(self, watched: Watched, checkpoints: Sequence[StoredCheckpoint]) -> None:
         c, report = watched.cleaner, watched.report
-        known = [p.time for p in positions if p.time is not None]
+        known = [p.time for p in checkpoints if p.time is not None]
         if not known:
             return
         oldest = oldest_undelivered(c.client, c.namespace, min(known))

@@ -9,9 +9,9 @@ server's clock (`$$NOW`), never the relay's.
 Invariants enforced here:
 - `try_acquire` gives the lease to at most one owner at a time: findAndModify is atomic and
   matches only a lease that is free, expired (by the server's clock) or already ours.
-- `commit` and `renew` match only while (owner, fencing token) are still ours; a write with a
-  stale fencing token matches nothing and raises LeaseLostError, so a paused replica can never
-  move the checkpoint, forward or back.
+- `store_checkpoint` and `renew` match only while (owner, fencing token) are still ours; a write
+  with a stale fencing token matches nothing and raises LeaseLostError, so a paused replica can
+  never move the checkpoint, forward or back.
 
 What operators read and reset (`status`, `checkpoint reset`) is relay.mongo.lease_admin's.
 
@@ -135,7 +135,7 @@ class LeaseStore:
         self, grant: Grant, token: Mapping[str, Any], fingerprint: str, session: ClientSession | None = None
     ) -> None:
         """Store the checkpoint and renew the lease in one fenced, majority-acknowledged write
-        (inside `session`'s transaction when given: relay.mongo.positions).
+        (inside `session`'s transaction when given: relay.mongo.checkpoints).
 
         Called only once every event up to `token` has been acknowledged by Kafka. A write
         with a stale fencing token matches nothing and raises LeaseLostError.
@@ -150,7 +150,7 @@ class LeaseStore:
                 "checkpointAt": "$$NOW",
                 "expiresAt": self._expires(),
                 "renewedAt": "$$NOW",
-                "rescan": "$$REMOVE",  # an added outbox's scan is done once a position is stored
+                "rescan": "$$REMOVE",  # an added outbox's scan is done once a checkpoint is stored
             },
             session,
         )

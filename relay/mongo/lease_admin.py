@@ -2,8 +2,8 @@
 with the server's time, forget the checkpoint. (Which replicas are alive is the group's
 membership, relay.mongo.membership.)
 
-The running relay's side (take, renew, commit, release) is relay.mongo.lease.LeaseStore's; both
-work on the same document (its `_id` is the lease id, relay.core.partitions.lease_id).
+The running relay's side (take, renew, store the checkpoint, release) is relay.mongo.lease.LeaseStore's; both
+work on the same document (its `_id` is the lease id, relay.core.partitions.Scope.lease_id).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pymongo.collection import Collection
 
 from relay.mongo.lease import MAJORITY
 
-# What `checkpoint reset` forgets: the stored position, and where a new partition count starts.
+# What `checkpoint reset` forgets: the stored checkpoint, and where a new partition count starts.
 _CHECKPOINT_FIELDS = ("resumeToken", "tokenClusterTime", "pipelineFingerprint", "delivery", "startAtClusterTime")
 
 

@@ -17,16 +17,17 @@ from typing import Any
 
 from pymongo.collection import Collection
 
+from relay.core.namespace import Namespace
 from relay.core.partitions import lease_id_pattern
 
 
-def added(leases: Collection[Any], outboxes: Sequence[str]) -> set[str]:
+def added(leases: Collection[Any], outboxes: Sequence[Namespace]) -> set[Namespace]:
     """The outboxes of `outboxes` added since the deployment last ran (the module docstring)."""
-    seen: set[str] = set()
-    positioned = False
+    seen: set[Namespace] = set()
+    checkpointed = False
     for namespace in outboxes:
         docs = list(leases.find({"_id": {"$regex": lease_id_pattern(namespace)}}, projection={"resumeToken": 1}))
         if docs:
             seen.add(namespace)
-            positioned = positioned or any(d.get("resumeToken") is not None for d in docs)
-    return {n for n in outboxes if n not in seen} if positioned else set()
+            checkpointed = checkpointed or any(d.get("resumeToken") is not None for d in docs)
+    return {n for n in outboxes if n not in seen} if checkpointed else set()

@@ -45,7 +45,7 @@ def scan_filter(partition: Partition, aggregate_id_field: str = "aggregateId") -
     return partition.selection(f"${aggregate_id_field}")
 
 
-def pipeline_fingerprint(namespace: Namespace | str, stages: list[dict[str, Any]] = PIPELINE) -> str:
+def pipeline_fingerprint(namespace: Namespace, stages: list[dict[str, Any]] = PIPELINE) -> str:
     """A short hash of what the stored token depends on: the namespace (its `db.coll` text) and the
     pipeline."""
     text = json.dumps({"ns": str(namespace), "pipeline": stages}, sort_keys=True)
@@ -64,15 +64,11 @@ EVERY_ROUTE = -1  # what a dropDatabase or an invalidate ends: every route of th
 @dataclass(frozen=True)
 class StreamPlan:
     """One shared change stream: the outboxes it reads, their partition count, and whether it is a
-    collection's, a database's (`database`), or the cluster's (None). `"db.coll"` texts given as
-    `outboxes` are parsed (Namespace.parse)."""
+    collection's, a database's (`database`), or the cluster's (None)."""
 
     outboxes: tuple[Namespace, ...]
     partitions: int
     database: str | None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "outboxes", tuple(Namespace.of(o) for o in self.outboxes))
 
     @property
     def collection(self) -> str | None:

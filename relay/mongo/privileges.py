@@ -67,7 +67,7 @@ class Privilege:
 
 def required(
     database: str,
-    outbox: str | Sequence[Namespace],
+    outboxes: Sequence[Namespace],
     leases: str,
     *,
     cleanup: bool,
@@ -75,9 +75,8 @@ def required(
     streams: str = PER_DATABASE,
 ) -> list[Privilege]:
     """The privileges the relay needs with these settings (the module docstring says why):
-    `database` holds the leases (and a one-collection `outbox`); `outbox` is that collection or
-    the `database.collection` outboxes of RELAY_OUTBOXES."""
-    outboxes = [Namespace(database, outbox)] if isinstance(outbox, str) else list(outbox)
+    `database` holds the leases; `outboxes` are the deployment's (RELAY_OUTBOXES, or the one
+    RELAY_DATABASE.RELAY_OUTBOX_COLLECTION)."""
     lease_actions = ("find", "insert", "update", "remove")
     out = [*_outbox_privileges(outboxes, streams, cleanup)]
     out += [
@@ -121,11 +120,13 @@ def _outbox_privileges(outboxes: Sequence[Namespace], streams: str, cleanup: boo
     return out
 
 
-def required_for(mongo: MongoConfig, cleanup: OutboxCleanupConfig, inbox: str | None = None) -> list[Privilege]:
-    """`required()` for the relay's MongoDB and clean-up configurations."""
+def required_for(
+    mongo: MongoConfig, outboxes: Sequence[Namespace], cleanup: OutboxCleanupConfig, inbox: str | None = None
+) -> list[Privilege]:
+    """`required()` for the relay's MongoDB and clean-up configurations and its `outboxes`."""
     return required(
         mongo.database,
-        mongo.outboxes,
+        outboxes,
         mongo.lease_collection,
         cleanup=cleanup.retention_s is not None,
         inbox=inbox,

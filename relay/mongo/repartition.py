@@ -52,7 +52,7 @@ from relay.mongo.lease import MAJORITY
 log = logging.getLogger("relay")
 
 
-def prepare(leases: Collection[Any], namespace: str, count: int) -> str | None:
+def prepare(leases: Collection[Any], namespace: Namespace, count: int) -> str | None:
     """Refuse a change of partition count under held leases, else carry the checkpoints over (the
     module docstring); returns what was done, None when nothing was to do."""
     others = [d for d in _outbox_leases(leases, namespace) if _count(namespace, d) != count]
@@ -87,7 +87,7 @@ def check_server(outbox: Collection[Any], count: int) -> None:
 
 
 def _outbox_leases(
-    leases: Collection[Any], namespace: str, session: ClientSession | None = None
+    leases: Collection[Any], namespace: Namespace, session: ClientSession | None = None
 ) -> list[dict[str, Any]]:
     return list(
         leases.aggregate(
@@ -100,7 +100,7 @@ def _outbox_leases(
     )
 
 
-def _count(namespace: str, doc: Mapping[str, Any]) -> int:
+def _count(namespace: Namespace, doc: Mapping[str, Any]) -> int:
     p = parse_lease_id(namespace, str(doc["_id"]))
     assert p is not None, doc["_id"]
     return p.count
@@ -111,7 +111,7 @@ def _held(doc: Mapping[str, Any]) -> bool:
     return doc.get("owner") is not None and expires is not None and expires > doc["serverTime"]
 
 
-def _refuse_if_held(others: list[dict[str, Any]], namespace: str, count: int) -> None:
+def _refuse_if_held(others: list[dict[str, Any]], namespace: Namespace, count: int) -> None:
     held = [d for d in others if _held(d)]
     if held:
         counts = sorted({_count(namespace, d) for d in held})
@@ -126,7 +126,7 @@ def _refuse_if_held(others: list[dict[str, Any]], namespace: str, count: int) ->
         )
 
 
-def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSession) -> str | None:
+def _move(leases: Collection[Any], namespace: Namespace, count: int, session: ClientSession) -> str | None:
     """Move the outbox's lease documents to `count` partitions in `session`'s transaction: each
     new partition starts at the oldest checkpoint of the previous count (when every old
     partition had one), fencing tokens continue above the old ones; None when nothing moved."""
@@ -143,7 +143,7 @@ def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSe
     fencing = max(int(d.get("fencingToken") or 0) for d in docs)
     for p in partitions(count):
         leases.with_options(write_concern=MAJORITY).update_one(
-            {"_id": Scope(Namespace.parse(namespace), p).lease_id},
+            {"_id": Scope(namespace, p).lease_id},
             _new_lease(namespace, p, count, fencing, seed, previous),
             upsert=True,
             session=session,
@@ -164,7 +164,7 @@ def _move(leases: Collection[Any], namespace: str, count: int, session: ClientSe
     )
 
 
-def _newest_count(namespace: str, others: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
+def _newest_count(namespace: Namespace, others: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
     """The partition count among `others` whose documents hold the newest checkpoint, and them."""
     by_count: dict[int, list[dict[str, Any]]] = {}
     for d in others:
@@ -179,11 +179,11 @@ def _newest_count(namespace: str, others: list[dict[str, Any]]) -> tuple[int, li
 
 
 def _new_lease(
-    namespace: str, p: Partition, count: int, fencing: int, seed: Timestamp | None, previous: int
+    namespace: Namespace, p: Partition, count: int, fencing: int, seed: Timestamp | None, previous: int
 ) -> dict[str, Any]:
     """The upsert of partition `p`'s lease document: free, no checkpoint, fencing token at least
     `fencing`, starting at `seed` when there is one."""
-    fields: dict[str, Any] = {"owner": None, "expiresAt": None, **Scope(Namespace.parse(namespace), p).lease_fields}
+    fields: dict[str, Any] = {"owner": None, "expiresAt": None, **Scope(namespace, p).lease_fields}
     update: dict[str, Any] = {
         "$setOnInsert": fields,
         "$max": {"fencingToken": fencing},

@@ -1,7 +1,7 @@
 """What `outbox-relay replay` reads from MongoDB, read-only: the oplog's window, an outbox's
 documents by occurredAt, and its inserts through a change stream of its own (docs/replay.md).
 
-Nothing here writes: no lease, no stored position, no change to the outbox. The change stream
+Nothing here writes: no lease, no stored checkpoint, no change to the outbox. The change stream
 is a cursor of its own (relay.mongo.cursor, the live relay's commands), never the live relay's
 shared stream; its pipeline keeps the inserts of one outbox matching the replay's filters and
 projects what the live relay's does, so each change (its resume token, cluster time, wall time
@@ -118,8 +118,8 @@ def cleanup_record(leases: Collection[Any], lease_ids: Sequence[str]) -> tuple[b
     """What the outbox's lease documents record of its clean-up (relay.mongo.lease,
     `cleanedUpBefore`): whether it is known, and the newest cutoff a pass deleted below (None:
     clean-up never deleted anything). Known when every lease document of the outbox records it; a
-    lease that has no document yet never had a stored position, so nothing was cleaned up under
-    it (clean-up by position and `outbox prune` need one)."""
+    lease that has no document yet never had a stored checkpoint, so nothing was cleaned up under
+    it (clean-up by checkpoint and `outbox prune` need one)."""
     docs = list(leases.find({"_id": {"$in": list(lease_ids)}}, projection={CLEANED_UP_BEFORE: 1}))
     if any(CLEANED_UP_BEFORE not in d for d in docs):
         return False, None

@@ -175,6 +175,14 @@ class SharedStream:
         assert join.mailbox is not None
         return join.mailbox
 
+    @property
+    def read_to(self) -> Token | None:
+        """The post-batch token of the reader's last read (None while no cursor is open): how far
+        the stream has read. The reader thread alone writes it; any thread may read it (one
+        reference, never half written) to observe the reader, as the tests do: nothing decides
+        on it outside the reader."""
+        return self._position
+
     def close(self) -> None:
         """Stop the reader and release the cursor (the process stops)."""
         with self._cond:

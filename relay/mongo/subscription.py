@@ -73,6 +73,11 @@ class Subscription:
             return True
         return self._member is not None and self._member.ready(timeout)
 
+    @property
+    def queued(self) -> int:
+        """The events the reader handed this session and it has not taken yet (0 before `open`)."""
+        return 0 if self._member is None else self._member.queued
+
     def _next_scanned(self, max_events: int) -> Batch:
         assert self._scan is not None
         try:

@@ -3,7 +3,7 @@ event loop of the nats-py client) and each lease's DeliveryMode (`JetStreamMode`
 delivery modes.
 
 Each leading session gets a fresh connection and publisher (relay.nats.publisher). JetStream holds
-no position of the relay's (no offsets record): a new session resumes from the MongoDB checkpoint
+no checkpoint of the relay's (no offsets record): a new session resumes from the MongoDB checkpoint
 alone. The two modes publish the same way, every message with `Nats-Msg-Id` = its event id; what
 makes exactly-once is the stream's duplicate window, which drops the copies a crash, a takeover or
 a failed acknowledgement makes the relay publish again: at start (`JetStream.check`) the relay
@@ -136,7 +136,7 @@ class JetStreamMode:
         return self._jetstream.publisher()
 
     def committed_record(self, heartbeat: Heartbeat) -> None:
-        """JetStream holds no position of the relay's: the MongoDB checkpoint alone decides."""
+        """JetStream holds no checkpoint of the relay's: the MongoDB checkpoint alone decides."""
         return None
 
     def forget(self, publisher: Publisher, heartbeat: Heartbeat) -> None:

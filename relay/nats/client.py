@@ -3,7 +3,7 @@ wait for the servers at start.
 
 A connection carries one leading session's publishes (relay.nats.publisher) or one command's
 requests; it never reconnects on its own (`allow_reconnect=False`): a lost connection ends the
-session that used it, which publishes again from its stored position on a fresh one, the way a
+session that used it, which publishes again from its stored checkpoint on a fresh one, the way a
 Kafka session drops its producer. nats-py's own error callback would print every failed attempt;
 here each goes to the DEBUG log and the relay's error names the cause once.
 """

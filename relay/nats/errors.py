@@ -48,7 +48,7 @@ def describe(exc: BaseException) -> str:
 def action_for(exc: BaseException) -> Action | None:
     """What the loop does after a nats-py error that reached it untranslated (None: not one):
     a refused authorization or permission stops the relay, anything else restarts it from its
-    stored position on a fresh connection."""
+    stored checkpoint on a fresh connection."""
     if not isinstance(exc, NatsError):
         return None
     text = str(exc)

@@ -23,7 +23,7 @@ Rules, each enforced here:
   it. A PubAck saying `duplicate` is an acknowledgement: the stream holds the message.
 - After the first failure nothing more goes on the wire: the sender stops and closes the
   connection, and every parcel handed over later fails unsent. The loop then publishes again from
-  its stored position on a fresh connection, in order; the stream drops the copies it stored
+  its stored checkpoint on a fresh connection, in order; the stream drops the copies it stored
   within its duplicate window (`Nats-Msg-Id`).
 - A parcel whose `publish_by` passed before the sender took it is not sent (its lease was no longer
   provably held: a replica paused there wakes up without publishing it).
@@ -204,6 +204,6 @@ class JetStreamPublisher(HandOverPublisher[Message]):
 
     def close(self) -> None:
         """Stop the sender and close the connection: what is in flight is dropped (nothing of it
-        was stored as a position)."""
+        was stored as a checkpoint)."""
         with contextlib.suppress(Exception):
             self._thread.run(self._sender.close(), _CLOSE_TIMEOUT_S)

@@ -41,7 +41,6 @@ class ObserverConfig:
     """Who this relay is, where it serves its metrics and health, and its health thresholds."""
 
     instance_id: str
-    outboxes: tuple[str, ...]  # database.collection of each outbox the process publishes
     http_port: int
     dead_letter_topic: str  # named in the dead-letter log lines
     partitions: int

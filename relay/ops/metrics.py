@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from relay.core.namespace import Namespace
 from relay.core.partitions import Scope, label_names
 
 prometheus_client.disable_created_metrics()
@@ -186,7 +187,7 @@ class RelayMetrics:
     """The series of one relay process, in their own registry (see the module docstring);
     `loop()` gives each loop its view."""
 
-    def __init__(self, replica: str, outboxes: Sequence[str], partitions: int, broker: str = "kafka") -> None:
+    def __init__(self, replica: str, outboxes: Sequence[Namespace], partitions: int, broker: str = "kafka") -> None:
         self.registry = r = CollectorRegistry()
         self.lease_labels = label_names(partitions)
         self.broker = broker  # the `broker` label of every series about publishing (RELAY_BROKER)
@@ -207,7 +208,7 @@ class RelayMetrics:
         ).info(
             {
                 "replica": replica,
-                "outbox": ",".join(outboxes),
+                "outbox": ",".join(str(n) for n in outboxes),
                 "version": _version(),
                 "partitions": str(partitions),
                 "broker": broker,

@@ -34,6 +34,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
 
 from relay.core.errors import EXIT_FATAL, RelayError, cause_of
+from relay.core.namespace import Namespace
 from relay.core.partitions import Scope
 from relay.core.positions import short_token, token_cluster_time
 from relay.ops.config import ObserverConfig
@@ -282,16 +283,16 @@ def write_stop_line(exc: BaseException, where: Mapping[str, Any] | None = None) 
 
 
 class ProcessObserver:
-    """What a relay process reports: one registry (relay.ops.metrics.RelayMetrics), the health
+    """What a relay process publishing `outboxes` reports: one registry (relay.ops.metrics.RelayMetrics), the health
     checks of its coordinator and loops, the HTTP server, one `ScopeObserver` per loop (`loop()`),
     and the stop line of a failed start (`stopped()`).
 
     `summary_every_s` (an attribute, so tests can shorten it) is the period of each loop's summary line.
     """
 
-    def __init__(self, config: ObserverConfig) -> None:
+    def __init__(self, config: ObserverConfig, outboxes: Sequence[Namespace]) -> None:
         self.config = config
-        self.metrics = RelayMetrics(config.instance_id, config.outboxes, config.partitions, config.broker)
+        self.metrics = RelayMetrics(config.instance_id, outboxes, config.partitions, config.broker)
         self.health = Health(config.health)
         self.loops: dict[Scope, ScopeObserver] = {}
         self.summary_every_s = SUMMARY_EVERY_S

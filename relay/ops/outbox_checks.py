@@ -14,6 +14,8 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from relay.core.namespace import Namespace
+
 log = logging.getLogger("relay.outbox")
 
 
@@ -31,7 +33,7 @@ class OutboxSeries:
         )
         self.oldest_age = Gauge(
             "relay_outbox_oldest_undelivered_age_seconds",
-            "Age (occurrence time) of the oldest outbox event the stored position does not cover; 0 when none",
+            "Age (occurrence time) of the oldest outbox event the stored checkpoint does not cover; 0 when none",
             by,
             registry=r,
         )
@@ -53,7 +55,8 @@ class OutboxMetrics:
     The headroom sample exists only while the outbox has a TTL index (a child created at 0 would
     read as "no headroom left" to an alert on it)."""
 
-    def __init__(self, series: OutboxSeries, health: _Degrade, outbox: str) -> None:
+    def __init__(self, series: OutboxSeries, health: _Degrade, namespace: Namespace) -> None:
+        outbox = str(namespace)  # the `outbox` label, and what the WARN line and /readyz name
         self._health, self._outbox = health, outbox
         self.documents = series.documents.labels(outbox)
         self.oldest_age = series.oldest_age.labels(outbox)
@@ -78,7 +81,7 @@ class OutboxMetrics:
         if headroom_s < warn_below_s:
             reason = (
                 f"{self._outbox}: TTL headroom {headroom_s:.0f}s is below RELAY_TTL_HEADROOM_WARN_S={warn_below_s:.0f}s: the outbox's "
-                "TTL index will delete events the relay has not published; catch up, or clean up by position "
+                "TTL index will delete events the relay has not published; catch up, or clean up by checkpoint "
                 "(RELAY_OUTBOX_RETENTION) instead of a TTL index"
             )
             if not self._warned:

@@ -49,7 +49,7 @@ def test_primary_steps_down_then_dies_without_loss_or_reorder(env3, rs3, partiti
     """A step-down a quarter into the writes, the primary SIGKILLed past half of them: every event
     published once at least, in order per aggregate, no checkpoint moved back. With three
     partitions one process stores three positions per write, in one MongoDB transaction
-    (relay.mongo.positions): the step-down and the kill hit transactions too. At the suite's size
+    (relay.mongo.checkpoints): the step-down and the kill hit transactions too. At the suite's size
     (1,500 events at a slower pace) both faults still land while the writers are busy."""
     total = size(1_500, 4_000)
     written = Written()

@@ -138,7 +138,7 @@ def test_mongodb_paused_makes_the_relay_unready_then_it_recovers_without_loss(en
 def test_renewals_failing_for_less_than_the_lease_leave_the_session_publishing(env, logs):
     """Issue 50: every lease write fails (renewals and positions: `update`) for a few seconds, less
     than the lease lasts: the session is kept, events written meanwhile are published, nothing
-    restarts; once writes succeed again the position moves on."""
+    restarts; once writes succeed again the checkpoint moves on."""
     settings = env.settings.replace(heartbeat_interval_s=2.0, lease_ttl_s=14.0)  # provably valid 12 s
     captured = logs("json")
     with RelayThread(settings) as relay:
@@ -151,7 +151,7 @@ def test_renewals_failing_for_less_than_the_lease_leave_the_session_publishing(e
             assert _restarts(relay) == 0, "the session survived the refused writes"
         stored = lease_doc(env.db, env.settings)["resumeToken"]
         wait_until(lambda: lease_doc(env.db, env.settings)["resumeToken"] != stored, 30,
-                   "the position to be stored again")
+                   "the checkpoint to be stored again")
     assert relay.error is None, relay.error
     assert _restarts(relay) == 0
     assert_complete_and_ordered(read_topic(env.servers.kafka_bootstrap, env.topic()), written)

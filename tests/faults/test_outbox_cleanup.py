@@ -158,11 +158,11 @@ def test_cleanup_during_a_backlog_with_kills_deletes_only_covered_documents_and_
           f"largest outbox seen {sampler.largest} documents")
 
 
-def test_prune_dry_run_changes_nothing_and_prune_deletes_only_what_the_position_covers(env):
+def test_prune_dry_run_changes_nothing_and_prune_deletes_only_what_the_checkpoint_covers(env):
     settings = env.settings
     outbox = env.db[settings.outbox_collection]
     refused = _prune(settings, "--dry-run")
-    assert refused.returncode == 4 and "position is unknown" in refused.stderr, refused
+    assert refused.returncode == 4 and "checkpoint is unknown" in refused.stderr, refused
     written = write_events(env.db, settings.outbox_collection, total=200, writers=2)
     with RelayThread(settings):
         all_published(env, written, timeout=60)
@@ -187,7 +187,7 @@ def test_prune_of_a_partitioned_outbox_refuses_while_one_partition_has_no_positi
     settings = env.settings.replace(partitions=3)
     write_events(env.db, settings.outbox_collection, total=30, writers=1)
     leases = env.db[settings.lease_collection]
-    ids = [Scope(f"{settings.database}.{settings.outbox_collection}", p).lease_id for p in partitions(3)]
+    ids = [Scope(env.namespace, p).lease_id for p in partitions(3)]
     leases.insert_many([{"_id": i} for i in ids])  # lease documents without checkpoints
     result = _prune(settings)
     assert result.returncode == 4 and all(i in result.stderr for i in ids), result.stderr

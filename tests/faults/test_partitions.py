@@ -33,11 +33,11 @@ def _counts(settings) -> dict[str, int]:
 
 
 def _doc(env, settings, k: int) -> dict[str, Any]:
-    return env.db[settings.lease_collection].find_one({"_id": Scope(settings.namespace, Partition(k, settings.partitions)).lease_id})
+    return env.db[settings.lease_collection].find_one({"_id": Scope(settings.namespaces[0], Partition(k, settings.partitions)).lease_id})
 
 
 def _member(env, settings, instance: str) -> dict[str, Any] | None:
-    return env.db[f"{settings.lease_collection}_replicas"].find_one({"_id": f"{settings.namespace}#group/{instance}"})
+    return env.db[f"{settings.lease_collection}_replicas"].find_one({"_id": f"{settings.namespaces[0]}#group/{instance}"})
 
 
 def test_three_replicas_share_six_partitions_and_the_two_left_take_over_a_stopped_ones_share(env, tmp_path):
@@ -151,7 +151,7 @@ def test_chaos_four_partitions_three_replicas_kills_pauses_joins_and_leaves(env,
     verdict = assert_complete_and_ordered(records, written)
     assert len(written.ids) >= total
     stores = history.assert_never_went_backwards()
-    resumed = {k: history.resumed_from(Scope(settings.namespace, Partition(k, n)).lease_id) for k in range(n)}
+    resumed = {k: history.resumed_from(Scope(settings.namespaces[0], Partition(k, n)).lease_id) for k in range(n)}
     late = []
     for r in records:
         start = resumed[partition_of(r.key, n)].get(r.fencing)

@@ -1,24 +1,25 @@
-"""Positions stored per process (RELAY_CHECKPOINT_INTERVAL_MS; docs/architecture.md "Positions",
-docs/faults.md row 17), on real servers: the positions of every scope one process leads are stored
+"""Checkpoints stored per process (RELAY_CHECKPOINT_INTERVAL_MS; docs/architecture.md "Checkpoints",
+docs/faults.md row 17), on real servers: the checkpoints of every scope one process leads are stored
 together, at most once per interval, each under its own lease.
 
 - A relay of three outboxes SIGKILLed inside the interval loses nothing; each run publishes again
-  only what lies after the position stored for that outbox when it started; the positions it left
-  were stored within about one interval of the kill; clean-up by position deletes only what the
-  stored position covered at the time (the database's own change stream replayed in commit order,
+  only what lies after the checkpoint stored for that outbox when it started; the checkpoints it left
+  were stored within about one interval of the kill; clean-up by checkpoint deletes only what the
+  stored checkpoint covered at the time (the database's own change stream replayed in commit order,
   as tests/faults/test_outbox_cleanup.py does for one outbox).
 - Two processes leading different outboxes (and partitions) of one database, one killed: the other
-  takes its scopes over from the positions it stored.
+  takes its scopes over from the checkpoints it stored.
 - One scope's lease taken by another owner: the process goes on storing the others', nothing of
   the lost one is stored under its old fencing token, and it publishes it again once it is back.
 - A relay upgraded in place from the release before this change (its tree from git) reads the
-  positions it stored, at-least-once and exactly-once (read_committed: each event once).
+  checkpoints it stored, at-least-once and exactly-once (read_committed: each event once).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 import subprocess
 import sys
 import tarfile
@@ -32,7 +33,9 @@ import pytest
 
 from relay.commands.status import status
 from relay.config import Settings
+from relay.config.table import public_fields
 from relay.core.names import env_name
+from relay.core.namespace import Namespace
 from relay.core.partitions import Partition, Scope, partition_of
 from tests.support.leases import LeaseHistory
 from tests.support.oracle import Verdict, assert_complete_and_ordered
@@ -43,12 +46,12 @@ from tests.support.waiting import wait_until
 from tests.support.writes import Written, write_events
 
 INTERVAL_MS = 2000
-# Room past the interval for a stored position's age at a kill: one read (RELAY_MAX_AWAIT_MS is 200
+# Room past the interval for a stored checkpoint's age at a kill: one read (RELAY_MAX_AWAIT_MS is 200
 # in the tests), the parcel in flight, and a busy machine. A relay that stored only on a stop
 # would be far past it.
 LEEWAY_S = 4.0
 CLEANUP = {"RELAY_OUTBOX_RETENTION": "0", "RELAY_OUTBOX_CHECK_INTERVAL_S": "0.3"}
-BEFORE_THIS_CHANGE = "a82858f"  # the release whose relay stored each position alone, after every batch
+BEFORE_THIS_CHANGE = "a82858f"  # the release whose relay stored each checkpoint alone, after every batch
 
 
 @dataclass
@@ -106,16 +109,16 @@ def _writers(box: Box, total: int, seed: int = 1) -> tuple[dict[str, Written], l
 
 
 def _replayed_only_after_stored(verdict: Verdict, resumed_from: dict[int, str | None]) -> None:
-    """Each duplicate comes from a later run, after the position that run's lease held when taken."""
+    """Each duplicate comes from a later run, after the checkpoint that run's lease held when taken."""
     for dup in verdict.duplicates:
         assert dup.fencing > verdict.first[dup.id].fencing, dup
         assert dup.position > (resumed_from.get(dup.fencing) or ""), (
-            f"event {dup.id} published again by fencing token {dup.fencing}, before the position it resumed from")
+            f"event {dup.id} published again by fencing token {dup.fencing}, before the checkpoint it resumed from")
 
 
 class PositionAudit(threading.Thread):
     """Replays the database's change stream (the outboxes and the lease documents, in commit order)
-    and checks at each delete that the position stored for that outbox at that moment covers the
+    and checks at each delete that the checkpoint stored for that outbox at that moment covers the
     deleted document's insert."""
 
     def __init__(self, box: Box) -> None:
@@ -125,7 +128,7 @@ class PositionAudit(threading.Thread):
         self.stream = box.env.db.watch([{"$match": {"ns.coll": {"$in": [*box.collections, self.leases]}}}],
                                        max_await_time_ms=200)
         self.inserted: dict[Any, tuple[Any, str]] = {}  # _id -> (cluster time, lease id)
-        self.stored: dict[str, Any] = {}  # lease id -> stored position's cluster time
+        self.stored: dict[str, Any] = {}  # lease id -> stored checkpoint's cluster time
         self.deleted, self.violations = 0, []
 
     def run(self) -> None:
@@ -177,11 +180,11 @@ def test_a_relay_of_three_outboxes_killed_inside_the_interval_loses_nothing_and_
                 proc.kill()
                 for lid, doc in box.leases().items():
                     age = (doc["serverTime"] - doc["checkpointAt"]).total_seconds()
-                    assert age <= INTERVAL_MS / 1000 + LEEWAY_S, f"{lid}: position stored {age:.1f} s before the kill"
+                    assert age <= INTERVAL_MS / 1000 + LEEWAY_S, f"{lid}: checkpoint stored {age:.1f} s before the kill"
                 time.sleep(0.5)  # the writers go on while no relay runs
             final = RelayProcess(settings.replace(instance_id="final"), tmp_path, "final", CLEANUP).start()
             runs.append(final)
-            # It takes over from the stored positions, and is past its start-up when it is stopped
+            # It takes over from the stored checkpoints, and is past its start-up when it is stopped
             # (a SIGTERM while Python still imports it would end it by the signal, not exit 0).
             wait_until(lambda: all(d.get("owner") == "final" for d in box.leases().values())
                        and len(box.leases()) == 3, 60, "the final run to lead every outbox")
@@ -202,7 +205,7 @@ def test_a_relay_of_three_outboxes_killed_inside_the_interval_loses_nothing_and_
         _replayed_only_after_stored(verdict, history.resumed_from(f"{env.settings.database}.{c}"))
     history.assert_never_went_backwards()
     assert audit.deleted == sum(len(w.ids) for w in written.values()), "every delete seen by the audit"
-    assert not audit.violations, f"deleted before the stored position covered them: {audit.violations[:5]}"
+    assert not audit.violations, f"deleted before the stored checkpoint covered them: {audit.violations[:5]}"
     print(f"\n{sum(len(w.ids) for w in written.values())} events in 3 outboxes, 2 kills, duplicates per outbox "
           f"{ {c: len(v.duplicates) for c, v in verdicts.items()} }")
 
@@ -248,10 +251,10 @@ def test_two_processes_leading_different_outboxes_one_killed_the_other_takes_ove
     assert len(killed) == 4
     for c, verdict in verdicts.items():
         for dup in verdict.duplicates:  # each lease's fencing tokens are its own: find the record's lease
-            lid = Scope(f"{env.settings.database}.{c}", Partition(partition_of(dup.key, 2), 2)).lease_id
+            lid = Scope(Namespace(env.settings.database, c), Partition(partition_of(dup.key, 2), 2)).lease_id
             assert dup.fencing > verdict.first[dup.id].fencing, dup
             assert dup.position > (history.resumed_from(lid).get(dup.fencing) or ""), (
-                f"{lid}: event {dup.id} published again before the position its new leader resumed from")
+                f"{lid}: event {dup.id} published again before the checkpoint its new leader resumed from")
     print(f"\nA killed leading {sorted(killed)}; duplicates per outbox "
           f"{ {c: len(v.duplicates) for c, v in verdicts.items()} }")
 
@@ -277,7 +280,7 @@ def test_a_process_that_loses_one_scopes_lease_keeps_storing_the_others(box, tmp
             assert_complete_and_ordered(box.published(c, written[c], "read_uncommitted"), written[c])
         wait_until(lambda: all(box.leases()[f"{settings.database}.{c}"]["resumeToken"]["_data"] >= max(
             r.position for r in read_topic(env.servers.kafka_bootstrap, box.topic(c))) for c in ("a", "c")),
-            30, "a's and c's positions stored past their last events")
+            30, "a's and c's checkpoints stored past their last events")
         doc = box.leases()[lost]
         assert (doc["owner"], doc["fencingToken"], doc.get("resumeToken")) == (
             "intruder", taken["fencingToken"], taken.get("resumeToken")), "nothing stored under the lost lease"
@@ -285,7 +288,7 @@ def test_a_process_that_loses_one_scopes_lease_keeps_storing_the_others(box, tmp
         assert "lease on " + lost + " lost" in proc.log()
         shown = status(settings)
         assert shown["checkpointIntervalMs"] == 1000 and "1 s" in shown["duplicateWindow"]
-        # a's and c's positions are stored; b's only if the relay stored one before the intruder came.
+        # a's and c's checkpoints are stored; b's only if the relay stored one before the intruder came.
         ages = [row["checkpoint"]["storedSecondsAgo"] for o in shown["outboxes"].values() for row in o["leases"]
                 if row["checkpoint"] is not None]
         assert len(ages) >= 2 and all(age >= 0 for age in ages), ages
@@ -298,7 +301,9 @@ def test_a_process_that_loses_one_scopes_lease_keeps_storing_the_others(box, tmp
 
 # ---- upgraded in place -------------------------------------------------------------------------------
 
-NEWER_SETTINGS = ("checkpoint_interval_ms", "read_linger_ms")  # settings the earlier release did not have
+def _declared(tree: Path) -> set[str]:
+    """The settings the release in `tree` declared (its relay/config.py: `name: type = _setting(`)."""
+    return set(re.findall(r"^    (\w+): [^=\n]+= _setting\(", (tree / "relay" / "config.py").read_text(), re.M))
 
 
 class EarlierRelay(ChildProcess):
@@ -314,8 +319,10 @@ class EarlierRelay(ChildProcess):
 
     def environ(self) -> dict[str, str]:
         env = settings_env(self.settings)
-        for newer in NEWER_SETTINGS:  # it would refuse them as unknown
-            env.pop(env_name(newer))
+        known = _declared(self.tree)
+        for field in public_fields():  # a setting it did not have (RELAY_BROKER ...): it would refuse it as unknown
+            if field.name not in known:
+                env.pop(env_name(field.name), None)
         return env | {"PYTHONPATH": str(self.tree)}
 
 
@@ -347,7 +354,7 @@ def test_a_relay_upgraded_in_place_resumes_from_the_positions_the_earlier_releas
         old = EarlierRelay(earlier_tree, settings.replace(instance_id="earlier"), tmp_path, "earlier").start()
         try:
             wait_until(lambda: all(d.get("resumeToken") for d in box.leases().values()) and len(box.leases()) == 3,
-                       90, "the earlier release to store a position of every outbox")
+                       90, "the earlier release to store a checkpoint of every outbox")
             time.sleep(1.0)
             old.kill()  # killed: the new release resumes from what the earlier one stored, and nothing else
             stored = {lid: d["resumeToken"]["_data"] for lid, d in box.leases().items()}
@@ -374,7 +381,7 @@ def test_a_relay_upgraded_in_place_resumes_from_the_positions_the_earlier_releas
         if delivery == "exactly-once":
             assert not verdict.duplicates, f"{c}: read_committed sees each event once across the upgrade"
         else:
-            assert resumed[new_token] == stored[lid], f"{c}: the new release took the lease at the stored position"
+            assert resumed[new_token] == stored[lid], f"{c}: the new release took the lease at the stored checkpoint"
             _replayed_only_after_stored(verdict, resumed)
     print(f"\n{delivery}: duplicates per outbox {({c: len(v.duplicates) for c, v in verdicts.items()})}, "
           f"at {dt.datetime.now(dt.UTC):%H:%M:%S}")

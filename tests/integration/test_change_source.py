@@ -13,6 +13,7 @@ import pytest
 from pymongo.errors import OperationFailure
 
 from relay.config import Settings
+from relay.core.namespace import Namespace
 from relay.core.partitions import Scope
 from relay.core.positions import StartPoint, newer
 from relay.mongo.connection import mongo_client
@@ -34,7 +35,7 @@ class Streams:
         self.client = mongo_client(self.parts.mongo)
         self.streams = shared_streams(self.parts, self.client)
 
-    def source(self, namespace: str):
+    def source(self, namespace: Namespace):
         scope = Scope(namespace)
         return change_source(self.parts, self.client, self.streams[scope.database], scope)()
 
@@ -51,7 +52,7 @@ def _streams(env, **changes) -> Streams:
 def test_a_batch_covers_only_the_changes_it_holds(env):
     outbox = env.db[env.settings.outbox_collection]
     streams = _streams(env)
-    opened = streams.source(env.settings.namespace)
+    opened = streams.source(env.namespace)
     try:
         opened.open(StartPoint())
         written = [str(i) for i in Outbox(outbox).add_many(
@@ -70,7 +71,7 @@ def test_a_batch_covers_only_the_changes_it_holds(env):
 
     # A relay that stored the first batch's token and restarted: nothing after it is skipped.
     streams = _streams(env)
-    resumed = streams.source(env.settings.namespace)
+    resumed = streams.source(env.namespace)
     try:
         resumed.open(StartPoint(resume_after=first.token))
         seen: list[str] = []
@@ -86,7 +87,7 @@ def test_a_batch_covers_only_the_changes_it_holds(env):
 
 def test_an_idle_stream_still_advances_its_token_and_without_a_member_holds_no_cursor(env):
     streams = _streams(env)
-    source = streams.source(env.settings.namespace)
+    source = streams.source(env.namespace)
     source.open(StartPoint())
     opening = source.token
     assert opening is not None, "the opening post-batch token is known at once"
@@ -111,7 +112,7 @@ def test_ready_says_whether_the_next_batch_is_queued(env):
     """Exactly-once mode asks `ready` before a read while a transaction is open."""
     outbox = env.db[env.settings.outbox_collection]
     streams = _streams(env)
-    source = streams.source(env.settings.namespace)
+    source = streams.source(env.namespace)
     try:
         source.open(StartPoint())
         assert not source.next_batch(5).changes
@@ -128,10 +129,10 @@ def test_ready_says_whether_the_next_batch_is_queued(env):
 
 
 def test_two_outboxes_of_one_database_share_one_cursor_each_getting_its_own_events(env):
-    other = f"{env.settings.database}.second"
+    other = Namespace(env.settings.database, "second")
     env.db.create_collection("second")
-    streams = _streams(env, outboxes=f"{env.settings.namespace},{other}")
-    first, second = streams.source(env.settings.namespace), streams.source(other)
+    streams = _streams(env, outboxes=f"{env.namespace},{other}")
+    first, second = streams.source(env.namespace), streams.source(other)
 
     try:
         first.open(StartPoint())
@@ -173,7 +174,7 @@ def _add(env, prefix: str, n: int) -> list[str]:
 def test_recovery_bound_one_resumable_getmore_error_is_resumed_and_reaches_no_loop(env):
     """relay.mongo.shared_reader's bound on a real mongod: one failed getMore, one reopen, no error."""
     streams = _streams(env)
-    source = streams.source(env.settings.namespace)
+    source = streams.source(env.namespace)
     try:
         source.open(StartPoint())
         assert not source.next_batch(10).changes
@@ -198,7 +199,7 @@ def test_recovery_bound_a_second_resumable_getmore_error_reaches_the_loop(env):
     """Two failed getMores in a row (the read after the one reopen fails too): the error, as the
     server gave it, reaches the subscription; joining again from the last token loses nothing."""
     streams = _streams(env)
-    source = streams.source(env.settings.namespace)
+    source = streams.source(env.namespace)
     try:
         source.open(StartPoint())
         assert not source.next_batch(10).changes

@@ -102,7 +102,7 @@ def test_status_reports_lease_and_checkpoint_lag(env):
         finished = time.time()
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
-    assert status["outbox"] == env.settings.namespace
+    assert status["outbox"] == str(env.namespace)
     assert status["lease"]["owner"] == env.settings.instance_id and status["lease"]["fencingToken"] == 1
     assert status["lease"]["acquiredAt"] is not None, "an outbox without partitions shows when its lease was taken"
     assert [row["lease"]["acquiredAt"] for row in status["leases"]] == [status["lease"]["acquiredAt"]]
@@ -223,13 +223,13 @@ def test_an_upgraded_relay_resumes_from_the_lease_and_checkpoint_an_earlier_vers
     before = write_events(env.db, env.settings.outbox_collection, total=100, writers=1)
     with env.outbox.watch(start_at_operation_time=Timestamp(1, 1)) as stream:
         changes = [stream.next() for _ in range(100)]
-    token, ns = changes[-1]["_id"], env.settings.namespace
+    token, ns = changes[-1]["_id"], str(env.namespace)
     now = dt.datetime.now(dt.UTC)
     leases = env.db[env.settings.lease_collection]
     leases.insert_one({
         "_id": ns, "owner": "old-relay", "fencingToken": 7, "expiresAt": now - dt.timedelta(minutes=1),
         "renewedAt": now - dt.timedelta(minutes=2), "resumeToken": token,
-        "tokenClusterTime": changes[-1]["clusterTime"], "pipelineFingerprint": pipeline_fingerprint(ns),
+        "tokenClusterTime": changes[-1]["clusterTime"], "pipelineFingerprint": pipeline_fingerprint(env.namespace),
         "delivery": "at-least-once", "checkpointAt": now - dt.timedelta(minutes=2),
     })
     env.db[f"{env.settings.lease_collection}_replicas"].insert_one(

@@ -69,7 +69,7 @@ def test_every_event_is_published_once_and_its_token_committed_to_the_compacted_
     meta = cluster.topics[settings.offsets_topic]
     assert len(meta.partitions) == 1 and len(meta.partitions[0].replicas) == replicas
 
-    record = OffsetsTopic(settings.parts().kafka).read(settings.namespace, lambda: None)
+    record = OffsetsTopic(settings.parts().kafka).read(str(settings.namespaces[0]), lambda: None)
     doc = lease_doc(env.db, settings)
     assert record is not None and record.fingerprint == doc["pipelineFingerprint"]
     assert record.token["_data"] >= max(r.position for r in records), "the record covers every event"
@@ -99,7 +99,7 @@ def test_a_parcel_is_acknowledged_only_once_the_loop_saw_its_transactions_commit
     kafka = eos(env, transaction_max_events=1).parts().kafka  # each parcel a transaction of its own
     offsets = OffsetsTopic(kafka)
     offsets.ensure()
-    publisher = TransactionalPublisher(kafka, f"{env.settings.namespace}.invariant", offsets, "fingerprint")
+    publisher = TransactionalPublisher(kafka, f"{env.namespace}.invariant", offsets, "fingerprint")
     first, second = (
         Parcel([-1], [OutgoingMessage(f"e{n}", topic, b"k", f"v{n}".encode(), [])], {"_data": f"0{n}"}, 0.0)
         for n in (1, 2)
@@ -157,7 +157,7 @@ def test_switching_at_least_once_to_exactly_once_starts_from_the_mongodb_checkpo
 def _rewind_checkpoint(env, settings, token_data: str) -> None:
     """Move the MongoDB checkpoint back, as a leader killed between its Kafka commits and its
     MongoDB writes would leave it (the offsets topic is ahead)."""
-    env.db[settings.lease_collection].update_one({"_id": settings.namespace},
+    env.db[settings.lease_collection].update_one({"_id": str(settings.namespaces[0])},
                                                  {"$set": {"resumeToken": {"_data": token_data}}})
 
 

@@ -154,7 +154,7 @@ def test_metrics_scraped_over_http_match_what_kafka_holds(env, tmp_path):
         assert "_created" not in text
         assert _health(port, "/livez") == (200, {"ok": True, "role": "leader",
                                                   "lastTurnSecondsAgo": pytest.approx(0, abs=5)})
-        outbox = env.settings.outbox_namespaces[0]
+        outbox = str(env.namespace)
         assert _health(port, "/readyz") == (200, {"ok": True, "role": "leader", "reason": "leader",
                                                   "outboxes": {outbox: {"ok": True, "role": "leader"}}})
         assert _get(port, "/nothing-here")[0] == 404
@@ -171,7 +171,7 @@ def test_a_standby_replica_is_ready_and_reports_no_lease(env, tmp_path):
         standby, port = _serving(env.settings.replace(instance_id=env.settings.instance_id + "-b"), tmp_path, "b")
         try:
             wait_until(lambda: _health(port, "/readyz")[0] == 200, 60, "B to be a ready standby")
-            outbox = env.settings.outbox_namespaces[0]
+            outbox = str(env.namespace)
             assert _health(port, "/readyz")[1] == {"ok": True, "role": "standby", "reason": "standby",
                                                    "outboxes": {outbox: {"ok": True, "role": "standby"}}}
             samples, _ = _scrape(port)
@@ -300,7 +300,7 @@ def test_http_port_in_use_is_a_configuration_error_naming_it():
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(ConfigError) as err:
-            ProcessObserver(Settings().replace(http_port=port).parts().observer).serve()
+            ProcessObserver((parts := Settings().replace(http_port=port).parts()).observer, parts.outboxes).serve()
     assert err.value.setting == "RELAY_HTTP_PORT"
 
 
@@ -420,7 +420,7 @@ def test_compose_demo_writer_writes_outbox_events_the_relay_publishes(env):
                              "--rate", "200"], env=environ, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     count = env.outbox.count_documents({})
-    assert count >= 12 and f"{count} events written to {env.settings.namespace}" in result.stdout
+    assert count >= 12 and f"{count} events written to {env.namespace}" in result.stdout
     with RelayThread(env.settings) as relay:
         wait_until(lambda: topic_size(env.servers.kafka_bootstrap, env.topic()) >= count, 60, "the demo events")
     assert relay.error is None, relay.error

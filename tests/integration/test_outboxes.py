@@ -200,7 +200,7 @@ def test_a_poison_event_in_one_outbox_names_that_outbox(outboxes, env, logs, pol
 
 def test_prune_cleans_up_each_outbox_by_its_own_position(outboxes, env):
     """`outbox prune` (every outbox, or `--outbox`): each collection's documents its own lease's
-    stored position covers go, the others stay."""
+    stored checkpoint covers go, the others stay."""
     from relay.commands.outbox import prune_outbox
 
     a, b, c = outboxes.names
@@ -215,4 +215,4 @@ def test_prune_cleans_up_each_outbox_by_its_own_position(outboxes, env):
     prune_outbox(outboxes.settings)
     assert outboxes.collection(c).count_documents({}) == 0
     left = {str(d["_id"]) for d in outboxes.collection(b).find({}, {"_id": 1})}
-    assert left == later.ids, "b keeps what its position does not cover"
+    assert left == later.ids, "b keeps what its checkpoint does not cover"

@@ -87,7 +87,7 @@ def test_partition_formula_matches_the_server_and_each_insert_reaches_exactly_it
 
 def _leases(env, n: int) -> list[dict]:
     coll = env.db[env.settings.lease_collection]
-    return [coll.find_one({"_id": Scope(env.settings.namespace, Partition(k, n)).lease_id}) or {} for k in range(n)]
+    return [coll.find_one({"_id": Scope(env.namespace, Partition(k, n)).lease_id}) or {} for k in range(n)]
 
 
 def test_a_group_publishes_every_event_in_order_through_one_lease_per_partition(env, logs):
@@ -111,7 +111,7 @@ def test_a_group_publishes_every_event_in_order_through_one_lease_per_partition(
     lines = captured.lines()
     opened = sorted(x["partition"] for x in lines if x["message"].startswith("change stream opened"))
     assert opened == [0, 1, 2], "each partition's loop logs with its partition"
-    outbox = settings.outbox_namespaces[0]
+    outbox = str(settings.namespaces[0])
     assert ready == {"ok": True, "role": "leader", "reason": "leader",
                      "outboxes": {outbox: {"ok": True, "role": "leader"}}}
     held_lines = [line for line in exposed.splitlines() if line.startswith("relay_lease_held{")]
@@ -119,7 +119,7 @@ def test_a_group_publishes_every_event_in_order_through_one_lease_per_partition(
                                         for k in range(3)), exposed
     verdict = assert_complete_and_ordered(records, written)
     assert held == [1, 1, 1] and led == 3, "one replica alone leads every partition"
-    assert env.db[settings.lease_collection].find_one({"_id": settings.namespace}) is None, \
+    assert env.db[settings.lease_collection].find_one({"_id": str(settings.namespaces[0])}) is None, \
         "no unpartitioned lease document"
     assert [row["partition"] for row in shown["leases"]] == [0, 1, 2]
     assert {row["lease"]["owner"] for row in shown["leases"]} == {settings.instance_id}
@@ -150,7 +150,7 @@ def test_changing_the_partition_count_is_refused_while_relays_of_another_count_h
             assert refused.returncode == 2, refused.stderr
             line = refused.stderr.strip().splitlines()[-1]
             assert f"RELAY_PARTITIONS: {other}, but relays with RELAY_PARTITIONS=2 hold leases on " \
-                   f"{settings.namespace}" in line, line
+                   f"{settings.namespaces[0]}" in line, line
             assert settings.instance_id in line
     assert all(d.get("owner") is None for d in _leases(env, 2))
 
@@ -166,7 +166,7 @@ def test_moving_from_one_to_three_to_two_partitions_under_load_loses_nothing(env
     written = Written()
     writer = background_writes(env, written, 9000, writers=3, pause=0.01)
     leases = env.db[env.settings.lease_collection]
-    stuck = Scope(env.settings.namespace, Partition(0, 3)).lease_id
+    stuck = Scope(env.namespace, Partition(0, 3)).lease_id
     phases = []
     for count, share in ((1, 0.2), (3, 0.45), (2, 1.0)):
         settings = env.settings.replace(partitions=count, instance_id=f"n{count}")
@@ -174,14 +174,15 @@ def test_moving_from_one_to_three_to_two_partitions_under_load_loses_nothing(env
             wait_until(lambda: relay.relay.observer.ready(), 60, f"the group of {count} started")
             docs = list(leases.find())
             assert sorted(d["_id"] for d in docs) == sorted(
-                Scope(env.settings.namespace, Partition(k, count)).lease_id for k in range(count)), "old documents removed"
+                Scope(env.namespace, Partition(k, count)).lease_id for k in range(count)), "old documents removed"
             seeds = {d.get("startAtClusterTime") for d in docs}
             if count == 1:  # the unpartitioned document has the fields it had before partitions, no more
-                # (but acquiredAt, which every lease holds since issue 42: `status` shows it)
+                # (but acquiredAt, which every lease holds since issue 42: `status` shows it, and the
+                # clean-up record cleanedUpBefore, null from creation: replay reads it)
                 wait_until(lambda: (leases.find_one() or {}).get("resumeToken"), 60, "the first checkpoint")
                 assert set(leases.find_one()) <= {"_id", "owner", "fencingToken", "expiresAt", "renewedAt", "resumeToken",
                                                   "tokenClusterTime", "pipelineFingerprint", "checkpointAt",
-                                                  "delivery", "acquiredAt"}
+                                                  "delivery", "acquiredAt", "cleanedUpBefore"}
             if count == 3:
                 wait_until(lambda: (leases.find_one({"_id": stuck}) or {}).get("resumeToken"), 60,
                            "partition 0's first checkpoint")

@@ -93,7 +93,7 @@ def test_changed_pipeline_fingerprint_is_refused_with_a_clear_error(env):
 
     with RelayThread(env.settings):
         wait_until(lambda: (lease_doc(env.db, env.settings) or {}).get("resumeToken"), 30, "a checkpoint")
-    env.db[env.settings.lease_collection].update_one({"_id": env.settings.namespace},
+    env.db[env.settings.lease_collection].update_one({"_id": str(env.namespace)},
                                                      {"$set": {"pipelineFingerprint": "0123456789abcdef"}})
     with RelayThread(env.settings) as relay:
         relay.thread.join(timeout=30)

@@ -117,9 +117,9 @@ def test_a_consumer_that_lost_its_state_gets_exactly_its_effects_back_in_order(e
     env.outbox.delete_one({"_id": "after the replay"})
     assert code == 0, lines
     start, summary = lines[0], lines[-1]
-    assert [p["from"] for p in start["parts"][env.settings.namespace]] == ["oplog"]
+    assert [p["from"] for p in start["parts"][str(env.namespace)]] == ["oplog"]
     assert summary["events"] == 300
-    assert summary["summary"] == {env.settings.namespace: {env.topic(): {"oplog": 300, "collection": 0}}}
+    assert summary["summary"] == {str(env.namespace): {env.topic(): {"oplog": 300, "collection": 0}}}
 
     with InboxThread(env.db, effects_handler(env.db), **run) as inbox:
         wait_applied(env.db, 300, alive=inbox.check_alive)
@@ -190,8 +190,8 @@ def test_a_range_older_than_the_oplog_is_read_from_the_collection_then_from_the_
 
     code, lines = replay("--since", _iso(old_start))
     assert code == 0, lines
-    assert [p["from"] for p in lines[0]["parts"][env.settings.namespace]] == ["collection", "oplog"]
-    assert lines[-1]["summary"][env.settings.namespace][env.topic()] == {"collection": 30, "oplog": 12}
+    assert [p["from"] for p in lines[0]["parts"][str(env.namespace)]] == ["collection", "oplog"]
+    assert lines[-1]["summary"][str(env.namespace)][env.topic()] == {"collection": 30, "oplog": 12}
     records = read_topic(env.servers.kafka_bootstrap, env.topic())
     assert [r.id for r in records if r.key == "a0"] == [e.id_str for e in [*old, *new] if e.aggregate_id == "a0"]
     assert len(records) == 42 and len({r.id for r in records}) == 42
@@ -206,8 +206,8 @@ def test_filters_by_aggregate_and_type_to_another_topic_and_a_dry_run(env, repla
 
     code, lines = replay("--since", _iso(since), "--dry-run")
     assert code == 0 and lines[-1]["dryRun"] is True
-    assert lines[-1]["skippedPoison"] == {env.settings.namespace: 1}  # left out, on the loop's encode path
-    assert lines[-1]["summary"][env.settings.namespace] == {
+    assert lines[-1]["skippedPoison"] == {str(env.namespace): 1}  # left out, on the loop's encode path
+    assert lines[-1]["summary"][str(env.namespace)] == {
         env.topic("order"): {"oplog": 20, "collection": 0}, env.topic("customer"): {"oplog": 20, "collection": 0}}
     assert topic_size(env.servers.kafka_bootstrap, env.topic("order")) == 0  # a dry run publishes nothing
 
@@ -300,7 +300,7 @@ def test_the_replays_change_stream_recovers_on_the_live_readers_rule_under_getmo
     if times == "always":
         assert code == 3, err
         [stop] = [line for line in err if "ServerUnreachableError" in line]
-        assert f"has not served the replay's change stream of {env.settings.namespace}" in stop
+        assert f"has not served the replay's change stream of {env.namespace}" in stop
         assert "RELAY_CONNECT_TIMEOUT_S" in stop and "HostUnreachable (6)" in stop, stop
         assert "Traceback" not in "\n".join(err) and len(resumed) == 1 and waits[:2] == [0.0, waits[1]], err
         return
@@ -406,7 +406,7 @@ def test_on_a_fresh_replica_set_a_range_before_the_oplog_replays_without_a_false
     _insert(env, [OutboxEvent.new("order", "a", "Changed", {"seq": 1})])
     code, lines = replay("--since", _iso(oplog_start - dt.timedelta(hours=2)))
     assert code == 0 and lines[-1]["events"] == 1, (lines, replay.stderr)
-    assert [p["from"] for p in lines[0]["parts"][env.settings.namespace]] == ["collection", "oplog"]
+    assert [p["from"] for p in lines[0]["parts"][str(env.namespace)]] == ["collection", "oplog"]
     assert not [line for line in replay.stderr if "may be gone" in line]
 
 
@@ -429,13 +429,13 @@ def test_where_removal_cannot_be_ruled_out_the_gap_names_what_may_have_removed_e
 
     written = _publish(env, 5)  # the relay ran: its lease document records clean-up from its creation
     assert replay("--since", since)[0] == 0
-    assert main(["outbox", "prune"]) == 0  # deletes what the stored position covers, recording its cutoff
+    assert main(["outbox", "prune"]) == 0  # deletes what the stored checkpoint covers, recording its cutoff
     assert env.outbox.count_documents({}) < len(written.ids) + 1
     cutoff = lease_doc(env.db, env.settings)["cleanedUpBefore"]
     assert replay("--since", since)[0] == 4
     assert f"clean-up removed documents that occurred before {_iso(cutoff)}, or there were none" in _gap_line(replay)
 
-    env.db[env.settings.lease_collection].update_one({"_id": env.settings.namespace},
+    env.db[env.settings.lease_collection].update_one({"_id": str(env.namespace)},
                                                      {"$unset": {"cleanedUpBefore": ""}})  # as an earlier release
     assert replay("--since", since)[0] == 4
     assert "its lease documents keep no record of it), or there were none" in _gap_line(replay)

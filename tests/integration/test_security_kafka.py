@@ -116,7 +116,7 @@ def test_a_missing_transactional_id_acl_stops_the_relay_naming_it(kafka: SaslKaf
     error = _stops_with(settings, servers)
     [(operation, resource)] = error.refused
     assert "TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in operation
-    assert resource == f"TRANSACTIONAL_ID outbox-relay:{settings.namespace}"
+    assert resource == f"TRANSACTIONAL_ID outbox-relay:{settings.namespaces[0]}"
 
 
 def test_a_wrong_ca_or_host_name_stops_the_relay_with_a_clear_line(

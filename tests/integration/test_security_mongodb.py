@@ -57,7 +57,7 @@ def _settings(servers: Servers, uri: str, **changes: Any) -> Settings:
 
 
 def _needed(settings: Settings, inbox: str | None = None) -> list[Privilege]:
-    return required(settings.database, settings.outbox_collection, settings.lease_collection,
+    return required(settings.database, settings.namespaces, settings.lease_collection,
                     cleanup=bool(settings.outbox_retention), inbox=inbox)
 
 
@@ -103,7 +103,7 @@ def test_many_outboxes_run_as_a_user_holding_only_the_role_printed_for_the_set(
     settings = settings.replace(outboxes=",".join(names),
                                 topic_template=settings.topic_template.replace("{aggregateType}", "{collection}"))
     parts = settings.replace(mongodb_uri="mongodb://localhost/").parts()
-    needed = required_for(parts.mongo, parts.cleanup)
+    needed = required_for(parts.mongo, parts.outboxes, parts.cleanup)
     assert {(p.db, p.collection) for p in needed} >= {(settings.database, ""), (other, "c")}, needed
     settings = settings.replace(mongodb_uri=mongo.user_with("relayoutboxes", f"pw-{uuid.uuid4().hex}", needed))
     with mongo.admin() as admin:

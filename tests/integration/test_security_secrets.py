@@ -35,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from relay.core.namespace import Namespace
 from relay.dev.processes import free_port, spawn
 from relay.mongo.privileges import required
 from tests.security_servers import AuthMongo, auth_mongo
@@ -182,7 +183,7 @@ def test_success_paths_and_endpoints_print_no_credential(mongo: AuthMongo, serve
         code, out = _relay(args, operator)
         assert code == 0, f"{args}: exit {code}\n{out}"
         outputs[" ".join(args)] = out
-    role = required(db_name, "outbox", "outbox_relay_leases", cleanup=False)
+    role = required(db_name, [Namespace(db_name, "outbox")], "outbox_relay_leases", cleanup=False)
     env["RELAY_MONGODB_URI"] = mongo.user_with("relaycanary", CANARIES[1], role) + URI_OPTIONS
     with mongo.admin() as admin:
         write_events(admin[db_name], "outbox", 20, writers=1)

@@ -91,7 +91,7 @@ def own_server():
 @pytest.mark.soak
 def test_nats_server_killed_and_restarted_on_its_store_loses_nothing_and_keeps_the_order(nenv, own_server):
     """nats-server SIGKILLed twice during a backlog and started again on the same store (port,
-    JetStream folder): the relay fails its session, waits, publishes again from its stored position;
+    JetStream folder): the relay fails its session, waits, publishes again from its stored checkpoint;
     nothing lost, first copies in commit order, no event twice (the window is rebuilt from the
     store). The suite writes at least 2,000 events (the soak 10,000)."""
     nenv.server = own_server

@@ -27,7 +27,7 @@ def test_events_reach_the_stream_in_commit_order_with_the_kafka_headers_and_the_
     written = write_events(nenv.db, nenv.settings.outbox_collection, total=300, writers=3)
     with RelayThread(nenv.settings) as relay:
         records = _published(nenv, written)
-        wait_until(lambda: (lease_doc(nenv.db, nenv.settings) or {}).get("resumeToken"), 30, "a stored position")
+        wait_until(lambda: (lease_doc(nenv.db, nenv.settings) or {}).get("resumeToken"), 30, "a stored checkpoint")
     assert relay.error is None, relay.error
     verdict = assert_complete_and_ordered(records, written)
     assert not verdict.duplicates

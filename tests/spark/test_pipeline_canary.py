@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from relay.core.namespace import Namespace
 from relay.mongo.privileges import required
 from relay.spark import audit as audit_job
 from tests.integration.test_security_secrets import CANARIES, JAAS, SECRET_ENV, URI_OPTIONS, assert_clean
@@ -30,7 +31,7 @@ def test_the_pipeline_prints_no_credential(env, spark, mongo: AuthMongo, monkeyp
     db_name = env.settings.database
     with mongo.admin() as admin:
         write_events(admin[db_name], "outbox", 5, writers=1)
-    role = required(db_name, "outbox", "outbox_relay_leases", cleanup=False)
+    role = required(db_name, [Namespace(db_name, "outbox")], "outbox_relay_leases", cleanup=False)
     uri = mongo.user_with(f"pipecanary{fmt}", CANARIES[1], role) + URI_OPTIONS
     for key, value in {**SECRET_ENV, "RELAY_MONGODB_URI": uri, "RELAY_DATABASE": db_name, "RELAY_LOG_LEVEL": "DEBUG",
                        "RELAY_LOG_FORMAT": fmt, "RELAY_KAFKA_BOOTSTRAP_SERVERS": env.servers.kafka_bootstrap,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from relay.core.namespace import Namespace
 from relay.kafka.acls import SPARK_GROUP_PREFIX, TAIL_GROUP_PREFIX, required_to_consume, required_to_read
 from relay.kafka.acls import required as required_acls
 from relay.mongo.privileges import required as required_privileges
@@ -34,7 +35,7 @@ def test_the_mongodb_table_lists_every_privilege_of_every_mode() -> None:
         documented[resource.strip("`")] |= _ticked(actions)
     needed: dict[str, set[str]] = defaultdict(set)
     for cleanup in (False, True):
-        for p in required_privileges("<db>", "<outbox>", "<leases>", cleanup=cleanup, inbox="<inbox>"):
+        for p in required_privileges("<db>", [Namespace("<db>", "<outbox>")], "<leases>", cleanup=cleanup, inbox="<inbox>"):
             needed[p.namespace] |= set(p.actions)
     assert documented == needed
 

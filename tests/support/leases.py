@@ -15,7 +15,7 @@ from relay.config import Settings
 
 
 def lease_doc(db: Database[Any], settings: Settings) -> dict[str, Any] | None:
-    return db[settings.lease_collection].find_one({"_id": settings.namespace})
+    return db[settings.lease_collection].find_one({"_id": str(settings.namespaces[0])})
 
 
 class CheckpointWatcher:

@@ -11,7 +11,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from relay.dev.harness.topics import REGISTRY, Record
+from harness.topics import REGISTRY, Record
 
 
 def _run(coroutine: Any) -> Any:

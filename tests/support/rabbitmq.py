@@ -12,7 +12,7 @@ from typing import Any
 import pika
 
 from relay.core.message import HEADER_AGGREGATE_ID
-from relay.dev.harness.topics import REGISTRY, Record
+from harness.topics import REGISTRY, Record
 
 
 @dataclass

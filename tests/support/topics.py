@@ -1,7 +1,7 @@
-"""Reading Kafka topics in tests: `relay.dev.harness.topics`, shared with the benchmarks
+"""Reading Kafka topics in tests: `harness.topics`, shared with the benchmarks
 (re-exported here)."""
 
-from relay.dev.harness.topics import (
+from harness.topics import (
     REGISTRY,
     Record,
     close_admin_clients,

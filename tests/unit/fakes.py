@@ -194,7 +194,7 @@ class FakeSource:
 
     def rescan(self) -> None:
         """Open at "now", serve every outbox document as a batch without a token, then the
-        opening token (RELAY_ON_HISTORY_LOST=rescan; relay.mongo.stream.Subscription.rescan)."""
+        opening token (RELAY_ON_HISTORY_LOST=rescan; relay.mongo.subscription.Subscription.rescan)."""
         w = self.world
         w.opens.append("rescan")
         self.position = len(w.outbox.changes)
@@ -249,7 +249,7 @@ class _Report:
 
 
 class FakePublisher:
-    """relay.kafka.producer.Publisher over `world.broker`: reports come back in send order per
+    """relay.core.boundaries.Publisher over `world.broker`: reports come back in send order per
     partition, the partitions interleaved at random; `world.broker.fail_next` makes reports fail
     (the message may or may not have been appended: idempotence keeps no promise about a timed-out
     message). As librdkafka does, a partition whose message timed out sends nothing more until its
@@ -466,25 +466,26 @@ class FakeRelay:
 
 def relay_on(world: World, settings: Settings, producers: Any, source: Callable[[], FakeSource],
              lease: FakeLease, observer: ScopeObserver | None = None, assignment: FakeAssignment | None = None,
-             positions: Coalescer | None = None) -> Relay:
-    """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes; its positions
-    go through `positions` (the process's, shared with other loops), else its own coalescer (a
-    process of one loop) at RELAY_CHECKPOINT_INTERVAL_MS."""
+             coalescer: Coalescer | None = None) -> Relay:
+    """A real `Relay` with the real MessageBuilder, its boundaries the world's fakes; its checkpoints
+    go through `coalescer` (the process's, shared with other loops), else its own (a process of one
+    loop) at RELAY_CHECKPOINT_INTERVAL_MS."""
     world.max_events = settings.batch_max_events
     parts = settings.parts()
-    if positions is None:
-        positions = Coalescer(
+    if coalescer is None:
+        coalescer = Coalescer(
             LeaseByLease(lease), settings.checkpoint_interval_ms / 1000, world.clock, settings.checkpoint_max_events
         )
     return Relay(parts.loop, source=source, mode=producers, lease=lease,
                  encoder=message_builder(parts, FOLDER), observer=observer or loop_observer(settings),
-                 fingerprint=FINGERPRINT, clock=world.clock, positions=positions,
+                 fingerprint=FINGERPRINT, clock=world.clock, coalescer=coalescer,
                  **({} if assignment is None else {"assignment": assignment}))
 
 
 def loop_observer(settings: Settings) -> ScopeObserver:
     """The observer of a relay loop on the whole outbox, as the wiring makes it (one partition)."""
-    return ProcessObserver(settings.parts().observer).loop(Scope(settings.namespace))
+    parts = settings.parts()
+    return ProcessObserver(parts.observer, parts.outboxes).loop(Scope(parts.outboxes[0]))
 
 
 def fake_relay(world: World, settings: Settings, observer: ScopeObserver | None = None,
@@ -502,8 +503,8 @@ def fake_relay(world: World, settings: Settings, observer: ScopeObserver | None 
     return FakeRelay(relay, producers.publishers, sources)
 
 
-class MemoryPositionStore:
-    """relay.core.boundaries.PositionStore in memory, over several lease documents (`leases`: lease id
+class MemoryCheckpointStore:
+    """relay.core.boundaries.CheckpointStore in memory, over several lease documents (`leases`: lease id
     -> [owner, fencing token, stored token]): each position stored only while its grant's owner and
     fencing token are current, the others stored by the same write. `writes` lists the lease ids
     of every write; `fail_next` makes the next writes raise, storing nothing."""
@@ -524,16 +525,16 @@ class MemoryPositionStore:
     def stored(self, lease_id: str) -> Any:
         return self.leases[lease_id][2]
 
-    def store(self, positions: Any) -> set[str]:
+    def store(self, checkpoints: Any) -> set[str]:
         if self.fail_next:
             self.fail_next -= 1
             raise ConnectionError("the server did not answer (fake)")
         refused = set()
-        for p in positions:
+        for p in checkpoints:
             doc = self.leases[p.lease_id]
             if (doc[0], doc[1]) != (p.grant.owner, p.grant.fencing_token):
                 refused.add(p.lease_id)
             else:
                 doc[2] = p.token
-        self.writes.append([p.lease_id for p in positions])
+        self.writes.append([p.lease_id for p in checkpoints])
         return refused

@@ -35,13 +35,13 @@ def _in_child(settings: Settings) -> Settings:
 def test_sidecars_are_one_process_per_outbox_and_the_shared_relay_one_process_listing_all() -> None:
     base = relay_settings(STACK, "bench_db", "bench.{aggregateType}", "now")
     sidecars = [_in_child(s) for s in relay_configs(base, OUTBOXES, shared=False, tag="t")]
-    assert [s.outbox_namespaces for s in sidecars] == [("bench_db.outbox_00",), ("bench_db.outbox_01",),
-                                                       ("bench_db.outbox_02",)]
+    assert [[str(n) for n in s.namespaces] for s in sidecars] == [["bench_db.outbox_00"], ["bench_db.outbox_01"],
+                                                                   ["bench_db.outbox_02"]]
     assert all(s.outboxes == "" for s in sidecars)  # RELAY_OUTBOXES unset: each a sidecar of one outbox
     assert len({s.instance_id for s in sidecars}) == 3
     shared = [_in_child(s) for s in relay_configs(base, OUTBOXES, shared=True, tag="t")]
     assert len(shared) == 1
-    assert shared[0].outbox_namespaces == ("bench_db.outbox_00", "bench_db.outbox_01", "bench_db.outbox_02")
+    assert [str(n) for n in shared[0].namespaces] == ["bench_db.outbox_00", "bench_db.outbox_01", "bench_db.outbox_02"]
     assert {s.database for s in sidecars + shared} == {"bench_db"}  # the lease documents stay in that database
 
 

@@ -144,8 +144,8 @@ def test_with_an_interval_idle_tokens_move_forward_only_and_are_written_at_most_
     """RELAY_CHECKPOINT_INTERVAL_MS=3000, heartbeat 1 s: an idle token is handed over at most every
     heartbeat (never an older one), and the coalescer writes the newest at most every 3 s."""
     lease, clock, stored = Lease(GRANT), Clock(), []
-    positions = Coalescer(LeaseByLease(lease), 3.0, clock)  # type: ignore[arg-type]
-    writer = CheckpointWriter(lease, "fp", clock, _timing(1.0), stored.append, positions)  # type: ignore[arg-type]
+    coalescer = Coalescer(LeaseByLease(lease), 3.0, clock)  # type: ignore[arg-type]
+    writer = CheckpointWriter(lease, "fp", clock, _timing(1.0), stored.append, coalescer)  # type: ignore[arg-type]
     writer.begin(GRANT)
     writes_at = []
     for step in range(1, 41):  # 10 s of idle reads, 4 a second, the token moving on (or back, every 5th)
@@ -193,7 +193,7 @@ def test_renewals_failing_until_near_the_expiry_stop_the_session_before_it():
         writer.beat()
 
 
-def test_a_failed_position_write_keeps_the_position_held_while_the_lease_is_valid():
+def test_a_failed_checkpoint_write_keeps_the_checkpoint_held_while_the_lease_is_valid():
     writer, lease, clock, stored = _writer(interval=5.0)
     lease.failing = ServerError("write concern timed out")
     writer.store({"_data": "01"})  # written at once (nothing written yet) and failed: held
@@ -204,7 +204,7 @@ def test_a_failed_position_write_keeps_the_position_held_while_the_lease_is_vali
     assert lease.writes == [("store", "01", "fp")] and stored == [{"_data": "01"}]
 
 
-def test_an_error_a_restart_would_not_cure_and_the_opening_position_fail_at_once():
+def test_an_error_a_restart_would_not_cure_and_the_opening_checkpoint_fail_at_once():
     writer, lease, clock, _ = _writer(interval=5.0)
     lease.failing = RuntimeError("BadValue")
     clock.advance(5.0)
@@ -212,7 +212,7 @@ def test_an_error_a_restart_would_not_cure_and_the_opening_position_fail_at_once
         writer.beat()
     lease.failing = ServerError("connection closed")
     with pytest.raises(ServerError):
-        writer.store({"_data": "01"}, now=True)  # the opening position: a crash must not lose it
+        writer.store({"_data": "01"}, now=True)  # the opening token: a crash must not lose it
 
 
 def test_a_paused_holder_past_its_lease_does_not_survive_a_failed_renewal():

@@ -1,5 +1,5 @@
-"""The rules of the process's positions (relay.core.coalescer), fast: a fake clock and an in-memory
-store of several lease documents (tests/unit/fakes.py MemoryPositionStore)."""
+"""The rules of the process's checkpoints (relay.core.coalescer), fast: a fake clock and an in-memory
+store of several lease documents (tests/unit/fakes.py MemoryCheckpointStore)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from relay.core.coalescer import Coalescer, LeaseByLease
 from relay.core.errors import LeaseLostError
-from relay.core.positions import PositionWrite
+from relay.core.positions import CheckpointWrite
 from tests.support.logs import captured_logs
 from tests.unit.fakes import (
     FINGERPRINT,
@@ -15,7 +15,7 @@ from tests.unit.fakes import (
     FakeDeliveryMode,
     FakeLease,
     FakeSource,
-    MemoryPositionStore,
+    MemoryCheckpointStore,
     World,
     covered_by,
     fake_relay,
@@ -28,16 +28,16 @@ from tests.unit.machine import write as _write
 LEASES = ("db.a", "db.b", "db.c")
 
 
-def _coalescer(interval_s: float = 1.0, max_events: int | None = None) -> tuple[Coalescer, MemoryPositionStore, Clock]:
-    store, clock = MemoryPositionStore(*LEASES), Clock()
+def _coalescer(interval_s: float = 1.0, max_events: int | None = None) -> tuple[Coalescer, MemoryCheckpointStore, Clock]:
+    store, clock = MemoryCheckpointStore(*LEASES), Clock()
     return Coalescer(store, interval_s, clock, max_events), store, clock
 
 
-def _hold(c: Coalescer, store: MemoryPositionStore, lease_id: str, covered: int, events: int = 0) -> None:
-    c.hold(PositionWrite(lease_id, store.grant(lease_id), token(covered), FINGERPRINT), events)
+def _hold(c: Coalescer, store: MemoryCheckpointStore, lease_id: str, covered: int, events: int = 0) -> None:
+    c.hold(CheckpointWrite(lease_id, store.grant(lease_id), token(covered), FINGERPRINT), events)
 
 
-def test_the_positions_of_every_scope_are_written_together_at_most_once_per_interval():
+def test_the_checkpoints_of_every_scope_are_written_together_at_most_once_per_interval():
     c, store, clock = _coalescer(interval_s=1.0)
     _hold(c, store, "db.a", 1)
     assert c.write("db.a") == token(1), "nothing written yet: the first write is due at once"
@@ -91,7 +91,7 @@ def test_an_interval_of_0_writes_after_every_batch():
     assert store.writes == [["db.a"]] * 3
 
 
-def test_a_lost_lease_refuses_its_own_position_only_and_its_loop_learns_it_at_its_next_call():
+def test_a_lost_lease_refuses_its_own_checkpoint_only_and_its_loop_learns_it_at_its_next_call():
     c, store, clock = _coalescer(interval_s=1.0)
     c.write("db.a")
     for lid in LEASES:
@@ -120,7 +120,7 @@ def test_a_loop_holding_after_its_lease_was_found_lost_learns_it_there():
         _hold(c, store, "db.a", 2)
 
 
-def test_a_held_position_is_replaced_only_by_a_newer_one():
+def test_a_held_checkpoint_is_replaced_only_by_a_newer_one():
     c, store, clock = _coalescer(interval_s=5.0)
     c.write("db.a")
     _hold(c, store, "db.a", 9)
@@ -130,7 +130,7 @@ def test_a_held_position_is_replaced_only_by_a_newer_one():
     assert store.stored("db.a") == token(9)
 
 
-def test_a_failed_write_keeps_its_positions_for_the_next_and_raises_in_the_loop_that_made_it():
+def test_a_failed_write_keeps_its_checkpoints_for_the_next_and_raises_in_the_loop_that_made_it():
     c, store, clock = _coalescer(interval_s=1.0)
     _hold(c, store, "db.a", 3)
     _hold(c, store, "db.b", 3)
@@ -161,8 +161,8 @@ def test_a_session_that_ends_writes_what_it_holds_at_once_or_drops_it_when_its_l
 
 
 def test_a_new_session_starts_with_nothing_of_the_last_one_held():
-    """A position of an earlier session written after a new session read its grant would move the
-    new session's stored position ahead of what it re-delivers, and then back."""
+    """A checkpoint of an earlier session written after a new session read its grant would move the
+    new session's stored checkpoint ahead of what it re-delivers, and then back."""
     c, store, _ = _coalescer(interval_s=60.0)
     c.write("db.a")
     _hold(c, store, "db.a", 9)
@@ -174,15 +174,15 @@ def test_a_new_session_starts_with_nothing_of_the_last_one_held():
 # ---- loops over one coalescer ----------------------------------------------------------------------
 
 class _Leases:
-    """A PositionStore over the fake lease documents of several worlds, one update each."""
+    """A CheckpointStore over the fake lease documents of several worlds, one update each."""
 
     def __init__(self, leases: list[FakeLease]) -> None:
         self.leases = {lease.lease_id: lease for lease in leases}
         self.writes: list[set[str]] = []
 
-    def store(self, positions):
-        self.writes.append({p.lease_id for p in positions})
-        return set().union(*(LeaseByLease(self.leases[p.lease_id]).store([p]) for p in positions))
+    def store(self, checkpoints):
+        self.writes.append({p.lease_id for p in checkpoints})
+        return set().union(*(LeaseByLease(self.leases[p.lease_id]).store([p]) for p in checkpoints))
 
 
 class _ReleaseSeen(FakeLease):
@@ -199,7 +199,7 @@ def _acked_all(world: World) -> bool:
     return set(world.outbox.event_ids()) <= world.broker.acked
 
 
-def test_a_graceful_stop_stores_the_final_positions_before_the_lease_is_released():
+def test_a_graceful_stop_stores_the_final_checkpoints_before_the_lease_is_released():
     world = World()
     settings = fake_settings(batch_max_events=100, checkpoint_interval_ms=60_000)
     lease = _ReleaseSeen(world, "A", settings.lease_ttl_s)
@@ -223,8 +223,8 @@ def test_two_loops_of_one_process_one_losing_its_lease_the_other_keeps_storing()
     leases = [FakeLease(w, "A", settings.lease_ttl_s) for w in (one, two)]
     leases[1].lease_id = "db.outbox2"
     store = _Leases(leases)
-    positions = Coalescer(store, 1.0, one.clock)
-    relays = [relay_on(w, settings, FakeDeliveryMode(w), lambda w=w: FakeSource(w), lease, positions=positions)
+    coalescer = Coalescer(store, 1.0, one.clock)
+    relays = [relay_on(w, settings, FakeDeliveryMode(w), lambda w=w: FakeSource(w), lease, coalescer=coalescer)
               for w, lease in zip((one, two), leases, strict=True)]
     _write(one, 20)
     _write(two, 20)
@@ -232,7 +232,7 @@ def test_two_loops_of_one_process_one_losing_its_lease_the_other_keeps_storing()
         for relay in relays:
             relay.turn()
     assert covered_by(one.lease.token) == covered_by(two.lease.token) == 20
-    assert {"db.outbox", "db.outbox2"} in store.writes, "both positions in one write"
+    assert {"db.outbox", "db.outbox2"} in store.writes, "both checkpoints in one write"
     two.take_over(silent_s=settings.lease_ttl_s)
     two.lease.expires_at = float("inf")  # the other replica keeps it
     _write(one, 20)
@@ -247,7 +247,7 @@ def test_two_loops_of_one_process_one_losing_its_lease_the_other_keeps_storing()
 
 def test_a_holder_fenced_out_while_it_runs_stops_at_its_next_write_within_one_interval():
     """An operator's `checkpoint reset --force` fences a running holder: no pause made its next step
-    renew first, so it learns at the next write of its position, at most one interval later (with
+    renew first, so it learns at the next write of its checkpoint, at most one interval later (with
     an interval of 0, after the batch, as the loop machines check)."""
     world = World()
     settings = fake_settings(batch_max_events=5, checkpoint_interval_ms=2000)

@@ -10,6 +10,7 @@ import pytest
 from relay.config import Settings, markdown_table
 from relay.core.config import start_at_time
 from relay.core.errors import ConfigError
+from relay.core.namespace import Namespace
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -125,7 +126,7 @@ def test_each_setting_is_declared_once_and_reaches_its_parts_by_keyword():
     import dataclasses
 
     parts = Settings().parts()
-    configs = [getattr(parts, f.name) for f in dataclasses.fields(parts) if f.name != "broker"]  # broker: a name
+    configs = [getattr(parts, f.name) for f in dataclasses.fields(parts) if f.name not in ("broker", "outboxes")]
     configs += [parts.observer.health, parts.loop.timing]
     own_defaults = {"batch", "pass_budget_s"}  # clean-up's internal pacing, not settings
     for config in configs:
@@ -159,11 +160,14 @@ def test_documented_variables_that_are_not_settings_are_accepted(tmp_path):
 def test_outboxes_the_template_routes_to_one_topic_are_found_from_the_settings_alone():
     from relay.avro.shared_topics import shared_topics
 
+    def outboxes(*texts: str) -> list[Namespace]:
+        return [Namespace.parse(t) for t in texts]
+
     default = "outbox.event.{aggregateType}"
-    (shared,) = shared_topics(default, ["shop.outbox", "billing.outbox"])
-    assert shared.outboxes == ("shop.outbox", "billing.outbox") and shared.missing == "{database}"
+    (shared,) = shared_topics(default, outboxes("shop.outbox", "billing.outbox"))
+    assert shared.names == ["shop.outbox", "billing.outbox"] and shared.missing == "{database}"
     assert "shop.outbox and billing.outbox" in shared.warning() and "{database}" in shared.warning()
-    assert shared_topics("outbox.{database}.{aggregateType}", ["shop.outbox", "billing.outbox"]) == []
-    (same_db,) = shared_topics("outbox.{database}.{aggregateType}", ["shop.a", "shop.b", "billing.a"])
-    assert same_db.outboxes == ("shop.a", "shop.b") and same_db.missing == "{collection}"
-    assert shared_topics(default, ["shop.outbox"]) == []
+    assert shared_topics("outbox.{database}.{aggregateType}", outboxes("shop.outbox", "billing.outbox")) == []
+    (same_db,) = shared_topics("outbox.{database}.{aggregateType}", outboxes("shop.a", "shop.b", "billing.a"))
+    assert same_db.names == ["shop.a", "shop.b"] and same_db.missing == "{collection}"
+    assert shared_topics(default, outboxes("shop.outbox")) == []

@@ -22,6 +22,7 @@ from relay.core.errors import (
     ServerError,
     classify,
 )
+from relay.core.namespace import Namespace
 from relay.core.positions import ClusterTime, token_cluster_time
 from relay.kafka import errors as kafka_errors
 from relay.mongo import errors as mongo_errors
@@ -36,10 +37,10 @@ def test_token_cluster_time_reads_the_keystring_timestamp():
 
 
 def test_pipeline_fingerprint_depends_on_namespace_and_pipeline():
-    base = pipeline_fingerprint("app.outbox")
-    assert base == pipeline_fingerprint("app.outbox", PIPELINE)
-    assert base != pipeline_fingerprint("app.other")
-    assert base != pipeline_fingerprint("app.outbox", [{"$match": {"operationType": "insert"}}])
+    base = pipeline_fingerprint(Namespace("app", "outbox"))
+    assert base == pipeline_fingerprint(Namespace("app", "outbox"), PIPELINE)
+    assert base != pipeline_fingerprint(Namespace("app", "other"))
+    assert base != pipeline_fingerprint(Namespace("app", "outbox"), [{"$match": {"operationType": "insert"}}])
 
 
 def test_every_error_kind_says_its_action_itself():

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from relay.config import Settings
 from relay.core.errors import ConfigError
+from relay.core.namespace import Namespace
 from relay.mongo.config import parse_duration
 from relay.mongo.housekeeping import deletable
 from relay.ops.health import Health
@@ -37,13 +38,13 @@ def test_a_bad_interval_or_threshold_names_its_setting():
 
 def test_only_candidates_not_found_after_the_position_are_deletable():
     assert deletable([1, 2, 3, 4], {2, 4}) == [1, 3]
-    assert deletable([1, 2], {1, 2}) == [], "nothing the position does not cover"
+    assert deletable([1, 2], {1, 2}) == [], "nothing the checkpoint does not cover"
 
 
 def test_ttl_headroom_below_the_threshold_warns_once_and_degrades_readiness_until_it_recovers(caplog):
     health = Health(Settings().parts().observer.health)
     registry = CollectorRegistry()
-    metrics = OutboxMetrics(OutboxSeries(registry), health, "app.outbox")
+    metrics = OutboxMetrics(OutboxSeries(registry), health, Namespace("app", "outbox"))
 
     def headroom() -> float | None:
         return registry.get_sample_value("relay_outbox_ttl_headroom_seconds", {"outbox": "app.outbox"})

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from relay.config import Settings
 from relay.core.errors import ConfigError
+from relay.core.namespace import Namespace
 from relay.core.partitions import (
     Partition,
     Scope,
@@ -29,6 +30,8 @@ from relay.core.partitions import (
 )
 from relay.group.balance import Balance, EveryLease, balance_for, targets
 from relay.mongo.pipeline import PIPELINE, fingerprint, pipeline, pipeline_fingerprint, scan_filter
+
+APP = Namespace("app", "outbox")
 
 
 def test_hashed_index_key_matches_the_value_in_mongodbs_manual():
@@ -48,20 +51,20 @@ def test_partition_of_is_in_range_and_spreads_keys_evenly():
 def test_one_partition_keeps_todays_lease_id_pipeline_and_fingerprint():
     """RELAY_PARTITIONS=1: the lease document, the pipeline and the stored fingerprint are those
     of earlier releases, so a running deployment upgrades without a checkpoint reset."""
-    assert Scope("app.outbox").lease_id == Scope("app.outbox", Partition(0, 1)).lease_id == "app.outbox"
+    assert Scope(APP).lease_id == Scope(APP, Partition(0, 1)).lease_id == "app.outbox"
     assert pipeline(Partition(0, 1)) == PIPELINE
     assert scan_filter(Partition(0, 1)) is None
-    assert pipeline_fingerprint("app.outbox", pipeline(Partition(0, 1))) == "d225fb2ff19aa6b2"  # 0.1's fingerprint
-    assert fingerprint(Scope("app.outbox"), "aggregateId") == "d225fb2ff19aa6b2"
+    assert pipeline_fingerprint(APP, pipeline(Partition(0, 1))) == "d225fb2ff19aa6b2"  # 0.1's fingerprint
+    assert fingerprint(Scope(APP), "aggregateId") == "d225fb2ff19aa6b2"
     assert Settings().partitions == 1
 
 
 def test_partition_pipelines_have_fingerprints_of_their_own():
-    prints = {pipeline_fingerprint("app.outbox", pipeline(Partition(k, n))) for n in (2, 3, 4) for k in range(n)}
-    prints.add(pipeline_fingerprint("app.outbox", pipeline(Partition(0, 1))))
+    prints = {pipeline_fingerprint(APP, pipeline(Partition(k, n))) for n in (2, 3, 4) for k in range(n)}
+    prints.add(pipeline_fingerprint(APP, pipeline(Partition(0, 1))))
     assert len(prints) == 1 + 2 + 3 + 4, "a token of one partitioning is never resumed by another"
-    assert pipeline_fingerprint("app.outbox", pipeline(Partition(1, 4), "aggId")) != \
-        pipeline_fingerprint("app.outbox", pipeline(Partition(1, 4)))
+    assert pipeline_fingerprint(APP, pipeline(Partition(1, 4), "aggId")) != \
+        pipeline_fingerprint(APP, pipeline(Partition(1, 4)))
 
 
 def test_partition_selection_matches_both_signs_of_mongodbs_mod():
@@ -71,14 +74,14 @@ def test_partition_selection_matches_both_signs_of_mongodbs_mod():
 
 
 def test_lease_ids_of_partitions_round_trip_and_stay_within_their_outbox():
-    assert Scope("app.outbox", Partition(2, 4)).lease_id == "app.outbox#2/4"
-    assert parse_lease_id("app.outbox", "app.outbox#2/4") == Partition(2, 4)
-    assert parse_lease_id("app.outbox", "app.outbox") == Partition(0, 1)
+    assert Scope(APP, Partition(2, 4)).lease_id == "app.outbox#2/4"
+    assert parse_lease_id(APP, "app.outbox#2/4") == Partition(2, 4)
+    assert parse_lease_id(APP, "app.outbox") == Partition(0, 1)
     for other in ("app.outbox2", "app.outbox#4/4", "app.outbox#1", "xapp.outbox", "app.outbox#1/4x"):
-        assert parse_lease_id("app.outbox", other) is None, other
+        assert parse_lease_id(APP, other) is None, other
     import re
 
-    pattern = re.compile(lease_id_pattern("app.outbox"))
+    pattern = re.compile(lease_id_pattern(APP))
     assert pattern.match("app.outbox") and pattern.match("app.outbox#3/8")
     assert not pattern.match("app.outbox2") and not pattern.match("appXoutbox")
 
@@ -240,9 +243,10 @@ def test_the_joined_line_says_the_partition_count_in_words_that_fit_it():
 
     timing = LeaseTiming(lease_ttl_s=30.0, heartbeat_interval_s=5.0, standby_poll_s=2.0)
 
-    def joined(outboxes: tuple[str, ...], partitions: int) -> str:
-        return GroupConfig(instance_id="r1", outboxes=outboxes, partitions=partitions, timing=timing).joined()
+    def joined(outboxes: tuple[Namespace, ...], partitions: int) -> str:
+        return GroupConfig(instance_id="r1", partitions=partitions, timing=timing).joined(outboxes)
 
-    assert joined(("app.outbox",), 1) == "relay r1 in the group of app.outbox"
-    assert joined(("app.outbox",), 4) == "relay r1 in the group of app.outbox (4 partitions)"
-    assert joined(("b.outbox", "a.outbox"), 4) == "relay r1 in the group of a.outbox,b.outbox (4 partitions each)"
+    assert joined((APP,), 1) == "relay r1 in the group of app.outbox"
+    assert joined((APP,), 4) == "relay r1 in the group of app.outbox (4 partitions)"
+    assert joined((Namespace("b", "outbox"), Namespace("a", "outbox")), 4) == \
+        "relay r1 in the group of a.outbox,b.outbox (4 partitions each)"

@@ -228,7 +228,7 @@ def test_a_uri_pymongo_refuses_is_a_config_error_naming_the_setting_without_a_tr
         return 0
 
     with pytest.raises(ConfigError, match=reason):
-        MongoConfig(uri=uri, database="a", outboxes=("a.o",), change_streams="per-database", lease_collection="l",
+        MongoConfig(uri=uri, database="a", change_streams="per-database", lease_collection="l",
                     connect_timeout_s=1, max_await_ms=1, read_linger_ms=0)
     assert run_command("outbox-relay", load) == 2
     err = capsys.readouterr().err

@@ -24,6 +24,7 @@ from relay.core.poison import PoisonPolicy, encode
 
 T0 = dt.datetime(2026, 11, 27, 10, 0, tzinfo=dt.UTC)
 H = dt.timedelta(hours=1)
+APP = Namespace("app", "outbox")
 
 
 def test_a_range_inside_the_oplog_is_read_from_the_oplog_only():
@@ -46,16 +47,16 @@ def test_a_range_ending_before_the_oplog_is_read_from_the_collection_only_until_
 
 def test_a_gap_is_reported_only_when_the_collection_part_starts_before_the_oldest_document():
     parts = plan(T0 - H, T0 + H, oplog_start=T0)
-    assert gap("app.outbox", parts, T0 - H, T0) is None
-    assert gap("app.outbox", parts, T0 - 2 * H, T0) is None
-    gone = gap("app.outbox", parts, T0 - H / 2, T0)
+    assert gap(APP, parts, T0 - H, T0) is None
+    assert gap(APP, parts, T0 - 2 * H, T0) is None
+    gone = gap(APP, parts, T0 - H / 2, T0)
     assert gone is not None and "app.outbox" in gone
     assert "from 2026-11-27T09:00:00.000Z to 2026-11-27T09:30:00.000Z" in gone and "--allow-gap" in gone
     assert "or there were none" in gone  # it cannot tell "removed" from "none"
-    empty = gap("app.outbox", parts, None, T0)
+    empty = gap(APP, parts, None, T0)
     assert empty is not None and "to 2026-11-27T10:00:00.000Z" in empty and "empty" in empty
-    assert gap("app.outbox", plan(T0, T0 + H, oplog_start=T0 - H), None, T0 - H) is None
-    before = gap("app.outbox", plan(T0 - 3 * H, T0 - 2 * H, oplog_start=T0), None, T0)
+    assert gap(APP, plan(T0, T0 + H, oplog_start=T0 - H), None, T0 - H) is None
+    before = gap(APP, plan(T0 - 3 * H, T0 - 2 * H, oplog_start=T0), None, T0)
     assert before is not None and "the oplog starts at 2026-11-27T10:00:00.000Z" in before
 
 
@@ -63,18 +64,18 @@ def test_no_gap_when_nothing_can_have_removed_the_events_else_the_possible_cause
     parts = plan(T0 - 2 * H, T0 + H, oplog_start=T0)
     oldest = T0 - H / 2
     # The oplog holds every write since the replica set began, and no delete of the outbox.
-    assert gap("app.outbox", parts, oldest, T0, Removals(complete_oplog=True)) is None
+    assert gap(APP, parts, oldest, T0, Removals(complete_oplog=True)) is None
     # No TTL index, clean-up never deleted anything (or only what occurred before --since).
-    assert gap("app.outbox", parts, oldest, T0, Removals(cleanup_known=True)) is None
-    assert gap("app.outbox", parts, oldest, T0, Removals(cleanup_known=True, cleaned_before=T0 - 3 * H)) is None
+    assert gap(APP, parts, oldest, T0, Removals(cleanup_known=True)) is None
+    assert gap(APP, parts, oldest, T0, Removals(cleanup_known=True, cleaned_before=T0 - 3 * H)) is None
     # Clean-up deleted below T0 - H: only what occurred before it may be gone.
-    cut = gap("app.outbox", parts, oldest, T0, Removals(cleanup_known=True, cleaned_before=T0 - H))
+    cut = gap(APP, parts, oldest, T0, Removals(cleanup_known=True, cleaned_before=T0 - H))
     assert cut is not None and "to 2026-11-27T09:00:00.000Z may be gone" in cut
     assert "clean-up removed documents that occurred before 2026-11-27T09:00:00.000Z, or there were none" in cut
     assert "replay from 2026-11-27T09:00:00.000Z" in cut
-    ttl = gap("app.outbox", parts, oldest, T0, Removals(ttl=("occurredAt", 3600), cleanup_known=True))
+    ttl = gap(APP, parts, oldest, T0, Removals(ttl=("occurredAt", 3600), cleanup_known=True))
     assert ttl is not None and "a TTL index on occurredAt (3600 s) removes documents, or there were none" in ttl
-    unknown = gap("app.outbox", parts, oldest, T0, Removals())
+    unknown = gap(APP, parts, oldest, T0, Removals())
     assert unknown is not None and "its lease documents keep no record" in unknown and "or there were none" in unknown
 
 
@@ -139,15 +140,15 @@ def test_arguments_are_checked_before_any_server_is_asked():
 
 def test_saved_progress_round_trips_and_only_a_replay_id_is_resumed(tmp_path):
     state = ReplayState("6f1c1f0e-3b7a-4a51-9a53-8f7f2f8d6c11", {"since": "x"})
-    progress = state.outbox("app.outbox")
+    progress = state.outbox(APP)
     key = (T0, ObjectId())
     progress.set_collection_key(key)
     progress.oplog_after = "8266"
     state.save(tmp_path)
     loaded = load_state(tmp_path, state.id)
     assert loaded.request == {"since": "x"}
-    assert loaded.outbox("app.outbox").collection_key() == key
-    assert loaded.outbox("app.outbox").oplog_after == "8266"
+    assert loaded.outbox(APP).collection_key() == key
+    assert loaded.outbox(APP).oplog_after == "8266"
     with pytest.raises(ConfigError, match="--resume: '../etc' is not a replay id"):
         load_state(tmp_path, "../etc")
     with pytest.raises(ConfigError, match="--resume: no saved replay"):
@@ -162,9 +163,9 @@ def test_the_progress_bar_shows_done_of_total_rate_and_time_left():
 
 def test_the_summary_counts_per_outbox_topic_and_source():
     counts = Counts()
-    counts.add("app.outbox", "t.order", "collection", 2)
-    counts.add("app.outbox", "t.order", "oplog", 3)
-    counts.add("app.outbox", "t.customer", "oplog")
+    counts.add(APP, "t.order", "collection", 2)
+    counts.add(APP, "t.order", "oplog", 3)
+    counts.add(APP, "t.customer", "oplog")
     assert counts.done == 6
     assert counts.summary() == {
         "app.outbox": {"t.customer": {"oplog": 1, "collection": 0}, "t.order": {"oplog": 3, "collection": 2}}
@@ -180,7 +181,7 @@ def test_off_a_terminal_progress_is_a_json_line_every_interval():
     now = [0.0]
     counts, out = Counts(), io.StringIO()
     progress = Progress("r1", 100, counts, out=out, tty=False, interval_s=5.0, clock=lambda: now[0])
-    counts.add("app.outbox", "t", "oplog", 40)
+    counts.add(APP, "t", "oplog", 40)
     now[0] = 4.0
     progress.tick()
     assert out.getvalue() == ""  # not yet: every 5 s

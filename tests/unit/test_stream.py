@@ -28,7 +28,7 @@ from relay.mongo.shared_reader import SharedStream
 from relay.mongo.subscription import Subscription
 from tests.changes import insert_change
 
-A, B = "app.a", "app.b"
+A, B = Namespace("app", "a"), Namespace("app", "b")
 PLAN = StreamPlan((A, B), 1, "app")  # a database's stream over two outboxes: routes 0 (a) and 1 (b)
 
 
@@ -44,25 +44,24 @@ class Oplog:
         self.oldest = Timestamp(1000, 0)
         self.lock = threading.Lock()
 
-    def insert(self, outbox: str, n: int = 1) -> list[str]:
+    def insert(self, outbox: Namespace, n: int = 1) -> list[str]:
         ids = []
         with self.lock:
             for _ in range(n):
                 i = len(self.entries)
-                event_id = f"{outbox[-1]}{i}"
-                change = insert_change({"_id": event_id}, _token(i), r=PLAN.outboxes.index(Namespace.parse(outbox)))
+                event_id = f"{outbox.collection}{i}"
+                change = insert_change({"_id": event_id}, _token(i), r=PLAN.outboxes.index(outbox))
                 self.entries.append((change, Timestamp(1000, 2 * i + 1)))
                 ids.append(event_id)
         return ids
 
-    def drop(self, outbox: str) -> None:
+    def drop(self, outbox: Namespace) -> None:
         import bson
         from bson.raw_bson import RawBSONDocument
 
         with self.lock:
             i = len(self.entries)
-            db, coll = outbox.split(".")
-            doc = {"_id": _token(i), "operationType": "drop", "ns": {"db": db, "coll": coll}}
+            doc = {"_id": _token(i), "operationType": "drop", "ns": {"db": outbox.database, "coll": outbox.collection}}
             self.entries.append((RawBSONDocument(bson.encode(doc), RAW_CHANGE_CODEC), Timestamp(1000, 2 * i + 1)))
 
 
@@ -111,7 +110,7 @@ def world():
     stream.close()
 
 
-def _subscription(stream: SharedStream, outbox: str) -> Subscription:
+def _subscription(stream: SharedStream, outbox: Namespace) -> Subscription:
     return Subscription(stream, Scope(outbox), lambda: iter(()))
 
 
@@ -179,7 +178,7 @@ def _read_past(stream: SharedStream, n: int) -> None:
     """Wait until the reader has read the oplog's first `n` entries."""
     want = position_key(ClusterTime(1000, 2 * n))
     deadline = time.monotonic() + 10
-    while stream._position is None or stream._position["_data"] < want:
+    while stream.read_to is None or stream.read_to["_data"] < want:
         assert time.monotonic() < deadline, "the reader did not read on"
         time.sleep(0.005)
 
@@ -197,8 +196,8 @@ def test_caught_up_the_reader_stays_one_read_ahead_of_a_loop_that_has_not_taken(
     for _ in range(3):  # three writes while the loop delivers
         later += oplog.insert(A, 1)
         time.sleep(0.02)
-    assert stream._position is not None
-    assert stream._position["_data"] < _token(1)["_data"], "no read while a's event is not taken"
+    assert stream.read_to is not None
+    assert stream.read_to["_data"] < _token(1)["_data"], "no read while a's event is not taken"
     assert [c.event_id for c in a.next_batch(100).changes] == first
     got, batches = _drain(a, 3)
     assert got == later
@@ -228,10 +227,10 @@ def test_caught_up_the_read_after_one_with_events_lingers_and_after_an_empty_rea
         a.open(StartPoint(at_time=ClusterTime(1000, 0)))
         first = oplog.insert(A, 1)
         assert _drain(a, 1)[0] == first  # that read returned an event: the next one lingers
-        read = stream._position
+        read = stream.read_to
         later = oplog.insert(A, 2)
         time.sleep(0.2)  # ten lingers of real time, none of the reader's
-        assert stream._position == read, "no read before the linger is over"
+        assert stream.read_to == read, "no read before the linger is over"
         clock.now += 0.02
         got, batches = _drain(a, 2)
         assert got == later and [len(b.changes) for b in batches if b.changes] == [2], "one read, one batch"
@@ -365,7 +364,7 @@ def test_a_member_joining_now_gets_only_later_events_and_its_opening_token_cover
     a.open(StartPoint(at_time=ClusterTime(1000, 0)))
     oplog.insert(B, 3)
     deadline = time.monotonic() + 10
-    while stream._position is None or stream._position["_data"] <= _token(2)["_data"]:  # read past them
+    while stream.read_to is None or stream.read_to["_data"] <= _token(2)["_data"]:  # read past them
         assert time.monotonic() < deadline
         a.next_batch(100)
     b = _subscription(stream, B)
@@ -385,8 +384,7 @@ def test_the_reader_stops_while_a_member_holds_a_full_queue(world):
     b.open(StartPoint(at_time=ClusterTime(1000, 0)))
     oplog.insert(A, 100)
     time.sleep(0.3)  # a takes nothing: the reader reads at most one read beyond its bound
-    member = a._member
-    assert member is not None and member.queued <= 2 * 10, member.queued
+    assert a.queued <= 2 * 10, a.queued
     got, _ = _drain(a, 100)
     assert len(got) == 100
 
@@ -517,7 +515,7 @@ def test_a_start_older_than_the_oplog_is_history_lost_for_that_member_only(world
     a.open(StartPoint(at_time=ClusterTime(1000, 0)))
     oplog.insert(B, 30)
     deadline = time.monotonic() + 10
-    while stream._position is None or stream._position["_data"] <= _token(29)["_data"]:
+    while stream.read_to is None or stream.read_to["_data"] <= _token(29)["_data"]:
         assert time.monotonic() < deadline
         a.next_batch(100)
     oplog.oldest = Timestamp(1000, 50)  # b's checkpoint (its first event, 1000.1) rolled off

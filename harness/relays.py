@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any, Self
 
+from harness import ROOT
 from relay.config import Settings, env_name, kafka_env_name
-from relay.dev.harness import ROOT
 from relay.dev.processes import pause_pid, spawn
 from relay.wiring import build
 
