@@ -9,7 +9,7 @@ stored message to its last (`Streams.span`, read with the `$JS.API.STREAM.MSG.GE
 a latency from an event's commit to its message's stored time (`Streams.arrivals`, from the
 metadata of a consumer's deliveries, which carries that stored time).
 
-`Streams` holds one connection on an event loop thread of its own (relay.nats.loop_thread) for
+`Streams` holds one connection on an event loop thread of its own (relay.loop_thread) for
 the harness's questions; `LiveStream` is a live reader (an ordered push consumer), the NATS
 counterpart of the Kafka steady-state rounds' live read_committed consumer.
 """
@@ -26,7 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, S
 from nats.js.errors import NotFoundError
 
 from bench.scenarios.drain import Span
-from relay.nats.loop_thread import EventLoopThread
+from relay.loop_thread import EventLoopThread
 
 MSG_ID = "Nats-Msg-Id"
 DUPLICATE_WINDOW_S = 120.0  # the relay's default (RELAY_NATS_DUPLICATE_WINDOW_S)

@@ -61,9 +61,10 @@ class RabbitEnv:
     def queue(self) -> str:
         return f"q{self.tag}"
 
-    def bind(self, *bindings: str) -> QueueReader:
-        """The test's quorum queue bound to its exchange (`outbox.#` when none given), and its reader."""
-        bind_queue(self.server.url, self.queue, self.exchange, bindings or ("outbox.#",))
+    def bind(self, *bindings: str, single_active: bool = False) -> QueueReader:
+        """The test's quorum queue bound to its exchange (`outbox.#` when none given), and its reader
+        (`single_active`: the queue has x-single-active-consumer, as for an inbox)."""
+        bind_queue(self.server.url, self.queue, self.exchange, bindings or ("outbox.#",), single_active)
         return QueueReader(self.server.url, self.queue)
 
 
@@ -101,3 +102,16 @@ def own_renv(servers: Any) -> Iterator[RabbitEnv]:
         yield from rabbit_env(servers, server)
     finally:
         stopped(server)
+
+
+@pytest.fixture
+def short_transaction_lifetime(renv: RabbitEnv) -> Iterator[None]:
+    """A killed consumer's open transaction keeps its write locks until the server aborts it
+    (transactionLifetimeLimitSeconds, 60 s by default): 5 s here, as tests/faults/test_inbox_faults.py."""
+    admin = renv.client.admin
+    before = admin.command("getParameter", 1, transactionLifetimeLimitSeconds=1)["transactionLifetimeLimitSeconds"]
+    admin.command("setParameter", 1, transactionLifetimeLimitSeconds=5)
+    try:
+        yield
+    finally:
+        admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)

@@ -28,14 +28,16 @@ def _connect(url: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(url))
 
 
-def bind_queue(url: str, queue: str, exchange: str, bindings: tuple[str, ...] = ("outbox.#",)) -> None:
+def bind_queue(url: str, queue: str, exchange: str, bindings: tuple[str, ...] = ("outbox.#",),
+               single_active: bool = False) -> None:
     """What an operator does before the relay starts: the exchange (a durable topic exchange), a
-    quorum queue, its bindings."""
+    quorum queue (with `single_active`: x-single-active-consumer, as for an inbox), its bindings."""
+    arguments = {"x-queue-type": "quorum", **({"x-single-active-consumer": True} if single_active else {})}
     connection = _connect(url)
     try:
         channel = connection.channel()
         channel.exchange_declare(exchange, "topic", durable=True)
-        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        channel.queue_declare(queue, durable=True, arguments=arguments)
         for binding in bindings:
             channel.queue_bind(queue, exchange, binding)
     finally:
@@ -49,6 +51,18 @@ def queue_size(url: str, queue: str) -> int:
         return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
         connection.close()
+
+
+def queue_exists(url: str, queue: str) -> bool:
+    connection = _connect(url)
+    try:
+        connection.channel().queue_declare(queue, passive=True)
+        return True
+    except pika.exceptions.ChannelClosedByBroker:
+        return False
+    finally:
+        if connection.is_open:
+            connection.close()
 
 
 def exchange_exists(url: str, exchange: str) -> bool:
