@@ -144,7 +144,7 @@ def _add_schemas(schemas: argparse.ArgumentParser) -> None:
 
 
 def _add_tail(tail: argparse.ArgumentParser) -> None:
-    tail.add_argument("topic")
+    tail.add_argument("topic", help="a Kafka topic; a NATS subject; a RabbitMQ binding key (printed from now on)")
     _add_outbox_choice(tail, "print only this outbox's events (by their ce_source; default: every event)")
     tail.add_argument("-n", "--last", type=int, default=10, help="start this many messages before each partition's end")
     tail.add_argument("--from-beginning", action="store_true", help="start at each partition's first message")

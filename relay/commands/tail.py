@@ -88,12 +88,18 @@ def tail(
     nothing). An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a
     refused ACL PermissionDeniedError (exit 2), naming the topic or group and the operation.
     With RELAY_BROKER=nats, `topic` is a subject (wildcards allowed) of RELAY_NATS_STREAM
-    (relay.commands.tail_nats)."""
+    (relay.commands.tail_nats); with RELAY_BROKER=rabbitmq a binding key on RELAY_RABBITMQ_EXCHANGE,
+    printed from now on through a queue of tail's own (relay.commands.tail_rabbitmq)."""
     if settings.parts().broker == "nats":
         from relay.commands.tail_nats import tail_subject
 
         return tail_subject(settings, topic, from_beginning=from_beginning, last=last, follow=follow,
                             max_messages=max_messages, out=out, decoder=decoder, registry=registry, outbox=outbox)  # fmt: skip
+    if settings.parts().broker == "rabbitmq":
+        from relay.commands.tail_rabbitmq import tail_routing_key
+
+        return tail_routing_key(settings, topic, from_beginning=from_beginning, max_messages=max_messages, out=out,
+                                decoder=decoder, registry=registry, outbox=outbox)  # fmt: skip
     from confluent_kafka import Consumer
 
     from relay.kafka.admin import check_kafka

@@ -139,3 +139,45 @@ def test_exactly_once_is_refused_at_start_with_one_line_naming_what_to_use(renv)
         relay.thread.join(timeout=60)
     assert isinstance(relay.error, ConfigError)
     assert str(relay.error) == f"RELAY_DELIVERY: {NO_EXACTLY_ONCE}"
+
+
+def test_tail_prints_messages_from_now_without_taking_them_from_the_queues_and_status_names_the_broker(renv):
+    """tail binds a queue of its own (the operator's queue still gets every event); the relay's
+    metrics carry broker="rabbitmq"; status names the broker, the URL masked and the exchange."""
+    import io
+    import json
+    import threading
+
+    from relay.commands.status import status
+    from relay.commands.tail import tail
+    from relay.commands.tail_rabbitmq import FROM_BEGINNING
+    from tests.support.writes import Written, background_writes
+
+    reader = renv.bind()
+    written, until = Written(), threading.Event()
+    with RelayThread(renv.settings) as relay:
+        writer = background_writes(renv, written, 40, writers=1, pause=0.05, until=until)
+        out = io.StringIO()
+        try:
+            assert tail(renv.settings, "outbox.event.*", max_messages=5, out=out) == 0
+        finally:
+            until.set()
+            writer.join()
+        published(reader, written)
+        registry = relay.relay.observer.metrics.registry
+        info = [s.labels for f in registry.collect() for s in f.samples if s.name == "relay_info"]
+    assert relay.error is None, relay.error
+    assert info and info[0]["broker"] == "rabbitmq"
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == 5 and {x["value"]["id"] for x in lines} <= written.ids
+    last = lines[-1]
+    assert last["exchange"] == renv.exchange and last["routingKey"] == "outbox.event.order"
+    assert last["messageId"] == last["headers"]["ce_id"] == last["value"]["id"]
+    assert last["key"] == last["headers"]["relay_aggregate_id"] and last["schema"] == "io.outboxrelay.v1.OutboxEvent"
+    assert last["timestamp"].endswith("Z")
+    assert tail(renv.settings, "outbox.#", from_beginning=True, out=io.StringIO()) == 2
+    assert "--from-beginning is not available with RELAY_BROKER=rabbitmq" in FROM_BEGINNING
+    assert tail(renv.settings.replace(rabbitmq_exchange="nope"), "#", out=io.StringIO()) == 2
+    shown = status(renv.settings)
+    assert shown["broker"] == {"name": "rabbitmq", "url": renv.server.url.replace(":guest@", ":***@"),
+                               "exchange": renv.exchange}
