@@ -28,8 +28,7 @@ from typing import Any
 import pymongo
 
 from relay.inbox import AsyncInbox, Inbox
-from relay.inbox import async_inbox as async_inbox_module
-from relay.inbox import inbox as inbox_module
+from relay.inbox import sources as sources_module
 from relay.inbox.consumer import KafkaSource
 from relay.ops.logs import setup_logging
 from tests.inbox_support import INBOX, async_effects_handler, effects_handler
@@ -79,8 +78,7 @@ async def run_async(uri: str, database: str, options: dict[str, Any]) -> None:
 def main(uri: str, database: str, topic: str, group: str, bootstrap: str, form: str = "sync") -> None:
     setup_logging("INFO", "json")
     if os.environ.get("INBOX_TEST_COMMIT_DELAY_S"):
-        inbox_module.KafkaSource = SlowCommitSource  # type: ignore[misc]
-        async_inbox_module.KafkaSource = SlowCommitSource  # type: ignore[misc]
+        sources_module.KafkaSource = SlowCommitSource  # type: ignore[misc]  # both forms open it there
     options = run_options(topic, group, bootstrap)
     if form == "async":
         asyncio.run(run_async(uri, database, options))

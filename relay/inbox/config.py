@@ -139,7 +139,7 @@ class RunOptions:
             )
         except ConfigError as exc:
             option = exc.setting.removeprefix("RELAY_").lower()
-            raise ConfigError(option, str(exc).partition(": ")[2]) from None
+            raise ConfigError(option, str(exc).partition(": ")[2]) from exc
 
     @classmethod
     def of(cls, topics: Any, group_id: str, bootstrap_servers: str | None, options: Mapping[str, Any]) -> RunOptions:

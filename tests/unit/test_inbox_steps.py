@@ -26,6 +26,7 @@ from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavaila
 from relay.inbox import AsyncInbox, Inbox, InboxEvent
 from relay.inbox import async_inbox as async_module
 from relay.inbox import inbox as inbox_module
+from relay.inbox import sources as sources_module
 from relay.inbox.async_inbox import AsyncInboxParts, AsyncSteps, KafkaThread
 from relay.inbox.async_store import call_async_handler
 from relay.inbox.batching import plan
@@ -474,15 +475,13 @@ def _patched(monkeypatch, journal, form, source_error=None, gather=None):
             journal.append(("closed", "dead-letter producer"))
 
     monkeypatch.setattr(inbox_module, "EventDecoder", lambda *a: FakeDecoder())
+    monkeypatch.setattr(sources_module, "KafkaSource", Source)  # relay.inbox.sources opens both forms' clients
+    monkeypatch.setattr(sources_module, "DeadLetterSender", DeadLetters)
     if form == "sync":
         monkeypatch.setattr(inbox_module, "InboxStore", Store)
-        monkeypatch.setattr(inbox_module, "KafkaSource", Source)
-        monkeypatch.setattr(inbox_module, "DeadLetterSender", DeadLetters)
         inbox = Inbox(FakeCollection(journal))  # type: ignore[arg-type]
         return inbox, lambda **kw: inbox.run(lambda e, s: None, **kw)
     monkeypatch.setattr(async_module, "AsyncInboxStore", AsyncStore)
-    monkeypatch.setattr(async_module, "KafkaSource", Source)
-    monkeypatch.setattr(async_module, "DeadLetterSender", DeadLetters)
     inbox = AsyncInbox(AsyncFakeCollection(journal))  # type: ignore[arg-type]
 
     async def handler(event, session):
