@@ -53,26 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[settings], help="local stack + demo service + relay + consumer, end to end")
     demo.add_argument("--events", type=int, default=None, help="stop after this many events arrive")
     demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
-    dev = sub.add_parser("dev", help="the local MongoDB replica set and Kafka broker")
-    dev.add_argument("action", choices=["up", "down", "status", "fetch"])
-    dev.add_argument(
-        "--broker",
-        choices=["kafka", "nats"],
-        default="kafka",
-        help="up: the broker beside MongoDB (nats: nats-server with JetStream, no Java); fetch: fetch it",
-    )
-    dev.add_argument(
-        "--schema-registry",
-        action="store_true",
-        help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
-    )
-    dev.add_argument(
-        "--format",
-        choices=["text", "json", "env"],
-        default="text",
-        help="text: the JSON, then (up) the export lines; json: the JSON only; "
-        'env (up, status): only the export lines, for eval "$(outbox-relay dev up --format env)"',
-    )
+    _add_dev(sub.add_parser("dev", help="the local MongoDB replica set and broker (Kafka, NATS or RabbitMQ)"))
     _add_outbox(sub.add_parser("outbox", parents=[settings], help="outbox collection tasks"))
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
@@ -106,6 +87,28 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_parser("security", parents=[settings], help="least-privilege MongoDB role (docs/security.md)")
     )
     return p
+
+
+def _add_dev(dev: argparse.ArgumentParser) -> None:
+    dev.add_argument("action", choices=["up", "down", "status", "fetch"])
+    dev.add_argument(
+        "--broker",
+        choices=["kafka", "nats", "rabbitmq"],
+        default="kafka",
+        help="up: the broker beside MongoDB (nats, rabbitmq: no Java needed); fetch: fetch it",
+    )
+    dev.add_argument(
+        "--schema-registry",
+        action="store_true",
+        help="up: also a Schema Registry (Apicurio, Confluent API); fetch: resolve it too",
+    )
+    dev.add_argument(
+        "--format",
+        choices=["text", "json", "env"],
+        default="text",
+        help="text: the JSON, then (up) the export lines; json: the JSON only; "
+        'env (up, status): only the export lines, for eval "$(outbox-relay dev up --format env)"',
+    )
 
 
 def _add_outbox_choice(parser: argparse.ArgumentParser, help: str) -> None:
@@ -336,6 +339,10 @@ def _dev(action: str, schema_registry: bool = False, fmt: str = "text", broker: 
             from relay.dev.nats_server import VERSION, installed
 
             print(f"nats-server {VERSION} at {installed()}")
+        elif broker == "rabbitmq":
+            from relay.dev import rabbitmq_server
+
+            print(f"rabbitmq-server {rabbitmq_server.VERSION} at {rabbitmq_server.installed().server}")
         else:
             print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
         mongod = devstack.default_mongod()
@@ -366,6 +373,8 @@ def _exports(stack: dict[str, Any]) -> list[str]:
     values = {"RELAY_MONGODB_URI": stack["mongodb"]["uri"]}
     if "nats" in stack:
         values |= {"RELAY_BROKER": "nats", "RELAY_NATS_SERVERS": stack["nats"]["url"]}
+    elif "rabbitmq" in stack:  # no credentials in the URL: the local server's guest user, pika's default
+        values |= {"RELAY_BROKER": "rabbitmq", "RELAY_RABBITMQ_URL": stack["rabbitmq"]["url"]}
     else:
         values["RELAY_KAFKA_BOOTSTRAP_SERVERS"] = stack["kafka"]["bootstrap_servers"]
     if "schema_registry" in stack:

@@ -176,6 +176,12 @@ class RabbitServer:
     def url(self) -> str:
         return self.url_for(_USER, _PASSWORD)
 
+    @property
+    def address(self) -> str:
+        """The URL without credentials: clients then log in as `guest` (pika's default), so `dev
+        up` prints no password."""
+        return f"amqp://127.0.0.1:{self.port}/%2F"
+
     def url_for(self, user: str, password: str) -> str:
         return f"amqp://{user}:{password}@127.0.0.1:{self.port}/%2F"
 
@@ -272,7 +278,7 @@ class RabbitServer:
     def state(self) -> dict[str, Any]:
         """What `dev up` remembers of it: its URL, ports, both pids and its log."""
         return {
-            "url": self.url,
+            "url": self.address,
             "port": self.port,
             "dist_port": self.dist_port,
             "epmd_port": self.epmd_port,

@@ -181,3 +181,60 @@ def test_tail_prints_messages_from_now_without_taking_them_from_the_queues_and_s
     shown = status(renv.settings)
     assert shown["broker"] == {"name": "rabbitmq", "url": renv.server.url.replace(":guest@", ":***@"),
                                "exchange": renv.exchange}
+
+
+def test_dev_up_with_rabbitmq_evals_to_settings_the_relay_runs_on_and_down_stops_it(tmp_path):
+    """`eval "$(outbox-relay dev up --broker rabbitmq --format env)"`: MongoDB and rabbitmq-server (no
+    Kafka, no Java needed, no password printed), the relay publishing to it with only those
+    variables; `dev down` stops mongod, the node and its epmd by pid."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from relay.dev.rabbitmq_server import VERSION
+    from relay.dev.stack import pid_alive
+    from tests.support.paths import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env |= {"RELAY_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    (tmp_path / "cache").mkdir()
+    for name in ("mongodb-6.0.27", f"rabbitmq-server-{VERSION}"):  # the fetched servers, not fetched again
+        os.symlink(Path.home() / ".cache" / "outbox-relay" / name, tmp_path / "cache" / name)
+    up = (f'eval "$({sys.executable} -m relay dev up --broker rabbitmq --format env)" && '
+          'printf "%s\\n" "$RELAY_BROKER" "$RELAY_RABBITMQ_URL" "$RELAY_MONGODB_URI" '
+          '"${RELAY_KAFKA_BOOTSTRAP_SERVERS:-none}" && '
+          f'RELAY_HTTP_PORT=0 timeout -s INT 12 {sys.executable} -m relay run > "{tmp_path}/run.log" 2>&1; true')
+    proc = subprocess.run(["bash", "-c", up], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    try:
+        broker, url, uri, kafka = proc.stdout.splitlines()[:4]
+        assert broker == "rabbitmq" and url.startswith("amqp://127.0.0.1:") and "@" not in url and kafka == "none"
+        assert "declared RabbitMQ exchange outbox" in (tmp_path / "run.log").read_text(), "the relay ran on it"
+        status = json.loads(subprocess.run([sys.executable, "-m", "relay", "dev", "status", "--format", "json"],
+                                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout)
+        assert status["running"] and status["broker"] == "rabbitmq" and "kafka" not in status
+        pids = [*status["mongodb"]["pids"], status["rabbitmq"]["pid"], status["rabbitmq"]["epmd_pid"]]
+    finally:
+        down = subprocess.run([sys.executable, "-m", "relay", "dev", "down"], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not [pid for pid in pids if pid_alive(pid)], "dev down stops mongod, rabbitmq-server and epmd"
+
+
+def test_the_demo_runs_end_to_end_on_rabbitmq():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")} | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "relay", "demo", "--broker", "rabbitmq", "--events", "40",
+                           "--rate", "400"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"written": 40, "delivered": 40}
+    assert "shipping service (inbox): 40 events applied" in proc.stdout
+    assert "40 duplicates skipped" in proc.stdout, "the replay: every event again, each skipped by the inbox"
