@@ -49,8 +49,8 @@ def goals(report: Any) -> list[dict[str, Any]]:
         _rabbitmq(rabbitmq_field.entrants, goal, out)
     _variants(report, goal)
     _latency(report.summaries(), goal)
-    _nats_latency(report.summaries(), out)
-    _rabbitmq_latency(report.summaries(), out)
+    _p99_beside(report.summaries(), out, "NATS", "relay to NATS")
+    _p99_beside(report.summaries(), out, "RabbitMQ", "relay to RabbitMQ", (("relay to NATS", "to NATS"),))
     long_relay = next((r for r in report.long_run if r.kind == "relay"), None)
     if long_relay is not None:
         goal(f"peak RSS through a {long_relay.events:,}-event backlog", long_relay.peak_rss_mb, 100.0, False, "MB")
@@ -104,17 +104,6 @@ def _nats(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> None:
                     "target": 0.0, "unit": "x", "met": None})
 
 
-def _nats_latency(summaries: list[Any], out: list[dict[str, Any]]) -> None:
-    """Issue 51: at each steady-state step, the relay to NATS's p99 beside the relay on Kafka's
-    (medians of the rounds whose writer kept the rate), reported with no target."""
-    for nats in (s for s in summaries if s.contender == "relay to NATS"):
-        kafka = next((s for s in summaries if s.step == nats.step and s.contender == "relay"), None)
-        p99, kafka_p99 = nats.median("p99_ms"), kafka.median("p99_ms") if kafka else math.nan
-        out.append({"goal": f"NATS: p99 at {nats.step.label}, relay to NATS {_ms(p99)} / on Kafka "
-                            f"{_ms(kafka_p99)} (no target)",
-                    "value": p99 / kafka_p99 if kafka_p99 > 0 else math.nan, "target": 0.0, "unit": "x", "met": None})
-
-
 def _rabbitmq(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> None:
     """Issue 53: the relay to RabbitMQ against the bare relay to RabbitMQ (medians on equal terms);
     against the relay to Kafka of the same rounds, reported with no target."""
@@ -131,17 +120,22 @@ def _rabbitmq(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> Non
                     "target": 0.0, "unit": "x", "met": None})
 
 
-def _rabbitmq_latency(summaries: list[Any], out: list[dict[str, Any]]) -> None:
-    """Issue 53: at each steady-state step, the relay to RabbitMQ's p99 beside the relay on Kafka's
-    and the relay to NATS's (medians of the rounds whose writer kept the rate), with no target."""
-    for rabbit in (s for s in summaries if s.contender == "relay to RabbitMQ"):
-        kafka = next((s for s in summaries if s.step == rabbit.step and s.contender == "relay"), None)
-        nats = next((s for s in summaries if s.step == rabbit.step and s.contender == "relay to NATS"), None)
-        p99, kafka_p99 = rabbit.median("p99_ms"), kafka.median("p99_ms") if kafka else math.nan
-        beside = f" / to NATS {_ms(nats.median('p99_ms'))}" if nats else ""
-        out.append({"goal": f"RabbitMQ: p99 at {rabbit.step.label}, relay to RabbitMQ {_ms(p99)} / on Kafka "
-                            f"{_ms(kafka_p99)}{beside} (no target)",
-                    "value": p99 / kafka_p99 if kafka_p99 > 0 else math.nan, "target": 0.0, "unit": "x", "met": None})
+def _p99_beside(summaries: list[Any], out: list[dict[str, Any]], prefix: str, contender: str,
+                beside: tuple[tuple[str, str], ...] = ()) -> None:
+    """At each steady-state step, `contender`'s p99 beside the relay on Kafka's and, named in
+    `beside` as (contender, words), others' (medians of the rounds whose writer kept the rate);
+    its ratio to the relay on Kafka's reported with no target (issues 51 and 53)."""
+    for mine in (s for s in summaries if s.contender == contender):
+        def p99(name: str, step: Any = mine.step) -> float:
+            found = next((s for s in summaries if s.step == step and s.contender == name), None)
+            return found.median("p99_ms") if found else math.nan
+
+        others = "".join(f" / {words} {_ms(p99(name))}" for name, words in beside
+                         if any(s.step == mine.step and s.contender == name for s in summaries))
+        p99_ms, kafka_p99 = mine.median("p99_ms"), p99("relay")
+        out.append({"goal": f"{prefix}: p99 at {mine.step.label}, {contender} {_ms(p99_ms)} / on Kafka "
+                            f"{_ms(kafka_p99)}{others} (no target)",
+                    "value": p99_ms / kafka_p99 if kafka_p99 > 0 else math.nan, "target": 0.0, "unit": "x", "met": None})
 
 
 def _single_samples(report: Any, goal: Goal) -> None:

@@ -21,25 +21,20 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
+from contextlib import closing
 from typing import Any
 
-from bson import Timestamp
-from bson.codec_options import CodecOptions
-from bson.raw_bson import RawBSONDocument
 from pika import BasicProperties, DeliveryMode, spec
 from pymongo import MongoClient
 
-from bench.common import AGGREGATE_TYPE, Row, wait_for
+from bench.common import AGGREGATE_TYPE, Row
 from bench.rabbitmq import QueueOutput, amqp_name
-from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
-from bench.scenarios.drain import BenchChild, CpuAtFirst, rate_of
+from bench.scenarios.bare import change_arguments, raw_change_batches, run_bare
 from bench.stack import rabbitmq_url
 from relay.config import Settings
 from relay.dev.stack import LocalStack
 
-RAW = CodecOptions(document_class=RawBSONDocument)
 LABEL = "baseline: bare relay to RabbitMQ"
 CONFIRM_TIMEOUT_S = 30.0
 
@@ -52,45 +47,16 @@ def bare_rabbitmq_relay(stack: LocalStack, client: MongoClient[Any], backlog: Ba
     output = QueueOutput(rabbitmq_url(stack), name, name)
     output.prepare()
     batch_size = settings.batch_max_events
-    arguments = {"uri": stack.mongo.uri, "database": backlog.database, "collection": backlog.collection,
-                 "before": [backlog.before.time, backlog.before.inc], "events": backlog.events, "url": output.url,
-                 "exchange": output.exchange, "routing_key": f"bench.{run_id}.{AGGREGATE_TYPE}",
-                 "batch_size": batch_size, "max_await_ms": settings.max_await_ms}
-    child = BenchChild("bench.scenarios.bare_rabbitmq", arguments)
-    pid = lambda: child.proc.pid if child.proc else None  # noqa: E731
-    try:
-        with output.opened():
-            at_first = CpuAtFirst(pid, output.delivered)
-
-            def ended() -> bool:
-                at_first.poll()
-                return child.returncode is not None
-
-            try:
-                with Sampler(stack_roles(stack, lambda: {"child": pid()})) as sampler:
-                    launched = time.time()
-                    child.start()
-                    wait_for(LABEL, ended, max(120.0, backlog.events / 300), child.check_alive)
-                    usage = sampler.stop()
-                count = int(child.reported()["count"])
-            finally:
-                child.stop()
-            stored = output.count()
-            span = output.span(launched)
-    finally:
-        output.discard()
+    arguments = {**change_arguments(stack, backlog, batch_size, settings.max_await_ms), "url": output.url,
+                 "exchange": output.exchange, "routing_key": f"bench.{run_id}.{AGGREGATE_TYPE}"}
+    run = run_bare(stack, backlog, output, "bench.scenarios.bare_rabbitmq", arguments, LABEL)
     note = (f"raw fullDocument bytes, message_id only, persistent, mandatory, confirms awaited per batch of "
-            f"{batch_size}; first to last message by the queue's depth, start-up {span.start_up_s:.1f} s apart")
-    if stored != count:
-        note += f"; {stored} messages in queue"
-    return Row(LABEL, count, span.drain_s, rate_of(count, span), variant=backlog.variant.key,
-               cpu_us_per_event=at_first.per_event_us(usage.cpu_s.get("child", float("nan")), count),
-               mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", count),
-               peak_rss_mb=usage.peak_rss_mb.get("child", float("nan")), other_cores=usage.other_cores,
-               iowait_cores=usage.iowait_cores, note=note,
-               extra={"start_up_s": span.start_up_s, "start_up_cpu_s": at_first.cpu_s, "queue": output.queue,
-                      "process": "child", "rabbitmq_cpu_us_per_event": usage.cpu_us_per_event("rabbitmq", count),
-                      "broker": "rabbitmq", "in_queue_final": stored})
+            f"{batch_size}; first to last message by the queue's depth, start-up {run.span.start_up_s:.1f} s apart")
+    if run.stored != run.count:
+        note += f"; {run.stored} messages in queue"
+    return run.row(LABEL, backlog, note, {"queue": output.queue, "broker": "rabbitmq", "in_queue_final": run.stored,
+                                          "rabbitmq_cpu_us_per_event": run.usage.cpu_us_per_event("rabbitmq",
+                                                                                                  run.count)})
 
 
 class _Confirms:
@@ -140,41 +106,28 @@ async def drain(a: dict[str, Any]) -> int:
     from relay.rabbitmq.client import channel, close, connect, rpc
     from relay.rabbitmq.config import RabbitConfig
 
-    collection, batch_size, exchange, key = a["collection"], a["batch_size"], a["exchange"], a["routing_key"]
-    pipeline = [{"$changeStream": {"startAtOperationTime": Timestamp(*a["before"])}},
-                {"$match": {"operationType": "insert"}}]
+    exchange, key, count = a["exchange"], a["routing_key"], 0
     config = RabbitConfig(url=Uri(a["url"]), exchange=exchange, tls_ca="", confirm_timeout_ms=30_000,
                           connect_timeout_s=30.0, delivery="at-least-once")
     confirms = _Confirms()
     connection = await connect(config, on_closed=confirms.on_closed)
-    count = 0
-    client: MongoClient[Any]
     try:
         ch = await channel(connection, on_closed=lambda _ch, reason: confirms.on_closed(reason))
         await rpc(ch, ch.confirm_delivery, ack_nack_callback=confirms.on_confirm)
         ch.add_on_return_callback(confirms.on_return)
-        with MongoClient(a["uri"]) as client, client.start_session() as session:
-            db = client[a["database"]]
-            reply = db.command("aggregate", collection, pipeline=pipeline, cursor={"batchSize": batch_size},
-                               session=session, codec_options=RAW)
-            cursor_id, batch = reply["cursor"]["id"], reply["cursor"]["firstBatch"]
-            try:
-                while True:
-                    for change in batch:
-                        document = change["fullDocument"]
-                        properties = BasicProperties(message_id=str(document["_id"]),
-                                                     delivery_mode=DeliveryMode.Persistent.value)
-                        ch.basic_publish(exchange, key, bytes(document.raw), properties, mandatory=True)
-                        confirms.published += 1
-                    await asyncio.wait_for(confirms.all_in(), CONFIRM_TIMEOUT_S)
-                    count += len(batch)
-                    if count >= a["events"]:
-                        return count
-                    reply = db.command("getMore", cursor_id, collection=collection, batchSize=batch_size,
-                                       maxTimeMS=a["max_await_ms"], session=session, codec_options=RAW)
-                    batch = reply["cursor"]["nextBatch"]
-            finally:
-                db.command("killCursors", collection, cursors=[cursor_id], session=session)
+        with closing(raw_change_batches(a)) as batches:
+            for batch in batches:
+                for change in batch:
+                    document = change["fullDocument"]
+                    properties = BasicProperties(message_id=str(document["_id"]),
+                                                 delivery_mode=DeliveryMode.Persistent.value)
+                    ch.basic_publish(exchange, key, bytes(document.raw), properties, mandatory=True)
+                    confirms.published += 1
+                await asyncio.wait_for(confirms.all_in(), CONFIRM_TIMEOUT_S)
+                count += len(batch)
+                if count >= a["events"]:
+                    break
+        return count
     finally:
         close(connection)
 

@@ -15,7 +15,9 @@ from decimal import Decimal
 from typing import Any
 
 from relay.avro.contract import ENVELOPE
+from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
+from relay.config import Settings
 from relay.core.errors import SchemaRegistryRefusedError, SchemaRegistryUnavailableError
 
 
@@ -85,3 +87,17 @@ def decoded_into(line: dict[str, Any], value: bytes | None, topic: str, decoder:
         value=to_json(_payload_json(decoded.schema, decoded.record)),
     )
     return line
+
+
+def reading(
+    settings: Settings, outbox: str | None, decoder: MessageDecoder | None, registry: SchemaFolder | None
+) -> tuple[str | None, MessageDecoder]:
+    """What a broker's tail reads with: the CloudEvents source of `outbox` (one of RELAY_OUTBOXES)
+    that lines are filtered by (None: every line), and the decoder (`decoder`, or one from the
+    settings' registry and `registry`, the bundled schemas by default)."""
+    parts = settings.parts()
+    source = None
+    if outbox is not None:
+        [namespace] = settings.pick_outboxes(outbox)
+        source = parts.encoding_for(namespace).cloudevents_source
+    return source, decoder or MessageDecoder.from_config(parts.registry, registry or SchemaFolder.bundled())

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
-from relay.commands.message_json import decoded_into, to_json
+from relay.commands.message_json import decoded_into, reading, to_json
 from relay.config import Settings
 from relay.core.message import HEADER_AGGREGATE_ID
 from relay.core.redact import emit
@@ -43,12 +43,7 @@ def tail_subject(
 ) -> int:
     """Print the stream's messages on `subject` to `out`; the exit code (2: no such stream). An
     unreachable server raises ServerUnreachableError (exit 3), refused credentials ConfigError."""
-    parts = settings.parts()
-    source = None
-    if outbox is not None:
-        [namespace] = settings.pick_outboxes(outbox)
-        source = parts.encoding_for(namespace).cloudevents_source
-    decoder = decoder or MessageDecoder.from_config(parts.registry, registry or SchemaFolder.bundled())
+    source, decoder = reading(settings, outbox, decoder, registry)
     reader = _Reader(settings, subject, decoder, out or sys.stdout, source)
     try:
         return asyncio.run(reader.run(from_beginning, last, follow, max_messages))

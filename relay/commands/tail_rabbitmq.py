@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from relay.avro.folder import SchemaFolder
 from relay.avro.framing import MessageDecoder
-from relay.commands.message_json import decoded_into, to_json
+from relay.commands.message_json import decoded_into, reading, to_json
 from relay.config import Settings
 from relay.core.errors import ServerUnreachableError
 from relay.core.message import HEADER_AGGREGATE_ID
@@ -54,12 +54,7 @@ def tail_routing_key(
     if from_beginning:
         emit(FROM_BEGINNING, sys.stderr)
         return 2
-    parts = settings.parts()
-    source = None
-    if outbox is not None:
-        [namespace] = settings.pick_outboxes(outbox)
-        source = parts.encoding_for(namespace).cloudevents_source
-    decoder = decoder or MessageDecoder.from_config(parts.registry, registry or SchemaFolder.bundled())
+    source, decoder = reading(settings, outbox, decoder, registry)
     reader = _Reader(settings, routing_key, decoder, out or sys.stdout, source)
     try:
         return asyncio.run(reader.run(max_messages))

@@ -17,6 +17,7 @@ import pytest
 
 from relay.config import Settings
 from relay.dev.rabbitmq_server import RabbitServer
+from tests.support.mongodb import transaction_lifetime
 from tests.support.rabbitmq import QueueReader, bind_queue
 
 
@@ -108,10 +109,5 @@ def own_renv(servers: Any) -> Iterator[RabbitEnv]:
 def short_transaction_lifetime(renv: RabbitEnv) -> Iterator[None]:
     """A killed consumer's open transaction keeps its write locks until the server aborts it
     (transactionLifetimeLimitSeconds, 60 s by default): 5 s here, as tests/faults/test_inbox_faults.py."""
-    admin = renv.client.admin
-    before = admin.command("getParameter", 1, transactionLifetimeLimitSeconds=1)["transactionLifetimeLimitSeconds"]
-    admin.command("setParameter", 1, transactionLifetimeLimitSeconds=5)
-    try:
+    with transaction_lifetime(renv.client, 5):
         yield
-    finally:
-        admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)

@@ -53,28 +53,25 @@ def queue_size(url: str, queue: str) -> int:
         connection.close()
 
 
-def queue_exists(url: str, queue: str) -> bool:
+def _declared(url: str, declare: Any) -> bool:
+    """Whether `declare(channel)` (a passive declare) finds what it names."""
     connection = _connect(url)
     try:
-        connection.channel().queue_declare(queue, passive=True)
+        declare(connection.channel())
         return True
     except pika.exceptions.ChannelClosedByBroker:
         return False
     finally:
         if connection.is_open:
             connection.close()
+
+
+def queue_exists(url: str, queue: str) -> bool:
+    return _declared(url, lambda channel: channel.queue_declare(queue, passive=True))
 
 
 def exchange_exists(url: str, exchange: str) -> bool:
-    connection = _connect(url)
-    try:
-        connection.channel().exchange_declare(exchange, passive=True)
-        return True
-    except pika.exceptions.ChannelClosedByBroker:
-        return False
-    finally:
-        if connection.is_open:
-            connection.close()
+    return _declared(url, lambda channel: channel.exchange_declare(exchange, passive=True))
 
 
 class QueueReader:
