@@ -39,6 +39,8 @@ class EventLoopThread:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError as exc:
+            if future.done():
+                raise  # the coroutine's own TimeoutError (the same class as the wait's since 3.11)
             future.cancel()
             raise TimeoutError(f"{what}: no answer within {timeout:g} s") from exc
 

@@ -134,8 +134,6 @@ class JetStreamSource:
         return list(self._thread.run(self._gather(limits, stop), _CALL_S))
 
     async def _gather(self, limits: BatchLimits, stop: Stopping) -> list[Received]:
-        import nats.errors
-
         batch: list[Received] = []
         gathering = Gathering(limits, self._options.poll_timeout_s)
         while not stop.is_set():
@@ -144,7 +142,7 @@ class JetStreamSource:
                 break
             try:
                 messages = await self._sub.fetch(limits.room(len(batch)), timeout=max(timeout, 0.01))
-            except nats.errors.TimeoutError:
+            except TimeoutError:  # nats-py's, or asyncio's when the wait was all but over (nats-py 2.16)
                 messages = []
             for msg in messages:
                 self._delivered[msg.metadata.sequence.stream] = msg
