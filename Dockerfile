@@ -28,13 +28,14 @@ ARG RUST_IMAGE=rust:1.95-slim-bookworm
 FROM ${PYTHON_IMAGE} AS requirements
 WORKDIR /deps
 COPY pyproject.toml constraints.txt ./
-# requirements.txt: [project] dependencies and the brokers' clients (the `nats` extra: the image
-# publishes to whichever RELAY_BROKER says); spark.txt: the `spark` extra. Their times are fixed,
-# so they are the same files whenever the lists are.
+# requirements.txt: [project] dependencies and the brokers' clients (the `nats` and `rabbitmq`
+# extras: the image publishes to whichever RELAY_BROKER says); spark.txt: the `spark` extra. Their
+# times are fixed, so they are the same files whenever the lists are.
 RUN python -c "import pathlib, tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+x = p['project']['optional-dependencies']; \
 w = lambda name, reqs: pathlib.Path(name).write_text(''.join(r + '\n' for r in reqs)); \
-w('requirements.txt', p['project']['dependencies'] + p['project']['optional-dependencies']['nats']); \
-w('spark.txt', p['project']['optional-dependencies']['spark'])" \
+w('requirements.txt', p['project']['dependencies'] + x['nats'] + x['rabbitmq']); \
+w('spark.txt', x['spark'])" \
     && rm pyproject.toml \
     && touch -d @0 ./*.txt
 

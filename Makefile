@@ -12,7 +12,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EVENTS ?= 300
-# The broker `make demo` runs the relay against: kafka, or nats (nats-server with JetStream, no Java).
+# The broker `make demo` runs the relay against: kafka, nats (nats-server with JetStream) or rabbitmq
+# (rabbitmq-server from Debian's packages); neither of the last two needs Java.
 BROKER ?= kafka
 PYTEST_ARGS ?=
 # Server tests run side by side on this many workers (pytest-xdist; each worker starts its own
@@ -36,6 +37,7 @@ $(STAMP): pyproject.toml constraints.txt native/Cargo.toml native/Cargo.lock $(w
 setup: $(STAMP)
 	$(PY) -m relay dev fetch
 	$(PY) -m relay dev fetch --broker nats
+	$(PY) -m relay dev fetch --broker rabbitmq
 	$(PY) -m relay.dev.mongodb
 	$(PY) -m relay.dev.spark_jars
 

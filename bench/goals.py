@@ -1,4 +1,4 @@
-"""The performance goals (issues 37, 45 and 51) as `bench.run` reports them: measured values, met or
+"""The performance goals (issues 37, 45, 51 and 53) as `bench.run` reports them: measured values, met or
 missed, never asserted. Ratios come from medians on equal terms where the run has them (the rotated
 rounds of scenarios/fair.py and scenarios/steady.py), else from the single samples.
 
@@ -10,6 +10,10 @@ at-least-once; every payload at least 0.9 of its bare relay; peak RSS under 100 
 Issue 51's, on NATS JetStream: the relay to NATS at least 0.9 of the bare relay to NATS, in
 both delivery modes (medians of the NATS field on equal terms); its p99 at each latency step beside
 the relay on Kafka's, and CPU per event beside it, reported with no target.
+
+Issue 53's, on RabbitMQ: the relay to RabbitMQ at least 0.9 of the bare relay to RabbitMQ (medians
+of the RabbitMQ field on equal terms); its p99 at each latency step beside the relay on Kafka's and
+to NATS's, CPU per event beside the relay to Kafka's, reported with no target.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 
 from bench.common import COMPARED, ratio
 
-TITLE = "goals (issues 37, 45 and 51; reported, never asserted)"
+TITLE = "goals (issues 37, 45, 51 and 53; reported, never asserted)"
 Goal = Callable[..., None]
 
 
@@ -40,9 +44,13 @@ def goals(report: Any) -> list[dict[str, Any]]:
     nats_field = getattr(report, "nats_fair", None)
     if nats_field is not None:
         _nats(nats_field.entrants, goal, out)
+    rabbitmq_field = getattr(report, "rabbitmq_fair", None)
+    if rabbitmq_field is not None:
+        _rabbitmq(rabbitmq_field.entrants, goal, out)
     _variants(report, goal)
     _latency(report.summaries(), goal)
-    _nats_latency(report.summaries(), out)
+    _p99_beside(report.summaries(), out, "NATS", "relay to NATS")
+    _p99_beside(report.summaries(), out, "RabbitMQ", "relay to RabbitMQ", (("relay to NATS", "to NATS"),))
     long_relay = next((r for r in report.long_run if r.kind == "relay"), None)
     if long_relay is not None:
         goal(f"peak RSS through a {long_relay.events:,}-event backlog", long_relay.peak_rss_mb, 100.0, False, "MB")
@@ -96,15 +104,38 @@ def _nats(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> None:
                     "target": 0.0, "unit": "x", "met": None})
 
 
-def _nats_latency(summaries: list[Any], out: list[dict[str, Any]]) -> None:
-    """Issue 51: at each steady-state step, the relay to NATS's p99 beside the relay on Kafka's
-    (medians of the rounds whose writer kept the rate), reported with no target."""
-    for nats in (s for s in summaries if s.contender == "relay to NATS"):
-        kafka = next((s for s in summaries if s.step == nats.step and s.contender == "relay"), None)
-        p99, kafka_p99 = nats.median("p99_ms"), kafka.median("p99_ms") if kafka else math.nan
-        out.append({"goal": f"NATS: p99 at {nats.step.label}, relay to NATS {_ms(p99)} / on Kafka "
-                            f"{_ms(kafka_p99)} (no target)",
-                    "value": p99 / kafka_p99 if kafka_p99 > 0 else math.nan, "target": 0.0, "unit": "x", "met": None})
+def _rabbitmq(entrants: list[Any], goal: Goal, out: list[dict[str, Any]]) -> None:
+    """Issue 53: the relay to RabbitMQ against the bare relay to RabbitMQ (medians on equal terms);
+    against the relay to Kafka of the same rounds, reported with no target."""
+    relay, bare = _median_of(entrants, "relay to RabbitMQ"), _median_of(entrants, "baseline: bare relay to RabbitMQ")
+    if relay is not None or bare is not None:
+        goal("RabbitMQ: relay to RabbitMQ / bare relay to RabbitMQ",
+             relay.median / bare.median if relay and bare else math.nan, 0.9)
+    kafka = _median_of(entrants, "relay to Kafka (reference)")
+    if relay is not None and kafka is not None:
+        out.append({"goal": "RabbitMQ: relay to RabbitMQ / relay to Kafka, catch-up (no target)",
+                    "value": relay.median / kafka.median, "target": 0.0, "unit": "x", "met": None})
+        out.append({"goal": "RabbitMQ: relay to RabbitMQ / relay to Kafka, CPU per event (no target)",
+                    "value": relay.median_of("cpu_us_per_event") / kafka.median_of("cpu_us_per_event"),
+                    "target": 0.0, "unit": "x", "met": None})
+
+
+def _p99_beside(summaries: list[Any], out: list[dict[str, Any]], prefix: str, contender: str,
+                beside: tuple[tuple[str, str], ...] = ()) -> None:
+    """At each steady-state step, `contender`'s p99 beside the relay on Kafka's and, named in
+    `beside` as (contender, words), others' (medians of the rounds whose writer kept the rate);
+    its ratio to the relay on Kafka's reported with no target (issues 51 and 53)."""
+    for mine in (s for s in summaries if s.contender == contender):
+        def p99(name: str, step: Any = mine.step) -> float:
+            found = next((s for s in summaries if s.step == step and s.contender == name), None)
+            return found.median("p99_ms") if found else math.nan
+
+        others = "".join(f" / {words} {_ms(p99(name))}" for name, words in beside
+                         if any(s.step == mine.step and s.contender == name for s in summaries))
+        p99_ms, kafka_p99 = mine.median("p99_ms"), p99("relay")
+        out.append({"goal": f"{prefix}: p99 at {mine.step.label}, {contender} {_ms(p99_ms)} / on Kafka "
+                            f"{_ms(kafka_p99)}{others} (no target)",
+                    "value": p99_ms / kafka_p99 if kafka_p99 > 0 else math.nan, "target": 0.0, "unit": "x", "met": None})
 
 
 def _single_samples(report: Any, goal: Goal) -> None:

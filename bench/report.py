@@ -37,6 +37,7 @@ class Report:
     variant_fair: dict[str, list[Any]] = field(default_factory=dict)  # variant key -> relay and bare relay, same way
     fair_runs: dict[str, Any] = field(default_factory=dict)  # variant key -> bench.scenarios.fair.Field (table)
     nats_fair: Any = None  # bench.scenarios.fair.Field: the NATS JetStream field on equal terms (issue 51)
+    rabbitmq_fair: Any = None  # bench.scenarios.fair.Field: the RabbitMQ field on equal terms (issue 53)
     inbox: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.inbox.inbox_scenario's results
     outboxes: dict[str, Any] = field(default_factory=dict)  # bench.scenarios.outboxes.outboxes_scenario's results
 
@@ -59,6 +60,11 @@ class Report:
                     "calibration": [asdict(r) for r in self.nats_fair.calibration],
                     "contestants": [{"name": c.name, "median_events_per_s": c.median,
                                      "rows": [asdict(r) for r in c.rows]} for c in self.nats_fair.entrants]},
+                "rabbitmq_equal_terms": None if self.rabbitmq_fair is None else {
+                    "drain_s": self.rabbitmq_fair.drain_s, "backlogs": self.rabbitmq_fair.backlogs,
+                    "calibration": [asdict(r) for r in self.rabbitmq_fair.calibration],
+                    "contestants": [{"name": c.name, "median_events_per_s": c.median,
+                                     "rows": [asdict(r) for r in c.rows]} for c in self.rabbitmq_fair.entrants]},
                 "inbox": self.inbox, "outboxes": self.outboxes}
 
     def row(self, prefix: str, variant: str = "default") -> Row | None:
@@ -93,8 +99,11 @@ def format_report(report: Report) -> str:
         f"outbox-relay benchmark  events={p['events']}  payload={p['payload_bytes']} B  cpus={p['host']['cpus']}  "
         f"(every contestant as its own process; 1 mongod, 1 Kafka broker, "
         f"{PARTITIONS} partitions" + (f"; nats-server {p['nats']['nats_server']}, nats-py {p['nats']['nats_py']}"
-                                      if p.get("nats") else "") + ")"
-        + ("  NATS JetStream only (issue 51)" if p.get("only_nats") else ""),
+                                      if p.get("nats") else "")
+        + (f"; rabbitmq-server {p['rabbitmq']['rabbitmq_server']}, pika {p['rabbitmq']['pika']}"
+           if p.get("rabbitmq") else "") + ")"
+        + ("  NATS JetStream only (issue 51)" if p.get("only_nats") else "")
+        + ("  RabbitMQ only (issue 53)" if p.get("only_rabbitmq") else ""),
         f"relay code: {p['relay_source']}",
         f"command: {p['command']}",
     ]
@@ -132,9 +141,10 @@ def _fair_table(report: Report) -> list[str]:
             lines += ["", f"{report.variants.get(key, key)}: " + table[0], *table[1:-1]]
         elif table:
             lines += table
-    if report.nats_fair is not None:
-        table = format_fair(report.nats_fair, report.params.get("rounds", 0))
-        lines += [*([""] if lines and table else []), *table]
+    for broker_field in (report.nats_fair, report.rabbitmq_fair):
+        if broker_field is not None:
+            table = format_fair(broker_field, report.params.get("rounds", 0))
+            lines += [*([""] if lines and table else []), *table]
     return lines
 
 
@@ -293,7 +303,8 @@ def _partition_table(report: Report) -> list[str]:
 
 
 def _goal_table(report: Report) -> list[str]:
-    return format_goals(goals(report)) if report.rows or report.fair or report.latency or report.nats_fair else []
+    measured = report.rows or report.fair or report.latency or report.nats_fair or report.rabbitmq_fair
+    return format_goals(goals(report)) if measured else []
 
 
 # ---- files ------------------------------------------------------------------------------------

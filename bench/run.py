@@ -15,6 +15,12 @@ in both modes beside a bare relay to NATS and the relay to Kafka on equal terms 
 catch-up's field and its payloads), and the relay to NATS in the latency steps beside the relay on
 Kafka. `--only-nats` runs just that part: the NATS field, then the latency steps (500 and 1000x10
 unless `--rates` says otherwise) for the relay on Kafka and on NATS, then the tables and goals.
+
+RabbitMQ (issue 53, unless `--no-rabbitmq`) the same way: a rabbitmq-server in the same stack, the
+relay to RabbitMQ beside a bare relay to RabbitMQ and the relay to Kafka on equal terms (after the
+NATS field), and the relay to RabbitMQ in the latency steps beside the relay on Kafka and on NATS.
+`--only-rabbitmq` runs just that part: the RabbitMQ field, then the latency steps (500 and 1000x10
+unless `--rates` says otherwise) for the relay on Kafka, on NATS (unless `--no-nats`) and on RabbitMQ.
 """
 
 from __future__ import annotations
@@ -46,7 +52,15 @@ from bench.scenarios.bare_relay import bare_relay
 from bench.scenarios.catch_up import relay_catch_up
 from bench.scenarios.change_stream import bare_change_stream
 from bench.scenarios.exactly_once import exactly_once_catch_up
-from bench.scenarios.fair import contestants, fair_catch_up, nats_contestants, nats_field, relay_and_bare
+from bench.scenarios.fair import (
+    contestants,
+    fair_catch_up,
+    nats_contestants,
+    nats_field,
+    rabbitmq_contestants,
+    rabbitmq_field,
+    relay_and_bare,
+)
 from bench.scenarios.inbox import inbox_scenario
 from bench.scenarios.memory import memory_run
 from bench.scenarios.outbox_writer import writer_overhead
@@ -57,7 +71,7 @@ from bench.scenarios.steady import contenders, latency_rounds, parse_steps, writ
 from bench.stack import bench_stack
 from relay.dev.stack import LocalStack
 
-NATS_RATES = "500,1000x10"  # --only-nats: the steps of issue 51 (the full run: the --rates default)
+NATS_RATES = "500,1000x10"  # --only-nats, --only-rabbitmq: the steps of issues 51 and 53 (full run: --rates)
 RATES = "500,1000x10,5000x50"
 GROUPS = [(1, 1), (4, 1), (4, 2), (4, 4)]  # (RELAY_PARTITIONS, relay processes) of the group catch-up
 STREAMS = [1, 2, 4, 8]
@@ -176,6 +190,32 @@ def nats_scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.N
                                     args.seconds, args.latency_rounds, entrants, run_id)
 
 
+def rabbitmq_equal_terms(stack: LocalStack, client: MongoClient[Any], args: argparse.Namespace, variant: Variant,
+                         report: Report) -> None:
+    """The RabbitMQ field on equal terms (issue 53; bench.scenarios.fair.rabbitmq_contestants)."""
+    field = rabbitmq_contestants(stack, client)
+    field = [c for c in field if not any(part in c.name for part in args.skip_contestants)]
+    report.rabbitmq_fair = fair_catch_up(stack, client, variant, report.params["run_id"], args.rounds,
+                                         rabbitmq_field(field, args.drain_seconds), args.drain_seconds,
+                                         args.probe_events)
+
+
+def rabbitmq_scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namespace, variant: Variant,
+                       report: Report) -> None:
+    """`--only-rabbitmq`: the RabbitMQ field on equal terms, then (unless `--only-equal-terms`) the
+    latency steps for the relay on Kafka, to NATS (unless `--no-nats`) and to RabbitMQ, same rounds,
+    same writer."""
+    run_id = report.params["run_id"]
+    if args.rounds:
+        rabbitmq_equal_terms(stack, client, args, variant, report)
+    if args.only_equal_terms:
+        return
+    entrants = contenders(stack, client, run_id, None, exactly_once=False, nats=args.nats, rabbitmq=True)
+    report.writer_reach = writer_reach(stack, client, variant.factory(), args.payload_bytes, args.rates)
+    report.latency = latency_rounds(stack, client, variant.factory(), args.payload_bytes, args.rates,
+                                    args.seconds, args.latency_rounds, entrants, run_id)
+
+
 def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namespace, prepared: dict[str, Any],
               report: Report) -> None:
     """Every scenario the arguments ask for, in the order of the module docstring."""
@@ -191,10 +231,16 @@ def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namesp
             report.variants = {runs[0].key: runs[0].label}
             nats_scenarios(stack, client, args, runs[0], report)
             return
+        if args.only_rabbitmq:
+            report.variants = {runs[0].key: runs[0].label}
+            rabbitmq_scenarios(stack, client, args, runs[0], report)
+            return
         if args.rounds:
             equal_terms(stack, client, args, runs, prepared, report)
             if args.nats:
                 nats_equal_terms(stack, client, args, runs[0], report)
+            if args.rabbitmq:
+                rabbitmq_equal_terms(stack, client, args, runs[0], report)
         if args.only_equal_terms:
             return
         default = variant_scenarios(stack, client, runs[0], run_id, report, args.long_events, args.exactly_once)
@@ -205,7 +251,7 @@ def scenarios(stack: LocalStack, client: MongoClient[Any], args: argparse.Namesp
             report.rows.append(peer_catch_up(stack, default, conduit_peer(stack, default, run_id, prepared["conduit"],
                                                                           prepared["conduit_error"])))
         entrants = contenders(stack, client, run_id, prepared.get("jars") if args.peers else None, args.exactly_once,
-                              nats=args.nats)
+                              nats=args.nats, rabbitmq=args.rabbitmq)
         report.writer_reach = writer_reach(stack, client, runs[0].factory(), args.payload_bytes, args.rates)
         report.latency = latency_rounds(stack, client, runs[0].factory(), args.payload_bytes, args.rates,
                                         args.seconds, args.latency_rounds, entrants, run_id)
@@ -223,15 +269,24 @@ def run(args: argparse.Namespace) -> Report:
     """Start the stack, run every scenario, stop and delete the stack; return the results."""
     started = time.monotonic()
     report = Report(params=parameters(args))
-    peers_needed = args.peers and not (args.only_partitions or args.only_inbox or args.only_nats)
+    alone = args.only_partitions or args.only_inbox
+    peers_needed = args.peers and not (alone or args.only_nats or args.only_rabbitmq)
     prepared = prepare_peers(args, report) if peers_needed else {}
+    nats, rabbitmq = brokers(args)
     try:
-        with bench_stack(nats=args.nats and not (args.only_partitions or args.only_inbox)) as (stack, client):
+        with bench_stack(nats=nats, rabbitmq=rabbitmq) as (stack, client):
             scenarios(stack, client, args, prepared, report)
     finally:
         report.params["load_average_at_end"] = os.getloadavg()
         report.params["wall_seconds"] = time.monotonic() - started
     return report
+
+
+def brokers(args: argparse.Namespace) -> tuple[bool, bool]:
+    """Whether the run needs a nats-server and a rabbitmq-server beside Kafka."""
+    alone = args.only_partitions or args.only_inbox
+    nats = args.nats and not (alone or (args.only_rabbitmq and args.only_equal_terms))
+    return nats, args.rabbitmq and not (alone or args.only_nats)
 
 
 def parameters(args: argparse.Namespace) -> dict[str, Any]:
@@ -245,8 +300,10 @@ def parameters(args: argparse.Namespace) -> dict[str, Any]:
         "partition_events": args.partition_events if args.partitions or args.only_partitions else None,
         "inbox_events": args.inbox_events if args.inbox else None, "inbox_rounds": args.inbox_rounds,
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "nats": nats_versions() if args.nats and not (args.only_partitions or args.only_inbox) else None,
+        "nats": nats_versions() if brokers(args)[0] else None,
         "only_nats": args.only_nats,
+        "rabbitmq": rabbitmq_versions() if brokers(args)[1] else None,
+        "only_rabbitmq": args.only_rabbitmq,
         "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
                  "pymongo": pymongo.version, "confluent_kafka": confluent_kafka.__version__,
                  "librdkafka": confluent_kafka.libversion()[0]},
@@ -262,6 +319,15 @@ def nats_versions() -> dict[str, str]:
     from relay.dev.nats_server import VERSION
 
     return {"nats_server": VERSION, "nats_py": version("nats-py")}
+
+
+def rabbitmq_versions() -> dict[str, str]:
+    """The rabbitmq-server the stack runs (relay.dev.rabbitmq_server's pinned Debian packages) and pika."""
+    from importlib.metadata import version
+
+    from relay.dev.rabbitmq_server import VERSION
+
+    return {"rabbitmq_server": VERSION, "pika": version("pika")}
 
 
 def java_version() -> str:
@@ -299,7 +365,8 @@ def parser() -> argparse.ArgumentParser:
       help="BSON size of each event's payload document in the default variant (default 200)")
     a("--rates", default=None,
       help=f"steady-state steps, RATE[xBATCH] comma-separated: events/s and events per transaction "
-           f"(default {RATES}, with --only-nats {NATS_RATES}; no xBATCH: one transaction per event)")
+           f"(default {RATES}, with --only-nats or --only-rabbitmq {NATS_RATES}; no xBATCH: one transaction per "
+           "event)")
     a("--seconds", type=float, default=20.0, help="writes per steady-state round (default 20)")
     a("--latency-rounds", type=int, default=3, help="rounds of each steady-state step (default 3)")
     a("--long-events", type=int, default=1_000_000, help="backlog of the memory run (default 1000000; 0 skips it)")
@@ -335,6 +402,13 @@ def parser() -> argparse.ArgumentParser:
       help="run only NATS JetStream (issue 51): the relay to NATS in both modes, the bare relay to NATS and the "
            f"relay to Kafka on equal terms, then latency at --rates (default {NATS_RATES}) for the relay on "
            "Kafka and on NATS; with --only-equal-terms only the first")
+    a("--no-rabbitmq", dest="rabbitmq", action="store_false",
+      help="skip RabbitMQ (issue 53): no rabbitmq-server, no RabbitMQ field on equal terms, no relay to RabbitMQ "
+           "in the latency steps")
+    a("--only-rabbitmq", action="store_true",
+      help="run only RabbitMQ (issue 53): the relay to RabbitMQ, the bare relay to RabbitMQ and the relay to Kafka "
+           f"on equal terms, then latency at --rates (default {NATS_RATES}) for the relay on Kafka, to NATS "
+           "(unless --no-nats) and to RabbitMQ; with --only-equal-terms only the first")
     a("--inbox-events", type=int, default=20_000,
       help="events on the inbox scenario's topic (default 20000; the per-event consumer reads 3000)")
     a("--inbox-rounds", type=int, default=3, help="rounds of the inbox scenario, in a rotated order (default 3)")
@@ -351,7 +425,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.variant_keys = [k.strip() for k in args.variant_keys.split(",") if k.strip()]
     args.skip_contestants = [k.strip() for k in args.skip_contestants.split(",") if k.strip()]
     try:
-        args.rates = parse_steps(args.rates or (NATS_RATES if args.only_nats else RATES))
+        args.rates = parse_steps(args.rates or (NATS_RATES if args.only_nats or args.only_rabbitmq else RATES))
     except ValueError as exc:
         p.error(f"--rates: {exc}")
     problems = [
@@ -364,6 +438,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
          "--only-inbox cannot go with --only-partitions or --no-inbox"),
         (args.only_nats and (args.only_partitions or args.only_inbox or not args.nats),
          "--only-nats cannot go with --only-partitions, --only-inbox or --no-nats"),
+        (args.only_rabbitmq and (args.only_partitions or args.only_inbox or args.only_nats or not args.rabbitmq),
+         "--only-rabbitmq cannot go with --only-partitions, --only-inbox, --only-nats or --no-rabbitmq"),
         (args.events < 1 or args.seconds <= 0 or args.payload_bytes < 32 or args.long_events < 0,
          "--events >= 1, --seconds > 0, --payload-bytes >= 32 and --long-events >= 0 are required"),
         (any(int(s.rate * args.seconds) < s.batch for s in args.rates),

@@ -183,26 +183,47 @@ def _nats_pid(stack: Any) -> int | None:
     return process.pid if process is not None else None
 
 
+_beam: dict[int, int] = {}  # rabbitmq-server script's pid -> its Erlang VM's
+
+
+def _rabbitmq_pid(stack: Any) -> int | None:
+    """The pid of the Erlang VM (beam.smp) of the stack's rabbitmq-server (bench.stack.BenchStack),
+    if it runs one: the node's process is a shell script waiting on it, which uses no CPU."""
+    server = getattr(stack, "rabbitmq_server", None)
+    process = server.process if server is not None else None
+    if process is None or process.pid is None:
+        return None
+    if process.pid not in _beam:
+        try:
+            found = [p for p in psutil.Process(process.pid).children(recursive=True) if "beam" in p.name()]
+        except psutil.Error:
+            return None
+        if not found:
+            return None
+        _beam[process.pid] = found[0].pid
+    return _beam[process.pid]
+
+
 def stack_roles(stack: Any, extra: Roles | None = None) -> Roles:
     """Roles of a `relay.dev.stack.LocalStack` run: this process ("bench"), mongod, the broker,
-    the nats-server when the stack runs one ("nats"), plus `extra()` (e.g. a peer's process,
-    known only once it is started)."""
+    the nats-server when the stack runs one ("nats"), the rabbitmq-server's Erlang VM when it runs
+    one ("rabbitmq"), plus `extra()` (e.g. a peer's process, known only once it is started)."""
     def roles() -> dict[str, int | None]:
         mongo = [p.pid for p in stack.mongo.processes if p is not None]
         kafka = stack.kafka.process
-        nats = _nats_pid(stack)
+        nats, rabbitmq = _nats_pid(stack), _rabbitmq_pid(stack)
         return {"bench": os.getpid(), "mongod": mongo[0] if mongo else None,
                 "kafka": kafka.pid if kafka is not None else None, **({"nats": nats} if nats else {}),
-                **(extra() if extra else {})}
+                **({"rabbitmq": rabbitmq} if rabbitmq else {}), **(extra() if extra else {})}
     return roles
 
 
 def wait_idle(stack: Any) -> float:
-    """Wait until mongod and the brokers of a `LocalStack` (Kafka, and the nats-server when it runs
-    one) use less than IDLE_CORES together (measured over 1 s; not a fixed sleep); return their last
-    CPU, in cores."""
+    """Wait until mongod and the brokers of a `LocalStack` (Kafka, and the nats-server and the
+    rabbitmq-server when it runs them) use less than IDLE_CORES together (measured over 1 s; not a
+    fixed sleep); return their last CPU, in cores."""
     pids = [p.pid for p in stack.mongo.processes] + [stack.kafka.process.pid if stack.kafka.process else None,
-                                                     _nats_pid(stack)]
+                                                     _nats_pid(stack), _rabbitmq_pid(stack)]
     procs = [psutil.Process(pid) for pid in pids if pid is not None]
     deadline = time.monotonic() + IDLE_TIMEOUT_S
     cores = math.nan

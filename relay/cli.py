@@ -33,7 +33,7 @@ from relay.ops.exits import run_command
 
 log = logging.getLogger("relay")
 
-DEV_BROKERS = ("kafka", "nats")  # relay.dev.stack.BROKERS (the dev tooling is imported only when used)
+DEV_BROKERS = ("kafka", "nats", "rabbitmq")  # relay.dev.stack.BROKERS (the dev tooling is imported only when used)
 
 DESCRIPTION = (
     "Publish a MongoDB outbox collection to Kafka through its change stream: in commit order, "
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[settings], help="local stack + demo service + relay + consumer, end to end")
     demo.add_argument("--events", type=int, default=None, help="stop after this many events arrive")
     demo.add_argument("--rate", type=float, default=200.0, help="events per second the demo service writes")
-    _add_dev(sub.add_parser("dev", help="the local MongoDB replica set and a broker (Kafka by default)"))
+    _add_dev(sub.add_parser("dev", help="the local MongoDB replica set and a broker (Kafka, NATS or RabbitMQ)"))
     _add_outbox(sub.add_parser("outbox", parents=[settings], help="outbox collection tasks"))
     checkpoint = sub.add_parser("checkpoint", parents=[settings], help="checkpoint tasks")
     checkpoint.add_argument("action", choices=["reset"])
@@ -97,7 +97,7 @@ def _add_dev(dev: argparse.ArgumentParser) -> None:
         "--broker",
         choices=list(DEV_BROKERS),
         default="kafka",
-        help="up: the broker beside MongoDB (nats: nats-server with JetStream, no Java); fetch: fetch it",
+        help="up: the broker beside MongoDB (nats, rabbitmq: no Java needed); fetch: fetch it",
     )
     dev.add_argument(
         "--schema-registry",
@@ -149,7 +149,7 @@ def _add_schemas(schemas: argparse.ArgumentParser) -> None:
 
 
 def _add_tail(tail: argparse.ArgumentParser) -> None:
-    tail.add_argument("topic")
+    tail.add_argument("topic", help="a Kafka topic; a NATS subject; a RabbitMQ binding key (printed from now on)")
     _add_outbox_choice(tail, "print only this outbox's events (by their ce_source; default: every event)")
     tail.add_argument("-n", "--last", type=int, default=10, help="start this many messages before each partition's end")
     tail.add_argument("--from-beginning", action="store_true", help="start at each partition's first message")
@@ -341,6 +341,10 @@ def _dev(action: str, schema_registry: bool = False, fmt: str = "text", broker: 
             from relay.dev.nats_server import VERSION, installed
 
             print(f"nats-server {VERSION} at {installed()}")
+        elif broker == "rabbitmq":
+            from relay.dev import rabbitmq_server
+
+            print(f"rabbitmq-server {rabbitmq_server.VERSION} at {rabbitmq_server.installed().server}")
         else:
             print(f"Kafka {devstack.KAFKA_VERSION} jars in {devstack.kafka_libs()}")
         mongod = devstack.default_mongod()
@@ -371,6 +375,8 @@ def _exports(stack: dict[str, Any]) -> list[str]:
     values = {"RELAY_MONGODB_URI": stack["mongodb"]["uri"]}
     if "nats" in stack:
         values |= {"RELAY_BROKER": "nats", "RELAY_NATS_SERVERS": stack["nats"]["url"]}
+    elif "rabbitmq" in stack:  # no credentials in the URL: the local server's guest user, pika's default
+        values |= {"RELAY_BROKER": "rabbitmq", "RELAY_RABBITMQ_URL": stack["rabbitmq"]["url"]}
     else:
         values["RELAY_KAFKA_BOOTSTRAP_SERVERS"] = stack["kafka"]["bootstrap_servers"]
     if "schema_registry" in stack:

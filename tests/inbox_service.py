@@ -2,6 +2,10 @@
 
 Usage: python -m tests.inbox_service MONGODB_URI DATABASE TOPIC GROUP BOOTSTRAP [sync|async]
 
+BOOTSTRAP is Kafka's bootstrap servers, a nats:// server (TOPIC a subject of the stream in
+INBOX_TEST_NATS_STREAM) or an amqp:// URL (TOPIC the queue, the exchange in
+INBOX_TEST_RABBITMQ_EXCHANGE).
+
 `sync` (the default) runs `Inbox`, `async` runs `AsyncInbox` in an event loop (SIGTERM and SIGINT
 call its `stop()` through `loop.add_signal_handler`, as a service would). Both apply the same
 effects with the same options.
@@ -45,6 +49,12 @@ def run_options(topic: str, group: str, bootstrap: str) -> dict[str, Any]:
         # a killed consumer's batch is delivered again after ack_wait_s (short here).
         return dict(topics=[topic], group_id=group, nats_servers=bootstrap, batch_max_events=40, batch_max_ms=50,
                     nats_stream=os.environ["INBOX_TEST_NATS_STREAM"], ack_wait_s=2.0)
+    if bootstrap.startswith(("amqp://", "amqps://")):
+        # RabbitMQ (tests/rabbitmq): TOPIC is the queue (bound by the test), BOOTSTRAP the server's
+        # URL, the exchange in INBOX_TEST_RABBITMQ_EXCHANGE; a killed consumer's unacknowledged
+        # batch goes back to the queue at once, ahead of the rest.
+        return dict(topics=[topic], group_id=group, rabbitmq_url=bootstrap, batch_max_events=40, batch_max_ms=50,
+                    rabbitmq_exchange=os.environ["INBOX_TEST_RABBITMQ_EXCHANGE"])
     # Small batches: more MongoDB commits followed by Kafka commits for a kill to fall between.
     return dict(topics=[topic], group_id=group, bootstrap_servers=bootstrap, batch_max_events=40, batch_max_ms=50,
                 # Static membership: the restarted process takes its partitions back at once
@@ -68,7 +78,7 @@ async def run_async(uri: str, database: str, options: dict[str, Any]) -> None:
 def main(uri: str, database: str, topic: str, group: str, bootstrap: str, form: str = "sync") -> None:
     setup_logging("INFO", "json")
     if os.environ.get("INBOX_TEST_COMMIT_DELAY_S"):
-        sources_module.KafkaSource = SlowCommitSource  # type: ignore[misc]
+        sources_module.KafkaSource = SlowCommitSource  # type: ignore[misc]  # both forms open it there
     options = run_options(topic, group, bootstrap)
     if form == "async":
         asyncio.run(run_async(uri, database, options))

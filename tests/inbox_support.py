@@ -188,11 +188,13 @@ class InboxProcess(ChildProcess):
     `form` "async" runs the AsyncInbox in it."""
 
     def __init__(self, log_path: Path, mongodb_uri: str, database: str, topic: str, group: str, bootstrap: str,
-                 commit_delay_s: float = 0.0, form: str = "sync", nats_stream: str = "") -> None:
+                 commit_delay_s: float = 0.0, form: str = "sync", nats_stream: str = "",
+                 rabbitmq_exchange: str = "") -> None:
         self.args = [mongodb_uri, database, topic, group, bootstrap, form]
         self.log_path = log_path
         self.commit_delay_s = commit_delay_s
         self.nats_stream = nats_stream  # with a nats:// `bootstrap`: the stream it reads
+        self.rabbitmq_exchange = rabbitmq_exchange  # with an amqp:// `bootstrap`: the relay's exchange
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "tests.inbox_service", *self.args]
@@ -203,5 +205,7 @@ class InboxProcess(ChildProcess):
             env["INBOX_TEST_COMMIT_DELAY_S"] = str(self.commit_delay_s)
         if self.nats_stream:
             env["INBOX_TEST_NATS_STREAM"] = self.nats_stream
+        if self.rabbitmq_exchange:
+            env["INBOX_TEST_RABBITMQ_EXCHANGE"] = self.rabbitmq_exchange
         return env
 

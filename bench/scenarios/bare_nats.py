@@ -20,25 +20,20 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
+from contextlib import closing
 from typing import Any
 
 import nats
-from bson import Timestamp
-from bson.codec_options import CodecOptions
-from bson.raw_bson import RawBSONDocument
 from pymongo import MongoClient
 
-from bench.common import AGGREGATE_TYPE, Row, wait_for
+from bench.common import AGGREGATE_TYPE, Row
 from bench.jetstream import MSG_ID, StreamOutput, stream_name
-from bench.sampling import Sampler, stack_roles
 from bench.scenarios.backlog import Backlog
-from bench.scenarios.drain import BenchChild, CpuAtFirst, rate_of
+from bench.scenarios.bare import change_arguments, raw_change_batches, run_bare
 from bench.stack import nats_url
 from relay.config import Settings
 from relay.dev.stack import LocalStack
 
-RAW = CodecOptions(document_class=RawBSONDocument)
 LABEL = "baseline: bare relay to NATS"
 ACK_TIMEOUT_S = 30.0
 
@@ -52,79 +47,35 @@ def bare_nats_relay(stack: LocalStack, client: MongoClient[Any], backlog: Backlo
     output = StreamOutput(nats_url(stack), stream_name("bench", run_id, name), [f"bench.{run_id}.{name}.>"])
     output.prepare()
     batch_size = settings.batch_max_events
-    arguments = {"uri": stack.mongo.uri, "database": backlog.database, "collection": backlog.collection,
-                 "before": [backlog.before.time, backlog.before.inc], "events": backlog.events, "url": output.url,
-                 "subject": subject, "batch_size": batch_size, "max_await_ms": settings.max_await_ms}
-    child = BenchChild("bench.scenarios.bare_nats", arguments)
-    pid = lambda: child.proc.pid if child.proc else None  # noqa: E731
-    try:
-        with output.opened():
-            at_first = CpuAtFirst(pid, output.delivered)
-
-            def ended() -> bool:
-                at_first.poll()
-                return child.returncode is not None
-
-            try:
-                with Sampler(stack_roles(stack, lambda: {"child": pid()})) as sampler:
-                    launched = time.time()
-                    child.start()
-                    wait_for(LABEL, ended, max(120.0, backlog.events / 300), child.check_alive)
-                    usage = sampler.stop()
-                count = int(child.reported()["count"])
-            finally:
-                child.stop()
-            stored = output.count()
-            span = output.span(launched)
-    finally:
-        output.discard()
+    arguments = {**change_arguments(stack, backlog, batch_size, settings.max_await_ms), "url": output.url,
+                 "subject": subject}
+    run = run_bare(stack, backlog, output, "bench.scenarios.bare_nats", arguments, LABEL)
     note = (f"raw fullDocument bytes, Nats-Msg-Id only, publish_async, PubAcks awaited per batch of {batch_size}; "
-            f"first to last stored message, start-up {span.start_up_s:.1f} s apart")
-    if stored != count:
-        note += f"; {stored} messages in stream"
-    return Row(LABEL, count, span.drain_s, rate_of(count, span), variant=backlog.variant.key,
-               cpu_us_per_event=at_first.per_event_us(usage.cpu_s.get("child", float("nan")), count),
-               mongod_cpu_us_per_event=usage.cpu_us_per_event("mongod", count),
-               peak_rss_mb=usage.peak_rss_mb.get("child", float("nan")), other_cores=usage.other_cores,
-               iowait_cores=usage.iowait_cores, note=note,
-               extra={"start_up_s": span.start_up_s, "start_up_cpu_s": at_first.cpu_s, "stream": output.stream,
-                      "process": "child", "nats_cpu_us_per_event": usage.cpu_us_per_event("nats", count),
-                      "broker": "nats", "in_stream_final": stored})
+            f"first to last stored message, start-up {run.span.start_up_s:.1f} s apart")
+    if run.stored != run.count:
+        note += f"; {run.stored} messages in stream"
+    return run.row(LABEL, backlog, note, {"stream": output.stream, "broker": "nats", "in_stream_final": run.stored,
+                                          "nats_cpu_us_per_event": run.usage.cpu_us_per_event("nats", run.count)})
 
 
 async def drain(a: dict[str, Any]) -> int:
     """The bare relay's loop (above) on the arguments `bare_nats_relay` passes; the events published."""
-    subject, collection, batch_size = a["subject"], a["collection"], a["batch_size"]
-    pipeline = [{"$changeStream": {"startAtOperationTime": Timestamp(*a["before"])}},
-                {"$match": {"operationType": "insert"}}]
-    count = 0
+    subject, count = a["subject"], 0
     connection = await nats.connect(a["url"])
-    js = connection.jetstream()
-    publish = js.publish_async
-    client: MongoClient[Any]
+    publish = connection.jetstream().publish_async
     try:
-        with MongoClient(a["uri"]) as client, client.start_session() as session:
-            db = client[a["database"]]
-            reply = db.command("aggregate", collection, pipeline=pipeline, cursor={"batchSize": batch_size},
-                               session=session, codec_options=RAW)
-            cursor_id, batch = reply["cursor"]["id"], reply["cursor"]["firstBatch"]
-            try:
-                while True:
-                    acks = []
-                    for change in batch:
-                        document = change["fullDocument"]
-                        acks.append(await publish(subject, bytes(document.raw),
-                                                  headers={MSG_ID: str(document["_id"])}))
-                    if acks:
-                        await asyncio.wait_for(asyncio.gather(*acks), ACK_TIMEOUT_S)  # raises at a failed PubAck
-                    count += len(batch)
-                    if count >= a["events"]:
-                        return count
-                    reply = db.command("getMore", cursor_id, collection=collection, batchSize=batch_size,
-                                       maxTimeMS=a["max_await_ms"], session=session, codec_options=RAW)
-                    batch = reply["cursor"]["nextBatch"]
-            finally:
-                db.command("killCursors", collection, cursors=[cursor_id], session=session)
+        with closing(raw_change_batches(a)) as batches:
+            for batch in batches:
+                acks = []
+                for change in batch:
+                    document = change["fullDocument"]
+                    acks.append(await publish(subject, bytes(document.raw), headers={MSG_ID: str(document["_id"])}))
+                if acks:
+                    await asyncio.wait_for(asyncio.gather(*acks), ACK_TIMEOUT_S)  # raises at a failed PubAck
+                count += len(batch)
+                if count >= a["events"]:
+                    break
+        return count
     finally:
         await connection.close()
 

@@ -5,7 +5,9 @@ in the topic to its last one, start-up (launch to first message) reported apart.
 the stored checkpoint covers the backlog and every event is in Kafka. `in_process=True` builds the
 relay in a thread of this process instead (bench.profile, which profiles that thread): its CPU and
 RSS are then this process's, harness included. `broker="nats"`: the relay to NATS JetStream, into a
-stream of its own, timed by its stored times (bench.scenarios.drain.Output says how either is read).
+stream of its own, timed by its stored times; `broker="rabbitmq"`: the relay to RabbitMQ, into an
+exchange and quorum queue of its own, timed by the queue's depth (bench.scenarios.drain.Output
+says how each is read).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from bench.relay_under_test import lease_token_data, relay_settings, running_rel
 from bench.sampling import Sampler, Usage, self_peak_rss_mb, stack_roles
 from bench.scenarios.backlog import Backlog
 from bench.scenarios.drain import CpuAtFirst, Output, Span, TopicOutput, rate_of
-from bench.stack import nats_url
+from bench.stack import nats_url, rabbitmq_url
 from harness.relays import RelayProcess
 from relay.config import Settings
 from relay.dev.stack import LocalStack
@@ -72,12 +74,15 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     `broker="nats"` runs the relay with RELAY_BROKER=nats on the stack's nats-server
     (bench.stack.BenchStack), into a stream of its own created before it starts
     (bench.jetstream.StreamOutput): counted by the stream's stored messages, timed by their stored
-    times, the same done-condition; the stream is deleted once measured.
+    times, the same done-condition; the stream is deleted once measured. `broker="rabbitmq"` runs it
+    with RELAY_BROKER=rabbitmq on the stack's rabbitmq-server, to an exchange of its own with a
+    quorum queue bound with `#` (bench.rabbitmq.QueueOutput): counted by the queue's depth, timed
+    by its changes; both deleted once measured (at-least-once only: RabbitMQ refuses exactly-once).
     """
     exactly_once = delivery == "exactly-once"
     name = f"catchup-eos-{backlog.variant.key}" if exactly_once else f"catchup-{backlog.variant.key}"
-    if broker == "nats":
-        name = f"nats-{name}"
+    if broker != "kafka":
+        name = f"{broker}-{name}"
     topic_template = f"bench.{run_id}.{name}.{{aggregateType}}"
     topic = topic_template.format(aggregateType=AGGREGATE_TYPE)
     start_at = dt.datetime.fromtimestamp(backlog.before.time, dt.UTC).isoformat()
@@ -89,10 +94,15 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
         output = StreamOutput(nats_url(stack), stream_name("bench", run_id, name), [f"bench.{run_id}.{name}.>"])
         settings = settings.replace(broker="nats", nats_servers=output.url, nats_stream=output.stream,
                                     delivery=delivery)
+    elif broker == "rabbitmq":
+        from bench.rabbitmq import QueueOutput, amqp_name
+
+        output = QueueOutput(rabbitmq_url(stack), amqp_name("bench", run_id, name), amqp_name("bench", run_id, name))
+        settings = settings.replace(broker="rabbitmq", rabbitmq_url=output.url, rabbitmq_exchange=output.exchange)
     else:
         output = TopicOutput(stack.kafka.bootstrap_servers, topic, committed=exactly_once)
     output.prepare()
-    if exactly_once and broker != "nats":
+    if exactly_once and broker == "kafka":
         # A lease document of its own: in the at-least-once run's, the checkpoint already covers
         # the backlog (and the relay would resume after it, as a switch of modes does).
         settings = settings.replace(delivery=delivery, offsets_topic=f"bench.{run_id}.offsets-{backlog.variant.key}",
@@ -108,6 +118,8 @@ def relay_catch_up(stack: LocalStack, client: MongoClient[Any], backlog: Backlog
     row = _row(label, backlog, drained, topic, exactly_once, broker)
     if broker == "nats":
         row.extra["stream"] = getattr(output, "stream", None)
+    if broker == "rabbitmq":
+        row.extra["queue"] = getattr(output, "queue", None)
     return row
 
 
@@ -190,9 +202,11 @@ def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bo
     note = f"first to last message; start-up {d.span.start_up_s:.1f} s apart (and its CPU)"
     if broker == "nats":
         note += "; JetStream, Nats-Msg-Id within the duplicate window" if exactly_once else "; JetStream"
+    elif broker == "rabbitmq":
+        note += "; RabbitMQ quorum queue, publisher confirms, timed by its depth"
     else:
         note += "; Kafka transactions spanning reads" if exactly_once else ""
-    where = "stream" if broker == "nats" else "topic"
+    where = {"nats": "stream", "rabbitmq": "queue"}.get(broker, "topic")
     if d.at_checkpoint < backlog.events:
         note += f"; CHECKPOINT AHEAD OF {broker.upper()} ({d.at_checkpoint} in {where})"
     if d.final != backlog.events:
@@ -209,4 +223,5 @@ def _row(label: str, backlog: Backlog, d: _Drained, topic: str, exactly_once: bo
                       "rss_before_mb": usage.rss_start_mb.get(who), "rss_after_mb": usage.rss_end_mb.get(who),
                       "ru_maxrss_mb": self_peak_rss_mb() if who == "bench" else None, "cpu_s": usage.cpu_s,
                       "kafka_cpu_us_per_event": usage.cpu_us_per_event("kafka", n),
-                      "nats_cpu_us_per_event": usage.cpu_us_per_event("nats", n), "broker": broker})
+                      "nats_cpu_us_per_event": usage.cpu_us_per_event("nats", n),
+                      "rabbitmq_cpu_us_per_event": usage.cpu_us_per_event("rabbitmq", n), "broker": broker})

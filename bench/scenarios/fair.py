@@ -25,6 +25,9 @@ whose mongod CPU per event differs by more than 1.5x from the relay's (a sign of
 The NATS JetStream field (issue 51, `nats_contestants`, `nats_field`) runs the same way with its own
 calibration: the relay to NATS in both modes, the bare relay to NATS and the relay to Kafka as the
 reference of the same rounds, compared with the relay to NATS, with nats-server's CPU per event.
+The RabbitMQ field (issue 53, `rabbitmq_contestants`, `rabbitmq_field`) likewise: the relay to
+RabbitMQ (at-least-once, its only mode), the bare relay to RabbitMQ and the relay to Kafka as the
+reference, compared with the relay to RabbitMQ, with the RabbitMQ node's CPU per event.
 """
 
 from __future__ import annotations
@@ -154,6 +157,32 @@ def nats_contestants(stack: LocalStack, client: MongoClient[Any], exactly_once: 
     return out
 
 
+RABBITMQ_RELAY = "relay to RabbitMQ"
+RABBITMQ_PROBES = (RABBITMQ_RELAY, "baseline: bare relay to RabbitMQ", "relay to Kafka (reference)")
+
+
+def rabbitmq_contestants(stack: LocalStack, client: MongoClient[Any], kafka_reference: bool = True) -> list[Contestant]:
+    """The RabbitMQ field (issue 53): the relay to RabbitMQ (RELAY_BROKER=rabbitmq), the bare relay to
+    RabbitMQ (bench.scenarios.bare_rabbitmq), and the relay to Kafka as the reference of the same
+    rounds; each into a topic, or an exchange and quorum queue, of its own."""
+    from bench.scenarios.bare_rabbitmq import bare_rabbitmq_relay
+
+    def relay(b: Backlog, rid: str) -> Row:
+        return relay_catch_up(stack, client, b, rid, label="relay to RabbitMQ (to checkpoint)", broker="rabbitmq")
+
+    def bare(b: Backlog, rid: str) -> Row:
+        settings = relay_settings(stack, b.database, "unused", "now")
+        return bare_rabbitmq_relay(stack, client, b, settings, rid)
+
+    def kafka(b: Backlog, rid: str) -> Row:
+        return relay_catch_up(stack, client, b, rid)
+
+    out = [Contestant(RABBITMQ_RELAY, relay), Contestant("baseline: bare relay to RabbitMQ", bare)]
+    if kafka_reference:
+        out.append(Contestant("relay to Kafka (reference)", kafka))
+    return out
+
+
 def relay_and_bare(stack: LocalStack, client: MongoClient[Any]) -> list[Contestant]:
     """The relay and its bare relay: the payload variants' pair on equal terms."""
     return [c for c in contestants(stack, client, None, None, peers=False, exactly_once=False)
@@ -240,6 +269,15 @@ def nats_field(entrants: list[Contestant], drain_s: float) -> Field:
                  title="NATS JetStream (issue 51): catch-up on equal terms")
 
 
+RABBITMQ_CLOCK = "the queue's depth, polled every 20 ms, for RabbitMQ; topic append times for Kafka"
+
+
+def rabbitmq_field(entrants: list[Contestant], drain_s: float) -> Field:
+    """The RabbitMQ field's table settings (issue 53): compared with the relay to RabbitMQ."""
+    return Field(entrants, drain_s, reference=RABBITMQ_RELAY, probes=RABBITMQ_PROBES, clock=RABBITMQ_CLOCK,
+                 broker_role="rabbitmq", title="RabbitMQ (issue 53): catch-up on equal terms")
+
+
 def fair_catch_up(stack: LocalStack, client: MongoClient[Any], variant: Variant, run_id: str, rounds: int,
                   entrants: list[Contestant] | Field, drain_s: float, probe_events: int) -> Field:
     """Run every contestant `rounds` times on equal terms (see the module docstring); none when
@@ -273,7 +311,8 @@ def format_fair(f: Field, rounds: int) -> list[str]:
     mongod_relay = relay.median_of("mongod_cpu_us_per_event") if relay is not None else math.nan
     probes = ", ".join(f"{r.scenario} {r.events_per_s:,.0f}/s" for r in f.calibration if not r.error)
     broker = f.broker_role
-    broker_head = f" {broker + ' µs/ev':>12}" if broker else ""
+    width = max(12, len(broker or "") + 6)
+    broker_head = f" {(broker or '') + ' µs/ev':>{width}}" if broker else ""
     lines = [f"{f.title}: {rounds} rounds, rotated order, every contestant its own process on a fresh "
              f"backlog written just before it, servers idle first; backlogs {', '.join(f'{n:,}' for n in f.backlogs)} "
              f"events, sized for >= {f.drain_s:g} s of draining (calibration: {probes}); timed from the first "
@@ -292,7 +331,7 @@ def format_fair(f: Field, rounds: int) -> list[str]:
         whose = "the relay's" if f.reference == RELAY else "the reference's"
         terms = f"UNEQUAL? mongod/event {mongod / mongod_relay:.2f}x {whose}" if unequal else "equal"
         terms += f"; SHORT: {short} round(s) under {f.drain_s:g} s" if short else ""
-        broker_cell = f" {_extra_median(c, f'{broker}_cpu_us_per_event'):>12.0f}" if broker else ""
+        broker_cell = f" {_extra_median(c, f'{broker}_cpu_us_per_event'):>{width}.0f}" if broker else ""
         lines.append(f"{c.name:<36} {c.median:>9,.0f} {f'({min(c.rates):,.0f}-{max(c.rates):,.0f})':>17} "
                      f"{reference_median / c.median:>9.2f} {c.median_of('seconds'):>8.1f} "
                      f"{statistics.median(starts) if starts else math.nan:>8.1f} {c.median_of('cpu_us_per_event'):>10.0f} "

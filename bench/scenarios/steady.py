@@ -32,7 +32,7 @@ from bench.relay_process import ROOT, RelayChild
 from bench.relay_under_test import lease_token_data
 from bench.sampling import wait_idle
 from bench.scenarios.latency import Contender, Latency, Running, failed, peer_event_id, relay_event_id, steady_state
-from bench.stack import nats_url
+from bench.stack import nats_url, rabbitmq_url
 from relay.dev.stack import LocalStack
 
 Maker = Callable[[str], Contender]  # database -> a contender on it
@@ -97,7 +97,9 @@ def relay_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, delive
                 code: Path = ROOT, label: str | None = None, broker: str = "kafka") -> Maker:
     """The relay as deployed (bench.relay_process) from `code`, on the given database; with
     `broker="nats"` to the stack's nats-server (RELAY_BROKER=nats), into a stream of its own
-    created before it starts (bench.jetstream.StreamSink)."""
+    created before it starts (bench.jetstream.StreamSink); with `broker="rabbitmq"` to the stack's
+    rabbitmq-server, to an exchange and quorum queue of its own consumed live
+    (bench.rabbitmq.QueueSink)."""
     def make(database: str) -> Contender:
         topic_template = f"bench.{run_id}.{database}.{{aggregateType}}"
         env = {"RELAY_MONGODB_URI": stack.mongo.uri, "RELAY_KAFKA_BOOTSTRAP_SERVERS": stack.kafka.bootstrap_servers,
@@ -112,6 +114,12 @@ def relay_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, delive
             sink = StreamSink(nats_url(stack), stream_name("bench", run_id, database),
                               [f"bench.{run_id}.{database}.>"])
             env |= {"RELAY_BROKER": "nats", "RELAY_NATS_SERVERS": sink.url, "RELAY_NATS_STREAM": sink.stream}
+        elif broker == "rabbitmq":
+            from bench.rabbitmq import QueueSink, amqp_name
+
+            name = amqp_name("bench", run_id, database)
+            sink = QueueSink(rabbitmq_url(stack), name, name)
+            env |= {"RELAY_BROKER": "rabbitmq", "RELAY_RABBITMQ_URL": sink.url, "RELAY_RABBITMQ_EXCHANGE": sink.exchange}
 
         @contextmanager
         def start() -> Iterator[Running]:
@@ -126,6 +134,8 @@ def relay_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, delive
         name = label or ("relay, exactly-once" if delivery == "exactly-once" else "relay")
         if broker == "nats" and label is None:
             name = NATS_RELAY + (", exactly-once" if delivery == "exactly-once" else "")
+        if broker == "rabbitmq" and label is None:
+            name = RABBITMQ_RELAY
         return Contender(name, topic_template.format(aggregateType=AGGREGATE_TYPE), start, relay_event_id, live=True,
                          sink=sink)
     return make
@@ -159,12 +169,14 @@ def peer_maker(stack: LocalStack, client: MongoClient[Any], run_id: str, which: 
 
 
 NATS_RELAY = "relay to NATS"
+RABBITMQ_RELAY = "relay to RabbitMQ"
 
 
 def contenders(stack: LocalStack, client: MongoClient[Any], run_id: str, peers: Any,
-               exactly_once: bool, nats: bool = False) -> list[tuple[str, Maker]]:
+               exactly_once: bool, nats: bool = False, rabbitmq: bool = False) -> list[tuple[str, Maker]]:
     """(key, maker) of the relay, its exactly-once mode, with `nats` the relay to NATS JetStream
-    (issue 51: beside the relay on Kafka, same rounds), and (with `peers`, the resolved Kafka
+    (issue 51: beside the relay on Kafka, same rounds), with `rabbitmq` the relay to RabbitMQ
+    (issue 53, likewise), and (with `peers`, the resolved Kafka
     Connect jars) each peer at its defaults and tuned by its documentation (for throughput: a
     linger of 100 ms, larger polls; at a low rate the defaults may be faster)."""
     out = [("relay", relay_maker(stack, client, run_id))]
@@ -172,6 +184,8 @@ def contenders(stack: LocalStack, client: MongoClient[Any], run_id: str, peers: 
         out.append(("relay-eos", relay_maker(stack, client, run_id, "exactly-once")))
     if nats:
         out.append(("relay-nats", relay_maker(stack, client, run_id, broker="nats")))
+    if rabbitmq:
+        out.append(("relay-rabbitmq", relay_maker(stack, client, run_id, broker="rabbitmq")))
     if peers is not None:
         out += [(w, peer_maker(stack, client, run_id, w, peers))
                 for w in ("mongo", "mongo-tuned", "debezium", "debezium-tuned")]
@@ -274,6 +288,10 @@ def format_steady(summaries: list[Summary], rounds: int) -> list[str]:
             lines.append(f"  {NATS_RELAY}: latency to the message's stored time in its JetStream stream (the server's "
                          "clock, as LogAppendTime); own = read -> JetStream's PubAck; read_committed = a live ordered "
                          "push consumer of the stream")
+        if any(s.contender.startswith(RABBITMQ_RELAY) for s in summaries):
+            lines.append(f"  {RABBITMQ_RELAY}: latency to when a live consumer of its quorum queue (in the harness, "
+                         "auto-ack) received the message (RabbitMQ 3.10 stamps no stored time); read_committed = the "
+                         "same consumer; own = read -> RabbitMQ's publisher confirm")
     return lines
 
 

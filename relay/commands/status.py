@@ -9,7 +9,8 @@ stored at most that often, so after a crash the events of about that long (plus 
 are published again (`duplicateWindow`). `sharedTopics` lists the outboxes the topic template routes
 to the same topics (an aggregate type two of them use lands on one topic: relay.avro.shared_topics).
 `broker` names where events are published (RELAY_BROKER) and its address: Kafka's bootstrap
-servers, or NATS's servers and the JetStream stream (credentials masked).
+servers, NATS's servers and the JetStream stream, or RabbitMQ's URL and exchange (credentials
+masked).
 Every time is RFC 3339 in UTC with milliseconds (`2026-11-27T10:00:00.000Z`: relay.core.times).
 `checkpoint reset` resets one
 outbox's leases (every partition's), named with `--outbox` when there are several.
@@ -44,6 +45,8 @@ def broker_of(settings: Settings) -> dict[str, Any]:
     parts = settings.parts()
     if parts.broker == "nats":
         return {"name": "nats", "servers": str(parts.nats.servers), "stream": parts.nats.stream}
+    if parts.broker == "rabbitmq":
+        return {"name": "rabbitmq", "url": str(parts.rabbitmq.url), "exchange": parts.rabbitmq.exchange}
     return {"name": "kafka", "bootstrapServers": str(parts.kafka.bootstrap_servers)}
 
 

@@ -88,7 +88,8 @@ def tail(
     nothing). An unreachable cluster raises ServerUnreachableError (exit 3), naming the setting; a
     refused ACL PermissionDeniedError (exit 2), naming the topic or group and the operation.
     With RELAY_BROKER=nats, `topic` is a subject (wildcards allowed) of RELAY_NATS_STREAM
-    (relay.commands.tail_nats)."""
+    (relay.commands.tail_nats); with RELAY_BROKER=rabbitmq a binding key on RELAY_RABBITMQ_EXCHANGE,
+    printed from now on through a queue of tail's own (relay.commands.tail_rabbitmq)."""
     parts = settings.parts()
     source = None
     if outbox is not None:
@@ -100,6 +101,10 @@ def tail(
         from relay.commands.tail_nats import tail_subject
 
         return tail_subject(settings, topic, from_beginning, last, follow, max_messages, out, decoder, source)
+    if parts.broker == "rabbitmq":
+        from relay.commands.tail_rabbitmq import tail_routing_key
+
+        return tail_routing_key(settings, topic, from_beginning, max_messages, out, decoder, source)
     return _tail_topic(settings, topic, (from_beginning, last, follow, max_messages), out, decoder, isolation, source)
 
 

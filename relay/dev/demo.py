@@ -1,15 +1,19 @@
 """`outbox-relay demo`: the whole path on one machine.
 
 With no servers configured (RELAY_MONGODB_URI and RELAY_KAFKA_BOOTSTRAP_SERVERS, or with
-RELAY_BROKER=nats RELAY_NATS_SERVERS, unset) it starts the local stack in a temporary folder: MongoDB
-and the broker (`--broker nats`: nats-server with JetStream). Then a demo service writes orders and
-their outbox events in transactions, the relay publishes them, a consumer prints each decoded
-event with a progress line, and a shipping service consumes them through the inbox (relay.inbox).
+RELAY_BROKER=nats RELAY_NATS_SERVERS, or with RELAY_BROKER=rabbitmq RELAY_RABBITMQ_URL, unset) it
+starts the local stack in a temporary folder: MongoDB and the broker (`--broker nats`: nats-server
+with JetStream; `--broker rabbitmq`: rabbitmq-server). Then a demo service writes orders and their
+outbox events in transactions, the relay publishes them, a consumer prints each decoded event with a
+progress line, and a shipping service consumes them through the inbox (relay.inbox). On RabbitMQ
+the demo declares its queues before the relay starts, bound to the exchange with the orders' routing
+key: the printer's (exclusive to its connection, gone with it) and the shipping service's
+(`demo-shipping`, a quorum queue with a single active consumer, which its inbox then consumes).
 `--events N` stops after N distinct events arrived: then the relay's checkpoint is reset and the
-relay publishes every event again: on Kafka the shipping service's inbox skips them as duplicates;
-on NATS the stream itself drops them (Nats-Msg-Id within its duplicate window). The effects and
-those figures are printed. Ctrl-C stops earlier. Everything the demo started is stopped on the way
-out.
+relay publishes every event again: on Kafka and RabbitMQ the shipping service's inbox skips them as
+duplicates; on NATS the stream itself drops them (Nats-Msg-Id within its duplicate window). The
+effects and those figures are printed. Ctrl-C stops earlier. Everything the demo started is stopped
+on the way out.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class ShippingService:
     often the relay delivers it."""
 
     GROUP = "demo-shipping"
+    QUEUE = "demo-shipping"  # on RabbitMQ: the queue its inbox consumes (declared by the demo first)
 
     def __init__(self, db: Database[Any], settings: Settings, topic: str) -> None:
         self.db = db
@@ -96,6 +101,10 @@ class ShippingService:
                                  "nats_user": settings.nats_user, "nats_password": settings.nats_password,
                                  "nats_token": settings.nats_token, "nats_creds": settings.nats_creds,
                                  "nats_tls_ca": settings.nats_tls_ca}  # fmt: skip
+        elif settings.broker == "rabbitmq":
+            self.run_options |= {"topics": [self.QUEUE], "rabbitmq_url": settings.rabbitmq_url,
+                                 "rabbitmq_exchange": settings.rabbitmq_exchange,
+                                 "rabbitmq_tls_ca": settings.rabbitmq_tls_ca, "rabbitmq_bindings": [topic]}  # fmt: skip
         else:
             kafka = {k: v for k, v in settings.kafka_client_config().items() if k != "bootstrap.servers"}
             self.run_options |= {"bootstrap_servers": settings.kafka_bootstrap_servers, "kafka": kafka}
@@ -257,9 +266,62 @@ def _nats_printer(
     return len(seen)
 
 
-def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int | None, stop: threading.Event) -> int:
+class RabbitQueues:
+    """The demo's queues on RabbitMQ, declared before the relay starts (a message no queue takes
+    would stop it) and bound to the exchange with the orders' routing key: the printer's, exclusive
+    to this connection (RabbitMQ deletes it with the connection), and the shipping service's, a
+    quorum queue with a single active consumer, as its inbox declares it."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        import pika
+
+        from relay.inbox.rabbitmq import QUEUE_ARGUMENTS
+        from relay.rabbitmq.client import parameters
+
+        config = settings.parts().rabbitmq
+        self.connection = pika.BlockingConnection(parameters(config))
+        self.channel = ch = self.connection.channel()
+        self.queue = ch.queue_declare("", exclusive=True).method.queue
+        ch.queue_bind(self.queue, config.exchange, topic)
+        ch.queue_declare(ShippingService.QUEUE, durable=True, arguments=QUEUE_ARGUMENTS)
+        ch.queue_bind(ShippingService.QUEUE, config.exchange, topic)
+
+    def stop(self) -> None:
+        """Close the connection (RabbitMQ deletes the printer's queue with it)."""
+        if self.connection.is_open:
+            self.connection.close()
+
+
+def _rabbitmq_printer(registry: SchemaFolder, queues: RabbitQueues, want: int | None, stop: threading.Event) -> int:
+    """The printer's queue, from the first event, decoded and printed."""
+    seen: set[str] = set()
+    progress = _Progress(want)
+    for method, properties, body in queues.channel.consume(queues.queue, auto_ack=True, inactivity_timeout=0.5):
+        if method is not None:
+            event = registry.decode(body)
+            seen.add(event["id"])
+            raw = properties.headers or {}
+            headers = {k: v.decode(errors="replace") if isinstance(v, bytes) else str(v) for k, v in raw.items()}
+            _print_event(f"{method.routing_key}#{method.delivery_tag}", event, headers)
+        progress.show(len(seen))
+        if stop.is_set() or (want is not None and len(seen) >= want):
+            break
+    queues.channel.cancel()
+    return len(seen)
+
+
+def _printer(
+    registry: SchemaFolder,
+    settings: Settings,
+    topic: str,
+    want: int | None,
+    stop: threading.Event,
+    queues: RabbitQueues | None = None,
+) -> int:
     if settings.broker == "nats":
         return _nats_printer(registry, settings, topic, want, stop)
+    if queues is not None:
+        return _rabbitmq_printer(registry, queues, want, stop)
     consumer = Consumer(
         {
             **settings.kafka_client_config(),
@@ -289,21 +351,18 @@ def _printer(registry: SchemaFolder, settings: Settings, topic: str, want: int |
 
 def run_demo(settings: Settings, events: int | None, rate: float) -> int:
     from relay.core.loop import Relay
-    from relay.dev.stack import LocalStack
     from relay.group.runner import Group
     from relay.wiring import build
 
-    stack: LocalStack | None = None
-    broker_set = os.environ.get("RELAY_NATS_SERVERS" if settings.broker == "nats" else "RELAY_KAFKA_BOOTSTRAP_SERVERS")
-    if not (os.environ.get("RELAY_MONGODB_URI") or broker_set):
-        stack, settings = _local_stack(settings)
+    stack, settings = _stack_unless_configured(settings)
     stop = threading.Event()
     threads: list[threading.Thread] = []
     relay: Relay[Any] | Group | None = None
     shipping: ShippingService | None = None
+    queues: RabbitQueues | None = None
     try:
         topic = settings.topic_template.format(aggregateType="order", eventType="")
-        _prepare_servers(settings, topic)
+        queues = _prepare_broker(settings, topic)
         with MongoClient[dict[str, Any]](settings.mongodb_uri) as client:
             db: Database[Any] = client[settings.database]
             Outbox(db[settings.outbox_collection]).init()
@@ -317,22 +376,42 @@ def run_demo(settings: Settings, events: int | None, rate: float) -> int:
             ]
             for t in threads:
                 t.start()
-            got = _printer(SchemaFolder.bundled(), settings, topic, events, stop)
+            got = _printer(SchemaFolder.bundled(), settings, topic, events, stop, queues)
             if events is not None and got >= events:
                 relay = _replay(settings, relay, shipping, service.written, stop, threads)
             _report(service, shipping, got)
     except KeyboardInterrupt:
         print("\ndemo: interrupted, stopping", file=sys.stderr)
     finally:
-        _wind_down(stop, [shipping.inbox if shipping else None, relay], threads, stack)
+        _wind_down(stop, [queues, shipping.inbox if shipping else None, relay], threads, stack)
     return 0
 
 
-def _prepare_servers(settings: Settings, topic: str) -> None:
+def _stack_unless_configured(settings: Settings) -> tuple[Any, Settings]:
+    """A local stack and its settings, unless RELAY_MONGODB_URI or the broker's servers are set."""
+    broker_set = os.environ.get(_BROKER_SETTING.get(settings.broker, "RELAY_KAFKA_BOOTSTRAP_SERVERS"))
+    if os.environ.get("RELAY_MONGODB_URI") or broker_set:
+        return None, settings
+    return _local_stack(settings)
+
+
+def _prepare_broker(settings: Settings, topic: str) -> RabbitQueues | None:
+    """The servers answer; the orders' topic is made (Kafka), or the demo's queues are declared
+    (RabbitMQ: before the relay starts, or its first events would have no queue)."""
+    _check_servers(settings)
+    if settings.broker == "kafka":
+        AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])  # exists: ignored
+    return RabbitQueues(settings, topic) if settings.broker == "rabbitmq" else None
+
+
+# The variable naming each broker's servers: set, the demo uses them instead of a local stack.
+_BROKER_SETTING = {"nats": "RELAY_NATS_SERVERS", "rabbitmq": "RELAY_RABBITMQ_URL"}
+
+
+def _check_servers(settings: Settings) -> None:
     """ServerUnreachableError (naming the setting, its password masked) when the MongoDB or the
     broker the settings name does not answer within RELAY_CONNECT_TIMEOUT_S (the stream is checked,
-    or created, as the relay does); Kafka's `topic` created with 3 partitions (one that exists is
-    left as it is)."""
+    or created, as the relay does)."""
     from relay.mongo.connection import check_mongodb, mongo_client
     from relay.wiring import broker_for
 
@@ -344,8 +423,6 @@ def _prepare_servers(settings: Settings, topic: str) -> None:
         broker.check_servers()
     finally:
         broker.close()
-    if settings.broker == "kafka":
-        AdminClient(dict(settings.kafka_client_config())).create_topics([NewTopic(topic, 3, 1)])
 
 
 def _local_stack(settings: Settings) -> tuple[Any, Settings]:
@@ -353,12 +430,15 @@ def _local_stack(settings: Settings) -> tuple[Any, Settings]:
     from relay.dev.stack import LocalStack
 
     stack = LocalStack.in_temp_dir(broker=settings.broker)
-    name = "nats-server (JetStream)" if settings.broker == "nats" else "Kafka broker"
+    name = {"nats": "nats-server (JetStream)", "rabbitmq": "rabbitmq-server"}.get(settings.broker, "Kafka broker")
     print(f"starting a local MongoDB replica set and {name} in {stack.base_dir} ...", file=sys.stderr, flush=True)
     stack.start()
     if settings.broker == "nats":
         print(f"MongoDB {stack.mongo.uri}\nNATS    {stack.nats.url}", file=sys.stderr)
         return stack, settings.replace(mongodb_uri=stack.mongo.uri, nats_servers=stack.nats.url)
+    if settings.broker == "rabbitmq":
+        print(f"MongoDB  {stack.mongo.uri}\nRabbitMQ {stack.rabbitmq.address}", file=sys.stderr)
+        return stack, settings.replace(mongodb_uri=stack.mongo.uri, rabbitmq_url=stack.rabbitmq.address)
     print(f"MongoDB {stack.mongo.uri}\nKafka   {stack.kafka.bootstrap_servers}", file=sys.stderr)
     return stack, settings.replace(mongodb_uri=stack.mongo.uri, kafka_bootstrap_servers=stack.kafka.bootstrap_servers)
 

@@ -48,8 +48,13 @@ PORT_TRIES = 3  # starts of one server on fresh ports before a taken port stops 
 
 # What a server's log says when it cannot bind its port: mongod ("Error setting up listener ...
 # Address already in use"), Kafka ("Socket server failed to bind to 127.0.0.1:P: Address already
-# in use"), the JVM ("java.net.BindException"), Quarkus ("Port P seems to be in use").
-_BIND_FAILED = re.compile(r"[Aa]ddress already in use|[Ff]ailed to bind|BindException|Port \d+ seems to be in use")
+# in use"), the JVM ("java.net.BindException"), Quarkus ("Port P seems to be in use"), RabbitMQ
+# (Erlang's "eaddrinuse" for its AMQP listener, "dist_port_already_used,P"), and epmd started with
+# -d ("there is already a epmd running at port P": something answers there).
+_BIND_FAILED = re.compile(
+    r"[Aa]ddress already in use|[Ff]ailed to bind|BindException|Port \d+ seems to be in use|eaddrinuse"
+    r"|dist_port_already_used|already a epmd running"
+)
 _ERROR_LINE = re.compile(r"error|exception|fatal|\"s\":\"[EF]\"", re.IGNORECASE)
 
 

@@ -1,4 +1,4 @@
-"""rabbitmq-server for the tests (and later the dev stack): RabbitMQ 3.10.8 and Erlang/OTP 25 from
+"""rabbitmq-server for the dev stack, the demo and the tests: RabbitMQ 3.10.8 and Erlang/OTP 25 from
 Debian 12's packages, fetched into the cache once (set-up time), unpacked with `dpkg-deb -x` (no
 root, nothing installed) and run as local processes.
 
@@ -14,6 +14,10 @@ Invariants:
 - everything a server writes is in its folder: the node's database (`mnesia/`: its queues'
   messages, so a restart on the same folder finds them), logs, config, the Erlang cookie (HOME);
   its ports and node name are kept across restarts (the database is the node name's);
+- its three ports (AMQP, Erlang distribution, epmd) are reserved loopback ports outside the
+  ephemeral range (relay.dev.ports), their locks inherited by epmd and the node; a first start
+  whose port turns out taken (the node's log says `eaddrinuse` or `dist_port_already_used`, epmd's
+  that another epmd answers there) starts again on fresh ports (relay.dev.processes.start_on_free_ports);
 - `start()` returns only once the server takes an AMQP connection; a server that does not come up
   in time raises DevStackError naming its log.
 
@@ -29,18 +33,28 @@ import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from relay.cachedir import cache_dir
 from relay.dev import debian
 from relay.dev.cached import made_once
-from relay.dev.processes import DevStackError, ManagedProcess, free_port, port_open, wait_until
+from relay.dev.ports import Ports
+from relay.dev.processes import (
+    DevStackError,
+    ManagedProcess,
+    PortTakenError,
+    port_open,
+    start_on_free_ports,
+    wait_until,
+)
 
 VERSION = "3.10.8"
 _ERLANG = "1:25.2.3+dfsg-1+deb12u4"
 _ERTS = "erts-13.1.5"
 _START_TIMEOUT_S = 120.0  # about 15 s on an idle machine; much more beside a busy test suite
+_EPMD_TIMEOUT_S = 30.0
 _USER, _PASSWORD = "guest", "guest"  # RabbitMQ's default user, allowed from loopback only
 
 
@@ -141,11 +155,6 @@ def _check_erlang(installation: Installation, staging: Path) -> None:
         raise DevStackError(f"the unpacked Erlang in {staging} does not run: {(done.stdout + done.stderr)[-1000:]}")
 
 
-def _port() -> int:
-    """A port for one of the server's listeners (the one place that picks them)."""
-    return free_port()
-
-
 @dataclass
 class RabbitServer:
     """A RabbitMQ node on loopback ports, everything it writes in `base_dir`; its user is RabbitMQ's
@@ -157,6 +166,7 @@ class RabbitServer:
     epmd_port: int = 0
     process: ManagedProcess | None = None
     epmd: ManagedProcess | None = None
+    _reserved: Ports = field(default_factory=Ports, repr=False, compare=False)
 
     @property
     def node(self) -> str:
@@ -166,6 +176,12 @@ class RabbitServer:
     def url(self) -> str:
         return self.url_for(_USER, _PASSWORD)
 
+    @property
+    def address(self) -> str:
+        """The URL without credentials: clients then log in as `guest` (pika's default), so `dev
+        up` prints no password."""
+        return f"amqp://127.0.0.1:{self.port}/%2F"
+
     def url_for(self, user: str, password: str) -> str:
         return f"amqp://{user}:{password}@127.0.0.1:{self.port}/%2F"
 
@@ -173,20 +189,41 @@ class RabbitServer:
         """Start epmd and the node (on its earlier ports and database after a `kill`); returns once
         the node takes an AMQP connection."""
         installation = installed()
-        if not self.port:
-            self.port, self.dist_port, self.epmd_port = _port(), _port(), _port()
-        if self.epmd is None or not self.epmd.alive:  # it outlives a kill of the node
-            epmd = [str(installation.erlang_bin / "epmd"), "-port", str(self.epmd_port), "-address", "127.0.0.1"]
-            self.epmd = ManagedProcess("epmd", epmd, self.base_dir / "epmd.log")
-            self.epmd.start()
-        self.process = ManagedProcess(
-            "rabbitmq-server",
-            [str(installation.server)],
-            self.base_dir / "rabbitmq.log",
-            env=self._environ(installation),
+        start_on_free_ports(lambda: self._start_once(installation), fresh=self.process is None)
+
+    def _start_once(self, installation: Installation) -> None:
+        """One start on the server's reserved ports; nothing left running if it fails."""
+        wanted = [self.port, self.dist_port, self.epmd_port]
+        self.port, self.dist_port, self.epmd_port = self._reserved.take(
+            wanted, "rabbitmq-server", exact=self.process is not None
         )
-        self.process.start()
-        wait_until("rabbitmq-server", lambda: port_open(self.port) and self._answers(), _START_TIMEOUT_S, self.process)
+        try:
+            if self.epmd is None or not self.epmd.alive:  # it outlives a kill of the node
+                self._start_epmd(installation)
+            self.process = ManagedProcess(
+                "rabbitmq-server",
+                [str(installation.server)],
+                self.base_dir / "rabbitmq.log",
+                env=self._environ(installation),
+                pass_fds=self._reserved.fds,
+            )
+            self.process.start()
+            wait_until(f"rabbitmq-server on port {self.port}", lambda: port_open(self.port) and self._answers(),
+                       _START_TIMEOUT_S, self.process, [self.port, self.dist_port])  # fmt: skip
+        except BaseException as exc:
+            self.stop_processes()
+            if isinstance(exc, PortTakenError):
+                self._reserved.refuse(exc.port)
+                self.process = self.epmd = None  # never served: the next start is a first start
+            raise
+
+    def _start_epmd(self, installation: Installation) -> None:
+        """epmd on the server's epmd port (`-d`: its log then says when another answers there)."""
+        port = self.epmd_port
+        argv = [str(installation.erlang_bin / "epmd"), "-d", "-port", str(port), "-address", "127.0.0.1"]
+        self.epmd = ManagedProcess("epmd", argv, self.base_dir / "epmd.log", pass_fds=self._reserved.fds)
+        self.epmd.start()
+        wait_until(f"epmd on port {port}", lambda: port_open(port), _EPMD_TIMEOUT_S, self.epmd, [port])
 
     def _environ(self, installation: Installation) -> dict[str, str]:
         folder = self.base_dir
@@ -227,11 +264,34 @@ class RabbitServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.kill()
 
-    def stop(self) -> None:
-        """SIGTERM (the script stops the node cleanly), then epmd."""
+    def stop_processes(self) -> None:
+        """SIGTERM (the script stops the node cleanly), then epmd; the ports stay reserved."""
         for process in (self.process, self.epmd):
             if process is not None:
                 process.stop()
+
+    def stop(self) -> None:
+        """Stop the node and epmd, and let the ports go."""
+        self.stop_processes()
+        self._reserved.release()
+
+    def state(self) -> dict[str, Any]:
+        """What `dev up` remembers of it: its URL, ports, both pids and its log."""
+        return {
+            "url": self.address,
+            "port": self.port,
+            "dist_port": self.dist_port,
+            "epmd_port": self.epmd_port,
+            "pid": self.process.pid if self.process else None,
+            "epmd_pid": self.epmd.pid if self.epmd else None,
+            "log": str(self.process.log_path) if self.process else None,
+        }
+
+    def detach(self) -> None:
+        """Let the node and epmd outlive this process (`dev up`)."""
+        for process in (self.process, self.epmd):
+            if process is not None:
+                process.detach()
 
 
 def main() -> int:

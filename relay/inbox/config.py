@@ -9,14 +9,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from relay.core.config import POISON_POLICIES, positive
+from relay.core.config import AT_LEAST_ONCE, POISON_POLICIES, positive
 from relay.core.errors import ConfigError
-from relay.core.redact import credential_values, redact_mapping, register_secrets, uri_secrets
+from relay.core.redact import Uri, credential_values, redact_mapping, register_secrets, uri_secrets
+from relay.rabbitmq.config import RabbitConfig
 
 # librdkafka settings with the inbox's own defaults (`kafka` may change them): librdkafka's
 # statistics carry each assigned partition's lag (relay_inbox_lag_messages), refreshed this often;
 # "0" turns them, and the lag series, off.
 CONSUMER_DEFAULTS = {"statistics.interval.ms": "5000"}
+
+# How long the inbox's RabbitMQ dead letters wait for their publisher confirm.
+RABBITMQ_CONFIRM_TIMEOUT_MS = 30_000
 
 # librdkafka settings the guarantee rests on: set by the inbox, refused in `kafka`.
 FORCED_CONSUMER_SETTINGS = {
@@ -29,12 +33,13 @@ FORCED_CONSUMER_SETTINGS = {
 @dataclass(frozen=True)
 class RunOptions:
     """What `Inbox.run(handler, *, topics, group_id, bootstrap_servers, **options)` takes: Kafka's
-    `bootstrap_servers`, or NATS JetStream's `nats_servers` (`topics` are then subjects of
-    `nats_stream`, `group_id` the durable consumer: relay.inbox.jetstream)."""
+    `bootstrap_servers`, NATS JetStream's `nats_servers` (`topics` are then subjects of
+    `nats_stream`, `group_id` the durable consumer: relay.inbox.jetstream), or RabbitMQ's
+    `rabbitmq_url` (`topics` is then the one queue consumed: relay.inbox.rabbitmq)."""
 
     topics: tuple[str, ...]
     group_id: str
-    bootstrap_servers: str  # Kafka ("" with nats_servers)
+    bootstrap_servers: str  # Kafka ("" with nats_servers or rabbitmq_url)
     batch_max_events: int = 500  # messages per MongoDB transaction, at most
     batch_max_ms: int = 200  # how long a batch gathers after its first message, at most
     poll_timeout_s: float = 0.5  # longest wait in one poll: how quickly stop() is noticed when idle
@@ -58,11 +63,21 @@ class RunOptions:
     nats_tls_ca: str = ""
     ack_wait_s: float = 30.0
     connect_timeout_s: float = 30.0
+    # RabbitMQ instead of Kafka (docs/rabbitmq.md, "Consumers"): the server's amqp:// or amqps://
+    # URL (a secret, shown masked), the exchange the relay publishes to (where dead letters go, and
+    # what `rabbitmq_bindings` bind to), the CA for amqps://, and the routing keys with which the
+    # inbox declares its queue when missing and binds it (empty: the queue must exist).
+    rabbitmq_url: str = ""
+    rabbitmq_exchange: str = "outbox"
+    rabbitmq_tls_ca: str = ""
+    rabbitmq_bindings: tuple[str, ...] = ()
 
     @property
     def broker(self) -> str:
-        """`nats` when `nats_servers` is given, else `kafka`."""
-        return "nats" if self.nats_servers else "kafka"
+        """`nats` when `nats_servers` is given, `rabbitmq` with `rabbitmq_url`, else `kafka`."""
+        if self.nats_servers:
+            return "nats"
+        return "rabbitmq" if self.rabbitmq_url else "kafka"
 
     def __repr__(self) -> str:
         """Every option, credentials as the relay shows them: `***`, a URL's user info `user:***@`."""
@@ -74,11 +89,14 @@ class RunOptions:
             raise ConfigError("topics", f"must be a non-empty list of topic names, got {self.topics!r}")
         if not self.group_id:
             raise ConfigError("group_id", "must be set")
-        if bool(self.bootstrap_servers) == bool(self.nats_servers):
+        if sum(bool(s) for s in (self.bootstrap_servers, self.nats_servers, self.rabbitmq_url)) != 1:
             raise ConfigError(
-                "bootstrap_servers", "give Kafka's bootstrap_servers or NATS's nats_servers (one of them)"
+                "bootstrap_servers",
+                "give Kafka's bootstrap_servers, NATS's nats_servers or RabbitMQ's rabbitmq_url (one of them)",
             )
         register_secrets([s for s in (self.nats_password, self.nats_token) if s] + uri_secrets(self.nats_servers))
+        register_secrets(uri_secrets(self.rabbitmq_url))
+        self._check_rabbitmq()
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -94,6 +112,34 @@ class RunOptions:
         for key in self.kafka:
             if key in FORCED_CONSUMER_SETTINGS or key in ("group.id", "bootstrap.servers"):
                 raise ConfigError(f"kafka[{key!r}]", "is set by the inbox (or by its own option); remove it")
+
+    def _check_rabbitmq(self) -> None:
+        """On RabbitMQ `topics` is one queue, and `rabbitmq_bindings` a list of routing keys."""
+        if isinstance(self.rabbitmq_bindings, str) or not all(isinstance(b, str) and b for b in self.rabbitmq_bindings):
+            raise ConfigError("rabbitmq_bindings", f"must be a list of routing keys, got {self.rabbitmq_bindings!r}")
+        object.__setattr__(self, "rabbitmq_bindings", tuple(self.rabbitmq_bindings))
+        if self.rabbitmq_url and len(self.topics) != 1:
+            raise ConfigError(
+                "topics", f"on RabbitMQ, topics is the one queue the inbox consumes, got {', '.join(self.topics)}"
+            )
+        if self.rabbitmq_url:
+            self.rabbitmq_config()
+
+    def rabbitmq_config(self) -> RabbitConfig:
+        """The connection settings of the `rabbitmq_*` options (the relay's RabbitConfig, so its
+        checks, each failure naming the option)."""
+        try:
+            return RabbitConfig(
+                url=Uri(self.rabbitmq_url),
+                exchange=self.rabbitmq_exchange,
+                tls_ca=self.rabbitmq_tls_ca,
+                confirm_timeout_ms=RABBITMQ_CONFIRM_TIMEOUT_MS,
+                connect_timeout_s=self.connect_timeout_s,
+                delivery=AT_LEAST_ONCE,
+            )
+        except ConfigError as exc:
+            option = exc.setting.removeprefix("RELAY_").lower()
+            raise ConfigError(option, str(exc).partition(": ")[2]) from exc
 
     @classmethod
     def of(cls, topics: Any, group_id: str, bootstrap_servers: str | None, options: Mapping[str, Any]) -> RunOptions:

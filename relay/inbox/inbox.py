@@ -114,8 +114,9 @@ class Inbox(InboxBase):
         **options: Any,
     ) -> None:
         """Consume `topics` as `group_id`, calling `handler(event, session)` inside a MongoDB
-        transaction once per event, ever (from Kafka's `bootstrap_servers`, or NATS JetStream's
-        `nats_servers=` option: relay.inbox.jetstream); blocks until SIGTERM/SIGINT (in the main thread) or
+        transaction once per event, ever (from Kafka's `bootstrap_servers`, NATS JetStream's
+        `nats_servers=` option: relay.inbox.jetstream, or the RabbitMQ queue `topics=[QUEUE]` with
+        `rabbitmq_url=`: relay.inbox.rabbitmq); blocks until SIGTERM/SIGINT (in the main thread) or
         `stop()`, then returns. Raises InboxPoisonError at a poison event under `on_poison="stop"`,
         ConfigError for a bad option (relay.inbox.config.RunOptions lists them), and any error
         that is neither poison nor retryable (relay.inbox.errors); TypeError for an `async def`

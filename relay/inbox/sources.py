@@ -1,6 +1,7 @@
 """Where an inbox run reads its messages and sends its dead letters: Kafka (relay.inbox.consumer,
-relay.inbox.deadletters) or NATS JetStream (relay.inbox.jetstream, needing the `nats` extra),
-chosen by the run's options. Both inboxes take them through these two small protocols."""
+relay.inbox.deadletters), NATS JetStream (relay.inbox.jetstream, needing the `nats` extra) or a
+RabbitMQ queue (relay.inbox.rabbitmq, needing the `rabbitmq` extra), chosen by the run's options.
+Both inboxes take them through these two small protocols."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def open_source(options: RunOptions) -> MessageSource:
         from relay.inbox.jetstream import JetStreamSource
 
         return JetStreamSource(options)
+    if options.broker == "rabbitmq":
+        from relay.inbox.rabbitmq import RabbitSource
+
+        return RabbitSource(options)
     return KafkaSource(options)
 
 
@@ -41,4 +46,8 @@ def open_dead_letters(options: RunOptions) -> DeadLetters:
         from relay.inbox.jetstream import JetStreamDeadLetters
 
         return JetStreamDeadLetters(options)
+    if options.broker == "rabbitmq":
+        from relay.inbox.rabbitmq import RabbitDeadLetters
+
+        return RabbitDeadLetters(options)
     return DeadLetterSender(options)

@@ -24,6 +24,7 @@ from tests.inbox_support import (
     recorded_not_committed,
     wait_applied,
 )
+from tests.support.mongodb import transaction_lifetime
 from tests.support.relays import RelayThread
 from tests.support.servers import needs_local_stack
 from tests.support.soak import size
@@ -41,13 +42,8 @@ def short_transaction_lifetime(env):
     """A killed consumer's open transaction keeps its write locks until the server aborts it
     (transactionLifetimeLimitSeconds, 60 s by default): its successor's transactions on the same
     documents conflict and retry until then. 5 s here keeps the test short; restored after."""
-    admin = env.client.admin
-    before = admin.command("getParameter", 1, transactionLifetimeLimitSeconds=1)["transactionLifetimeLimitSeconds"]
-    admin.command("setParameter", 1, transactionLifetimeLimitSeconds=5)
-    try:
+    with transaction_lifetime(env.client, 5):
         yield
-    finally:
-        admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)
 
 
 @pytest.mark.soak

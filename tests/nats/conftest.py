@@ -16,6 +16,7 @@ import pytest
 
 from relay.config import Settings
 from relay.dev.nats_server import NatsServer
+from tests.support.mongodb import transaction_lifetime
 from tests.support.nats import read_stream, stream_size
 
 
@@ -79,10 +80,5 @@ def nenv(servers: Any, nats_server: NatsServer) -> Iterator[NatsEnv]:
 def short_transaction_lifetime(nenv):
     """A killed consumer's open transaction keeps its write locks until the server aborts it
     (transactionLifetimeLimitSeconds, 60 s by default): 5 s here, as tests/faults/test_inbox_faults.py."""
-    admin = nenv.client.admin
-    before = admin.command("getParameter", 1, transactionLifetimeLimitSeconds=1)["transactionLifetimeLimitSeconds"]
-    admin.command("setParameter", 1, transactionLifetimeLimitSeconds=5)
-    try:
+    with transaction_lifetime(nenv.client, 5):
         yield
-    finally:
-        admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)

@@ -17,6 +17,7 @@ import pytest
 
 from relay.config import Settings
 from relay.dev.rabbitmq_server import RabbitServer
+from tests.support.mongodb import transaction_lifetime
 from tests.support.rabbitmq import QueueReader, bind_queue
 
 
@@ -61,9 +62,10 @@ class RabbitEnv:
     def queue(self) -> str:
         return f"q{self.tag}"
 
-    def bind(self, *bindings: str) -> QueueReader:
-        """The test's quorum queue bound to its exchange (`outbox.#` when none given), and its reader."""
-        bind_queue(self.server.url, self.queue, self.exchange, bindings or ("outbox.#",))
+    def bind(self, *bindings: str, single_active: bool = False) -> QueueReader:
+        """The test's quorum queue bound to its exchange (`outbox.#` when none given), and its reader
+        (`single_active`: the queue has x-single-active-consumer, as for an inbox)."""
+        bind_queue(self.server.url, self.queue, self.exchange, bindings or ("outbox.#",), single_active)
         return QueueReader(self.server.url, self.queue)
 
 
@@ -101,3 +103,11 @@ def own_renv(servers: Any) -> Iterator[RabbitEnv]:
         yield from rabbit_env(servers, server)
     finally:
         stopped(server)
+
+
+@pytest.fixture
+def short_transaction_lifetime(renv: RabbitEnv) -> Iterator[None]:
+    """A killed consumer's open transaction keeps its write locks until the server aborts it
+    (transactionLifetimeLimitSeconds, 60 s by default): 5 s here, as tests/faults/test_inbox_faults.py."""
+    with transaction_lifetime(renv.client, 5):
+        yield

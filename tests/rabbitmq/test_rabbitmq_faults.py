@@ -146,3 +146,31 @@ def test_a_leader_paused_past_its_lease_publishes_at_most_what_it_had_handed_ove
     assert len(late) <= batch, f"A published {len(late)} messages after losing the lease (> its window)"
     print(f"\npaused leader: fencing A={a_token} B={b_token}; A's late messages: {len(late)}; "
           f"duplicates: {len(verdict.duplicates)}")
+
+
+def test_a_rabbitmq_server_whose_port_turns_out_taken_starts_on_another(tmp_path, monkeypatch):
+    """Issue 50 for RabbitMQ: the AMQP port it reserved is bound by another process between the
+    reservation's check and the node's own bind (the check is skipped here to make that race
+    certain): the node's log says `eaddrinuse`, and it starts again on a fresh port. (epmd's and
+    the distribution port's lines: tests/unit/test_processes.py.)"""
+    import socket
+
+    from relay.dev import ports
+    from relay.dev.rabbitmq_server import RabbitServer
+
+    squatter = ports.Ports()
+    [amqp] = squatter.take([0], "the test")
+    squatter.release()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", amqp))
+    listener.listen()
+    monkeypatch.setattr(ports, "bindable", lambda port: True)
+    server = RabbitServer(tmp_path / "rabbit", port=amqp)
+    try:
+        server.start()
+        assert server.port != amqp and server.process is not None and server.process.alive
+        assert "eaddrinuse" in (tmp_path / "rabbit" / "rabbitmq.log").read_text()
+    finally:
+        server.stop()
+        listener.close()

@@ -139,3 +139,102 @@ def test_exactly_once_is_refused_at_start_with_one_line_naming_what_to_use(renv)
         relay.thread.join(timeout=60)
     assert isinstance(relay.error, ConfigError)
     assert str(relay.error) == f"RELAY_DELIVERY: {NO_EXACTLY_ONCE}"
+
+
+def test_tail_prints_messages_from_now_without_taking_them_from_the_queues_and_status_names_the_broker(renv):
+    """tail binds a queue of its own (the operator's queue still gets every event); the relay's
+    metrics carry broker="rabbitmq"; status names the broker, the URL masked and the exchange."""
+    import io
+    import json
+    import threading
+
+    from relay.commands.status import status
+    from relay.commands.tail import tail
+    from relay.commands.tail_rabbitmq import FROM_BEGINNING
+    from tests.support.writes import Written, background_writes
+
+    reader = renv.bind()
+    written, until = Written(), threading.Event()
+    with RelayThread(renv.settings) as relay:
+        writer = background_writes(renv, written, 40, writers=1, pause=0.05, until=until)
+        out = io.StringIO()
+        try:
+            assert tail(renv.settings, "outbox.event.*", max_messages=5, out=out) == 0
+        finally:
+            until.set()
+            writer.join()
+        published(reader, written)
+        registry = relay.relay.observer.metrics.registry
+        info = [s.labels for f in registry.collect() for s in f.samples if s.name == "relay_info"]
+    assert relay.error is None, relay.error
+    assert info and info[0]["broker"] == "rabbitmq"
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert len(lines) == 5 and {x["value"]["id"] for x in lines} <= written.ids
+    last = lines[-1]
+    assert last["exchange"] == renv.exchange and last["routingKey"] == "outbox.event.order"
+    assert last["messageId"] == last["headers"]["ce_id"] == last["value"]["id"]
+    assert last["key"] == last["headers"]["relay_aggregate_id"] and last["schema"] == "io.outboxrelay.v1.OutboxEvent"
+    assert last["timestamp"].endswith("Z")
+    assert tail(renv.settings, "outbox.#", from_beginning=True, out=io.StringIO()) == 2
+    assert "--from-beginning is not available with RELAY_BROKER=rabbitmq" in FROM_BEGINNING
+    assert tail(renv.settings.replace(rabbitmq_exchange="nope"), "#", out=io.StringIO()) == 2
+    shown = status(renv.settings)
+    assert shown["broker"] == {"name": "rabbitmq", "url": renv.server.url.replace(":guest@", ":***@"),
+                               "exchange": renv.exchange}
+
+
+def test_dev_up_with_rabbitmq_evals_to_settings_the_relay_runs_on_and_down_stops_it(tmp_path):
+    """`eval "$(outbox-relay dev up --broker rabbitmq --format env)"`: MongoDB and rabbitmq-server (no
+    Kafka, no Java needed, no password printed), the relay publishing to it with only those
+    variables; `dev down` stops mongod, the node and its epmd by pid."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from relay.dev.rabbitmq_server import VERSION
+    from relay.dev.stack import pid_alive
+    from tests.support.paths import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env |= {"RELAY_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    (tmp_path / "cache").mkdir()
+    for name in ("mongodb-6.0.27", f"rabbitmq-server-{VERSION}"):  # the fetched servers, not fetched again
+        os.symlink(Path.home() / ".cache" / "outbox-relay" / name, tmp_path / "cache" / name)
+    up = (f'eval "$({sys.executable} -m relay dev up --broker rabbitmq --format env)" && '
+          'printf "%s\\n" "$RELAY_BROKER" "$RELAY_RABBITMQ_URL" "$RELAY_MONGODB_URI" '
+          '"${RELAY_KAFKA_BOOTSTRAP_SERVERS:-none}" && '
+          f'RELAY_HTTP_PORT=0 timeout -s INT 12 {sys.executable} -m relay run > "{tmp_path}/run.log" 2>&1; true')
+    proc = subprocess.run(["bash", "-c", up], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    try:
+        broker, url, uri, kafka = proc.stdout.splitlines()[:4]
+        assert broker == "rabbitmq" and url.startswith("amqp://127.0.0.1:") and "@" not in url and kafka == "none"
+        assert "declared RabbitMQ exchange outbox" in (tmp_path / "run.log").read_text(), "the relay ran on it"
+        status = json.loads(subprocess.run([sys.executable, "-m", "relay", "dev", "status", "--format", "json"],
+                                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60).stdout)
+        assert status["running"] and status["broker"] == "rabbitmq" and "kafka" not in status
+        pids = [*status["mongodb"]["pids"], status["rabbitmq"]["pid"], status["rabbitmq"]["epmd_pid"]]
+    finally:
+        down = subprocess.run([sys.executable, "-m", "relay", "dev", "down"], env=env, cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert not [pid for pid in pids if pid_alive(pid)], "dev down stops mongod, rabbitmq-server and epmd"
+
+
+def test_the_demo_runs_end_to_end_on_rabbitmq():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.paths import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")} | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "relay", "demo", "--broker", "rabbitmq", "--events", "40",
+                           "--rate", "400"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"written": 40, "delivered": 40}
+    assert "shipping service (inbox): 40 events applied" in proc.stdout
+    assert "40 duplicates skipped" in proc.stdout, "the replay: every event again, each skipped by the inbox"

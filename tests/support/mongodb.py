@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -30,3 +31,18 @@ def change_streams(client: Any, databases: Iterable[str]) -> list[dict[str, Any]
         {"$match": {"appName": "outbox-relay", "cursor.originatingCommand.aggregate": {"$exists": True}}}])
     commands = [op["cursor"]["originatingCommand"] for op in ops]
     return [c for c in commands if c.get("$db") in set(databases) and "$changeStream" in c["pipeline"][0]]
+
+
+@contextmanager
+def transaction_lifetime(client: Any, seconds: int) -> Iterator[None]:
+    """The server aborts a transaction left open after `seconds` (transactionLifetimeLimitSeconds,
+    60 by default) until the block ends, then the limit it had: a killed consumer's open transaction
+    keeps its write locks until then, and its successor's transactions on the same documents
+    conflict and retry meanwhile."""
+    admin = client.admin
+    before = admin.command("getParameter", 1, transactionLifetimeLimitSeconds=1)["transactionLifetimeLimitSeconds"]
+    admin.command("setParameter", 1, transactionLifetimeLimitSeconds=seconds)
+    try:
+        yield
+    finally:
+        admin.command("setParameter", 1, transactionLifetimeLimitSeconds=before)

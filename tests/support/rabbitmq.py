@@ -11,8 +11,8 @@ from typing import Any
 
 import pika
 
-from relay.core.message import HEADER_AGGREGATE_ID
 from harness.topics import REGISTRY, Record
+from relay.core.message import HEADER_AGGREGATE_ID
 
 
 @dataclass
@@ -28,14 +28,16 @@ def _connect(url: str) -> pika.BlockingConnection:
     return pika.BlockingConnection(pika.URLParameters(url))
 
 
-def bind_queue(url: str, queue: str, exchange: str, bindings: tuple[str, ...] = ("outbox.#",)) -> None:
+def bind_queue(url: str, queue: str, exchange: str, bindings: tuple[str, ...] = ("outbox.#",),
+               single_active: bool = False) -> None:
     """What an operator does before the relay starts: the exchange (a durable topic exchange), a
-    quorum queue, its bindings."""
+    quorum queue (with `single_active`: x-single-active-consumer, as for an inbox), its bindings."""
+    arguments = {"x-queue-type": "quorum", **({"x-single-active-consumer": True} if single_active else {})}
     connection = _connect(url)
     try:
         channel = connection.channel()
         channel.exchange_declare(exchange, "topic", durable=True)
-        channel.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        channel.queue_declare(queue, durable=True, arguments=arguments)
         for binding in bindings:
             channel.queue_bind(queue, exchange, binding)
     finally:
@@ -51,16 +53,25 @@ def queue_size(url: str, queue: str) -> int:
         connection.close()
 
 
-def exchange_exists(url: str, exchange: str) -> bool:
+def _declared(url: str, declare: Any) -> bool:
+    """Whether `declare(channel)` (a passive declare) finds what it names."""
     connection = _connect(url)
     try:
-        connection.channel().exchange_declare(exchange, passive=True)
+        declare(connection.channel())
         return True
     except pika.exceptions.ChannelClosedByBroker:
         return False
     finally:
         if connection.is_open:
             connection.close()
+
+
+def queue_exists(url: str, queue: str) -> bool:
+    return _declared(url, lambda channel: channel.queue_declare(queue, passive=True))
+
+
+def exchange_exists(url: str, exchange: str) -> bool:
+    return _declared(url, lambda channel: channel.exchange_declare(exchange, passive=True))
 
 
 class QueueReader:

@@ -121,7 +121,7 @@ def test_the_nats_table_compares_with_the_relay_to_nats_and_shows_the_servers_cp
     assert " 0.95 " in bare                                 # relay/it: 9,500 / 10,000
     assert "JetStream's stored times" in lines[-1] and "the median of relay to NATS" in lines[-1]
     text = format_report(report)
-    assert "nats-server 2.15.1" in text and "NATS JetStream only" in text and "goals (issues 37, 45 and 51" in text
+    assert "nats-server 2.15.1" in text and "NATS JetStream only" in text and "goals (issues 37, 45, 51 and 53" in text
 
 
 def _latency(contender: str, p99: float) -> Latency:

@@ -475,15 +475,13 @@ def _patched(monkeypatch, journal, form, source_error=None, gather=None):
             journal.append(("closed", "dead-letter producer"))
 
     monkeypatch.setattr(inbox_module, "EventDecoder", lambda *a: FakeDecoder())
+    monkeypatch.setattr(sources_module, "KafkaSource", Source)  # relay.inbox.sources opens both forms' clients
+    monkeypatch.setattr(sources_module, "DeadLetterSender", DeadLetters)
     if form == "sync":
         monkeypatch.setattr(inbox_module, "InboxStore", Store)
-        monkeypatch.setattr(sources_module, "KafkaSource", Source)
-        monkeypatch.setattr(sources_module, "DeadLetterSender", DeadLetters)
         inbox = Inbox(FakeCollection(journal))  # type: ignore[arg-type]
         return inbox, lambda **kw: inbox.run(lambda e, s: None, **kw)
     monkeypatch.setattr(async_module, "AsyncInboxStore", AsyncStore)
-    monkeypatch.setattr(sources_module, "KafkaSource", Source)
-    monkeypatch.setattr(sources_module, "DeadLetterSender", DeadLetters)
     inbox = AsyncInbox(AsyncFakeCollection(journal))  # type: ignore[arg-type]
 
     async def handler(event, session):

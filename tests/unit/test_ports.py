@@ -155,6 +155,12 @@ def test_a_restart_whose_port_another_reservation_holds_says_so_in_one_line():
      20002),
     ("Port 20001 seems to be in use by another process. Quarkus may already be running", 20001),
     ("Caused by: java.net.BindException: Address already in use", 20001),
+    # rabbitmq-server's AMQP listener and its Erlang distribution port; epmd started with -d
+    ('{"init terminating in do_boot",{error,{could_not_start_listener,"127.0.0.1",20002,{{shutdown,{failed_to_start_'
+     'child,ranch_acceptors_sup,{listen_error,{acceptor,{127,0,0,1},20002},eaddrinuse}}}}}}', 20002),
+    ("Application rabbitmq_prelaunch exited with reason: {{shutdown,{failed_to_start_child,prelaunch,"
+     '{dist_port_already_used,20002,not_erlang,"localhost"}}}', 20002),
+    ("epmd: Sat Nov 28 07:05:35 2026: there is already a epmd running at port 20002 on ipaddr 127.0.0.1", 20002),
 ])
 def test_a_servers_bind_failure_is_read_from_its_log_with_the_port_it_names(line, port):
     assert bind_failure(f"starting\n{line}\nshutting down\n", [20001, 20002]) == port
