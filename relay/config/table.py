@@ -112,7 +112,7 @@ class SettingsTable:
     rabbitmq_confirm_timeout_ms: int = _setting(
         10000,
         "RELAY_BROKER=rabbitmq: longest a publish waits for RabbitMQ's publisher confirm before the relay "
-        "publishes again from its stored position (ms)",
+        "publishes again from its stored checkpoint (ms)",
     )
     topic_template: str = _setting(
         "outbox.event.{aggregateType}",

@@ -13,7 +13,7 @@ Rules, each enforced here:
 - A message the broker cannot carry as it is (`Refused`, raised by the broker's converter) fails
   the parcel there as poison, naming its event; the messages before it are handed over.
 - After the first failed report, nothing more is handed over: later parcels fail unsent (the loop
-  publishes again from its stored position on a fresh session).
+  publishes again from its stored checkpoint on a fresh session).
 Pure: no client, no I/O but the queue.
 """
 
@@ -128,7 +128,7 @@ class HandOverPublisher(Generic[M]):
                 return PoisonEventError(error.event_id, str(error))
             return DeliveryError(event_id, str(error))
         if isinstance(error, LeaseNotHeld):
-            return LeaseUnrenewedError(f"event {event_id} not published: {error}; restarting from the stored position")
+            return LeaseUnrenewedError(f"event {event_id} not published: {error}; restarting from the stored checkpoint")
         return self.broker_failure(parcel, event_id, error)
 
     def broker_failure(self, parcel: Parcel, event_id: str, error: BaseException) -> Exception:

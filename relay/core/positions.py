@@ -76,7 +76,7 @@ class StartPoint:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """The stored position: the change stream token and what it was made with.
+    """The stored checkpoint: the change stream token and what it was made with.
 
     `delivery` is the RELAY_DELIVERY of the relay that stored it (None before that was recorded):
     after `exactly-once` the offsets topic may hold a newer token (relay.core.resume).

@@ -609,7 +609,7 @@ def _servers(state: dict[str, Any]) -> list[tuple[str, int | None]]:
     servers = []
     for name in (*BROKERS, "schema_registry"):
         if name in state:
-            servers.append((name, state[name]["pid"]))
+            servers.append((name.replace("_", "-"), state[name]["pid"]))
             if state[name].get("epmd_pid"):
                 servers.append(("epmd", state[name]["epmd_pid"]))
     return servers

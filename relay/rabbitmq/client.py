@@ -4,7 +4,7 @@ channel, and makes sure of the exchange.
 
 A connection carries one leading session's publishes (relay.rabbitmq.publisher) or one start-up
 check; it never reconnects on its own (pika's asynchronous adapters do not): a lost connection ends
-the session that used it, which publishes again from its stored position on a fresh one, the way a
+the session that used it, which publishes again from its stored checkpoint on a fresh one, the way a
 Kafka session drops its producer. Every function here runs on the event loop's thread.
 """
 

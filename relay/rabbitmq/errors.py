@@ -64,7 +64,7 @@ def describe(exc: BaseException) -> str:
 def action_for(exc: BaseException) -> Action | None:
     """What the loop does after a pika error that reached it untranslated (None: not one): a
     refused login, virtual host or permission stops the relay; anything else restarts it from its
-    stored position on a fresh connection."""
+    stored checkpoint on a fresh connection."""
     if not isinstance(exc, (AMQPError, AMQPConnectorException)):
         return None
     if auth_refused(exc) is not None:

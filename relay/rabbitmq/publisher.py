@@ -27,7 +27,7 @@ Rules, each enforced here:
   unsent. A return or a nack names one message: the messages already on the wire are still
   confirmed (so what precedes a poison event is stored before the relay stops at it); a closed
   channel or connection, or a missing confirm, fails every parcel in flight (the connection is
-  closed). The loop then publishes again from its stored position on a fresh connection, in order;
+  closed). The loop then publishes again from its stored checkpoint on a fresh connection, in order;
   consumers drop the copies by `message_id`.
 - A parcel whose `publish_by` passed before the sender took it is not sent (its lease was no longer
   provably held: a replica paused there wakes up without publishing it).

@@ -88,7 +88,7 @@ def dup_ids_carry_the_message_id(records) -> bool:
 def test_rabbitmq_killed_and_restarted_mid_run_loses_and_reorders_nothing(own_renv):
     """rabbitmq-server SIGKILLed while the relay publishes a live backlog, restarted on the same
     database: the quorum queue holds every event, in commit order per aggregate (docs/faults.md
-    row 20); the stored position never went backwards."""
+    row 20); the stored checkpoint never went backwards."""
     renv = own_renv
     reader = renv.bind()
     written = Written()

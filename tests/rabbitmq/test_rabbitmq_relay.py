@@ -31,7 +31,7 @@ def test_events_reach_a_bound_quorum_queue_in_commit_order_with_their_properties
     before = int(time.time())
     with RelayThread(renv.settings) as relay:
         records = published(reader, written)
-        wait_until(lambda: (lease_doc(renv.db, renv.settings) or {}).get("resumeToken"), 30, "a stored position")
+        wait_until(lambda: (lease_doc(renv.db, renv.settings) or {}).get("resumeToken"), 30, "a stored checkpoint")
     assert relay.error is None, relay.error
     verdict = assert_complete_and_ordered(records, written)
     assert not verdict.duplicates
@@ -105,7 +105,7 @@ def test_a_message_no_queue_takes_is_dead_lettered_where_configured(renv):
 
         records = wait_until(every_id, 90, "every event or its dead letter in the queue", interval=0.5)
         assert relay.thread.is_alive(), relay.error
-    # Each poison event restarts the session from its stored position (at-least-once: the events
+    # Each poison event restarts the session from its stored checkpoint (at-least-once: the events
     # after it come again, with their message_id).
     by_key = {key: [r for r in records if r.topic == key] for key in ("outbox.event.order", "outbox.deadletter")}
     assert {r.properties.message_id for r in by_key["outbox.event.order"]} == orders.ids
