@@ -128,7 +128,9 @@ class HandOverPublisher(Generic[M]):
                 return PoisonEventError(error.event_id, str(error))
             return DeliveryError(event_id, str(error))
         if isinstance(error, LeaseNotHeld):
-            return LeaseUnrenewedError(f"event {event_id} not published: {error}; restarting from the stored checkpoint")
+            return LeaseUnrenewedError(
+                f"event {event_id} not published: {error}; restarting from the stored checkpoint"
+            )
         return self.broker_failure(parcel, event_id, error)
 
     def broker_failure(self, parcel: Parcel, event_id: str, error: BaseException) -> Exception:
