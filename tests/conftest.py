@@ -240,6 +240,8 @@ _GROUPS = (("tests/spark/test_cluster.py", "spark-cluster"),
            ("tests/faults/test_elections_and_chaos.py", "tests/faults/test_elections_and_chaos.py"),
            # One wheel build and one virtual environment per install kind for the packaging tests.
            ("tests/integration/test_packaging.py", "tests/integration/test_packaging.py"),
+           # One rabbitmq-server (an Erlang VM: about 10 CPU-seconds to boot) for the RabbitMQ tests.
+           ("tests/rabbitmq/", "rabbitmq"),
            # One aarch64 wheel build and one emulated Python for both of its tests (qemu-user).
            ("tests/integration/test_aarch64_wheel.py", "tests/integration/test_aarch64_wheel.py"))
 # Tests of those modules that share nothing with their group (each starts its own Schema Registry
@@ -248,8 +250,8 @@ _ALONE = ("tests/integration/test_schema_registry.py::test_registry_killed_mid_r
           "tests/integration/test_schema_registry.py::test_dev_up_with_schema_registry_prints_its_url_and_down_stops_it")
 # Longest first, so no worker is left with a long test at the end: the chaos scenarios, the
 # groups, then the other server tests, the unit tests last.
-_ORDER = ("soak", "containers", "spark", "tests/faults/", "tests/integration/", "tests/interop/", "tests/static/",
-          "tests/unit/")
+_ORDER = ("soak", "containers", "spark", "rabbitmq", "tests/faults/", "tests/nats/", "tests/integration/",
+          "tests/interop/", "tests/static/", "tests/unit/")
 
 
 def _rank(item: pytest.Item) -> int:
