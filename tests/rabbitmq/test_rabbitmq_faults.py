@@ -133,7 +133,7 @@ def test_a_leader_paused_past_its_lease_publishes_at_most_what_it_had_handed_ove
             a.resume()
             writer.join()
             records = all_consumed(reader, written)
-            wait_until(lambda: "back to standby" in a.log() or not a.alive, 60, "A to learn it lost the lease")
+            wait_until(lambda: "standby" in a.log() or not a.alive, 60, "A to learn it lost the lease")
         assert a.alive, "A goes back to standby, it does not crash"
     finally:
         a.stop()

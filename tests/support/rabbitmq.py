@@ -22,6 +22,7 @@ class AmqpRecord(Record):
     properties: Any = None
     raw_headers: dict[str, Any] = field(default_factory=dict)
     body: bytes = b""
+    redelivered: bool = False  # RabbitMQ delivered it before (to this reader: a requeue)
 
 
 def _connect(url: str) -> pika.BlockingConnection:
@@ -104,9 +105,16 @@ class QueueReader:
         return list(self.records)
 
 
+def redelivered(records: list[AmqpRecord]) -> str:
+    """What a failed order check adds: which records were redelivered (a requeue by the reader puts
+    a message back; the relay's republish after a failure sends a new one)."""
+    again = [r.offset for r in records if r.redelivered]
+    return f"{len(records)} records, redelivered at offsets {again[:20]} ({len(again)} in all)"
+
+
 def _record(method: Any, properties: Any, body: bytes, offset: int, decode: bool) -> AmqpRecord:
     raw = dict(properties.headers or {})
     headers = {k: v if isinstance(v, str) else bytes(v).decode(errors="replace") for k, v in raw.items()}
     event = REGISTRY.decode(body) if decode else {}
     return AmqpRecord(method.routing_key, 0, offset, headers.get(HEADER_AGGREGATE_ID, ""), event, headers,
-                      properties=properties, raw_headers=raw, body=body)
+                      properties=properties, raw_headers=raw, body=body, redelivered=method.redelivered)
