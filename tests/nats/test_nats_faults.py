@@ -55,6 +55,10 @@ def test_relay_killed_five_times_during_a_backlog_every_event_once_in_order(nenv
             runs.append(proc)
             wait_until(lambda i=i: (lease_doc(nenv.db, nenv.settings) or {}).get("owner") == f"run-{i}", 60,
                        f"run {i} to take the lease")
+            # Killed while it publishes what no run before it stored: on a loaded machine a run
+            # can spend seconds starting and republishing copies the stream drops.
+            stored = nenv.size()
+            wait_until(lambda: nenv.size() > stored, 120, f"run {i} adding to the stream")
             time.sleep(rng.uniform(0.3, 2.5))
             proc.kill()
         final = RelayProcess(settings.replace(instance_id="final"), tmp_path, "final").start()
