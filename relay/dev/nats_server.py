@@ -29,6 +29,7 @@ from relay.dev.ports import Ports
 from relay.dev.processes import (
     DevStackError,
     ManagedProcess,
+    OneProcess,
     PortTakenError,
     port_open,
     start_on_free_ports,
@@ -79,7 +80,7 @@ def _install(staging: Path) -> str:
 
 
 @dataclass
-class NatsServer:
+class NatsServer(OneProcess):
     """A nats-server with JetStream on a loopback port, its store in `base_dir/store`.
 
     `extra_args` add options (the tests' `--user`/`--pass`); `port` is kept across restarts."""
@@ -146,25 +147,8 @@ class NatsServer:
             "log": str(self.process.log_path) if self.process else None,
         }
 
-    def kill(self) -> None:
-        """SIGKILL: nothing flushed, the store as the crash left it."""
-        if self.process is not None:
-            self.process.kill()
-
     def stop(self) -> None:
         """Stop the server and let its port go."""
         if self.process is not None:
             self.process.stop()
         self._reserved.release()
-
-    def pause(self) -> None:
-        if self.process is not None:
-            self.process.pause()
-
-    def resume(self) -> None:
-        if self.process is not None:
-            self.process.resume()
-
-    def detach(self) -> None:
-        if self.process is not None:
-            self.process.detach()

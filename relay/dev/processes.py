@@ -293,3 +293,27 @@ def start_on_free_ports(attempt: Callable[[], None], fresh: bool, tries: int = P
         if fresh:
             raise
         raise exc.kept() from exc
+
+
+class OneProcess:
+    """What a server run as one ManagedProcess (`process`, None until its first start) passes on
+    to that process, by its id: SIGKILL (nothing flushed, the data as the crash left it; `start()`
+    brings it back on the same data), SIGSTOP, SIGCONT, and leaving it running on exit."""
+
+    process: ManagedProcess | None
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+    def pause(self) -> None:
+        if self.process is not None:
+            self.process.pause()
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.resume()
+
+    def detach(self) -> None:
+        if self.process is not None:
+            self.process.detach()

@@ -38,7 +38,15 @@ from typing import Any
 from relay.cachedir import cache_dir
 from relay.dev import maven
 from relay.dev.ports import Ports
-from relay.dev.processes import DevStackError, ManagedProcess, PortTakenError, java, start_on_free_ports, wait_until
+from relay.dev.processes import (
+    DevStackError,
+    ManagedProcess,
+    OneProcess,
+    PortTakenError,
+    java,
+    start_on_free_ports,
+    wait_until,
+)
 
 APICURIO_VERSION = "3.0.9"
 ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
@@ -96,7 +104,7 @@ def _answers(url: str) -> bool:
 
 
 @dataclass
-class SchemaRegistryServer:
+class SchemaRegistryServer(OneProcess):
     """One Apicurio Registry process on loopback, serving the Confluent API at `url`."""
 
     base_dir: Path
@@ -176,19 +184,6 @@ class SchemaRegistryServer:
         if self.process is not None:
             self.process.stop(timeout=30)
         self._reserved.release()
-
-    def kill(self) -> None:
-        """SIGKILL, then reap (the data stays; `start()` brings it back)."""
-        if self.process is not None:
-            self.process.kill()
-
-    def pause(self) -> None:
-        if self.process is not None:
-            self.process.pause()
-
-    def resume(self) -> None:
-        if self.process is not None:
-            self.process.resume()
 
     def __enter__(self) -> SchemaRegistryServer:
         self.start()
