@@ -184,12 +184,7 @@ class JetStreamSource:
 
     def close(self) -> None:
         """Close the connection (the durable consumer stays, with what it acknowledged)."""
-        try:
-            self._thread.run(self._connection.close(), _ACK_S)
-        except Exception as exc:  # noqa: BLE001 - closing: nothing else to do
-            log.debug("closing the NATS connection: %s", exc)
-        finally:
-            self._thread.close()
+        _close(self._thread, self._connection)
 
 
 class JetStreamDeadLetters:
@@ -219,9 +214,14 @@ class JetStreamDeadLetters:
         self._thread.run(js.publish(record.topic, record.value or b"", headers=headers, timeout=_ACK_S), _CALL_S)
 
     def close(self) -> None:
-        try:
-            self._thread.run(self._connection.close(), _ACK_S)
-        except Exception as exc:  # noqa: BLE001 - closing: nothing else to do
-            log.debug("closing the NATS connection: %s", exc)
-        finally:
-            self._thread.close()
+        _close(self._thread, self._connection)
+
+
+def _close(thread: EventLoopThread, connection: Any) -> None:
+    """Close a NATS connection on its event loop's thread, then that thread."""
+    try:
+        thread.run(connection.close(), _ACK_S)
+    except Exception as exc:  # noqa: BLE001 - closing: nothing else to do
+        log.debug("closing the NATS connection: %s", exc)
+    finally:
+        thread.close()
