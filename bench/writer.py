@@ -169,6 +169,7 @@ class Lines:
         self._out = out
         self._lines: queue.Queue[bytes] = queue.Queue()
         self._next: bytes | None = None
+        self._ended = False
         threading.Thread(target=self._read, args=(into,), name="bench-writer-lines", daemon=True).start()
 
     def _read(self, into: IO[bytes]) -> None:
@@ -194,8 +195,19 @@ class Lines:
         self.poll(None)
         line, self._next = self._next, None
         if not line:
+            self._ended = True
             raise EOFError
         return json.loads(line)
+
+    def until_closed(self) -> None:
+        """Wait for the other end to close, so that the reading thread has ended before this
+        process does (a daemon thread blocked reading stdin aborts the interpreter's exit:
+        "Fatal Python error: _enter_buffered_busy")."""
+        while not self._ended:
+            try:
+                self.recv()
+            except EOFError:
+                return
 
 
 @contextmanager
@@ -235,8 +247,9 @@ def receive(conn: Any, timeout_s: float, what: str) -> Any:
 def main(argv: list[str]) -> None:
     """`python -m bench.writer ARGUMENTS`: the child `writer_child` starts."""
     uri, database, rate_per_s, seconds, payload_bytes, batch, collections = json.loads(argv[0])
-    writer_process(uri, database, rate_per_s, seconds, payload_bytes, batch, Lines(sys.stdin.buffer, sys.stdout.buffer),
-                   collections)
+    lines = Lines(sys.stdin.buffer, sys.stdout.buffer)
+    writer_process(uri, database, rate_per_s, seconds, payload_bytes, batch, lines, collections)
+    lines.until_closed()  # the parent closes our stdin when it is done with us (writer_child)
 
 
 if __name__ == "__main__":
